@@ -1,0 +1,16 @@
+# Warning and sanitizer flags applied to every cxltier target.
+add_compile_options(-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
+                    -Wnull-dereference -Wimplicit-fallthrough)
+if(CXLTIER_WERROR)
+  add_compile_options(-Werror)
+endif()
+
+if(CXLTIER_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_link_options(-fsanitize=address,undefined)
+elseif(CXLTIER_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT CXLTIER_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "CXLTIER_SANITIZE must be empty, 'address' or 'thread', not '${CXLTIER_SANITIZE}'")
+endif()

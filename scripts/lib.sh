@@ -1,0 +1,59 @@
+# Shared helpers for the scripts in this folder. Source it; do not run it.
+set -euo pipefail
+
+CXLTIER_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$CXLTIER_ROOT/build}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+
+# Debian 12 packages the build and the tests need.
+CXLTIER_PACKAGES=(
+  build-essential cmake pkg-config git clang-format
+  libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
+)
+
+log() { printf '[cxltier] %s\n' "$*"; }
+
+# ensure_packages: installs whatever in CXLTIER_PACKAGES is missing (needs root).
+ensure_packages() {
+  local missing=()
+  for p in "${CXLTIER_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$p")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    return 0
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    log "missing Debian packages: ${missing[*]}"
+    log "run as root, or: sudo apt-get install ${missing[*]}"
+    return 1
+  fi
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# build: configure (once) and build everything into $BUILD_DIR; binaries in $BUILD_DIR/bin.
+build() {
+  cmake -S "$CXLTIER_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCXLTIER_WERROR=ON "$@" >/dev/null
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+# stage NAME CMD...: runs CMD and prints one timing line for it.
+stage() {
+  local name=$1
+  shift
+  local t0=$SECONDS
+  log "stage $name: start"
+  if "$@"; then
+    log "stage $name: ok in $((SECONDS - t0)) s"
+  else
+    local rc=$?
+    log "stage $name: FAILED (exit $rc) after $((SECONDS - t0)) s"
+    return $rc
+  fi
+}

@@ -1,0 +1,124 @@
+// cxltierctl: the plan figures, and the real binary's output and exit codes.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "plan.h"
+
+namespace cxltier::ctl {
+namespace {
+
+struct ShellResult {
+  int status = -1;
+  std::string out;
+};
+
+// Runs a shell command, capturing stdout (stderr goes to stdout when asked).
+ShellResult Shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kCtl = CXLTIERCTL_PATH;
+
+TEST(Plan, JsonHasTheSeedsNumbers) {
+  const nlohmann::json j = PlanJson(kLlama3_70B, 131072);
+  EXPECT_EQ(j["streams"], 640);
+  EXPECT_EQ(j["gqa_group"], 8);
+  EXPECT_EQ(j["bytes_per_token"], 327680);
+  EXPECT_EQ(j["block_tokens"], 16);
+  EXPECT_EQ(j["block_bytes"], 5242880);
+  EXPECT_EQ(j["blocks"], 8192);
+  EXPECT_EQ(j["kv_bytes"], 42949672960ull);
+  EXPECT_EQ(j["state_bytes"], 524288);
+  EXPECT_NEAR(j["state_overhead_percent"].get<double>(), 0.0012, 0.00005);
+  EXPECT_EQ(j["retracted"]["bytes"], 671088640);
+  EXPECT_NEAR(j["retracted"]["overhead_percent"].get<double>(), 1.56, 0.005);
+}
+
+TEST(Plan, TableShowsReadableFigures) {
+  const std::string t = PlanTable(kLlama3_70B, 131072);
+  for (const char* s :
+       {"640 (80 layers x 8 KV heads)", "327,680 B (320 KiB)", "5,242,880 B (5.00 MiB)", "8,192",
+        "42,949,672,960 B (40.0 GiB)", "524,288 B (512 KiB)", "0.0012% of KV",
+        "671,088,640 B (640 MiB)", "1.56% of KV"}) {
+    EXPECT_NE(t.find(s), std::string::npos) << "missing '" << s << "' in\n" << t;
+  }
+}
+
+TEST(Plan, GroupedDigits) {
+  EXPECT_EQ(Grouped(0), "0");
+  EXPECT_EQ(Grouped(999), "999");
+  EXPECT_EQ(Grouped(1000), "1,000");
+  EXPECT_EQ(Grouped(42949672960ull), "42,949,672,960");
+}
+
+TEST(Plan, PerLayerNamesTheSmallestCache) {
+  const nlohmann::json j = PerLayerJson(kModelPresets, 131072);
+  EXPECT_EQ(j["models"].size(), std::size(kModelPresets));
+  EXPECT_EQ(j["smallest_per_layer"], "qwen2.5-7b");
+  EXPECT_EQ(j["models"][0]["per_layer_kv_bytes"], 536870912);
+  EXPECT_EQ(j["models"][0]["mha_per_layer_kv_bytes"], 4294967296ull);
+}
+
+TEST(CxltierctlBinary, PlanJsonWithSuffixContext) {
+  const ShellResult r = Shell(kCtl + " plan --model llama3-70b --context 128k --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["blocks"], 8192);
+  EXPECT_EQ(j["kv_bytes"], 42949672960ull);
+  EXPECT_EQ(j["model"], "llama3-70b");
+}
+
+TEST(CxltierctlBinary, PartialBlockRoundsUp) {
+  const ShellResult r = Shell(kCtl + " plan --context 131073 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["blocks"], 8193);
+}
+
+TEST(CxltierctlBinary, CustomGeometryByFlags) {
+  const ShellResult r = Shell(kCtl +
+                              " plan --layers 2 --query-heads 4 --kv-heads 2 --head-dim 8 "
+                              "--dtype-bytes 1 --block-tokens 4 --context 10 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"], "custom");
+  EXPECT_EQ(j["bytes_per_token"], 2 * 2 * 2 * 8 * 1);
+  EXPECT_EQ(j["blocks"], 3);
+  EXPECT_EQ(j["gqa_group"], 2);
+}
+
+TEST(CxltierctlBinary, BadInputIsAClearError) {
+  ShellResult r = Shell(kCtl + " plan --model nope 2>&1");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("unknown model 'nope'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("llama3-70b"), std::string::npos) << r.out;
+  r = Shell(kCtl + " plan --context 12x 2>&1");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--context '12x'"), std::string::npos) << r.out;
+  r = Shell(kCtl + " plan --kv-heads 3 2>&1");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("multiple of KV heads"), std::string::npos) << r.out;
+}
+
+TEST(CxltierctlBinary, PerLayerTable) {
+  const ShellResult r = Shell(kCtl + " plan --per-layer --context 128k");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("qwen2.5-7b"), std::string::npos);
+  EXPECT_NE(r.out.find("256 MiB"), std::string::npos);
+  EXPECT_NE(r.out.find("smallest per-layer cache: qwen2.5-7b"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cxltier::ctl
