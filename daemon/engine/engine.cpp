@@ -1,0 +1,262 @@
+#include "engine.h"
+
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+namespace cxltier::engine {
+
+Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
+    : options_(options),
+      policy_(std::move(policy)),
+      capacity_(options.block_bytes ? options.tier0_budget_bytes / options.block_bytes : 0),
+      ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0) {
+  assert(policy_ && options.block_bytes > 0);
+  policy_->Bind(&states_, capacity_, options.persistence);
+}
+
+Slot Engine::Find(const BlockKey& key) const {
+  const auto it = index_.find(key);
+  return it == index_.end() ? kNoSlot : it->second;
+}
+
+Slot Engine::Admit(const BlockKey& key) {
+  if (const Slot known = Find(key); known != kNoSlot) return known;
+  Slot s;
+  if (!free_slots_.empty()) {
+    s = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    s = static_cast<Slot>(states_.size());
+    states_.emplace_back();
+    moved_tick_.push_back(0);
+  }
+  BlockState& st = states_[s];
+  const uint32_t generation = st.generation + 1;
+  st = BlockState{};
+  st.key = key;
+  st.generation = generation;
+  if (options_.persistence == Persistence::kPersist) {
+    if (auto ghost = ghosts_.Take(key)) {
+      st.score = ghost->score;
+      st.touch_time_ns = ghost->touch_time_ns;
+      st.touch_count = ghost->touch_count;
+      st.touch_seq = ghost->touch_seq;
+      st.flags |= kFlagRestored;
+      ++counters_.ghost_restores;
+    }
+  }
+  st.flags |= kFlagResident;
+  moved_tick_[s] = 0;
+  index_.emplace(key, s);
+  ++counters_.admits;
+  if (options_.mode == Mode::kTick) {
+    const bool room = fast_blocks_ < capacity_;
+    SetTier(s, room ? Tier::kFast : Tier::kSlow);
+    if (room) ++counters_.placed_fast;
+    Log(room ? EngineEvent::kPlaceFast : EngineEvent::kPlaceSlow, s);
+    Reclassify(s);
+  }
+  return s;
+}
+
+void Engine::SetTier(Slot s, Tier t) {
+  BlockState& st = states_[s];
+  if (st.tier == Tier::kFast) --fast_blocks_;
+  if (st.tier == Tier::kSlow) --slow_blocks_;
+  st.tier = t;
+  if (t == Tier::kFast) ++fast_blocks_;
+  if (t == Tier::kSlow) ++slow_blocks_;
+}
+
+void Engine::LeaveSet(Slot victim) {
+  BlockState& v = states_[victim];
+  v.flags &= static_cast<uint8_t>(~kFlagInTarget);
+  ++counters_.evictions;
+  Log(EngineEvent::kEvict, victim);
+  if (options_.persistence == Persistence::kReset) {
+    v.score = 0;
+    v.touch_count = 0;
+    v.touch_time_ns = 0;
+    v.flags &= static_cast<uint8_t>(~kFlagRestored);
+  }
+}
+
+bool Engine::Touch(Slot s, const engine::Touch& in) {
+  assert(IsLive(s));
+  BlockState& st = states_[s];
+  engine::Touch t = in;
+  if (!std::isfinite(t.obs) || t.obs < 0) {
+    t.obs = 0;
+    ++counters_.bad_observations;
+  }
+  const bool hit = st.tier == Tier::kFast;
+  ++counters_.touches;
+  if (hit) ++counters_.hits;
+
+  const double prev_score = st.score;
+  const uint64_t prev_time = st.touch_time_ns;
+  const bool fresh = st.touch_count == 0;
+  if (st.touch_count != std::numeric_limits<uint32_t>::max()) ++st.touch_count;
+  st.touch_time_ns = t.now;
+  st.touch_seq = ++seq_;
+  st.score = policy_->Score(st, prev_score, prev_time, fresh, t);
+
+  if (capacity_ == 0) {
+    // No tier 0 at all: every block lives in tier 1.
+    if (st.tier == Tier::kNone) SetTier(s, Tier::kSlow);
+    return hit;
+  }
+  if (st.flags & kFlagInTarget) {
+    policy_->OnHit(s, t);
+    return hit;
+  }
+  const Slot victim = policy_->OnMiss(s, t);
+  assert(victim != s);
+  st.flags |= kFlagInTarget;
+  if (victim != kNoSlot) LeaveSet(victim);
+
+  if (options_.mode == Mode::kDemand) {
+    if (victim != kNoSlot) {
+      assert(states_[victim].tier == Tier::kFast);
+      SetTier(victim, Tier::kSlow);
+      ++counters_.demotions;
+      counters_.demoted_bytes += options_.block_bytes;
+      Log(EngineEvent::kDemote, victim);
+    }
+    if (st.tier == Tier::kSlow) {
+      ++counters_.promotions;
+      counters_.promoted_bytes += options_.block_bytes;
+      Log(EngineEvent::kPromote, s);
+    } else {
+      ++counters_.placed_fast;
+      Log(EngineEvent::kPlaceFast, s);
+    }
+    SetTier(s, Tier::kFast);
+  } else {
+    if (victim != kNoSlot) Reclassify(victim);
+    Reclassify(s);
+  }
+  return hit;
+}
+
+void Engine::Release(Slot s) {
+  assert(IsLive(s));
+  BlockState& st = states_[s];
+  policy_->Erase(s);
+  queues_.Remove(s);
+  Log(EngineEvent::kRelease, s);
+  // A promotion in flight will be ignored by Complete(); stop counting it now.
+  if ((st.flags & kFlagMigrating) && st.tier == Tier::kSlow) --inflight_promotions_;
+  SetTier(s, Tier::kNone);
+  if (options_.persistence == Persistence::kPersist) {
+    BlockState ghost = st;
+    ghost.flags = 0;
+    if (ghosts_.Put(st.key, ghost)) ++counters_.ghosts_dropped;
+  }
+  index_.erase(st.key);
+  st.flags = 0;
+  ++st.generation;
+  free_slots_.push_back(s);
+  ++counters_.releases;
+}
+
+bool Engine::HeldByHysteresis(Slot s) const {
+  return options_.hysteresis_ticks > 0 && moved_tick_[s] != 0 &&
+         tick_ - moved_tick_[s] < options_.hysteresis_ticks;
+}
+
+void Engine::Reclassify(Slot s) {
+  const BlockState& st = states_[s];
+  int want = -1;
+  if ((st.flags & kFlagResident) && !(st.flags & kFlagMigrating)) {
+    const bool in_set = st.flags & kFlagInTarget;
+    if (in_set && st.tier != Tier::kFast) want = kPromoteQueue;
+    if (!in_set && st.tier == Tier::kFast) want = kDemoteQueue;
+  }
+  const uint8_t have = queues_.ListOf(s);
+  if (want < 0) {
+    queues_.Remove(s);
+  } else if (have != want) {
+    queues_.Remove(s);
+    queues_.PushFront(want, s);
+  }
+}
+
+std::span<const Move> Engine::Plan() {
+  ++tick_;
+  ++counters_.ticks;
+  moves_.clear();
+  const uint64_t bb = options_.block_bytes;
+  uint64_t budget = options_.migrate_bytes_per_tick ? options_.migrate_bytes_per_tick
+                                                    : std::numeric_limits<uint64_t>::max();
+  // Tier-0 blocks once every promotion planned so far (this tick or earlier) is done.
+  size_t projected = fast_blocks_ + inflight_promotions_;
+
+  auto plan_move = [&](Slot s, Tier to) {
+    BlockState& st = states_[s];
+    moves_.push_back(Move{s, st.generation, st.tier, to});
+    st.flags |= kFlagMigrating;
+    queues_.Remove(s);
+    if (to == Tier::kFast) ++inflight_promotions_;
+  };
+
+  Slot demote_cursor = queues_.Back(kDemoteQueue);
+  for (Slot p = queues_.Back(kPromoteQueue); p != kNoSlot;) {
+    const Slot next = queues_.Prev(p);
+    if (HeldByHysteresis(p)) {
+      p = next;
+      continue;
+    }
+    if (projected < capacity_) {
+      if (budget < bb) break;
+      budget -= bb;
+      plan_move(p, Tier::kFast);
+      ++projected;
+    } else {
+      while (demote_cursor != kNoSlot && HeldByHysteresis(demote_cursor)) {
+        demote_cursor = queues_.Prev(demote_cursor);
+      }
+      if (demote_cursor == kNoSlot || budget / 2 < bb) break;
+      budget -= 2 * bb;
+      const Slot d = demote_cursor;
+      demote_cursor = queues_.Prev(d);
+      plan_move(d, Tier::kSlow);
+      plan_move(p, Tier::kFast);
+    }
+    p = next;
+  }
+  return moves_;
+}
+
+void Engine::Complete(const Move& m, bool done) {
+  if (m.slot >= states_.size()) return;
+  BlockState& st = states_[m.slot];
+  if (st.generation != m.generation || !(st.flags & kFlagResident)) return;
+  if (!(st.flags & kFlagMigrating)) return;
+  st.flags &= static_cast<uint8_t>(~kFlagMigrating);
+  if (m.to == Tier::kFast) --inflight_promotions_;
+  if (!done) {
+    ++counters_.failed_moves;
+  } else if (st.tier == m.from) {
+    SetTier(m.slot, m.to);
+    moved_tick_[m.slot] = tick_;
+    if (m.to == Tier::kFast) {
+      ++counters_.promotions;
+      counters_.promoted_bytes += options_.block_bytes;
+      Log(EngineEvent::kPromote, m.slot);
+    } else {
+      ++counters_.demotions;
+      counters_.demoted_bytes += options_.block_bytes;
+      Log(EngineEvent::kDemote, m.slot);
+    }
+  }
+  Reclassify(m.slot);
+}
+
+void Engine::PlanAndApply() {
+  Plan();
+  for (const Move& m : moves_) Complete(m, true);
+}
+
+}  // namespace cxltier::engine

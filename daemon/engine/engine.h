@@ -1,0 +1,145 @@
+// The placement engine: the state table, a policy, the ghost store and the
+// tick planner. Pure: no syscalls, no clock reads, no I/O. The simulator and the
+// daemon drive the same class; only who calls Touch and Plan differs.
+//
+// Thread-safety: none. One owner calls every method.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cxltier/block.h"
+#include "ghost_store.h"
+#include "policy.h"
+#include "slot_list.h"
+#include "types.h"
+
+namespace cxltier::engine {
+
+struct EngineOptions {
+  uint64_t block_bytes = 5ull << 20;          // bytes of one block (5 MiB: Llama-3 70B)
+  uint64_t tier0_budget_bytes = 32ull << 30;  // bytes of tier 0 cxltier may fill
+  Persistence persistence = Persistence::kPersist;
+  Mode mode = Mode::kDemand;
+  size_t ghost_capacity = 1u << 20;     // ghosts kept after release (persist only)
+  uint64_t migrate_bytes_per_tick = 0;  // tick mode: byte budget of one Plan(); 0 = unlimited
+  uint32_t hysteresis_ticks = 0;        // tick mode: ticks a moved block stays put
+};
+
+struct EngineCounters {
+  uint64_t touches = 0;
+  uint64_t hits = 0;  // touches of a block in tier 0 at that moment
+  uint64_t admits = 0;
+  uint64_t releases = 0;
+  uint64_t ghost_restores = 0;  // admits that got a ghost's state back
+  uint64_t ghosts_dropped = 0;  // ghosts pushed out of the bounded store
+  uint64_t evictions = 0;       // blocks the policy took out of its tier-0 set
+  uint64_t placed_fast = 0;     // new blocks placed straight into tier 0
+  uint64_t promotions = 0;      // tier 1 -> tier 0 moves
+  uint64_t demotions = 0;       // tier 0 -> tier 1 moves
+  uint64_t promoted_bytes = 0;
+  uint64_t demoted_bytes = 0;
+  uint64_t failed_moves = 0;      // moves the caller reported as not done
+  uint64_t bad_observations = 0;  // NaN, infinite or negative observations (counted as 0)
+  uint64_t ticks = 0;
+};
+
+// One planned move. The caller carries it out and reports back with Complete().
+struct Move {
+  Slot slot;
+  uint32_t generation;  // the slot's generation when planned; stale moves are ignored
+  Tier from;
+  Tier to;
+};
+
+// What the engine did, in order; recorded only when a log is attached (tests).
+struct EngineEvent {
+  enum Kind : uint8_t { kEvict, kPromote, kDemote, kPlaceFast, kPlaceSlow, kRelease };
+  Kind kind;
+  BlockKey key;
+  friend bool operator==(const EngineEvent&, const EngineEvent&) = default;
+};
+
+class Engine {
+ public:
+  // REQUIRES: policy != nullptr, options.block_bytes > 0.
+  Engine(const EngineOptions& options, std::unique_ptr<Policy> policy);
+
+  // Admits `key` (idempotent: a known key returns its slot). With persist, a
+  // ghost of the key restores its score, count and touch time. In tick mode the
+  // block is placed in tier 0 while that has room, else in tier 1; in demand mode
+  // it is placed by its first touch.
+  Slot Admit(const BlockKey& key);
+
+  // The slot of `key`, or kNoSlot.
+  Slot Find(const BlockKey& key) const;
+
+  // Folds one touch into the block's state. Returns true on a hit (the block was
+  // in tier 0). In demand mode a miss promotes the block at once. REQUIRES: a live slot.
+  bool Touch(Slot slot, const Touch& touch);
+
+  // Forgets the block; with persist its state becomes a ghost. REQUIRES: a live slot.
+  void Release(Slot slot);
+
+  // Tick mode: plans moves that bring tier 0 towards the policy's set within the
+  // migration byte budget and hysteresis. Demotions come before the promotions
+  // they make room for. Returns the moves; the span lives until the next Plan().
+  std::span<const Move> Plan();
+
+  // Reports the outcome of a planned move. Only a move reported done changes the
+  // block's tier. A move whose slot was released (or reused) since is ignored.
+  void Complete(const Move& move, bool done);
+
+  // Plan() and complete every move at once (the simulator).
+  void PlanAndApply();
+
+  bool IsLive(Slot slot) const {
+    return slot < states_.size() && (states_[slot].flags & kFlagResident);
+  }
+  const BlockState& state(Slot slot) const { return states_[slot]; }
+  const EngineCounters& counters() const { return counters_; }
+  const EngineOptions& options() const { return options_; }
+  const Policy& policy() const { return *policy_; }
+  size_t capacity_blocks() const { return capacity_; }
+  size_t live_blocks() const { return index_.size(); }
+  size_t tier_blocks(Tier t) const { return t == Tier::kFast ? fast_blocks_ : slow_blocks_; }
+  const GhostStore& ghosts() const { return ghosts_; }
+
+  // Attach a log that receives every EngineEvent (nullptr detaches).
+  void set_event_log(std::vector<EngineEvent>* log) { log_ = log; }
+
+ private:
+  enum Queue { kPromoteQueue = 0, kDemoteQueue = 1 };
+
+  void Log(EngineEvent::Kind kind, Slot s) {
+    if (log_) log_->push_back(EngineEvent{kind, states_[s].key});
+  }
+  void SetTier(Slot s, Tier t);
+  void LeaveSet(Slot victim);
+  void Reclassify(Slot s);
+  bool HeldByHysteresis(Slot s) const;
+
+  EngineOptions options_;
+  std::unique_ptr<Policy> policy_;
+  size_t capacity_;
+  std::vector<BlockState> states_;
+  std::vector<Slot> free_slots_;
+  std::vector<uint64_t> moved_tick_;  // tick of the block's last completed move (0 = never)
+  std::unordered_map<BlockKey, Slot, BlockKeyHash> index_;
+  GhostStore ghosts_;
+  SlotLists queues_{2};  // tick mode: promotion and demotion candidates, oldest at the back
+  std::vector<Move> moves_;
+  EngineCounters counters_;
+  uint64_t seq_ = 0;
+  uint64_t tick_ = 0;
+  size_t fast_blocks_ = 0;
+  size_t slow_blocks_ = 0;
+  size_t inflight_promotions_ = 0;  // planned moves to tier 0 not yet completed
+  std::vector<EngineEvent>* log_ = nullptr;
+};
+
+}  // namespace cxltier::engine

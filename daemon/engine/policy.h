@@ -1,0 +1,80 @@
+// The policy interface: one small class per eviction policy, chosen by name.
+//
+// A policy owns a set of at most `capacity` blocks: the blocks it wants in
+// tier 0. The engine tells it about touches; on a touch of a block outside the
+// set the policy admits it and names the block it evicts to make room. In
+// demand mode the set is tier 0; in tick mode the planner moves tier 0 towards it.
+// Exact definitions of every policy: docs/policies.md.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cxltier/block.h"
+#include "types.h"
+
+namespace cxltier::engine {
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+
+  // The policy's name as given to MakePolicy ("lfu", "ema:0.01", ...).
+  virtual std::string Name() const = 0;
+
+  // Called once by the engine before any other call. `states` outlives the policy.
+  void Bind(const std::vector<BlockState>* states, size_t capacity, Persistence persistence) {
+    states_ = states;
+    capacity_ = capacity;
+    persistence_ = persistence;
+    OnBind();
+  }
+
+  // The block's new score after a touch. The engine has already advanced
+  // st.touch_count, st.touch_time_ns (= t.now) and st.touch_seq; `prev_score` and
+  // `prev_time` are the values before this touch, `fresh` says it had none.
+  virtual double Score(const BlockState& st, double prev_score, uint64_t prev_time, bool fresh,
+                       const Touch& t) const = 0;
+
+  // A touch of `s`, which is in the set.
+  virtual void OnHit(Slot s, const Touch& t) = 0;
+
+  // A touch of `s`, which is not in the set: admit it. Returns the block evicted
+  // to make room (never `s`), or kNoSlot when the set had room.
+  virtual Slot OnMiss(Slot s, const Touch& t) = 0;
+
+  // `s` is released: forget it entirely (the set and any history of the policy's own).
+  virtual void Erase(Slot s) = 0;
+
+  // True when MIN-style future knowledge is needed (simulator only).
+  virtual bool NeedsFuture() const { return false; }
+
+ protected:
+  virtual void OnBind() {}
+  const BlockState& state(Slot s) const { return (*states_)[s]; }
+  // A block the engine has seen before this touch, with history kept by
+  // `persist`: ARC, S3-FIFO, SIEVE and TinyLFU treat it as re-referenced.
+  bool Returning(Slot s) const {
+    return persistence_ == Persistence::kPersist && state(s).touch_count >= 2;
+  }
+
+  const std::vector<BlockState>* states_ = nullptr;
+  size_t capacity_ = 0;
+  Persistence persistence_ = Persistence::kPersist;
+};
+
+// Builds a policy from its name: lru, lfu, ema:<alpha>, arc, s3fifo, sieve,
+// tinylfu, min. Returns nullptr and sets *error on a bad name.
+std::unique_ptr<Policy> MakePolicy(std::string_view spec, std::string* error);
+
+// The names MakePolicy accepts, for help texts.
+std::string PolicyNames();
+
+// The EMA ordering key: log(score) + now * -log(1 - alpha). Decay multiplies
+// every block by the same factor per step, so comparing keys orders blocks by
+// their value at any common time without touching untouched blocks.
+double EmaOrderKey(double score, uint64_t time, double alpha);
+
+}  // namespace cxltier::engine

@@ -1,0 +1,38 @@
+// Vocabulary types of the placement engine. Pure: standard library only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "cxltier/block.h"
+
+namespace cxltier::engine {
+
+// Index of a block's state in the engine's table. Stable while the block is
+// admitted; reused (with a new generation) after it is released.
+using Slot = uint32_t;
+inline constexpr Slot kNoSlot = std::numeric_limits<Slot>::max();
+
+// "Never touched again": the next-use hint of a block with no future touch.
+inline constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+
+// What happens to a block's score state when it leaves the policy's tier-0 set.
+enum class Persistence {
+  kReset,    // dropped: the block re-enters as new (classic in-cache policies)
+  kPersist,  // kept by identity, and kept as a ghost after release
+};
+
+enum class Mode {
+  kDemand,  // a touch outside tier 0 promotes the block at once (cache semantics)
+  kTick,    // touches only score; a planner migrates every N steps (daemon semantics)
+};
+
+// One touch of one block, as the engine sees it.
+struct Touch {
+  double obs = 1.0;            // aggregated observation (attention mass); finite, >= 0
+  uint64_t now = 0;            // workload clock (steps in the simulator, ns in the daemon)
+  uint64_t next_use = kNever;  // clock of the block's next touch; only MIN reads it
+};
+
+}  // namespace cxltier::engine

@@ -1,0 +1,648 @@
+// The engine's data structures, its policies against the reference model, MIN
+// against exhaustive search, and the persistence effect on hand-worked cases.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <list>
+#include <map>
+#include <random>
+#include <set>
+
+#include "engine/count_min.h"
+#include "engine/engine.h"
+#include "engine/slot_heap.h"
+#include "engine/slot_list.h"
+#include "reference_engine.h"
+
+namespace cxltier::engine {
+namespace {
+
+constexpr uint64_t kBlock = 4096;
+
+BlockKey K(uint64_t i) { return BlockKey::FromSequence(1, i); }
+
+EngineOptions Options(size_t capacity_blocks, Persistence p, Mode m) {
+  EngineOptions o;
+  o.block_bytes = kBlock;
+  o.tier0_budget_bytes = capacity_blocks * kBlock;
+  o.persistence = p;
+  o.mode = m;
+  o.ghost_capacity = 1 << 16;
+  return o;
+}
+
+std::unique_ptr<Policy> P(const std::string& name) {
+  std::string err;
+  auto p = MakePolicy(name, &err);
+  EXPECT_NE(p, nullptr) << err;
+  return p;
+}
+
+// ---------------------------------------------------------------- structures
+
+TEST(SlotHeap, MatchesAnOrderedSetUnderRandomOperations) {
+  std::mt19937_64 rng(1);
+  SlotHeap heap;
+  std::map<Slot, std::pair<double, uint64_t>> model;
+  for (int op = 0; op < 200000; ++op) {
+    const Slot s = static_cast<Slot>(rng() % 300);
+    const int kind = static_cast<int>(rng() % 10);
+    if (kind < 6) {
+      const double k1 = static_cast<double>(rng() % 50);
+      const uint64_t k2 = rng() % 1000;
+      heap.Set(s, k1, k2);
+      model[s] = {k1, k2};
+    } else if (kind < 8) {
+      heap.Erase(s);
+      model.erase(s);
+    } else if (!model.empty()) {
+      auto best = model.begin();
+      for (auto it = model.begin(); it != model.end(); ++it) {
+        if (it->second < best->second) best = it;
+      }
+      ASSERT_EQ(heap.Top().primary, best->second.first);
+      ASSERT_EQ(heap.Top().secondary, best->second.second);
+      if (kind == 9) {
+        const Slot popped = heap.Pop();
+        ASSERT_EQ(model[popped], best->second);
+        model.erase(popped);
+      }
+    }
+    ASSERT_EQ(heap.Size(), model.size());
+    ASSERT_EQ(heap.Contains(s), model.count(s) == 1);
+  }
+}
+
+TEST(SlotLists, MatchStdListsUnderRandomOperations) {
+  std::mt19937_64 rng(2);
+  SlotLists lists(3);
+  std::list<Slot> model[3];
+  std::map<Slot, int> where;
+  for (int op = 0; op < 100000; ++op) {
+    const Slot s = static_cast<Slot>(rng() % 100);
+    const int l = static_cast<int>(rng() % 3);
+    switch (rng() % 4) {
+      case 0:
+      case 1:
+        if (where.count(s)) model[where[s]].remove(s);
+        lists.MoveToFront(l, s);
+        model[l].push_front(s);
+        where[s] = l;
+        break;
+      case 2:
+        lists.Remove(s);
+        if (where.count(s)) model[where[s]].remove(s), where.erase(s);
+        break;
+      default: {
+        const Slot got = lists.PopBack(l);
+        if (model[l].empty()) {
+          ASSERT_EQ(got, kNoSlot);
+        } else {
+          ASSERT_EQ(got, model[l].back());
+          model[l].pop_back();
+          where.erase(got);
+        }
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(lists.Size(i), model[i].size());
+      std::vector<Slot> walk;
+      for (Slot x = lists.Front(i); x != kNoSlot; x = lists.Next(x)) walk.push_back(x);
+      ASSERT_EQ(walk, std::vector<Slot>(model[i].begin(), model[i].end()));
+    }
+  }
+}
+
+TEST(CountMinSketch, NeverUnderestimatesAndIsExactWithoutCollisions) {
+  CountMinSketch wide(1 << 16, 0);
+  std::map<uint64_t, int> exact;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 5000; ++i) {
+    const uint64_t k = rng() % 200;
+    wide.Increment(K(k));
+    exact[k] = std::min(exact[k] + 1, 15);
+  }
+  for (auto [k, c] : exact) EXPECT_EQ(wide.Estimate(K(k)), c) << k;  // no collisions at this width
+
+  CountMinSketch narrow(16, 0);
+  std::map<uint64_t, int> exact2;
+  for (int i = 0; i < 3000; ++i) {
+    const uint64_t k = rng() % 500;
+    narrow.Increment(K(k));
+    exact2[k] = std::min(exact2[k] + 1, 15);
+  }
+  for (auto [k, c] : exact2) EXPECT_GE(narrow.Estimate(K(k)), c);
+}
+
+TEST(CountMinSketch, AgingHalvesCounts) {
+  CountMinSketch s(1 << 12, 20);
+  for (int i = 0; i < 12; ++i) s.Increment(K(1));
+  EXPECT_EQ(s.Estimate(K(1)), 12);
+  for (int i = 0; i < 8; ++i) s.Increment(K(2));  // 20th increment ages
+  EXPECT_EQ(s.agings(), 1u);
+  EXPECT_EQ(s.Estimate(K(1)), 6);
+  EXPECT_EQ(s.Estimate(K(2)), 4);
+}
+
+TEST(GhostStore, BoundedOldestFirst) {
+  GhostStore g(2);
+  BlockState st;
+  st.touch_count = 7;
+  EXPECT_FALSE(g.Put(K(1), st));
+  EXPECT_FALSE(g.Put(K(2), st));
+  EXPECT_TRUE(g.Put(K(3), st));  // K(1) goes
+  EXPECT_FALSE(g.Contains(K(1)));
+  auto got = g.Take(K(2));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->touch_count, 7u);
+  EXPECT_EQ(got->key, K(2));
+  EXPECT_FALSE(g.Take(K(2)).has_value());
+  GhostStore none(0);
+  EXPECT_FALSE(none.Put(K(1), st));
+  EXPECT_EQ(none.size(), 0u);
+}
+
+TEST(MakePolicy, NamesAndErrors) {
+  std::string err;
+  for (const char* n :
+       {"lru", "lfu", "ema:0.01", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu", "min"}) {
+    auto p = MakePolicy(n, &err);
+    ASSERT_NE(p, nullptr) << n;
+    EXPECT_EQ(p->Name(), n);
+  }
+  EXPECT_EQ(MakePolicy("ema", &err), nullptr);
+  EXPECT_NE(err.find("alpha"), std::string::npos);
+  EXPECT_EQ(MakePolicy("ema:1.5", &err), nullptr);
+  EXPECT_EQ(MakePolicy("ema:nan", &err), nullptr);
+  EXPECT_EQ(MakePolicy("ema:0.1x", &err), nullptr);
+  EXPECT_EQ(MakePolicy("fifo", &err), nullptr);
+  EXPECT_NE(err.find("unknown policy 'fifo'"), std::string::npos);
+}
+
+// ------------------------------------------------------- hand-worked cases
+
+// Touch sequence by key index; returns hits.
+int Replay(Engine& e, const std::vector<int>& seq, uint64_t* clock) {
+  int hits = 0;
+  for (int k : seq) {
+    const Slot s = e.Admit(K(k));
+    hits += e.Touch(s, Touch{1.0, (*clock)++, kNever});
+  }
+  return hits;
+}
+
+TEST(Persistence, LfuReturningBlockKeepsItsCountOnlyWithPersist) {
+  // Capacity 2: A A A B B B C A C A (A=0, B=1, C=2). Worked by hand:
+  // persist: C evicts A (tie 3:3, older); A returns with count 4 and evicts C;
+  //          C returns with count 2 and evicts B (3 < 4); the last A hits. 5 hits.
+  // reset:   A returns with count 1 (reset at eviction); C returns with count 1 and
+  //          evicts A (1 < 3); the last A misses. 4 hits.
+  const std::vector<int> seq = {0, 0, 0, 1, 1, 1, 2, 0, 2, 0};
+  for (auto [p, want_hits, want_a] :
+       {std::tuple{Persistence::kPersist, 5, 5u}, std::tuple{Persistence::kReset, 4, 1u}}) {
+    Engine e(Options(2, p, Mode::kDemand), P("lfu"));
+    uint64_t clock = 1;
+    EXPECT_EQ(Replay(e, seq, &clock), want_hits);
+    EXPECT_EQ(e.state(e.Find(K(0))).touch_count, want_a);
+  }
+}
+
+TEST(Persistence, EvictedBlockCountsFromOneWithReset) {
+  for (auto p : {Persistence::kPersist, Persistence::kReset}) {
+    Engine e(Options(1, p, Mode::kDemand), P("lfu"));
+    uint64_t clock = 1;
+    Replay(e, {0, 0, 0, 1}, &clock);  // B evicts A
+    EXPECT_EQ(e.state(e.Find(K(0))).tier, Tier::kSlow);
+    Replay(e, {0}, &clock);
+    EXPECT_EQ(e.state(e.Find(K(0))).touch_count, p == Persistence::kPersist ? 4u : 1u);
+  }
+}
+
+TEST(Persistence, GhostRestoresStateAfterRelease) {
+  Engine e(Options(4, Persistence::kPersist, Mode::kDemand), P("ema:0.5"));
+  Slot s = e.Admit(K(9));
+  e.Touch(s, Touch{2.0, 10, kNever});
+  e.Touch(s, Touch{2.0, 11, kNever});
+  const BlockState before = e.state(s);
+  e.Release(s);
+  EXPECT_FALSE(e.IsLive(s));
+  EXPECT_EQ(e.ghosts().size(), 1u);
+  s = e.Admit(K(9));
+  EXPECT_EQ(e.state(s).touch_count, 2u);
+  EXPECT_DOUBLE_EQ(e.state(s).score, before.score);
+  EXPECT_EQ(e.state(s).touch_time_ns, 11u);
+  EXPECT_TRUE(e.state(s).flags & kFlagRestored);
+  EXPECT_EQ(e.counters().ghost_restores, 1u);
+  // EMA: 0.5 * 2 = 1 at t=10; 1 * 0.5 + 1 = 1.5 at t=11; at t=13: 1.5 * 0.25 + 0.5 * 2.
+  e.Touch(s, Touch{2.0, 13, kNever});
+  EXPECT_DOUBLE_EQ(e.state(s).score, 1.5 * 0.25 + 1.0);
+
+  Engine r(Options(4, Persistence::kReset, Mode::kDemand), P("ema:0.5"));
+  s = r.Admit(K(9));
+  r.Touch(s, Touch{2.0, 10, kNever});
+  r.Release(s);
+  s = r.Admit(K(9));
+  EXPECT_EQ(r.state(s).touch_count, 0u);
+  EXPECT_EQ(r.ghosts().size(), 0u);
+}
+
+TEST(Persistence, GhostStoreIsBounded) {
+  EngineOptions o = Options(4, Persistence::kPersist, Mode::kDemand);
+  o.ghost_capacity = 3;
+  Engine e(o, P("lfu"));
+  for (int i = 0; i < 5; ++i) {
+    const Slot s = e.Admit(K(i));
+    e.Touch(s, Touch{1, 1, kNever});
+    e.Release(s);
+  }
+  EXPECT_EQ(e.ghosts().size(), 3u);
+  EXPECT_EQ(e.counters().ghosts_dropped, 2u);
+  EXPECT_EQ(e.state(e.Admit(K(0))).touch_count, 0u);  // dropped: starts new
+  EXPECT_EQ(e.state(e.Admit(K(4))).touch_count, 1u);  // kept
+}
+
+TEST(Engine, EmaDecaysLazilyExactlyAsTheEagerDefinition) {
+  // Eager definition: every block decays by (1 - alpha) every step, and gains
+  // alpha x obs when touched. The engine computes it only on touch.
+  const double alpha = 0.15;
+  std::mt19937_64 rng(7);
+  Engine e(Options(64, Persistence::kPersist, Mode::kDemand), P("ema:0.15"));
+  std::vector<double> eager(8, 0.0);
+  for (uint64_t step = 1; step <= 400; ++step) {
+    for (double& v : eager) v *= (1 - alpha);
+    const int k = static_cast<int>(rng() % 8);
+    const double obs = static_cast<double>(rng() % 100) / 100;
+    eager[k] += alpha * obs;
+    e.Touch(e.Admit(K(k)), Touch{obs, step, kNever});
+    const BlockState& st = e.state(e.Find(K(k)));
+    EXPECT_NEAR(st.score, eager[k], 1e-12);
+  }
+  // Order by the lazy key equals order by the eager values.
+  for (int a = 0; a < 8; ++a) {
+    for (int b = 0; b < 8; ++b) {
+      const Slot sa = e.Find(K(a)), sb = e.Find(K(b));
+      if (sa == kNoSlot || sb == kNoSlot || std::abs(eager[a] - eager[b]) < 1e-12) continue;
+      const double ka = EmaOrderKey(e.state(sa).score, e.state(sa).touch_time_ns, alpha);
+      const double kb = EmaOrderKey(e.state(sb).score, e.state(sb).touch_time_ns, alpha);
+      EXPECT_EQ(ka < kb, eager[a] < eager[b]);
+    }
+  }
+}
+
+TEST(Engine, BadObservationsCountAsZero) {
+  Engine e(Options(4, Persistence::kPersist, Mode::kDemand), P("ema:0.5"));
+  const Slot s = e.Admit(K(1));
+  e.Touch(s, Touch{std::nan(""), 1, kNever});
+  e.Touch(s, Touch{-1.0, 2, kNever});
+  e.Touch(s, Touch{1.0 / 0.0, 3, kNever});
+  EXPECT_EQ(e.counters().bad_observations, 3u);
+  EXPECT_EQ(e.state(s).score, 0.0);
+}
+
+TEST(Engine, ZeroCapacityKeepsEverythingInTierOne) {
+  Engine e(Options(0, Persistence::kPersist, Mode::kDemand), P("lru"));
+  uint64_t clock = 1;
+  EXPECT_EQ(Replay(e, {0, 0, 1, 0}, &clock), 0);
+  EXPECT_EQ(e.tier_blocks(Tier::kSlow), 2u);
+}
+
+// ------------------------------------------------------ random differential
+
+struct Op {
+  enum Kind { kTouch, kRelease } kind;
+  int key;
+  double obs;
+  uint64_t step;
+  uint64_t next_use = kNever;
+};
+
+std::vector<Op> RandomTrace(std::mt19937_64& rng, int universe, int length, double release_p,
+                            double step_p) {
+  std::vector<Op> ops;
+  std::set<int> live;
+  uint64_t step = 1;
+  // A skewed pick: half the touches go to the first quarter of the keys.
+  auto pick = [&] {
+    const int hot = std::max(1, universe / 4);
+    return (rng() % 2) ? static_cast<int>(rng() % hot) : static_cast<int>(rng() % universe);
+  };
+  for (int i = 0; i < length; ++i) {
+    if (!live.empty() && std::uniform_real_distribution<>(0, 1)(rng) < release_p) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      ops.push_back(Op{Op::kRelease, *it, 0, step});
+      live.erase(it);
+    } else {
+      const int k = pick();
+      live.insert(k);
+      ops.push_back(Op{Op::kTouch, k, static_cast<double>(rng() % 1024) / 1024.0, step});
+    }
+    if (std::uniform_real_distribution<>(0, 1)(rng) < step_p) ++step;
+  }
+  std::map<int, size_t> next;
+  for (size_t i = ops.size(); i-- > 0;) {
+    if (ops[i].kind != Op::kTouch) continue;
+    auto it = next.find(ops[i].key);
+    ops[i].next_use = it == next.end() ? kNever : it->second;
+    next[ops[i].key] = i;
+  }
+  return ops;
+}
+
+struct Outcome {
+  std::vector<bool> hits;
+  std::vector<EngineEvent> log;
+  EngineCounters counters;
+};
+
+// Drives an engine-like object through `ops`; ticks every `tick_steps` steps.
+template <typename AdmitFn, typename TouchFn, typename ReleaseFn, typename TickFn>
+std::vector<bool> Drive(const std::vector<Op>& ops, uint64_t tick_steps, AdmitFn admit,
+                        TouchFn touch, ReleaseFn release, TickFn tick) {
+  std::vector<bool> hits;
+  uint64_t last_step = ops.empty() ? 0 : ops.front().step;
+  for (const Op& op : ops) {
+    if (op.step != last_step) {
+      for (uint64_t s = last_step + 1; s <= op.step; ++s) {
+        if (tick_steps && s % tick_steps == 0) tick();
+      }
+      last_step = op.step;
+    }
+    if (op.kind == Op::kRelease) {
+      release(K(op.key));
+    } else {
+      admit(K(op.key));
+      hits.push_back(touch(K(op.key), op.obs, op.step, op.next_use));
+    }
+  }
+  return hits;
+}
+
+Outcome RunEngine(const EngineOptions& o, const std::string& policy, const std::vector<Op>& ops,
+                  uint64_t tick_steps) {
+  Engine e(o, P(policy));
+  Outcome out;
+  e.set_event_log(&out.log);
+  out.hits = Drive(
+      ops, o.mode == Mode::kTick ? tick_steps : 0, [&](const BlockKey& k) { e.Admit(k); },
+      [&](const BlockKey& k, double obs, uint64_t now, uint64_t next) {
+        const bool hit = e.Touch(e.Find(k), Touch{obs, now, next});
+        // Invariants that hold after every touch.
+        EXPECT_LE(e.tier_blocks(Tier::kFast), e.capacity_blocks());
+        return hit;
+      },
+      [&](const BlockKey& k) { e.Release(e.Find(k)); }, [&] { e.PlanAndApply(); });
+  out.counters = e.counters();
+  return out;
+}
+
+Outcome RunReference(const EngineOptions& o, const std::string& policy, const std::vector<Op>& ops,
+                     uint64_t tick_steps) {
+  testing::ReferenceEngine r(o, policy);
+  Outcome out;
+  out.hits = Drive(
+      ops, o.mode == Mode::kTick ? tick_steps : 0, [&](const BlockKey& k) { r.Admit(k); },
+      [&](const BlockKey& k, double obs, uint64_t now, uint64_t next) {
+        return r.Touch(k, obs, now, next);
+      },
+      [&](const BlockKey& k) { r.Release(k); }, [&] { r.PlanAndApply(); });
+  out.log = r.log;
+  out.counters = r.counters;
+  return out;
+}
+
+std::string Describe(const EngineEvent& e) {
+  static const char* kNames[] = {"evict",      "promote",    "demote",
+                                 "place-fast", "place-slow", "release"};
+  return std::string(kNames[e.kind]) + " " + std::to_string(e.key.lo);
+}
+
+void ExpectSame(const Outcome& a, const Outcome& b, const std::string& what) {
+  ASSERT_EQ(a.hits, b.hits) << what;
+  for (size_t i = 0; i < std::min(a.log.size(), b.log.size()); ++i) {
+    ASSERT_EQ(a.log[i], b.log[i]) << what << " event " << i << ": engine " << Describe(a.log[i])
+                                  << ", reference " << Describe(b.log[i]);
+  }
+  ASSERT_EQ(a.log.size(), b.log.size()) << what;
+  const EngineCounters& x = a.counters;
+  const EngineCounters& y = b.counters;
+  ASSERT_EQ(x.touches, y.touches) << what;
+  ASSERT_EQ(x.hits, y.hits) << what;
+  ASSERT_EQ(x.evictions, y.evictions) << what;
+  ASSERT_EQ(x.promotions, y.promotions) << what;
+  ASSERT_EQ(x.demotions, y.demotions) << what;
+  ASSERT_EQ(x.placed_fast, y.placed_fast) << what;
+  ASSERT_EQ(x.ghost_restores, y.ghost_restores) << what;
+  ASSERT_EQ(x.ghosts_dropped, y.ghosts_dropped) << what;
+}
+
+const char* kPolicies[] = {"lru",    "lfu",   "ema:0.01", "ema:0.15", "arc",
+                           "s3fifo", "sieve", "tinylfu",  "min"};
+
+class Differential : public ::testing::TestWithParam<std::tuple<const char*, Persistence, Mode>> {};
+
+TEST_P(Differential, EngineMatchesReferenceOnRandomTraces) {
+  const auto [policy, persistence, mode] = GetParam();
+  std::mt19937_64 rng(std::hash<std::string>{}(policy) ^ (int(persistence) << 4) ^ int(mode));
+  constexpr int kTraces = 150;
+  for (int t = 0; t < kTraces; ++t) {
+    const int universe = 2 + static_cast<int>(rng() % 40);
+    const int length = 50 + static_cast<int>(rng() % 400);
+    const double release_p = (rng() % 3 == 0) ? 0.0 : 0.05;
+    const double step_p = mode == Mode::kTick ? 0.5 : 0.7;
+    const std::vector<Op> ops = RandomTrace(rng, universe, length, release_p, step_p);
+    EngineOptions o = Options(rng() % (universe + 2), persistence, mode);
+    o.ghost_capacity = rng() % 3 == 0 ? rng() % 4 : 1 << 16;
+    uint64_t tick_steps = 1 + rng() % 4;
+    if (mode == Mode::kTick) {
+      o.migrate_bytes_per_tick = (rng() % 2) ? 0 : kBlock * (1 + rng() % 4);
+      o.hysteresis_ticks = static_cast<uint32_t>(rng() % 4);
+    }
+    const std::string what = std::string(policy) + " trace " + std::to_string(t) + " universe " +
+                             std::to_string(universe) + " capacity " +
+                             std::to_string(o.tier0_budget_bytes / kBlock);
+    ExpectSame(RunEngine(o, policy, ops, tick_steps), RunReference(o, policy, ops, tick_steps),
+               what);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllPolicies, Differential,
+    ::testing::Combine(::testing::ValuesIn(kPolicies),
+                       ::testing::Values(Persistence::kPersist, Persistence::kReset),
+                       ::testing::Values(Mode::kDemand, Mode::kTick)),
+    [](const auto& param_info) {
+      std::string n = std::get<0>(param_info.param);
+      for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return n + (std::get<1>(param_info.param) == Persistence::kPersist ? "_persist" : "_reset") +
+             (std::get<2>(param_info.param) == Mode::kDemand ? "_demand" : "_tick");
+    });
+
+// ------------------------------------------------------------ MIN and bounds
+
+int Hits(const std::string& policy, Persistence p, Mode m, size_t cap, const std::vector<Op>& ops,
+         uint64_t tick_steps = 1) {
+  const Outcome o = RunEngine(Options(cap, p, m), policy, ops, tick_steps);
+  return static_cast<int>(o.counters.hits);
+}
+
+// Most hits any demand-paging schedule can get: try every eviction choice.
+int OptimalHits(const std::vector<Op>& ops, size_t cap) {
+  std::function<int(size_t, std::vector<int>)> best = [&](size_t i, std::vector<int> cache) {
+    if (i == ops.size()) return 0;
+    const int k = ops[i].key;
+    if (std::find(cache.begin(), cache.end(), k) != cache.end()) return 1 + best(i + 1, cache);
+    if (cache.size() < cap) {
+      cache.push_back(k);
+      return best(i + 1, cache);
+    }
+    int most = 0;
+    for (size_t v = 0; v < cache.size(); ++v) {
+      std::vector<int> next = cache;
+      next[v] = k;
+      most = std::max(most, best(i + 1, next));
+    }
+    return most;
+  };
+  return best(0, {});
+}
+
+TEST(Min, EqualsExhaustiveSearchOnTinyTraces) {
+  std::mt19937_64 rng(11);
+  for (int t = 0; t < 400; ++t) {
+    const int universe = 2 + static_cast<int>(rng() % 4);
+    const std::vector<Op> ops = RandomTrace(rng, universe, 4 + static_cast<int>(rng() % 9), 0, 1);
+    const size_t cap = 1 + rng() % 3;
+    EXPECT_EQ(Hits("min", Persistence::kPersist, Mode::kDemand, cap, ops), OptimalHits(ops, cap))
+        << "trace " << t;
+  }
+}
+
+TEST(Min, BeatsEveryOnlinePolicyAndLruAndMinGrowWithBudget) {
+  std::mt19937_64 rng(12);
+  for (int t = 0; t < 150; ++t) {
+    const int universe = 3 + static_cast<int>(rng() % 60);
+    const std::vector<Op> ops = RandomTrace(rng, universe, 600, 0, 0.7);
+    int prev_lru = -1, prev_min = -1;
+    for (size_t cap = 1; cap <= static_cast<size_t>(universe) + 1; cap += 1 + cap / 4) {
+      const int min_hits = Hits("min", Persistence::kPersist, Mode::kDemand, cap, ops);
+      for (const char* p : kPolicies) {
+        for (auto pers : {Persistence::kPersist, Persistence::kReset}) {
+          EXPECT_LE(Hits(p, pers, Mode::kDemand, cap, ops), min_hits)
+              << p << " trace " << t << " cap " << cap;
+        }
+      }
+      const int lru = Hits("lru", Persistence::kReset, Mode::kDemand, cap, ops);
+      EXPECT_GE(lru, prev_lru) << "LRU fell as the budget grew, trace " << t << " cap " << cap;
+      EXPECT_GE(min_hits, prev_min) << "MIN fell as the budget grew, trace " << t;
+      prev_lru = lru;
+      prev_min = min_hits;
+    }
+  }
+}
+
+TEST(Modes, TickEveryStepWithoutLimitsKeepsThePolicySetInTierZero) {
+  // A plan after every step, no byte budget, no hysteresis: the policy sees the
+  // same touches in both modes, so it evicts the same blocks in the same order,
+  // and tier 0 holds the whole set before every touch. Tier 0 may hold more
+  // (tick mode does not demote while there is room), so every demand-mode hit is
+  // a tick-mode hit too.
+  std::mt19937_64 rng(13);
+  auto evictions = [](const Outcome& o) {
+    std::vector<BlockKey> keys;
+    for (const EngineEvent& e : o.log) {
+      if (e.kind == EngineEvent::kEvict) keys.push_back(e.key);
+    }
+    return keys;
+  };
+  for (int t = 0; t < 60; ++t) {
+    const int universe = 2 + static_cast<int>(rng() % 30);
+    const std::vector<Op> ops = RandomTrace(rng, universe, 300, 0.03, 1.0);
+    const size_t cap = 1 + rng() % universe;
+    for (const char* p : kPolicies) {
+      for (auto pers : {Persistence::kPersist, Persistence::kReset}) {
+        const Outcome d = RunEngine(Options(cap, pers, Mode::kDemand), p, ops, 1);
+        const Outcome k = RunEngine(Options(cap, pers, Mode::kTick), p, ops, 1);
+        ASSERT_EQ(evictions(d), evictions(k)) << p << " trace " << t;
+        ASSERT_EQ(d.hits.size(), k.hits.size());
+        for (size_t i = 0; i < d.hits.size(); ++i) {
+          ASSERT_TRUE(!d.hits[i] || k.hits[i]) << p << " trace " << t << " touch " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Modes, TickRespectsMigrationBudgetAndHysteresis) {
+  std::mt19937_64 rng(14);
+  for (int t = 0; t < 40; ++t) {
+    const std::vector<Op> ops = RandomTrace(rng, 40, 2000, 0.01, 0.5);
+    EngineOptions o = Options(10, Persistence::kPersist, Mode::kTick);
+    o.migrate_bytes_per_tick = 3 * kBlock;
+    o.hysteresis_ticks = 3;
+    Engine e(o, P("lfu"));
+    std::map<uint64_t, uint64_t> last_move;  // key -> tick
+    uint64_t tick = 0;
+    std::vector<EngineEvent> log;
+    e.set_event_log(&log);
+    Drive(
+        ops, 2, [&](const BlockKey& k) { e.Admit(k); },
+        [&](const BlockKey& k, double obs, uint64_t now, uint64_t) {
+          return e.Touch(e.Find(k), Touch{obs, now, kNever});
+        },
+        [&](const BlockKey& k) {
+          e.Release(e.Find(k));
+          last_move.erase(k.lo);
+        },
+        [&] {
+          ++tick;
+          log.clear();
+          const uint64_t before = e.counters().promoted_bytes + e.counters().demoted_bytes;
+          e.PlanAndApply();
+          const uint64_t moved = e.counters().promoted_bytes + e.counters().demoted_bytes - before;
+          EXPECT_LE(moved, o.migrate_bytes_per_tick);
+          EXPECT_LE(e.tier_blocks(Tier::kFast), e.capacity_blocks());
+          for (const EngineEvent& ev : log) {
+            if (ev.kind != EngineEvent::kPromote && ev.kind != EngineEvent::kDemote) continue;
+            auto it = last_move.find(ev.key.lo);
+            if (it != last_move.end()) {
+              EXPECT_GE(tick - it->second, o.hysteresis_ticks) << "block moved twice too soon";
+            }
+            last_move[ev.key.lo] = tick;
+          }
+        });
+    EXPECT_GT(e.counters().promotions, 0u);
+  }
+}
+
+TEST(Engine, CompleteIgnoresStaleAndFailedMoves) {
+  EngineOptions o = Options(1, Persistence::kPersist, Mode::kTick);
+  Engine e(o, P("lru"));
+  const Slot a = e.Admit(K(1));  // placed fast (room)
+  const Slot b = e.Admit(K(2));  // placed slow
+  EXPECT_EQ(e.state(a).tier, Tier::kFast);
+  EXPECT_EQ(e.state(b).tier, Tier::kSlow);
+  e.Touch(a, Touch{1, 1, kNever});
+  e.Touch(b, Touch{1, 2, kNever});  // b enters the set, a leaves
+  std::vector<Move> moves(e.Plan().begin(), e.Plan().end());
+  ASSERT_EQ(moves.size(), 2u);
+  EXPECT_EQ(moves[0].slot, a);
+  EXPECT_EQ(moves[0].to, Tier::kSlow);
+  EXPECT_EQ(moves[1].slot, b);
+  EXPECT_EQ(moves[1].to, Tier::kFast);
+  e.Complete(moves[0], false);  // the demotion failed: a stays fast
+  EXPECT_EQ(e.state(a).tier, Tier::kFast);
+  EXPECT_EQ(e.counters().failed_moves, 1u);
+  e.Release(b);
+  e.Complete(moves[1], true);  // b is gone: ignored
+  EXPECT_EQ(e.counters().promotions, 0u);
+  // The failed demotion is planned again next tick (a is still not in the set).
+  const Slot c = e.Admit(K(3));
+  e.Touch(c, Touch{1, 3, kNever});
+  auto again = e.Plan();
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[0].slot, a);
+}
+
+}  // namespace
+}  // namespace cxltier::engine
