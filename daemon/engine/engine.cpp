@@ -15,19 +15,14 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   policy_->Bind(&states_, capacity_, options.persistence);
 }
 
-Slot Engine::Find(const BlockKey& key) const {
-  const auto it = index_.find(key);
-  return it == index_.end() ? kNoSlot : it->second;
-}
+Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
 
 Slot Engine::Admit(const BlockKey& key) {
-  if (const Slot known = Find(key); known != kNoSlot) return known;
-  Slot s;
+  const Slot s = free_slots_.empty() ? static_cast<Slot>(states_.size()) : free_slots_.back();
+  if (const Slot known = index_.Insert(key, s); known != s) return known;
   if (!free_slots_.empty()) {
-    s = free_slots_.back();
     free_slots_.pop_back();
   } else {
-    s = static_cast<Slot>(states_.size());
     states_.emplace_back();
     moved_tick_.push_back(0);
   }
@@ -48,7 +43,6 @@ Slot Engine::Admit(const BlockKey& key) {
   }
   st.flags |= kFlagResident;
   moved_tick_[s] = 0;
-  index_.emplace(key, s);
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
     const bool room = fast_blocks_ < capacity_;
@@ -154,7 +148,7 @@ void Engine::Release(Slot s) {
     ghost.flags = 0;
     if (ghosts_.Put(st.key, ghost)) ++counters_.ghosts_dropped;
   }
-  index_.erase(st.key);
+  index_.Erase(st.key);
   st.flags = 0;
   ++st.generation;
   free_slots_.push_back(s);
@@ -254,9 +248,10 @@ void Engine::Complete(const Move& m, bool done) {
   Reclassify(m.slot);
 }
 
-void Engine::PlanAndApply() {
+size_t Engine::PlanAndApply() {
   Plan();
   for (const Move& m : moves_) Complete(m, true);
+  return moves_.size();
 }
 
 }  // namespace cxltier::engine

@@ -9,11 +9,11 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cxltier/block.h"
 #include "ghost_store.h"
+#include "key_index.h"
 #include "policy.h"
 #include "slot_list.h"
 #include "types.h"
@@ -94,8 +94,13 @@ class Engine {
   // block's tier. A move whose slot was released (or reused) since is ignored.
   void Complete(const Move& move, bool done);
 
-  // Plan() and complete every move at once (the simulator).
-  void PlanAndApply();
+  // Plan() and complete every move at once (the simulator). Returns the moves made.
+  size_t PlanAndApply();
+
+  // A hint that `slot` will be touched soon: starts loading its state line.
+  void Prefetch(Slot slot) const {
+    if (slot < states_.size()) __builtin_prefetch(&states_[slot], 1);
+  }
 
   bool IsLive(Slot slot) const {
     return slot < states_.size() && (states_[slot].flags & kFlagResident);
@@ -116,7 +121,7 @@ class Engine {
   enum Queue { kPromoteQueue = 0, kDemoteQueue = 1 };
 
   void Log(EngineEvent::Kind kind, Slot s) {
-    if (log_) log_->push_back(EngineEvent{kind, states_[s].key});
+    if (__builtin_expect(log_ != nullptr, 0)) log_->push_back(EngineEvent{kind, states_[s].key});
   }
   void SetTier(Slot s, Tier t);
   void LeaveSet(Slot victim);
@@ -129,7 +134,7 @@ class Engine {
   std::vector<BlockState> states_;
   std::vector<Slot> free_slots_;
   std::vector<uint64_t> moved_tick_;  // tick of the block's last completed move (0 = never)
-  std::unordered_map<BlockKey, Slot, BlockKeyHash> index_;
+  KeyIndex index_;
   GhostStore ghosts_;
   SlotLists queues_{2};  // tick mode: promotion and demotion candidates, oldest at the back
   std::vector<Move> moves_;

@@ -20,7 +20,7 @@ class SlotLists {
       : heads_(lists, kNoSlot), tails_(lists, kNoSlot), sizes_(lists, 0) {}
 
   // Which list `s` is in, or kNoList.
-  uint8_t ListOf(Slot s) const { return s < which_.size() ? which_[s] : kNoList; }
+  uint8_t ListOf(Slot s) const { return s < links_.size() ? links_[s].which : kNoList; }
   bool Contains(int list, Slot s) const { return ListOf(s) == list; }
   size_t Size(int list) const { return sizes_[list]; }
   // Front = most recently pushed with PushFront (MRU / queue head).
@@ -28,18 +28,19 @@ class SlotLists {
   // Back = least recently pushed (LRU / queue tail).
   Slot Back(int list) const { return tails_[list]; }
   // The neighbour of `s` towards the front, or kNoSlot.
-  Slot Prev(Slot s) const { return prev_[s]; }
+  Slot Prev(Slot s) const { return links_[s].prev; }
   // The neighbour of `s` towards the back, or kNoSlot.
-  Slot Next(Slot s) const { return next_[s]; }
+  Slot Next(Slot s) const { return links_[s].next; }
 
   // REQUIRES: `s` is in no list.
   void PushFront(int list, Slot s) {
     Ensure(s);
-    assert(which_[s] == kNoList);
-    which_[s] = static_cast<uint8_t>(list);
-    prev_[s] = kNoSlot;
-    next_[s] = heads_[list];
-    if (heads_[list] != kNoSlot) prev_[heads_[list]] = s;
+    Link& l = links_[s];
+    assert(l.which == kNoList);
+    l.which = static_cast<uint8_t>(list);
+    l.prev = kNoSlot;
+    l.next = heads_[list];
+    if (heads_[list] != kNoSlot) links_[heads_[list]].prev = s;
     heads_[list] = s;
     if (tails_[list] == kNoSlot) tails_[list] = s;
     ++sizes_[list];
@@ -47,20 +48,20 @@ class SlotLists {
 
   // Removes `s` from whatever list holds it; no-op if none.
   void Remove(Slot s) {
-    const uint8_t list = ListOf(s);
-    if (list == kNoList) return;
-    if (prev_[s] != kNoSlot) {
-      next_[prev_[s]] = next_[s];
+    if (s >= links_.size() || links_[s].which == kNoList) return;
+    Link& l = links_[s];
+    const uint8_t list = l.which;
+    if (l.prev != kNoSlot) {
+      links_[l.prev].next = l.next;
     } else {
-      heads_[list] = next_[s];
+      heads_[list] = l.next;
     }
-    if (next_[s] != kNoSlot) {
-      prev_[next_[s]] = prev_[s];
+    if (l.next != kNoSlot) {
+      links_[l.next].prev = l.prev;
     } else {
-      tails_[list] = prev_[s];
+      tails_[list] = l.prev;
     }
-    prev_[s] = next_[s] = kNoSlot;
-    which_[s] = kNoList;
+    l = Link{};
     --sizes_[list];
   }
 
@@ -77,19 +78,20 @@ class SlotLists {
   }
 
  private:
+  // Everything about one slot in one place: one cache line touched per slot.
+  struct Link {
+    Slot prev = kNoSlot;
+    Slot next = kNoSlot;
+    uint8_t which = kNoList;
+  };
+
   void Ensure(Slot s) {
-    if (s >= which_.size()) {
-      const size_t n = std::max<size_t>(s + 1, which_.size() * 2);
-      which_.resize(n, kNoList);
-      prev_.resize(n, kNoSlot);
-      next_.resize(n, kNoSlot);
-    }
+    if (s >= links_.size()) links_.resize(std::max<size_t>(s + 1, links_.size() * 2));
   }
 
   std::vector<Slot> heads_, tails_;
   std::vector<size_t> sizes_;
-  std::vector<uint8_t> which_;
-  std::vector<Slot> prev_, next_;
+  std::vector<Link> links_;
 };
 
 }  // namespace cxltier::engine

@@ -1,0 +1,45 @@
+// Replays a trace through the engine (the same daemon/engine code the daemon runs).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "trace.h"
+
+namespace cxltier::sim {
+
+struct SimConfig {
+  std::string policy = "lru";
+  engine::Persistence persistence = engine::Persistence::kPersist;
+  engine::Mode mode = engine::Mode::kDemand;
+  uint64_t budget_bytes = 32ull << 30;
+  uint64_t block_bytes = 5ull << 20;
+  uint32_t tick_steps = 1;              // tick mode: plan every N steps of the workload clock
+  uint64_t migrate_bytes_per_tick = 0;  // tick mode: 0 = unlimited
+  uint32_t hysteresis_ticks = 0;        // tick mode
+  size_t ghost_capacity = 1u << 20;
+};
+
+struct SimResult {
+  SimConfig config;
+  uint64_t capacity_blocks = 0;
+  engine::EngineCounters counters;
+  double seconds = 0;  // wall time of the replay alone
+
+  double hit_rate() const {
+    return counters.touches ? static_cast<double>(counters.hits) / counters.touches : 0.0;
+  }
+};
+
+// For each event, the index of the next touch of the same key (kNever if none).
+// Only MIN reads it.
+std::vector<uint64_t> NextUses(const Trace& trace);
+
+// Replays `trace`. `next_use` may be null unless the policy is MIN. Returns an
+// error in *error (and an empty result) for a bad policy name or budget.
+SimResult Simulate(const Trace& trace, const SimConfig& config,
+                   const std::vector<uint64_t>* next_use, std::string* error);
+
+}  // namespace cxltier::sim

@@ -1,0 +1,343 @@
+#include "trace.h"
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <istream>
+#include <ostream>
+#include <unordered_map>
+
+namespace cxltier::sim {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'X', 'L', 'T', 'R', 'A', 'C', 'E'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kHeaderBytes = 32;
+// Refuse headers that promise more than this many records (a hostile or corrupt
+// file must not make us allocate terabytes).
+constexpr uint64_t kMaxRecords = uint64_t{1} << 32;
+
+// Interns keys into dense indices.
+class KeyTable {
+ public:
+  explicit KeyTable(Trace* t) : t_(t) {}
+  uint32_t Index(const BlockKey& k) {
+    auto [it, fresh] = index_.try_emplace(k, static_cast<uint32_t>(t_->keys.size()));
+    if (fresh) t_->keys.push_back(k);
+    return it->second;
+  }
+
+ private:
+  Trace* t_;
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> index_;
+};
+
+void PutU32(std::ostream& out, uint32_t v) {
+  unsigned char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+  out.write(reinterpret_cast<const char*>(b), 4);
+}
+void PutU64(std::ostream& out, uint64_t v) {
+  PutU32(out, static_cast<uint32_t>(v));
+  PutU32(out, static_cast<uint32_t>(v >> 32));
+}
+uint32_t GetU32(const unsigned char* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+uint64_t GetU64(const unsigned char* p) { return GetU32(p) | uint64_t{GetU32(p + 4)} << 32; }
+
+std::string Where(std::string_view name, size_t line) {
+  return std::string(name) + ":" + std::to_string(line) + ": ";
+}
+
+}  // namespace
+
+size_t Trace::touches() const {
+  size_t n = 0;
+  for (const TraceEvent& e : events) n += e.kind == EventKind::kTouch;
+  return n;
+}
+
+std::string Trace::Validate() const {
+  if (block_tokens == 0) return "block_tokens is 0";
+  uint32_t step = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const TraceEvent& e = events[i];
+    if (e.key >= keys.size()) return "event " + std::to_string(i) + ": key index out of range";
+    if (e.kind != EventKind::kTouch && e.kind != EventKind::kRelease) {
+      return "event " + std::to_string(i) + ": unknown kind";
+    }
+    if (!std::isfinite(e.obs) || e.obs < 0) {
+      return "event " + std::to_string(i) + ": observation is not a finite number >= 0";
+    }
+    if (e.step < step) return "event " + std::to_string(i) + ": step goes backwards";
+    step = e.step;
+  }
+  return {};
+}
+
+TraceResult ReadMooncake(std::istream& in, std::string_view name) {
+  TraceResult r;
+  r.trace.name = "mooncake";
+  r.trace.block_tokens = 512;
+  KeyTable keys(&r.trace);
+  std::string line;
+  size_t lineno = 0;
+  uint32_t step = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      r.error = Where(name, lineno) + "not a JSON object";
+      return r;
+    }
+    const auto ids = j.find("hash_ids");
+    if (ids == j.end() || !ids->is_array()) {
+      r.error = Where(name, lineno) + "no \"hash_ids\" array";
+      return r;
+    }
+    for (const auto& id : *ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+        r.error = Where(name, lineno) + "hash id is not a non-negative integer";
+        return r;
+      }
+      const uint32_t k = keys.Index(BlockKey{kMooncakeKeySpace, id.get<uint64_t>()});
+      r.trace.events.push_back(TraceEvent{step, k, 1.0f, EventKind::kTouch});
+    }
+    if (step == UINT32_MAX) {
+      r.error = Where(name, lineno) + "too many requests";
+      return r;
+    }
+    ++step;
+  }
+  if (lineno == 0) r.error = std::string(name) + ": empty trace";
+  return r;
+}
+
+TraceResult ReadMooncakeFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return TraceResult{{}, path + ": cannot open: " + std::strerror(errno)};
+  return ReadMooncake(in, path);
+}
+
+std::string WriteBinary(const Trace& t, std::ostream& out) {
+  out.write(kMagic, sizeof(kMagic));
+  PutU32(out, kVersion);
+  PutU32(out, t.block_tokens);
+  PutU64(out, t.keys.size());
+  PutU64(out, t.events.size());
+  for (const BlockKey& k : t.keys) {
+    PutU64(out, k.hi);
+    PutU64(out, k.lo);
+  }
+  for (const TraceEvent& e : t.events) {
+    uint32_t obs_bits;
+    std::memcpy(&obs_bits, &e.obs, 4);
+    PutU32(out, e.step);
+    PutU32(out, e.key);
+    PutU32(out, obs_bits);
+    PutU32(out, static_cast<uint32_t>(e.kind));
+  }
+  return out ? "" : "write failed";
+}
+
+TraceResult ReadBinary(std::istream& in, std::string_view name) {
+  TraceResult r;
+  r.trace.name = std::string(name);
+  unsigned char h[kHeaderBytes];
+  if (!in.read(reinterpret_cast<char*>(h), kHeaderBytes)) {
+    r.error = std::string(name) + ": shorter than the 32-byte header";
+    return r;
+  }
+  if (std::memcmp(h, kMagic, 8) != 0) {
+    r.error = std::string(name) + ": not a cxltier trace (bad magic)";
+    return r;
+  }
+  if (GetU32(h + 8) != kVersion) {
+    r.error = std::string(name) + ": unsupported version " + std::to_string(GetU32(h + 8));
+    return r;
+  }
+  r.trace.block_tokens = GetU32(h + 12);
+  const uint64_t n_keys = GetU64(h + 16), n_events = GetU64(h + 24);
+  if (n_keys > kMaxRecords || n_events > kMaxRecords) {
+    r.error = std::string(name) + ": header claims an absurd number of records";
+    return r;
+  }
+  // Read in chunks so a lying header cannot make us allocate before the bytes exist.
+  unsigned char buf[16 * 4096];
+  for (uint64_t done = 0; done < n_keys;) {
+    const uint64_t n = std::min<uint64_t>(n_keys - done, 4096);
+    if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(16 * n))) {
+      r.error = std::string(name) + ": truncated in the key table";
+      return r;
+    }
+    for (uint64_t i = 0; i < n; ++i)
+      r.trace.keys.push_back({GetU64(buf + 16 * i), GetU64(buf + 16 * i + 8)});
+    done += n;
+  }
+  for (uint64_t done = 0; done < n_events;) {
+    const uint64_t n = std::min<uint64_t>(n_events - done, 4096);
+    if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(16 * n))) {
+      r.error = std::string(name) + ": truncated in the events";
+      return r;
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      const unsigned char* p = buf + 16 * i;
+      TraceEvent e{GetU32(p), GetU32(p + 4), 0.0f, EventKind::kTouch};
+      const uint32_t obs_bits = GetU32(p + 8);
+      std::memcpy(&e.obs, &obs_bits, 4);
+      const uint32_t kind = GetU32(p + 12);
+      if (kind > 1) {
+        r.error = std::string(name) + ": event " + std::to_string(done + i) + ": unknown kind";
+        return r;
+      }
+      e.kind = static_cast<EventKind>(kind);
+      r.trace.events.push_back(e);
+    }
+    done += n;
+  }
+  if (in.peek() != std::char_traits<char>::eof()) {
+    r.error = std::string(name) + ": trailing bytes after the last event";
+    return r;
+  }
+  if (std::string err = r.trace.Validate(); !err.empty()) r.error = std::string(name) + ": " + err;
+  return r;
+}
+
+std::string WriteCsv(const Trace& t, std::ostream& out) {
+  out << "# cxltier-trace v1 block_tokens=" << t.block_tokens << "\n";
+  out << "step,key,kind,obs\n";
+  char obs[32];
+  for (const TraceEvent& e : t.events) {
+    std::snprintf(obs, sizeof(obs), "%.9g", static_cast<double>(e.obs));
+    out << e.step << ',' << t.keys[e.key].ToString() << ','
+        << (e.kind == EventKind::kTouch ? "touch" : "release") << ',' << obs << '\n';
+  }
+  return out ? "" : "write failed";
+}
+
+TraceResult ReadCsv(std::istream& in, std::string_view name) {
+  TraceResult r;
+  r.trace.name = std::string(name);
+  KeyTable keys(&r.trace);
+  std::string line;
+  size_t lineno = 0;
+  bool header_seen = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line[0] == '#') {
+      const auto at = line.find("block_tokens=");
+      if (at != std::string::npos) {
+        const char* b = line.data() + at + 13;
+        const char* e = line.data() + line.size();
+        uint32_t v = 0;
+        auto [p, ec] = std::from_chars(b, e, v);
+        if (ec != std::errc() || v == 0) {
+          r.error = Where(name, lineno) + "bad block_tokens";
+          return r;
+        }
+        r.trace.block_tokens = v;
+      }
+      continue;
+    }
+    if (!header_seen) {
+      header_seen = true;
+      if (line == "step,key,kind,obs") continue;
+      r.error = Where(name, lineno) + "expected the header 'step,key,kind,obs'";
+      return r;
+    }
+    std::string_view f[4];
+    size_t start = 0;
+    int n = 0;
+    for (; n < 4; ++n) {
+      const size_t comma = line.find(',', start);
+      if (n < 3 && comma == std::string::npos) break;
+      f[n] = std::string_view(line).substr(start, n < 3 ? comma - start : std::string::npos);
+      start = comma + 1;
+    }
+    if (n != 4 || f[3].find(',') != std::string_view::npos) {
+      r.error = Where(name, lineno) + "expected 4 fields";
+      return r;
+    }
+    TraceEvent e{0, 0, 0.0f, EventKind::kTouch};
+    if (auto [p, ec] = std::from_chars(f[0].data(), f[0].data() + f[0].size(), e.step);
+        ec != std::errc() || p != f[0].data() + f[0].size()) {
+      r.error = Where(name, lineno) + "bad step";
+      return r;
+    }
+    BlockKey k;
+    if (!BlockKey::Parse(f[1], &k)) {
+      r.error = Where(name, lineno) + "bad key (want 32 hex digits)";
+      return r;
+    }
+    e.key = keys.Index(k);
+    if (f[2] == "touch") {
+      e.kind = EventKind::kTouch;
+    } else if (f[2] == "release") {
+      e.kind = EventKind::kRelease;
+    } else {
+      r.error = Where(name, lineno) + "kind must be touch or release";
+      return r;
+    }
+    double obs = 0;
+    if (auto [p, ec] = std::from_chars(f[3].data(), f[3].data() + f[3].size(), obs);
+        ec != std::errc() || p != f[3].data() + f[3].size()) {
+      r.error = Where(name, lineno) + "bad obs";
+      return r;
+    }
+    e.obs = static_cast<float>(obs);
+    r.trace.events.push_back(e);
+  }
+  if (!header_seen) {
+    r.error = std::string(name) + ": empty trace";
+    return r;
+  }
+  if (std::string err = r.trace.Validate(); !err.empty()) r.error = std::string(name) + ": " + err;
+  return r;
+}
+
+TraceResult OpenTrace(std::string_view spec) {
+  std::string format;
+  std::string path(spec);
+  if (const auto colon = spec.find(':'); colon != std::string_view::npos) {
+    const std::string_view prefix = spec.substr(0, colon);
+    if (prefix == "mooncake" || prefix == "bin" || prefix == "csv") {
+      format = std::string(prefix);
+      path = std::string(spec.substr(colon + 1));
+    }
+  }
+  auto ends_with = [&path](std::string_view s) { return path.ends_with(s); };
+  if (format.empty()) {
+    if (ends_with(".jsonl"))
+      format = "mooncake";
+    else if (ends_with(".csv"))
+      format = "csv";
+    else if (ends_with(".bin") || ends_with(".cxlt"))
+      format = "bin";
+    else
+      return TraceResult{{}, path + ": cannot tell the format; use mooncake:, bin: or csv:"};
+  }
+  std::ifstream in(path, format == "bin" ? std::ios::binary : std::ios::in);
+  if (!in) return TraceResult{{}, path + ": cannot open: " + std::strerror(errno)};
+  if (format == "mooncake") return ReadMooncake(in, path);
+  if (format == "csv") return ReadCsv(in, path);
+  return ReadBinary(in, path);
+}
+
+std::string SaveTrace(const Trace& t, const std::string& path) {
+  const bool csv = path.ends_with(".csv");
+  std::ofstream out(path, csv ? std::ios::out : std::ios::binary);
+  if (!out) return path + ": cannot create: " + std::strerror(errno);
+  const std::string err = csv ? WriteCsv(t, out) : WriteBinary(t, out);
+  out.close();
+  if (!err.empty() || !out) return path + ": " + (err.empty() ? "write failed" : err);
+  return {};
+}
+
+}  // namespace cxltier::sim

@@ -1,0 +1,69 @@
+// Block-touch traces: the in-memory form the simulator replays, and the formats
+// it reads and writes (Mooncake JSONL, our binary format, CSV). docs/workloads.md
+// specifies the formats byte by byte.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cxltier/block.h"
+
+namespace cxltier::sim {
+
+enum class EventKind : uint8_t { kTouch = 0, kRelease = 1 };
+
+// One event. 16 bytes, the same as a record of the binary format.
+struct TraceEvent {
+  uint32_t step;  // workload clock; never decreases along a trace
+  uint32_t key;   // index into Trace::keys
+  float obs;      // observation (attention mass) of a touch; 0 for a release
+  EventKind kind;
+  uint8_t pad[3] = {0, 0, 0};
+};
+static_assert(sizeof(TraceEvent) == 16);
+
+struct Trace {
+  std::string name;            // "mooncake", "attention", a file name...
+  uint32_t block_tokens = 16;  // tokens per block of this trace
+  std::vector<BlockKey> keys;  // distinct keys, indexed by TraceEvent::key
+  std::vector<TraceEvent> events;
+
+  size_t touches() const;
+  // Empty when the trace is consistent; otherwise the first problem found.
+  std::string Validate() const;
+};
+
+// Result of reading a trace: ok() or an error naming the file and the line or offset.
+struct TraceResult {
+  Trace trace;
+  std::string error;
+  bool ok() const { return error.empty(); }
+};
+
+// Mooncake JSONL: one request per line, {"timestamp": ms, "hash_ids": [...], ...}.
+// Every hash id is one block of 512 tokens, touched in order (observation 1);
+// one request is one step.
+TraceResult ReadMooncake(std::istream& in, std::string_view name);
+TraceResult ReadMooncakeFile(const std::string& path);
+
+// Our binary format ("CXLTRACE", version 1).
+TraceResult ReadBinary(std::istream& in, std::string_view name);
+std::string WriteBinary(const Trace& trace, std::ostream& out);
+
+// CSV: "# cxltier-trace v1 block_tokens=N", then "step,key,kind,obs" rows.
+TraceResult ReadCsv(std::istream& in, std::string_view name);
+std::string WriteCsv(const Trace& trace, std::ostream& out);
+
+// Opens "mooncake:PATH", "bin:PATH", "csv:PATH", or a PATH whose extension
+// (.jsonl, .bin/.cxlt, .csv) names the format.
+TraceResult OpenTrace(std::string_view spec);
+// Writes by extension (.csv or anything else = binary). Returns an error or "".
+std::string SaveTrace(const Trace& trace, const std::string& path);
+
+// Key namespace of Mooncake hash ids: BlockKey{kMooncakeKeySpace, hash_id}.
+inline constexpr uint64_t kMooncakeKeySpace = 0x6d6f6f6e63616b65ULL;  // "mooncake"
+
+}  // namespace cxltier::sim
