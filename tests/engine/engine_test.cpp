@@ -10,6 +10,7 @@
 
 #include "engine/count_min.h"
 #include "engine/engine.h"
+#include "engine/key_index.h"
 #include "engine/slot_heap.h"
 #include "engine/slot_list.h"
 #include "reference_engine.h"
@@ -111,6 +112,36 @@ TEST(SlotLists, MatchStdListsUnderRandomOperations) {
       ASSERT_EQ(walk, std::vector<Slot>(model[i].begin(), model[i].end()));
     }
   }
+}
+
+TEST(KeyIndex, MatchesStdMapUnderRandomOperations) {
+  std::mt19937_64 rng(4);
+  KeyIndex index;
+  std::map<BlockKey, Slot> model;
+  for (int op = 0; op < 300000; ++op) {
+    // Few distinct keys, so clusters form and deletion shifts entries back.
+    const BlockKey k = (rng() % 2) ? K(rng() % 3000) : BlockKey{rng() % 7, rng() % 5};
+    switch (rng() % 3) {
+      case 0: {
+        const Slot s = static_cast<Slot>(rng() % 100000);
+        const auto it = model.find(k);
+        const Slot want = it == model.end() ? s : it->second;
+        ASSERT_EQ(index.Insert(k, s), want);
+        model.emplace(k, s);
+        break;
+      }
+      case 1:
+        index.Erase(k);
+        model.erase(k);
+        break;
+      default: {
+        const auto it = model.find(k);
+        ASSERT_EQ(index.Find(k), it == model.end() ? kNoSlot : it->second);
+      }
+    }
+    ASSERT_EQ(index.size(), model.size());
+  }
+  for (const auto& [k, s] : model) ASSERT_EQ(index.Find(k), s);
 }
 
 TEST(CountMinSketch, NeverUnderestimatesAndIsExactWithoutCollisions) {

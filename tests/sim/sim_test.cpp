@@ -1,0 +1,386 @@
+// Traces, the attention workload, and the cxltier-sim command line.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "attention_workload.h"
+#include "cxltier/model.h"
+#include "simulate.h"
+#include "trace.h"
+
+namespace cxltier::sim {
+namespace {
+
+const std::string kMooncake = CXLTIER_TEST_DATA "/mooncake_synthetic_trace.jsonl";
+const std::string kSim = CXLTIER_SIM_PATH;
+
+struct ShellResult {
+  int status = -1;
+  std::string out;
+};
+
+ShellResult Shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::filesystem::path TempDir() {
+  auto d =
+      std::filesystem::temp_directory_path() / ("cxltier-sim-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+void ExpectSameTrace(const Trace& a, const Trace& b) {
+  ASSERT_EQ(a.block_tokens, b.block_tokens);
+  ASSERT_EQ(a.events.size(), b.events.size());
+  for (size_t i = 0; i < a.events.size(); ++i) {
+    ASSERT_EQ(a.events[i].step, b.events[i].step) << i;
+    ASSERT_EQ(a.keys[a.events[i].key], b.keys[b.events[i].key]) << i;
+    ASSERT_EQ(a.events[i].kind, b.events[i].kind) << i;
+    ASSERT_EQ(a.events[i].obs, b.events[i].obs) << i;
+  }
+}
+
+// ------------------------------------------------------------------ traces
+
+TEST(Mooncake, SampleTraceHasThePublishedCounts) {
+  const TraceResult r = ReadMooncakeFile(kMooncake);
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.trace.events.size(), 121877u);
+  EXPECT_EQ(r.trace.keys.size(), 43924u);
+  EXPECT_EQ(r.trace.events.back().step, 3992u);  // 3,993 requests, one step each
+  EXPECT_EQ(r.trace.block_tokens, 512u);
+  EXPECT_EQ(r.trace.keys[0], (BlockKey{kMooncakeKeySpace, 0}));
+}
+
+TEST(Mooncake, ParsesInOrderAndRejectsBadLines) {
+  std::istringstream ok(
+      "{\"timestamp\": 0, \"hash_ids\": [5, 6]}\n\n{\"timestamp\": 3, \"hash_ids\": [5]}\n");
+  const TraceResult r = ReadMooncake(ok, "t");
+  ASSERT_TRUE(r.ok()) << r.error;
+  ASSERT_EQ(r.trace.events.size(), 3u);
+  EXPECT_EQ(r.trace.events[0].key, r.trace.events[2].key);
+  EXPECT_EQ(r.trace.events[2].step, 1u);
+  for (const char* bad : {"{\"hash_ids\": [1, -2]}\n", "not json\n", "{\"timestamp\": 1}\n",
+                          "[1,2]\n", "{\"hash_ids\": [1.5]}\n", ""}) {
+    std::istringstream in(bad);
+    const TraceResult b = ReadMooncake(in, "bad");
+    EXPECT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.error.find("bad"), std::string::npos) << b.error;
+  }
+}
+
+Trace SmallTrace() {
+  Trace t;
+  t.block_tokens = 16;
+  t.keys = {BlockKey{1, 2}, BlockKey{0xffffffffffffffffULL, 0}, BlockKey::FromSequence(9, 9)};
+  t.events = {{0, 0, 0.25f, EventKind::kTouch},
+              {0, 1, 1e-7f, EventKind::kTouch},
+              {3, 0, 0.0f, EventKind::kRelease},
+              {3, 2, 123.5f, EventKind::kTouch},
+              {4000000000u, 0, 1.0f, EventKind::kTouch}};
+  return t;
+}
+
+TEST(TraceFormats, BinaryAndCsvRoundTrip) {
+  const Trace t = SmallTrace();
+  std::stringstream bin;
+  ASSERT_EQ(WriteBinary(t, bin), "");
+  EXPECT_EQ(bin.str().size(), 32 + 16 * t.keys.size() + 16 * t.events.size());
+  const TraceResult b = ReadBinary(bin, "bin");
+  ASSERT_TRUE(b.ok()) << b.error;
+  ExpectSameTrace(t, b.trace);
+
+  std::stringstream csv;
+  ASSERT_EQ(WriteCsv(t, csv), "");
+  const TraceResult c = ReadCsv(csv, "csv");
+  ASSERT_TRUE(c.ok()) << c.error;
+  ExpectSameTrace(t, c.trace);
+}
+
+TEST(TraceFormats, HostileBinaryInputIsRejectedClearly) {
+  std::stringstream good;
+  WriteBinary(SmallTrace(), good);
+  const std::string bytes = good.str();
+  auto read = [](const std::string& b) {
+    std::istringstream in(b);
+    return ReadBinary(in, "x");
+  };
+  EXPECT_NE(read(bytes.substr(0, 10)).error.find("header"), std::string::npos);
+  EXPECT_NE(read("NOTATRACE" + bytes.substr(9)).error.find("magic"), std::string::npos);
+  EXPECT_NE(read(bytes.substr(0, bytes.size() - 3)).error.find("truncated"), std::string::npos);
+  EXPECT_NE(read(bytes + "x").error.find("trailing"), std::string::npos);
+  std::string absurd = bytes;
+  absurd[31] = '\x7f';  // n_events high byte
+  EXPECT_NE(read(absurd).error.find("absurd"), std::string::npos);
+  std::string version = bytes;
+  version[8] = 9;
+  EXPECT_NE(read(version).error.find("version"), std::string::npos);
+  std::string kind = bytes;
+  kind[32 + 16 * 3 + 12] = 7;  // first event's kind
+  EXPECT_NE(read(kind).error.find("kind"), std::string::npos);
+  std::string key = bytes;
+  key[32 + 16 * 3 + 4] = 99;  // first event's key index
+  EXPECT_NE(read(key).error.find("out of range"), std::string::npos);
+  std::string nan = bytes;
+  for (int i = 0; i < 4; ++i) nan[32 + 16 * 3 + 8 + i] = '\xff';
+  EXPECT_NE(read(nan).error.find("observation"), std::string::npos);
+  std::string back = bytes;
+  back[32 + 16 * 3 + 16 * 3] = 0;  // fourth event's step 3 -> 0 (< previous)
+  EXPECT_NE(read(back).error.find("backwards"), std::string::npos);
+}
+
+TEST(TraceFormats, BadCsvNamesTheLine) {
+  const std::string head = "step,key,kind,obs\n";
+  const std::string key = std::string(32, 'a');
+  for (const std::string& bad :
+       {head + "x," + key + ",touch,1\n", head + "1,zz,touch,1\n", head + "1," + key + ",poke,1\n",
+        head + "1," + key + ",touch,abc\n", head + "1," + key + ",touch\n",
+        head + "2," + key + ",touch,1\n1," + key + ",touch,1\n", std::string("a,b,c,d\n"),
+        "# cxltier-trace v1 block_tokens=0\n" + head}) {
+    std::istringstream in(bad);
+    const TraceResult r = ReadCsv(in, "f.csv");
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error.find("f.csv"), std::string::npos) << r.error;
+  }
+}
+
+TEST(TraceFormats, OpenByPrefixOrExtension) {
+  EXPECT_TRUE(OpenTrace("mooncake:" + kMooncake).ok());
+  EXPECT_TRUE(OpenTrace(kMooncake).ok());
+  const TraceResult missing = OpenTrace("bin:/nonexistent/x.bin");
+  EXPECT_NE(missing.error.find("cannot open"), std::string::npos);
+  EXPECT_NE(OpenTrace("/tmp/x.weird").error.find("format"), std::string::npos);
+}
+
+// ------------------------------------------------------- attention workload
+
+AttentionParams SmallParams() {
+  AttentionParams p;
+  EXPECT_EQ(p.Parse("steps=300,sessions=6,batch=3,context_min=2048,context_max=8192,topk=16,"
+                    "turn_tokens=40,pause_steps=30,user_tokens=64,turns=3,shared_prefix_blocks=4,"
+                    "release_on_pause=0.3"),
+            "");
+  return p;
+}
+
+TEST(Attention, DeterministicForASeed) {
+  AttentionParams p = SmallParams();
+  const Trace a = GenerateAttention(p);
+  const Trace b = GenerateAttention(p);
+  ExpectSameTrace(a, b);
+  p.seed = 2;
+  const Trace c = GenerateAttention(p);
+  EXPECT_TRUE(a.events.size() != c.events.size() ||
+              !std::equal(a.events.begin(), a.events.end(), c.events.begin(),
+                          [](const TraceEvent& x, const TraceEvent& y) {
+                            return x.key == y.key && x.obs == y.obs;
+                          }));
+}
+
+TEST(Attention, StepsFollowTheModel) {
+  const AttentionParams p = SmallParams();
+  const Trace t = GenerateAttention(p);
+  EXPECT_EQ(t.Validate(), "");
+  // Per (step, sequence): at most topk touches, masses sum to 1, the sink is among them.
+  std::map<std::pair<uint32_t, uint64_t>, std::pair<int, double>> per;
+  std::map<std::pair<uint32_t, uint64_t>, bool> sink;
+  std::set<BlockKey> released, returned;
+  size_t releases = 0;
+  for (const TraceEvent& e : t.events) {
+    const BlockKey k = t.keys[e.key];
+    if (e.kind == EventKind::kRelease) {
+      ++releases;
+      EXPECT_GE(k.lo, p.shared_prefix_blocks) << "shared prefix blocks are never released";
+      released.insert(k);
+      continue;
+    }
+    if (released.count(k)) returned.insert(k);
+    // Shared-prefix keys have hi == 0; attribute them by step only.
+    auto& [n, mass] = per[{e.step, k.hi}];
+    ++n;
+    mass += e.obs;
+    if (k.lo == 0) sink[{e.step, k.hi}] = true;
+  }
+  EXPECT_GT(releases, 0u);
+  EXPECT_FALSE(returned.empty()) << "release_on_pause should bring released keys back";
+  size_t steps_with_touches = 0;
+  for (const auto& [key, v] : per) {
+    if (key.second == 0) continue;
+    EXPECT_LE(v.first, static_cast<int>(p.topk));
+    ++steps_with_touches;
+  }
+  EXPECT_GT(steps_with_touches, 100u);
+  // Every sequence touches its sink (block 0, a shared key) every step it decodes.
+  std::set<uint32_t> steps;
+  for (const TraceEvent& e : t.events) {
+    if (e.kind == EventKind::kTouch) steps.insert(e.step);
+  }
+  for (uint32_t s : steps) EXPECT_TRUE((sink[{s, 0}])) << "step " << s;
+}
+
+TEST(Attention, ParseErrorsNameTheParameter) {
+  AttentionParams p;
+  EXPECT_NE(p.Parse("nope=1").find("unknown attention parameter 'nope'"), std::string::npos);
+  EXPECT_NE(p.Parse("steps=abc").find("'steps'"), std::string::npos);
+  EXPECT_NE(p.Parse("steps").find("needs =value"), std::string::npos);
+  EXPECT_NE(p.Parse("drift=2").find("drift"), std::string::npos);
+  EXPECT_NE(p.Parse("context_min=9000,context_max=100").find("context_min"), std::string::npos);
+  AttentionParams q;
+  EXPECT_EQ(q.Parse("heavy_alpha=0.8,seed=7"), "");
+  EXPECT_EQ(q.seed, 7u);
+  EXPECT_NE(q.ToString().find("heavy_alpha=0.8"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- simulate
+
+TEST(Simulate, MinBeatsEveryPolicyOnTheMooncakeSample) {
+  const TraceResult r = ReadMooncakeFile(kMooncake);
+  ASSERT_TRUE(r.ok());
+  const std::vector<uint64_t> next = NextUses(r.trace);
+  for (uint64_t gib : {8, 32, 128}) {
+    SimConfig c;
+    c.block_bytes = kLlama3_70B.bytes_per_token() * 512;
+    c.budget_bytes = gib << 30;
+    std::string err;
+    c.policy = "min";
+    const uint64_t best = Simulate(r.trace, c, &next, &err).counters.hits;
+    ASSERT_EQ(err, "");
+    for (const char* p :
+         {"lru", "lfu", "ema:0.01", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
+      for (auto pers : {engine::Persistence::kPersist, engine::Persistence::kReset}) {
+        c.policy = p;
+        c.persistence = pers;
+        EXPECT_LE(Simulate(r.trace, c, nullptr, &err).counters.hits, best) << p << " " << gib;
+      }
+    }
+  }
+}
+
+TEST(Simulate, MinWithoutFutureIsAnError) {
+  std::string err;
+  SimConfig c;
+  c.policy = "min";
+  Simulate(SmallTrace(), c, nullptr, &err);
+  EXPECT_NE(err.find("future"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- the CLI
+
+TEST(SimCli, JsonContract) {
+  const ShellResult r = Shell(kSim + " --trace mooncake:" + kMooncake +
+                              " --budget 32GiB,8TiB --policy lru,lfu,min --persist both --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 2u * 3u * 2u);
+  for (const auto& row : j) {
+    for (const char* k : {"workload", "policy", "persist", "mode", "budget_bytes",
+                          "capacity_blocks", "touches", "hits", "hit_rate"}) {
+      EXPECT_TRUE(row.contains(k)) << k;
+    }
+    EXPECT_EQ(row["workload"], "mooncake");
+    EXPECT_EQ(row["mode"], "demand");
+    EXPECT_EQ(row["touches"], 121877);
+    // 160 MiB blocks: 32 GiB holds 204 of them.
+    EXPECT_EQ(row["capacity_blocks"], row["budget_bytes"].get<uint64_t>() / (160ull << 20));
+    const double rate = row["hit_rate"];
+    EXPECT_NEAR(rate, row["hits"].get<double>() / 121877.0, 1e-12);
+    EXPECT_GE(rate, 0.0);
+    EXPECT_LE(rate, 1.0);
+  }
+  EXPECT_EQ(j[0]["capacity_blocks"], 204);
+  // With an unbounded-looking budget every re-reference hits: 1 - 43924/121877.
+  for (const auto& row : j) {
+    if (row["budget_bytes"] == (8ull << 40) && row["policy"] == "min") {
+      EXPECT_EQ(row["hits"], 121877 - 43924);
+    }
+  }
+}
+
+TEST(SimCli, TableShowsThePersistenceEffect) {
+  const ShellResult r = Shell(kSim +
+                              " --workload attention:steps=200,sessions=4,batch=2 "
+                              "--policy lfu --budget 1GiB");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("persistence effect"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lfu"), std::string::npos);
+}
+
+TEST(SimCli, ConvertsBetweenFormatsWithoutChangingResults) {
+  const auto dir = TempDir();
+  const std::string csv = (dir / "m.csv").string(), bin = (dir / "m.bin").string();
+  ASSERT_EQ(Shell(kSim + " --trace " + kMooncake + " --write-trace " + csv + " 2>&1").status, 0);
+  ASSERT_EQ(Shell(kSim + " --trace csv:" + csv + " --write-trace " + bin + " 2>&1").status, 0);
+  const std::string args = " --budget 16GiB --policy lfu,arc --persist both --json";
+  const auto a = nlohmann::json::parse(Shell(kSim + " --trace " + kMooncake + args).out);
+  const auto b = nlohmann::json::parse(Shell(kSim + " --trace bin:" + bin + args).out);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["hits"], b[i]["hits"]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SimCli, TickModeReportsMigrationBytes) {
+  const ShellResult r =
+      Shell(kSim +
+            " --workload attention:steps=400,sessions=6,batch=3,context_min=4096,"
+            "context_max=16384 --policy lfu --persist persist --budget 512MiB --mode tick "
+            "--tick-steps 4 --migrate-per-tick 40MiB --hysteresis 2 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["mode"], "tick");
+  EXPECT_GT(j[0]["promoted_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(j[0]["demoted_bytes"].get<uint64_t>(), 0u);
+  // Never more than 40 MiB per tick.
+  EXPECT_LE(j[0]["promoted_bytes"].get<uint64_t>() + j[0]["demoted_bytes"].get<uint64_t>(),
+            j[0]["ticks"].get<uint64_t>() * (40ull << 20));
+}
+
+TEST(SimCli, PlotWritesAPng) {
+  const auto dir = TempDir();
+  const std::string png = (dir / "p.png").string();
+  const ShellResult r = Shell(kSim + " --trace " + kMooncake +
+                              " --budget 8GiB,32GiB --policy lru,lfu --plot " + png + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream in(png, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SimCli, BadArgumentsAreClearErrors) {
+  for (auto [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--workload attention --policy fifo", "unknown policy 'fifo'"},
+           {"--workload attention --budget 12q", "bad budget '12q'"},
+           {"--workload attention --persist maybe", "--persist"},
+           {"--workload attention --mode lazy", "--mode"},
+           {"--workload attention:bogus=1", "unknown attention parameter"},
+           {"--workload zipf", "unknown workload"},
+           {"--trace /nonexistent.jsonl", "cannot open"},
+           {"", "give --trace or --workload"}}) {
+    const ShellResult r = Shell(kSim + " " + args + " 2>&1");
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace cxltier::sim
