@@ -12,19 +12,28 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
       capacity_(options.block_bytes ? options.tier0_budget_bytes / options.block_bytes : 0),
       ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0) {
   assert(policy_ && options.block_bytes > 0);
+  // Allocating (and so faulting in) the tables now keeps that cost out of the
+  // first touches; without the hint they grow by doubling.
+  states_.resize(options.expected_blocks);
+  moved_tick_.resize(options.expected_blocks, 0);
+  index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence);
+  policy_->Reserve(options.expected_blocks);
 }
 
 Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
 
 Slot Engine::Admit(const BlockKey& key) {
-  const Slot s = free_slots_.empty() ? static_cast<Slot>(states_.size()) : free_slots_.back();
+  const Slot s = free_slots_.empty() ? next_slot_ : free_slots_.back();
   if (const Slot known = index_.Insert(key, s); known != s) return known;
   if (!free_slots_.empty()) {
     free_slots_.pop_back();
   } else {
-    states_.emplace_back();
-    moved_tick_.push_back(0);
+    ++next_slot_;
+    if (s == states_.size()) {
+      states_.emplace_back();
+      moved_tick_.push_back(0);
+    }
   }
   BlockState& st = states_[s];
   const uint32_t generation = st.generation + 1;

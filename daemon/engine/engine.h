@@ -28,6 +28,7 @@ struct EngineOptions {
   size_t ghost_capacity = 1u << 20;     // ghosts kept after release (persist only)
   uint64_t migrate_bytes_per_tick = 0;  // tick mode: byte budget of one Plan(); 0 = unlimited
   uint32_t hysteresis_ticks = 0;        // tick mode: ticks a moved block stays put
+  size_t expected_blocks = 0;           // blocks to allocate tables for up front (a hint)
 };
 
 struct EngineCounters {
@@ -133,6 +134,7 @@ class Engine {
   size_t capacity_;
   std::vector<BlockState> states_;
   std::vector<Slot> free_slots_;
+  Slot next_slot_ = 0;                // slots [0, next_slot_) have been handed out at least once
   std::vector<uint64_t> moved_tick_;  // tick of the block's last completed move (0 = never)
   KeyIndex index_;
   GhostStore ghosts_;

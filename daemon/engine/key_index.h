@@ -18,6 +18,13 @@ class KeyIndex {
 
   size_t size() const { return size_; }
 
+  // Sizes the table for `n` keys without further growth.
+  void Reserve(size_t n) {
+    size_t want = table_.size();
+    while (want < 2 * n) want *= 2;
+    if (want > table_.size()) Rehash(want);
+  }
+
   Slot Find(const BlockKey& key) const {
     for (size_t i = Home(key);; i = (i + 1) & mask()) {
       const Entry& e = table_[i];
@@ -70,8 +77,10 @@ class KeyIndex {
   size_t mask() const { return table_.size() - 1; }
   size_t Home(const BlockKey& key) const { return static_cast<size_t>(HashKey(key)) & mask(); }
 
-  void Grow() {
-    std::vector<Entry> old(table_.size() * 2);
+  void Grow() { Rehash(table_.size() * 2); }
+
+  void Rehash(size_t buckets) {
+    std::vector<Entry> old(buckets);
     old.swap(table_);
     size_ = 0;
     for (const Entry& e : old) {

@@ -26,6 +26,7 @@ class LruPolicy final : public Policy {
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_seq);
   }
+  void Reserve(size_t n) override { lists_.Reserve(n); }
   void OnHit(Slot s, const Touch&) override { lists_.MoveToFront(0, s); }
   Slot OnMiss(Slot s, const Touch&) override {
     const Slot victim = lists_.Size(0) >= capacity_ ? lists_.PopBack(0) : kNoSlot;
@@ -41,6 +42,7 @@ class LruPolicy final : public Policy {
 // Base for policies that evict the minimum of a (primary, touch_seq) key.
 class HeapPolicy : public Policy {
  public:
+  void Reserve(size_t n) override { heap_.Reserve(n); }
   void OnHit(Slot s, const Touch& t) override { heap_.Set(s, Key(s, t), state(s).touch_seq); }
   Slot OnMiss(Slot s, const Touch& t) override {
     const Slot victim = heap_.Size() >= capacity_ ? heap_.Pop() : kNoSlot;
@@ -110,6 +112,7 @@ class ArcPolicy final : public Policy {
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_count);
   }
+  void Reserve(size_t n) override { lists_.Reserve(n); }
   void OnHit(Slot s, const Touch&) override { lists_.MoveToFront(kT2, s); }
 
   Slot OnMiss(Slot s, const Touch&) override {
@@ -173,6 +176,10 @@ class S3FifoPolicy final : public Policy {
   std::string Name() const override { return "s3fifo"; }
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_count);
+  }
+  void Reserve(size_t n) override {
+    lists_.Reserve(n);
+    if (n > freq_.size()) freq_.resize(n, 0);
   }
   void OnHit(Slot s, const Touch&) override {
     uint8_t& f = Freq(s);
@@ -246,6 +253,10 @@ class SievePolicy final : public Policy {
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_count);
   }
+  void Reserve(size_t n) override {
+    lists_.Reserve(n);
+    if (n > visited_.size()) visited_.resize(n, 0);
+  }
   void OnHit(Slot s, const Touch&) override { Visited(s) = 1; }
   Slot OnMiss(Slot s, const Touch&) override {
     const Slot victim = lists_.Size(0) >= capacity_ ? Evict() : kNoSlot;
@@ -289,6 +300,7 @@ class TinyLfuPolicy final : public Policy {
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_count);
   }
+  void Reserve(size_t n) override { lists_.Reserve(n); }
   void OnHit(Slot s, const Touch&) override {
     sketch_->Increment(state(s).key);
     switch (lists_.ListOf(s)) {

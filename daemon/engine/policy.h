@@ -48,6 +48,9 @@ class Policy {
   // `s` is released: forget it entirely (the set and any history of the policy's own).
   virtual void Erase(Slot s) = 0;
 
+  // A hint: about `n` slots will be used; allocate per-slot tables now.
+  virtual void Reserve(size_t) {}
+
   // True when MIN-style future knowledge is needed (simulator only).
   virtual bool NeedsFuture() const { return false; }
 

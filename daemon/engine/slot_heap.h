@@ -25,6 +25,11 @@ class SlotHeap {
   // REQUIRES: !Empty().
   const Entry& Top() const { return heap_.front(); }
 
+  void Reserve(size_t n) {
+    if (n > pos_.size()) pos_.resize(n, kNoPos);
+    heap_.reserve(n);
+  }
+
   // Inserts `s`, or re-keys it when already present.
   void Set(Slot s, double primary, uint64_t secondary) {
     if (Contains(s)) {

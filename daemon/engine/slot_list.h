@@ -32,6 +32,10 @@ class SlotLists {
   // The neighbour of `s` towards the back, or kNoSlot.
   Slot Next(Slot s) const { return links_[s].next; }
 
+  void Reserve(size_t n) {
+    if (n > links_.size()) links_.resize(n);
+  }
+
   // REQUIRES: `s` is in no list.
   void PushFront(int list, Slot s) {
     Ensure(s);

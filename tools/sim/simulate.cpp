@@ -38,6 +38,7 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
   o.ghost_capacity = config.ghost_capacity;
   o.migrate_bytes_per_tick = config.migrate_bytes_per_tick;
   o.hysteresis_ticks = config.hysteresis_ticks;
+  o.expected_blocks = trace.keys.size();
   engine::Engine e(o, std::move(policy));
   result.capacity_blocks = e.capacity_blocks();
 
