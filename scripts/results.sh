@@ -36,6 +36,9 @@ for p in pause_steps=100 pause_steps=5000 sessions=8 sessions=64 drift=0 drift=0
   run --workload "attention:$p" --budget 32GiB --policy lfu,ema:0.01,ema:0.15 --persist both --jobs 2
 done
 
+echo "## EMA: how the effect depends on alpha (32 GiB)"
+run --workload attention --budget 32GiB --policy ema:0.001,ema:0.003,ema:0.01,ema:0.03,ema:0.15 --persist both --jobs 2
+
 echo "## Tick mode (the daemon's semantics)"
 run --workload attention --budget 32GiB --policy lru,lfu,ema:0.01,ema:0.15 --persist both \
   --mode tick --tick-steps 8 --migrate-per-tick 2GiB --hysteresis 2 --jobs 2
