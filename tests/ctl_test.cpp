@@ -7,28 +7,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shell.h"
+
 #include "plan.h"
 
 namespace cxltier::ctl {
 namespace {
 
-struct ShellResult {
-  int status = -1;
-  std::string out;
-};
-
-// Runs a shell command, capturing stdout (stderr goes to stdout when asked).
-ShellResult Shell(const std::string& cmd) {
-  ShellResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using cxltier::testing::Shell;
+using cxltier::testing::ShellResult;
 
 const std::string kCtl = CXLTIERCTL_PATH;
 

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shell.h"
+
 #include "attention_workload.h"
 #include "cxltier/model.h"
 #include "simulate.h"
@@ -22,22 +24,8 @@ namespace {
 const std::string kMooncake = CXLTIER_TEST_DATA "/mooncake_synthetic_trace.jsonl";
 const std::string kSim = CXLTIER_SIM_PATH;
 
-struct ShellResult {
-  int status = -1;
-  std::string out;
-};
-
-ShellResult Shell(const std::string& cmd) {
-  ShellResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using cxltier::testing::Shell;
+using cxltier::testing::ShellResult;
 
 std::filesystem::path TempDir() {
   auto d =
