@@ -10,6 +10,7 @@ CXLTIER_PACKAGES=(
   build-essential cmake pkg-config git clang-format
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
+  libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev
 )
 
 log() { printf '[cxltier] %s\n' "$*"; }

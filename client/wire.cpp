@@ -1,0 +1,347 @@
+// The wire codec. Each message's layout is written once, as a Fields()
+// function that a Writer and a Reader both walk, so encoding and decoding
+// cannot drift apart.
+#include "cxltier/wire.h"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+namespace cxltier::wire {
+namespace {
+
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+  static constexpr bool kReading = false;
+
+  template <typename T>
+  void U(T v) {
+    static_assert(std::is_unsigned_v<T>);
+    for (size_t i = 0; i < sizeof(T); ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void Field(uint8_t& v) { U(v); }
+  void Field(uint16_t& v) { U(v); }
+  void Field(uint32_t& v) { U(v); }
+  void Field(uint64_t& v) { U(v); }
+  void Field(float& v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    U(bits);
+  }
+  void Field(BlockKey& k) {
+    U(k.hi);
+    U(k.lo);
+  }
+  void Field(Tier& t) { U(static_cast<uint8_t>(t)); }
+  // Strings: u32 length then bytes (at most `max` bytes).
+  void Str(std::string& s, size_t max) {
+    const size_t n = std::min(s.size(), max);
+    U(static_cast<uint32_t>(n));
+    out_.insert(out_.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  template <typename T, typename Fn>
+  void Vec(std::vector<T>& v, size_t /*elem_bytes*/, Fn&& fn) {
+    U(static_cast<uint32_t>(v.size()));
+    for (T& e : v) fn(e);
+  }
+  bool ok() const { return true; }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  static constexpr bool kReading = true;
+
+  template <typename T>
+  void U(T& v) {
+    v = 0;
+    if (!Need(sizeof(T))) return;
+    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(T{in_[pos_ + i]} << (8 * i));
+    pos_ += sizeof(T);
+  }
+  void Field(uint8_t& v) { U(v); }
+  void Field(uint16_t& v) { U(v); }
+  void Field(uint32_t& v) { U(v); }
+  void Field(uint64_t& v) { U(v); }
+  void Field(float& v) {
+    uint32_t bits = 0;
+    U(bits);
+    std::memcpy(&v, &bits, 4);
+  }
+  void Field(BlockKey& k) {
+    U(k.hi);
+    U(k.lo);
+  }
+  void Field(Tier& t) {
+    uint8_t b = 0;
+    U(b);
+    if (b != 0 && b != 1 && b != 0xff) Fail("bad tier value");
+    t = static_cast<Tier>(b);
+  }
+  void Str(std::string& s, size_t max) {
+    uint32_t n = 0;
+    U(n);
+    if (n > max) return Fail("string longer than " + std::to_string(max) + " bytes");
+    if (!Need(n)) return;
+    s.assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+  }
+  template <typename T, typename Fn>
+  void Vec(std::vector<T>& v, size_t elem_bytes, Fn&& fn) {
+    uint32_t n = 0;
+    U(n);
+    // The count must fit in what is left before anything is allocated.
+    if (!ok_ || uint64_t{n} * elem_bytes > in_.size() - pos_) {
+      return Fail("element count " + std::to_string(n) + " does not fit the payload");
+    }
+    v.resize(n);
+    for (T& e : v) fn(e);
+  }
+  void Fail(const std::string& why) {
+    if (ok_) error_ = why;
+    ok_ = false;
+  }
+  bool Done() {
+    if (ok_ && pos_ != in_.size()) Fail(std::to_string(in_.size() - pos_) + " trailing bytes");
+    return ok_;
+  }
+  bool ok() const { return ok_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Need(size_t n) {
+    if (!ok_) return false;
+    if (in_.size() - pos_ < n) {
+      Fail("payload too short");
+      return false;
+    }
+    return true;
+  }
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+  std::string error_;
+};
+
+constexpr size_t kMaxName = 255;
+constexpr size_t kMaxText = 1u << 20;
+
+template <typename Io>
+void Fields(Io& io, Hello& m) {
+  io.Field(m.model.layers);
+  io.Field(m.model.query_heads);
+  io.Field(m.model.kv_heads);
+  io.Field(m.model.head_dim);
+  io.Field(m.model.dtype_bytes);
+  io.Field(m.model.block_tokens);
+  io.Field(m.max_blocks);
+  io.Str(m.client_name, kMaxName);
+}
+template <typename Io>
+void Fields(Io& io, HelloOk& m) {
+  io.Field(m.client_id);
+  io.Field(m.slots);
+  io.Field(m.slot_offset);
+  io.Field(m.block_bytes);
+  io.Field(m.tick_ms);
+}
+template <typename Io>
+void Fields(Io& io, RegisterPool& m) {
+  uint8_t kind = static_cast<uint8_t>(m.kind);
+  io.Field(kind);
+  if constexpr (Io::kReading) {
+    if (kind > 1) io.Fail("unknown pool kind " + std::to_string(kind));
+    m.kind = static_cast<PoolKind>(kind);
+  }
+  io.Field(m.address);
+  io.Field(m.length);
+  io.Field(m.stride);
+  io.Field(m.blocks);
+}
+template <typename Io>
+void Fields(Io& io, RegisterPoolOk& m) {
+  io.Field(m.pool_id);
+}
+template <typename Io>
+void Fields(Io& io, Admit& m) {
+  io.Field(m.pool_id);
+  io.Vec(m.entries, 20, [&io](AdmitEntry& e) {
+    io.Field(e.key);
+    io.Field(e.block_index);
+  });
+}
+template <typename Io>
+void Fields(Io& io, AdmitOk& m) {
+  io.Vec(m.results, 6, [&io](AdmitResult& r) {
+    io.Field(r.slot);
+    io.Field(r.tier);
+    io.Field(r.restored);
+  });
+}
+template <typename Io>
+void Fields(Io& io, Release& m) {
+  io.Vec(m.keys, 16, [&io](BlockKey& k) { io.Field(k); });
+}
+template <typename Io>
+void Fields(Io& io, ReleaseOk& m) {
+  io.Field(m.released);
+  io.Field(m.unknown);
+}
+template <typename Io>
+void Fields(Io& io, Report& m) {
+  io.Vec(m.observations, 8, [&io](Observation& o) {
+    io.Field(o.slot);
+    io.Field(o.mass);
+  });
+}
+template <typename Io>
+void Fields(Io& io, ReportOk& m) {
+  io.Field(m.accepted);
+  io.Field(m.rejected);
+}
+template <typename Io>
+void Fields(Io& io, QueryTiers& m) {
+  io.Vec(m.keys, 16, [&io](BlockKey& k) { io.Field(k); });
+}
+template <typename Io>
+void Fields(Io& io, QueryTiersOk& m) {
+  io.Vec(m.tiers, 1, [&io](Tier& t) { io.Field(t); });
+}
+template <typename Io>
+void Fields(Io& io, Stats& m) {
+  io.Str(m.what, kMaxName);
+}
+template <typename Io>
+void Fields(Io& io, StatsOk& m) {
+  io.Str(m.json, kMaxText * 16);
+}
+template <typename Io>
+void Fields(Io& io, Error& m) {
+  uint32_t code = static_cast<uint32_t>(m.code);
+  io.Field(code);
+  if constexpr (Io::kReading) m.code = static_cast<ErrorCode>(code);
+  io.Str(m.message, kMaxText);
+}
+
+template <typename M>
+void EncodeMessage(MsgType type, const M& msg, uint32_t request_id, std::vector<uint8_t>& out) {
+  const size_t start = out.size();
+  out.resize(start + kHeaderBytes);
+  Writer w(out);
+  Fields(w, const_cast<M&>(msg));  // the writer only reads
+  const uint32_t payload = static_cast<uint32_t>(out.size() - start - kHeaderBytes);
+  std::vector<uint8_t> head;
+  Writer h(head);
+  h.U(kMagic);
+  h.U(kVersion);
+  h.U(static_cast<uint16_t>(type));
+  h.U(payload);
+  h.U(request_id);
+  std::memcpy(out.data() + start, head.data(), kHeaderBytes);
+}
+
+template <typename M>
+bool DecodeMessage(std::span<const uint8_t> p, M* m, std::string* error) {
+  Reader r(p);
+  Fields(r, *m);
+  if (!r.Done()) {
+    if (error) *error = r.error();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* ErrorName(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kBadFrame:
+      return "bad-frame";
+    case ErrorCode::kBadVersion:
+      return "bad-version";
+    case ErrorCode::kUnknownType:
+      return "unknown-type";
+    case ErrorCode::kTooLarge:
+      return "too-large";
+    case ErrorCode::kBadPayload:
+      return "bad-payload";
+    case ErrorCode::kNotReady:
+      return "not-ready";
+    case ErrorCode::kBadPool:
+      return "bad-pool";
+    case ErrorCode::kLimit:
+      return "limit";
+    case ErrorCode::kBadSlot:
+      return "bad-slot";
+    case ErrorCode::kDenied:
+      return "denied";
+    case ErrorCode::kInternal:
+      return "internal";
+    case ErrorCode::kGeometry:
+      return "geometry";
+  }
+  return "unknown-error";
+}
+
+#define CXLTIER_WIRE_MESSAGE(Type, Tag)                                        \
+  void Encode(const Type& m, uint32_t request_id, std::vector<uint8_t>& out) { \
+    EncodeMessage(MsgType::Tag, m, request_id, out);                           \
+  }                                                                            \
+  bool Decode(std::span<const uint8_t> p, Type* m, std::string* error) {       \
+    return DecodeMessage(p, m, error);                                         \
+  }
+CXLTIER_WIRE_MESSAGE(Hello, kHello)
+CXLTIER_WIRE_MESSAGE(HelloOk, kHelloOk)
+CXLTIER_WIRE_MESSAGE(RegisterPool, kRegisterPool)
+CXLTIER_WIRE_MESSAGE(RegisterPoolOk, kRegisterPoolOk)
+CXLTIER_WIRE_MESSAGE(Admit, kAdmit)
+CXLTIER_WIRE_MESSAGE(AdmitOk, kAdmitOk)
+CXLTIER_WIRE_MESSAGE(Release, kRelease)
+CXLTIER_WIRE_MESSAGE(ReleaseOk, kReleaseOk)
+CXLTIER_WIRE_MESSAGE(Report, kReport)
+CXLTIER_WIRE_MESSAGE(ReportOk, kReportOk)
+CXLTIER_WIRE_MESSAGE(QueryTiers, kQueryTiers)
+CXLTIER_WIRE_MESSAGE(QueryTiersOk, kQueryTiersOk)
+CXLTIER_WIRE_MESSAGE(Stats, kStats)
+CXLTIER_WIRE_MESSAGE(StatsOk, kStatsOk)
+CXLTIER_WIRE_MESSAGE(Error, kError)
+#undef CXLTIER_WIRE_MESSAGE
+
+std::optional<Header> DecodeHeader(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kHeaderBytes) return std::nullopt;
+  Reader r(bytes.first(kHeaderBytes));
+  Header h;
+  uint16_t type = 0;
+  r.U(h.magic);
+  r.U(h.version);
+  r.U(type);
+  r.U(h.payload_bytes);
+  r.U(h.request_id);
+  h.type = static_cast<MsgType>(type);
+  return h;
+}
+
+std::optional<Error> CheckHeader(const Header& h, uint32_t max_payload) {
+  if (h.magic != kMagic) return Error{ErrorCode::kBadFrame, "bad magic: not a cxltier frame"};
+  if (h.version != kVersion) {
+    return Error{ErrorCode::kBadVersion, "protocol version " + std::to_string(h.version) +
+                                             " not supported; this daemon speaks " +
+                                             std::to_string(kVersion)};
+  }
+  const uint16_t t = static_cast<uint16_t>(h.type);
+  if (t < static_cast<uint16_t>(MsgType::kHello) || t > static_cast<uint16_t>(MsgType::kError)) {
+    return Error{ErrorCode::kUnknownType, "unknown message type " + std::to_string(t)};
+  }
+  if (h.payload_bytes > max_payload) {
+    return Error{ErrorCode::kTooLarge, "payload of " + std::to_string(h.payload_bytes) +
+                                           " bytes exceeds the limit of " +
+                                           std::to_string(max_payload)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace cxltier::wire

@@ -1,0 +1,209 @@
+// The cxltier wire protocol: versioned, length-framed binary messages over a
+// Unix stream socket. Byte layouts: docs/protocol.md. The codec is pure (no I/O)
+// and shared by the daemon and the client library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cxltier/block.h"
+#include "cxltier/model.h"
+
+namespace cxltier::wire {
+
+inline constexpr uint32_t kMagic = 0x544c5843;  // "CXLT" as little-endian bytes
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 16;
+inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
+
+enum class MsgType : uint16_t {
+  kHello = 1,
+  kHelloOk = 2,
+  kRegisterPool = 3,
+  kRegisterPoolOk = 4,
+  kAdmit = 5,
+  kAdmitOk = 6,
+  kRelease = 7,
+  kReleaseOk = 8,
+  kReport = 9,
+  kReportOk = 10,
+  kQueryTiers = 11,
+  kQueryTiersOk = 12,
+  kStats = 13,
+  kStatsOk = 14,
+  kError = 15,
+};
+
+enum class ErrorCode : uint32_t {
+  kBadFrame = 1,     // bad magic or unparseable header
+  kBadVersion = 2,   // protocol version not spoken here
+  kUnknownType = 3,  // message type not known
+  kTooLarge = 4,     // payload over the configured limit
+  kBadPayload = 5,   // payload does not match its type's layout
+  kNotReady = 6,     // hello (or a pool) needed first
+  kBadPool = 7,      // pool registration refused (fd, size, range)
+  kLimit = 8,        // a configured limit was reached
+  kBadSlot = 9,      // slot or block index out of range
+  kDenied = 10,      // not allowed for this peer
+  kInternal = 11,    // the daemon failed; the request may be retried
+  kGeometry = 12,    // model geometry invalid or incompatible
+};
+
+// Name of an error code, for messages and logs.
+const char* ErrorName(ErrorCode code);
+
+struct Header {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  MsgType type = MsgType::kError;
+  uint32_t payload_bytes = 0;
+  uint32_t request_id = 0;  // echoed in the reply
+};
+
+// ---- payloads ----
+
+struct Hello {
+  ModelGeometry model;      // name is not sent
+  uint32_t max_blocks = 0;  // slots wanted in the state segment
+  std::string client_name;  // for logs and `cxltierctl clients`, at most 255 bytes
+};
+
+struct HelloOk {
+  uint64_t client_id = 0;
+  uint32_t slots = 0;        // slots in the segment (the fd comes with this message)
+  uint32_t slot_offset = 0;  // byte offset of slot 0 in the segment
+  uint64_t block_bytes = 0;  // the daemon's block size (must equal the model's)
+  uint32_t tick_ms = 0;
+};
+
+enum class PoolKind : uint8_t {
+  kMemfd = 0,  // the memfd travels with the message (SCM_RIGHTS); the daemon maps it
+  kRange = 1,  // an address range of the client's own process (pid from SO_PEERCRED)
+};
+
+struct RegisterPool {
+  PoolKind kind = PoolKind::kMemfd;
+  uint64_t address = 0;  // kRange: start address in the client; kMemfd: 0
+  uint64_t length = 0;   // bytes of the pool
+  uint64_t stride = 0;   // bytes from one block's start to the next (>= block bytes)
+  uint32_t blocks = 0;   // block slots in the pool
+};
+
+struct RegisterPoolOk {
+  uint32_t pool_id = 0;
+};
+
+struct AdmitEntry {
+  BlockKey key;
+  uint32_t block_index = 0;  // which block of the pool holds this key's bytes
+};
+
+struct Admit {
+  uint32_t pool_id = 0;
+  std::vector<AdmitEntry> entries;
+};
+
+struct AdmitResult {
+  uint32_t slot = 0;  // the key's slot in the client's state segment
+  Tier tier = Tier::kNone;
+  uint8_t restored = 0;  // 1 when a ghost's state came back
+};
+
+struct AdmitOk {
+  std::vector<AdmitResult> results;
+};
+
+struct Release {
+  std::vector<BlockKey> keys;
+};
+
+struct ReleaseOk {
+  uint32_t released = 0;
+  uint32_t unknown = 0;  // keys this client had not admitted
+};
+
+struct Observation {
+  uint32_t slot = 0;
+  float mass = 0;
+};
+
+struct Report {
+  std::vector<Observation> observations;
+};
+
+struct ReportOk {
+  uint32_t accepted = 0;
+  uint32_t rejected = 0;  // bad slot, NaN, infinite or negative
+};
+
+struct QueryTiers {
+  std::vector<BlockKey> keys;
+};
+
+struct QueryTiersOk {
+  std::vector<Tier> tiers;  // Tier::kNone for keys this client has not admitted
+};
+
+struct Stats {
+  std::string what;  // "status", "tiers", "clients", "blocks"
+};
+
+struct StatsOk {
+  std::string json;
+};
+
+struct Error {
+  ErrorCode code = ErrorCode::kInternal;
+  std::string message;
+};
+
+// ---- encoding: appends header + payload to `out` ----
+
+void Encode(const Hello& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const HelloOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const RegisterPool& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const RegisterPoolOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const Admit& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const AdmitOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const Release& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const ReleaseOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const Report& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const ReportOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const QueryTiers& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const QueryTiersOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const Stats& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const StatsOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const Error& m, uint32_t request_id, std::vector<uint8_t>& out);
+
+// ---- decoding ----
+
+// Parses the 16-byte header. nullopt unless `bytes` holds at least kHeaderBytes.
+std::optional<Header> DecodeHeader(std::span<const uint8_t> bytes);
+
+// Checks a header before its payload is read: magic, version, type, size.
+// Returns nullopt when acceptable, else the error to answer with.
+std::optional<Error> CheckHeader(const Header& h, uint32_t max_payload);
+
+// Each returns false (and sets *error) when the payload does not match the
+// layout exactly: short, long, counts that do not fit, bad enum values.
+bool Decode(std::span<const uint8_t> p, Hello* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, HelloOk* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, RegisterPool* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, RegisterPoolOk* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, Admit* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, AdmitOk* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, Release* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, ReleaseOk* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, Report* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, ReportOk* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, QueryTiers* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, QueryTiersOk* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, Stats* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, StatsOk* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, Error* m, std::string* error);
+
+}  // namespace cxltier::wire

@@ -1,0 +1,160 @@
+// The wire codec: every message round-trips; hostile bytes are rejected with a reason.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "cxltier/segment.h"
+#include "cxltier/wire.h"
+
+namespace cxltier::wire {
+namespace {
+
+template <typename M>
+M RoundTrip(const M& in, MsgType want_type) {
+  std::vector<uint8_t> buf;
+  Encode(in, 77, buf);
+  auto h = DecodeHeader(buf);
+  EXPECT_TRUE(h.has_value());
+  EXPECT_EQ(h->type, want_type);
+  EXPECT_EQ(h->request_id, 77u);
+  EXPECT_EQ(h->payload_bytes, buf.size() - kHeaderBytes);
+  EXPECT_FALSE(CheckHeader(*h, kDefaultMaxPayload).has_value());
+  M out;
+  std::string err;
+  EXPECT_TRUE(Decode(std::span(buf).subspan(kHeaderBytes), &out, &err)) << err;
+  return out;
+}
+
+TEST(Wire, EveryMessageRoundTrips) {
+  Hello h{kLlama3_70B, 4096, "engine-a"};
+  const Hello h2 = RoundTrip(h, MsgType::kHello);
+  EXPECT_EQ(h2.model.layers, 80u);
+  EXPECT_EQ(h2.model.block_bytes(), kLlama3_70B.block_bytes());
+  EXPECT_EQ(h2.max_blocks, 4096u);
+  EXPECT_EQ(h2.client_name, "engine-a");
+
+  const HelloOk ok = RoundTrip(HelloOk{9, 100, 4096, 5 << 20, 100}, MsgType::kHelloOk);
+  EXPECT_EQ(ok.client_id, 9u);
+  EXPECT_EQ(ok.block_bytes, 5u << 20);
+
+  const RegisterPool rp =
+      RoundTrip(RegisterPool{PoolKind::kRange, 0x7f0000000000, 1 << 30, 5 << 20, 204},
+                MsgType::kRegisterPool);
+  EXPECT_EQ(rp.kind, PoolKind::kRange);
+  EXPECT_EQ(rp.address, 0x7f0000000000u);
+  EXPECT_EQ(rp.blocks, 204u);
+
+  EXPECT_EQ(RoundTrip(RegisterPoolOk{3}, MsgType::kRegisterPoolOk).pool_id, 3u);
+
+  Admit a{2, {{BlockKey{1, 2}, 5}, {BlockKey{3, 4}, 6}}};
+  const Admit a2 = RoundTrip(a, MsgType::kAdmit);
+  ASSERT_EQ(a2.entries.size(), 2u);
+  EXPECT_EQ(a2.entries[1].key, (BlockKey{3, 4}));
+  EXPECT_EQ(a2.entries[1].block_index, 6u);
+
+  const AdmitOk ao =
+      RoundTrip(AdmitOk{{{1, Tier::kSlow, 1}, {2, Tier::kNone, 0}}}, MsgType::kAdmitOk);
+  ASSERT_EQ(ao.results.size(), 2u);
+  EXPECT_EQ(ao.results[0].tier, Tier::kSlow);
+  EXPECT_EQ(ao.results[0].restored, 1);
+
+  EXPECT_EQ(RoundTrip(Release{{BlockKey{5, 6}}}, MsgType::kRelease).keys.at(0), (BlockKey{5, 6}));
+  EXPECT_EQ(RoundTrip(ReleaseOk{3, 1}, MsgType::kReleaseOk).unknown, 1u);
+  const Report r = RoundTrip(Report{{{7, 0.25f}, {8, 1.5f}}}, MsgType::kReport);
+  EXPECT_EQ(r.observations.at(1).mass, 1.5f);
+  EXPECT_EQ(RoundTrip(ReportOk{2, 1}, MsgType::kReportOk).rejected, 1u);
+  EXPECT_EQ(RoundTrip(QueryTiers{{BlockKey{1, 1}}}, MsgType::kQueryTiers).keys.size(), 1u);
+  EXPECT_EQ(RoundTrip(QueryTiersOk{{Tier::kFast, Tier::kNone}}, MsgType::kQueryTiersOk).tiers.at(1),
+            Tier::kNone);
+  EXPECT_EQ(RoundTrip(Stats{"status"}, MsgType::kStats).what, "status");
+  EXPECT_EQ(RoundTrip(StatsOk{"{\"a\":1}"}, MsgType::kStatsOk).json, "{\"a\":1}");
+  const Error e = RoundTrip(Error{ErrorCode::kLimit, "too many"}, MsgType::kError);
+  EXPECT_EQ(e.code, ErrorCode::kLimit);
+  EXPECT_EQ(e.message, "too many");
+}
+
+TEST(Wire, HeaderChecks) {
+  std::vector<uint8_t> buf;
+  Encode(Stats{"x"}, 1, buf);
+  Header h = *DecodeHeader(buf);
+  EXPECT_FALSE(DecodeHeader(std::span(buf).first(15)).has_value());
+  Header bad = h;
+  bad.magic = 0xdeadbeef;
+  EXPECT_EQ(CheckHeader(bad, 1 << 20)->code, ErrorCode::kBadFrame);
+  bad = h;
+  bad.version = 2;
+  EXPECT_EQ(CheckHeader(bad, 1 << 20)->code, ErrorCode::kBadVersion);
+  bad = h;
+  bad.type = static_cast<MsgType>(99);
+  EXPECT_EQ(CheckHeader(bad, 1 << 20)->code, ErrorCode::kUnknownType);
+  bad = h;
+  bad.payload_bytes = 2 << 20;
+  const auto big = CheckHeader(bad, 1 << 20);
+  EXPECT_EQ(big->code, ErrorCode::kTooLarge);
+  EXPECT_NE(big->message.find("exceeds the limit"), std::string::npos);
+}
+
+TEST(Wire, HostilePayloadsAreRejected) {
+  std::string err;
+  // A count that promises more elements than bytes follow.
+  std::vector<uint8_t> p = {0xff, 0xff, 0xff, 0x7f};
+  Release rel;
+  EXPECT_FALSE(Decode(p, &rel, &err));
+  EXPECT_NE(err.find("does not fit"), std::string::npos) << err;
+  // Trailing bytes.
+  std::vector<uint8_t> buf;
+  Encode(ReleaseOk{1, 2}, 0, buf);
+  buf.push_back(0);
+  ReleaseOk ro;
+  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &ro, &err));
+  EXPECT_NE(err.find("trailing"), std::string::npos);
+  // Short.
+  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes, 5), &ro, &err));
+  EXPECT_NE(err.find("too short"), std::string::npos);
+  // Bad enum values.
+  buf.clear();
+  Encode(RegisterPool{PoolKind::kMemfd, 0, 1, 1, 1}, 0, buf);
+  buf[kHeaderBytes] = 9;
+  RegisterPool rp;
+  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &rp, &err));
+  EXPECT_NE(err.find("pool kind"), std::string::npos);
+  buf.clear();
+  Encode(QueryTiersOk{{Tier::kFast}}, 0, buf);
+  buf.back() = 7;
+  QueryTiersOk q;
+  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &q, &err));
+  // Random garbage never crashes any decoder.
+  std::mt19937 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<uint8_t> g(rng() % 64);
+    for (auto& b : g) b = static_cast<uint8_t>(rng());
+    Hello a;
+    Admit b;
+    AdmitOk c;
+    Report d;
+    Error e;
+    StatsOk f;
+    Decode(g, &a, &err);
+    Decode(g, &b, &err);
+    Decode(g, &c, &err);
+    Decode(g, &d, &err);
+    Decode(g, &e, &err);
+    Decode(g, &f, &err);
+  }
+}
+
+TEST(Segment, ObservationsAccumulateAndAreTaken) {
+  BlockState s;
+  AddObservation(&s, 0.25f);
+  AddObservation(&s, 0.5f);
+  const PendingObservation p = TakeObservation(&s);
+  EXPECT_EQ(p.touches, 2u);
+  EXPECT_FLOAT_EQ(p.mass, 0.75f);
+  EXPECT_EQ(TakeObservation(&s).touches, 0u);
+  WriteTier(&s, Tier::kSlow);
+  EXPECT_EQ(ReadTier(&s), Tier::kSlow);
+  EXPECT_EQ(SegmentBytes(2), 4096u + 128u);
+}
+
+}  // namespace
+}  // namespace cxltier::wire
