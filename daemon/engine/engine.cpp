@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <limits>
@@ -23,7 +24,26 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
 
 Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
 
-Slot Engine::Admit(const BlockKey& key) {
+Slot Engine::Admit(const BlockKey& key) { return AdmitAt(key, Tier::kNone); }
+
+Slot Engine::Admit(const BlockKey& key, Tier placed) {
+  assert(options_.mode == Mode::kTick && placed != Tier::kNone);
+  return AdmitAt(key, placed);
+}
+
+bool Engine::RestoreGhost(const BlockState& ghost) {
+  if (options_.persistence != Persistence::kPersist || Find(ghost.key) != kNoSlot) return false;
+  BlockState g = ghost;
+  g.tier = Tier::kNone;
+  g.flags = 0;
+  g.pending_touches = g.pending_mass_bits = 0;
+  seq_ = std::max(seq_, g.touch_seq);
+  if (ghosts_.Put(g.key, g)) ++counters_.ghosts_dropped;
+  return true;
+}
+
+// `placed` kNone: the engine decides (tick mode: tier 0 while it has room).
+Slot Engine::AdmitAt(const BlockKey& key, Tier placed) {
   const Slot s = free_slots_.empty() ? next_slot_ : free_slots_.back();
   if (const Slot known = index_.Insert(key, s); known != s) return known;
   if (!free_slots_.empty()) {
@@ -54,10 +74,10 @@ Slot Engine::Admit(const BlockKey& key) {
   moved_tick_[s] = 0;
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
-    const bool room = fast_blocks_ < capacity_;
-    SetTier(s, room ? Tier::kFast : Tier::kSlow);
-    if (room) ++counters_.placed_fast;
-    Log(room ? EngineEvent::kPlaceFast : EngineEvent::kPlaceSlow, s);
+    const bool fast = placed == Tier::kNone ? fast_blocks_ < capacity_ : placed == Tier::kFast;
+    SetTier(s, fast ? Tier::kFast : Tier::kSlow);
+    if (fast) ++counters_.placed_fast;
+    Log(fast ? EngineEvent::kPlaceFast : EngineEvent::kPlaceSlow, s);
     Reclassify(s);
   }
   return s;
@@ -149,8 +169,8 @@ void Engine::Release(Slot s) {
   policy_->Erase(s);
   queues_.Remove(s);
   Log(EngineEvent::kRelease, s);
-  // A promotion in flight will be ignored by Complete(); stop counting it now.
-  if ((st.flags & kFlagMigrating) && st.tier == Tier::kSlow) --inflight_promotions_;
+  // A move in flight will be ignored by Complete(); stop counting it now.
+  if (st.flags & kFlagMigrating) --(st.tier == Tier::kSlow ? inflight_promotions_ : inflight_demotions_);
   SetTier(s, Tier::kNone);
   if (options_.persistence == Persistence::kPersist) {
     BlockState ghost = st;
@@ -201,10 +221,25 @@ std::span<const Move> Engine::Plan() {
     moves_.push_back(Move{s, st.generation, st.tier, to});
     st.flags |= kFlagMigrating;
     queues_.Remove(s);
-    if (to == Tier::kFast) ++inflight_promotions_;
+    ++(to == Tier::kFast ? inflight_promotions_ : inflight_demotions_);
   };
 
   Slot demote_cursor = queues_.Back(kDemoteQueue);
+  auto next_demotable = [&] {
+    while (demote_cursor != kNoSlot && HeldByHysteresis(demote_cursor)) {
+      demote_cursor = queues_.Prev(demote_cursor);
+    }
+    return demote_cursor;
+  };
+  // Tier 0 over its budget (blocks admitted where their pages already were):
+  // demote outside-the-set blocks first.
+  for (size_t after = projected - std::min(projected, inflight_demotions_);
+       after > capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
+    const Slot d = demote_cursor;
+    demote_cursor = queues_.Prev(d);
+    budget -= bb;
+    plan_move(d, Tier::kSlow);
+  }
   for (Slot p = queues_.Back(kPromoteQueue); p != kNoSlot;) {
     const Slot next = queues_.Prev(p);
     if (HeldByHysteresis(p)) {
@@ -217,10 +252,7 @@ std::span<const Move> Engine::Plan() {
       plan_move(p, Tier::kFast);
       ++projected;
     } else {
-      while (demote_cursor != kNoSlot && HeldByHysteresis(demote_cursor)) {
-        demote_cursor = queues_.Prev(demote_cursor);
-      }
-      if (demote_cursor == kNoSlot || budget / 2 < bb) break;
+      if (next_demotable() == kNoSlot || budget / 2 < bb) break;
       budget -= 2 * bb;
       const Slot d = demote_cursor;
       demote_cursor = queues_.Prev(d);
@@ -238,7 +270,7 @@ void Engine::Complete(const Move& m, bool done) {
   if (st.generation != m.generation || !(st.flags & kFlagResident)) return;
   if (!(st.flags & kFlagMigrating)) return;
   st.flags &= static_cast<uint8_t>(~kFlagMigrating);
-  if (m.to == Tier::kFast) --inflight_promotions_;
+  --(m.to == Tier::kFast ? inflight_promotions_ : inflight_demotions_);
   if (!done) {
     ++counters_.failed_moves;
   } else if (st.tier == m.from) {

@@ -76,6 +76,15 @@ class Engine {
   // it is placed by its first touch.
   Slot Admit(const BlockKey& key);
 
+  // Tick mode, for the daemon: admits `key` whose pages already sit in `placed`
+  // (kFast or kSlow). Tier 0 may then hold more than the budget; the next plans
+  // demote the excess. REQUIRES: mode kTick.
+  Slot Admit(const BlockKey& key, Tier placed);
+
+  // Persist only: puts a ghost (from a checkpoint) into the ghost store, unless
+  // its key is live. Returns false when it was not kept.
+  bool RestoreGhost(const BlockState& ghost);
+
   // The slot of `key`, or kNoSlot.
   Slot Find(const BlockKey& key) const;
 
@@ -124,6 +133,7 @@ class Engine {
   void Log(EngineEvent::Kind kind, Slot s) {
     if (__builtin_expect(log_ != nullptr, 0)) log_->push_back(EngineEvent{kind, states_[s].key});
   }
+  Slot AdmitAt(const BlockKey& key, Tier placed);
   void SetTier(Slot s, Tier t);
   void LeaveSet(Slot victim);
   void Reclassify(Slot s);
@@ -146,6 +156,7 @@ class Engine {
   size_t fast_blocks_ = 0;
   size_t slow_blocks_ = 0;
   size_t inflight_promotions_ = 0;  // planned moves to tier 0 not yet completed
+  size_t inflight_demotions_ = 0;   // planned moves to tier 1 not yet completed
   std::vector<EngineEvent>* log_ = nullptr;
 };
 

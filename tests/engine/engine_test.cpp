@@ -677,3 +677,47 @@ TEST(Engine, CompleteIgnoresStaleAndFailedMoves) {
 
 }  // namespace
 }  // namespace cxltier::engine
+
+namespace cxltier::engine {
+namespace {
+
+TEST(Engine, DaemonAdmitWherePagesAreThenDemoteTheExcess) {
+  EngineOptions o = Options(2, Persistence::kPersist, Mode::kTick);
+  Engine e(o, P("lfu"));
+  for (int i = 0; i < 5; ++i) e.Admit(K(i), Tier::kFast);  // the client filled DRAM
+  e.Admit(K(9), Tier::kSlow);
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 5u);
+  e.Touch(e.Find(K(3)), Touch{1, 1, kNever});
+  e.Touch(e.Find(K(4)), Touch{1, 1, kNever});
+  // Excess first: three of the untouched fast blocks go down, oldest first.
+  std::vector<Move> moves(e.Plan().begin(), e.Plan().end());
+  ASSERT_EQ(moves.size(), 3u);
+  for (const Move& m : moves) {
+    EXPECT_EQ(m.to, Tier::kSlow);
+    EXPECT_LT(e.state(m.slot).key.lo, 3u);
+  }
+  // Not completed yet: the next plan must not demote more.
+  EXPECT_EQ(e.Plan().size(), 0u);
+  for (const Move& m : moves) e.Complete(m, true);
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 2u);
+  EXPECT_EQ(e.counters().demotions, 3u);
+}
+
+TEST(Engine, RestoredGhostComesBackOnAdmit) {
+  Engine e(Options(4, Persistence::kPersist, Mode::kTick), P("lfu"));
+  BlockState g;
+  g.key = K(42);
+  g.touch_count = 17;
+  g.score = 17;
+  g.touch_seq = 1000;
+  EXPECT_TRUE(e.RestoreGhost(g));
+  const Slot s = e.Admit(K(42), Tier::kSlow);
+  EXPECT_EQ(e.state(s).touch_count, 17u);
+  EXPECT_TRUE(e.state(s).flags & kFlagRestored);
+  EXPECT_FALSE(e.RestoreGhost(g));  // live now
+  Engine r(Options(4, Persistence::kReset, Mode::kTick), P("lfu"));
+  EXPECT_FALSE(r.RestoreGhost(g));
+}
+
+}  // namespace
+}  // namespace cxltier::engine

@@ -1,0 +1,226 @@
+#include "config.h"
+
+#include <toml++/toml.h>
+
+#include <set>
+#include <sstream>
+
+#include "cxltier/model.h"
+#include "engine/policy.h"
+
+namespace cxltier::service {
+namespace {
+
+// Reads one table's keys into fields; anything else in the table is an error.
+class TableReader {
+ public:
+  TableReader(const toml::table& root, const char* name, std::string* error)
+      : name_(name), error_(error) {
+    if (const toml::node* n = root.get(name)) {
+      table_ = n->as_table();
+      if (!table_) Fail("[" + name_ + "] must be a table");
+    }
+  }
+
+  void Str(const char* key, std::string* out) {
+    if (const toml::node* n = Get(key)) {
+      if (auto v = n->value<std::string>()) {
+        *out = *v;
+      } else {
+        Fail(key, "a string");
+      }
+    }
+  }
+  void Bool(const char* key, bool* out) {
+    if (const toml::node* n = Get(key)) {
+      if (auto v = n->value<bool>()) {
+        *out = *v;
+      } else {
+        Fail(key, "true or false");
+      }
+    }
+  }
+  template <typename T>
+  void Int(const char* key, T* out) {
+    if (const toml::node* n = Get(key)) {
+      auto v = n->value<int64_t>();
+      if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
+        return Fail(key, "a non-negative integer in range");
+      }
+      *out = static_cast<T>(*v);
+    }
+  }
+  // A size: an integer (bytes) or a string like "32GiB".
+  void Size(const char* key, uint64_t* out) {
+    if (const toml::node* n = Get(key)) {
+      if (auto i = n->value<int64_t>(); i && *i >= 0) {
+        *out = static_cast<uint64_t>(*i);
+      } else if (auto s = n->value<std::string>(); s && ParseSize(*s)) {
+        *out = *ParseSize(*s);
+      } else {
+        Fail(key, "a byte count or a size like \"32GiB\"");
+      }
+    }
+  }
+  void Nodes(const char* key, std::vector<int>* out) {
+    if (const toml::node* n = Get(key)) {
+      const toml::array* a = n->as_array();
+      if (!a) return Fail(key, "an array of node numbers");
+      out->clear();
+      for (const toml::node& e : *a) {
+        auto v = e.value<int64_t>();
+        if (!v || *v < 0 || *v > 1023) return Fail(key, "an array of node numbers (0-1023)");
+        out->push_back(static_cast<int>(*v));
+      }
+    }
+  }
+  // Call after reading every key: unknown keys are errors.
+  void Finish() {
+    if (!table_) return;
+    for (const auto& [k, v] : *table_) {
+      if (!seen_.count(std::string(k.str()))) {
+        Fail("unknown key '" + std::string(k.str()) + "' in [" + name_ + "]");
+      }
+    }
+  }
+
+ private:
+  const toml::node* Get(const char* key) {
+    seen_.insert(key);
+    return table_ ? table_->get(key) : nullptr;
+  }
+  void Fail(const char* key, const char* want) {
+    Fail("[" + name_ + "] " + key + " must be " + want);
+  }
+  void Fail(const std::string& msg) {
+    if (error_->empty()) *error_ = msg;
+  }
+
+  std::string name_;
+  std::string* error_;
+  const toml::table* table_ = nullptr;
+  std::set<std::string> seen_;
+};
+
+std::string Apply(const toml::table& root, DaemonConfig* c) {
+  std::string error;
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    if (key != "daemon" && key != "engine" && key != "migration" && key != "tiers" &&
+        key != "limits") {
+      return "unknown table or key '" + key + "'";
+    }
+  }
+  TableReader d(root, "daemon", &error);
+  d.Str("socket", &c->socket_path);
+  d.Str("state_dir", &c->state_dir);
+  d.Str("log_level", &c->log_level);
+  d.Int("tick_ms", &c->tick_ms);
+  d.Int("checkpoint_interval_s", &c->checkpoint_interval_s);
+  d.Finish();
+  TableReader e(root, "engine", &error);
+  e.Str("policy", &c->policy);
+  e.Bool("persist", &c->persist);
+  e.Size("tier0_budget", &c->tier0_budget_bytes);
+  e.Size("block_bytes", &c->block_bytes);
+  e.Int("ghost_capacity", &c->ghost_capacity);
+  e.Int("hysteresis_ticks", &c->hysteresis_ticks);
+  e.Finish();
+  TableReader m(root, "migration", &error);
+  m.Bool("enabled", &c->migrate);
+  m.Int("rate_mib_s", &c->migrate_rate_mib_s);
+  m.Int("max_pending_moves", &c->max_pending_moves);
+  m.Finish();
+  TableReader t(root, "tiers", &error);
+  t.Nodes("fast_nodes", &c->fast_nodes);
+  t.Nodes("slow_nodes", &c->slow_nodes);
+  t.Finish();
+  TableReader l(root, "limits", &error);
+  l.Int("max_clients", &c->max_clients);
+  l.Int("max_blocks_per_client", &c->max_blocks_per_client);
+  l.Int("max_message_bytes", &c->max_message_bytes);
+  l.Int("max_pools_per_client", &c->max_pools_per_client);
+  l.Finish();
+  if (!error.empty()) return error;
+  return c->Validate();
+}
+
+}  // namespace
+
+std::string DaemonConfig::Validate() const {
+  if (socket_path.empty()) return "socket path is empty";
+  if (socket_path.size() > 107) return "socket path is longer than 107 bytes";
+  if (tick_ms == 0 || tick_ms > 60000) return "tick_ms must be between 1 and 60000";
+  std::string err;
+  if (policy == "min") return "policy min needs the future; it exists only in cxltier-sim";
+  if (!engine::MakePolicy(policy, &err)) return err;
+  if (log_level != "trace" && log_level != "debug" && log_level != "info" && log_level != "warn" &&
+      log_level != "error") {
+    return "log_level must be trace, debug, info, warn or error";
+  }
+  if (migrate_rate_mib_s == 0) return "rate_mib_s must be positive (use enabled = false to stop)";
+  if (max_clients == 0 || max_blocks_per_client == 0) return "limits must be positive";
+  if (max_message_bytes < 4096 || max_message_bytes > (256u << 20)) {
+    return "max_message_bytes must be between 4 KiB and 256 MiB";
+  }
+  if (fast_nodes.empty() != slow_nodes.empty()) {
+    return "[tiers] needs both fast_nodes and slow_nodes, or neither";
+  }
+  return {};
+}
+
+std::string LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* c) {
+  toml::parse_result parsed = toml::parse(text, name);
+  if (!parsed) {
+    std::ostringstream out;
+    out << name << ":" << parsed.error().source().begin.line << ": "
+        << parsed.error().description();
+    return out.str();
+  }
+  const std::string err = Apply(parsed.table(), c);
+  return err.empty() ? "" : name + ": " + err;
+}
+
+std::string LoadConfigFile(const std::string& path, DaemonConfig* c) {
+  toml::parse_result parsed = toml::parse_file(path);
+  if (!parsed) {
+    std::ostringstream out;
+    out << path << ":" << parsed.error().source().begin.line << ": "
+        << parsed.error().description();
+    return out.str();
+  }
+  const std::string err = Apply(parsed.table(), c);
+  return err.empty() ? "" : path + ": " + err;
+}
+
+std::string ToToml(const DaemonConfig& c) {
+  toml::array fast, slow;
+  for (int n : c.fast_nodes) fast.push_back(n);
+  for (int n : c.slow_nodes) slow.push_back(n);
+  toml::table t{
+      {"daemon", toml::table{{"socket", c.socket_path},
+                             {"state_dir", c.state_dir},
+                             {"log_level", c.log_level},
+                             {"tick_ms", c.tick_ms},
+                             {"checkpoint_interval_s", c.checkpoint_interval_s}}},
+      {"engine", toml::table{{"policy", c.policy},
+                             {"persist", c.persist},
+                             {"tier0_budget", static_cast<int64_t>(c.tier0_budget_bytes)},
+                             {"block_bytes", static_cast<int64_t>(c.block_bytes)},
+                             {"ghost_capacity", static_cast<int64_t>(c.ghost_capacity)},
+                             {"hysteresis_ticks", c.hysteresis_ticks}}},
+      {"migration", toml::table{{"enabled", c.migrate},
+                                {"rate_mib_s", static_cast<int64_t>(c.migrate_rate_mib_s)},
+                                {"max_pending_moves", c.max_pending_moves}}},
+      {"tiers", toml::table{{"fast_nodes", fast}, {"slow_nodes", slow}}},
+      {"limits", toml::table{{"max_clients", c.max_clients},
+                             {"max_blocks_per_client", c.max_blocks_per_client},
+                             {"max_message_bytes", c.max_message_bytes},
+                             {"max_pools_per_client", c.max_pools_per_client}}},
+  };
+  std::ostringstream out;
+  out << t << "\n";
+  return out.str();
+}
+
+}  // namespace cxltier::service

@@ -1,0 +1,52 @@
+// DaemonConfig: every setting of cxltierd, with its default. Loaded from TOML
+// (toml++); flags override the file. docs/operations.md lists the keys.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cxltier::service {
+
+struct DaemonConfig {
+  // [daemon]
+  std::string socket_path = "/run/cxltierd/cxltierd.sock";  // client socket
+  std::string state_dir = "/var/lib/cxltierd";              // ghost checkpoints
+  std::string log_level = "info";                           // trace, debug, info, warn, error
+  uint32_t tick_ms = 100;                                   // one fold + plan + migrate round
+  uint32_t checkpoint_interval_s = 60;                      // ghosts saved this often (0 = only at stop)
+  // [engine]
+  std::string policy = "lfu";             // any cxltier-sim policy but min
+  bool persist = true;                    // keep state across eviction and release
+  uint64_t tier0_budget_bytes = 32ull << 30;  // tier-0 bytes cxltier may fill
+  uint64_t block_bytes = 0;               // 0: set by the first client's model
+  uint64_t ghost_capacity = 1u << 20;     // ghosts kept
+  uint32_t hysteresis_ticks = 2;          // ticks a moved block stays put
+  // [migration]
+  bool migrate = true;                    // false: score and plan, never move pages
+  uint64_t migrate_rate_mib_s = 1024;     // bytes moved per second, at most
+  uint32_t max_pending_moves = 256;       // moves queued for the mover, at most
+  // [tiers] (both empty: nodes with CPUs are tier 0, memory-only nodes tier 1)
+  std::vector<int> fast_nodes;
+  std::vector<int> slow_nodes;
+  // [limits]
+  uint32_t max_clients = 64;
+  uint32_t max_blocks_per_client = 1u << 20;
+  uint32_t max_message_bytes = 16u << 20;
+  uint32_t max_pools_per_client = 16;
+
+  // Empty when the values make sense together; otherwise what is wrong.
+  std::string Validate() const;
+};
+
+// Reads a TOML file over the defaults. Unknown keys are errors (a typo must
+// not silently keep a default). Returns an error message or "".
+std::string LoadConfigFile(const std::string& path, DaemonConfig* config);
+
+// Parses TOML text (for tests and `config show`).
+std::string LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* config);
+
+// The effective configuration as TOML.
+std::string ToToml(const DaemonConfig& config);
+
+}  // namespace cxltier::service
