@@ -1,6 +1,6 @@
 # Warning and sanitizer flags applied to every cxltier target.
 add_compile_options(-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
-                    -Wnull-dereference -Wimplicit-fallthrough)
+                    -Wimplicit-fallthrough)
 if(CXLTIER_WERROR)
   add_compile_options(-Werror)
 endif()

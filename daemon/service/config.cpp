@@ -170,27 +170,27 @@ std::string DaemonConfig::Validate() const {
 }
 
 std::string LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* c) {
-  toml::parse_result parsed = toml::parse(text, name);
-  if (!parsed) {
+  try {
+    const toml::table root = toml::parse(text, name);
+    const std::string err = Apply(root, c);
+    return err.empty() ? "" : name + ": " + err;
+  } catch (const toml::parse_error& e) {
     std::ostringstream out;
-    out << name << ":" << parsed.error().source().begin.line << ": "
-        << parsed.error().description();
+    out << name << ":" << e.source().begin.line << ": " << e.description();
     return out.str();
   }
-  const std::string err = Apply(parsed.table(), c);
-  return err.empty() ? "" : name + ": " + err;
 }
 
 std::string LoadConfigFile(const std::string& path, DaemonConfig* c) {
-  toml::parse_result parsed = toml::parse_file(path);
-  if (!parsed) {
+  try {
+    const toml::table root = toml::parse_file(path);
+    const std::string err = Apply(root, c);
+    return err.empty() ? "" : path + ": " + err;
+  } catch (const toml::parse_error& e) {
     std::ostringstream out;
-    out << path << ":" << parsed.error().source().begin.line << ": "
-        << parsed.error().description();
+    out << path << ":" << e.source().begin.line << ": " << e.description();
     return out.str();
   }
-  const std::string err = Apply(parsed.table(), c);
-  return err.empty() ? "" : path + ": " + err;
 }
 
 std::string ToToml(const DaemonConfig& c) {

@@ -1,0 +1,147 @@
+// cxltierd: parse flags, load the configuration, wire the layers, run.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "numa/migrator.h"
+#include "numa/topology.h"
+#include "server.h"
+#include "service/config.h"
+#include "service/daemon.h"
+
+namespace {
+
+using cxltier::service::DaemonConfig;
+
+// Where a daemon started by an ordinary user keeps its socket and state.
+void UserDefaults(DaemonConfig* c) {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  const std::string uid = std::to_string(getuid());
+  c->socket_path = runtime && *runtime ? std::string(runtime) + "/cxltierd.sock"
+                                       : "/tmp/cxltierd-" + uid + ".sock";
+  const char* state = std::getenv("XDG_STATE_HOME");
+  const char* home = std::getenv("HOME");
+  c->state_dir = state && *state ? std::string(state) + "/cxltierd"
+                 : home && *home  ? std::string(home) + "/.local/state/cxltierd"
+                                  : "/tmp/cxltierd-" + uid + "-state";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cxltierd: keeps the hottest KV-cache blocks in DRAM and the rest in CXL memory"};
+  std::string config_file, socket_path, state_dir, log_level;
+  bool print_config = false;
+  app.add_option("--config", config_file, "TOML configuration file");
+  app.add_option("--socket", socket_path, "client socket path");
+  app.add_option("--state-dir", state_dir, "directory for ghost checkpoints");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
+  app.add_flag("--print-config", print_config, "print the effective configuration and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  DaemonConfig config;
+  const bool root = geteuid() == 0;
+  if (!root) UserDefaults(&config);
+  if (!config_file.empty()) {
+    if (std::string err = cxltier::service::LoadConfigFile(config_file, &config); !err.empty()) {
+      std::fprintf(stderr, "cxltierd: %s\n", err.c_str());
+      return 2;
+    }
+  }
+  if (!socket_path.empty()) config.socket_path = socket_path;
+  if (!state_dir.empty()) config.state_dir = state_dir;
+  if (!log_level.empty()) config.log_level = log_level;
+  if (std::string err = config.Validate(); !err.empty()) {
+    std::fprintf(stderr, "cxltierd: configuration: %s\n", err.c_str());
+    return 2;
+  }
+  if (print_config) {
+    std::fputs(cxltier::service::ToToml(config).c_str(), stdout);
+    return 0;
+  }
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+
+  const cxltier::numa::Topology topo = cxltier::numa::Discover();
+  std::string tier_error;
+  cxltier::numa::TierAssignment tiers =
+      cxltier::numa::AssignTiers(topo, config.fast_nodes, config.slow_nodes, &tier_error);
+  if (!tier_error.empty()) {
+    spdlog::critical("tiers: {}", tier_error);
+    return 2;
+  }
+  spdlog::info("topology ({}): {} nodes; tiers: {}", topo.source, topo.nodes.size(), tiers.why);
+  std::string desc = cxltier::numa::Describe(topo, tiers);
+  for (size_t pos = 0, nl; (nl = desc.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+    spdlog::info("  {}", desc.substr(pos, nl - pos));
+  }
+  bool can_migrate = config.migrate;
+  if (!tiers.has_slow()) {
+    spdlog::warn("no slow tier: no memory-only NUMA node and no [tiers] override; scoring only");
+  }
+  if (config.migrate && !cxltier::numa::HaveSysNice()) {
+    spdlog::warn("no CAP_SYS_NICE: shared pools cannot be moved (MPOL_MF_MOVE_ALL); "
+                 "migration off, scoring only");
+    can_migrate = false;
+  }
+
+  boost::asio::io_context io;
+  cxltier::service::Daemon daemon(io, config, topo, tiers, cxltier::numa::MakeLinuxMigrator(),
+                                  can_migrate);
+  if (std::string err = daemon.Start(); !err.empty()) {
+    spdlog::critical("{}", err);
+    return 1;
+  }
+  cxltier::server::ServerOptions sopts;
+  sopts.max_message_bytes = config.max_message_bytes;
+  sopts.on_protocol_error = [](const cxltier::server::Peer& p, const std::string& what) {
+    spdlog::warn("client pid {} uid {}: {}", p.pid, p.uid, what);
+  };
+  cxltier::server::Server server(io, daemon, sopts);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(config.socket_path).parent_path(), ec);
+  if (std::string err = server.Listen(config.socket_path, 0660); !err.empty()) {
+    spdlog::critical("cannot listen: {}", err);
+    return 1;
+  }
+  spdlog::info("listening on {}; state in {}", config.socket_path, config.state_dir);
+
+  boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
+  stop_signals.async_wait([&](const boost::system::error_code& e, int sig) {
+    if (e) return;
+    spdlog::info("signal {}: stopping", sig);
+    server.Stop();
+    daemon.Stop();
+    io.stop();
+  });
+  boost::asio::signal_set hup(io, SIGHUP);
+  std::function<void()> arm_hup = [&] {
+    hup.async_wait([&](const boost::system::error_code& e, int) {
+      if (e) return;
+      DaemonConfig fresh;
+      if (!root) UserDefaults(&fresh);
+      std::string err = config_file.empty()
+                            ? ""
+                            : cxltier::service::LoadConfigFile(config_file, &fresh);
+      if (err.empty()) err = fresh.Validate();
+      if (err.empty()) {
+        daemon.Reload(fresh);
+      } else {
+        spdlog::error("reload refused, keeping the running configuration: {}", err);
+      }
+      arm_hup();
+    });
+  };
+  arm_hup();
+  io.run();
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,581 @@
+#include "daemon.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "checkpoint.h"
+#include "cxltier/segment.h"
+
+namespace cxltier::service {
+
+namespace asio = boost::asio;
+using wire::Error;
+using wire::ErrorCode;
+
+namespace {
+
+const char* TierName(Tier t) {
+  return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
+}
+
+}  // namespace
+
+Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topology,
+               numa::TierAssignment tiers, std::unique_ptr<numa::Migrator> migrator,
+               bool can_migrate)
+    : io_(io),
+      config_(std::move(config)),
+      topology_(std::move(topology)),
+      tiers_(std::move(tiers)),
+      can_migrate_(can_migrate && config_.migrate && tiers_.has_slow()),
+      probe_(numa::MakeLinuxMigrator()),
+      timer_(io) {
+  mover_ = std::make_unique<Mover>(std::move(migrator), config_.migrate_rate_mib_s << 20,
+                                   [this](MoveDone done) {
+                                     asio::post(io_, [this, d = std::move(done)]() mutable {
+                                       OnMoveDone(std::move(d));
+                                     });
+                                   });
+}
+
+Daemon::~Daemon() { Stop(); }
+
+std::string Daemon::GhostPath() const {
+  return (std::filesystem::path(config_.state_dir) / "ghosts.bin").string();
+}
+
+std::string Daemon::Start() {
+  std::error_code ec;
+  std::filesystem::create_directories(config_.state_dir, ec);
+  if (ec) return "state dir " + config_.state_dir + ": " + ec.message();
+  if (config_.persist) {
+    LoadedGhosts loaded = LoadGhosts(GhostPath());
+    if (!loaded.error.empty()) spdlog::error("ghost checkpoint: {}", loaded.error);
+    if (loaded.found && loaded.error.empty()) {
+      spdlog::info("loaded {} ghosts from {}", loaded.ghosts.size(), GhostPath());
+    }
+    pending_ghosts_ = std::move(loaded.ghosts);
+    restored_from_checkpoint_ = pending_ghosts_.size();
+  }
+  if (config_.block_bytes) {
+    if (std::string err = EnsureEngine(config_.block_bytes); !err.empty()) return err;
+  }
+  ScheduleTick();
+  return {};
+}
+
+std::string Daemon::EnsureEngine(uint64_t block_bytes) {
+  if (engine_) {
+    if (engine_->options().block_bytes != block_bytes) {
+      return "this daemon places blocks of " + std::to_string(engine_->options().block_bytes) +
+             " bytes; the model's blocks are " + std::to_string(block_bytes) + " bytes";
+    }
+    return {};
+  }
+  engine::EngineOptions o;
+  o.block_bytes = block_bytes;
+  o.tier0_budget_bytes = config_.tier0_budget_bytes;
+  o.persistence = config_.persist ? engine::Persistence::kPersist : engine::Persistence::kReset;
+  o.mode = engine::Mode::kTick;
+  o.ghost_capacity = config_.ghost_capacity;
+  o.migrate_bytes_per_tick = 0;  // the mover's rate limit paces the moves
+  o.hysteresis_ticks = config_.hysteresis_ticks;
+  std::string err;
+  auto policy = engine::MakePolicy(config_.policy, &err);
+  if (!policy) return err;
+  engine_ = std::make_unique<engine::Engine>(o, std::move(policy));
+  for (const BlockState& g : pending_ghosts_) engine_->RestoreGhost(g);
+  pending_ghosts_.clear();
+  spdlog::info("engine: policy {}, {}, block {} bytes, tier-0 budget {} ({} blocks)",
+               config_.policy, config_.persist ? "persist" : "reset", block_bytes,
+               FormatBytes(config_.tier0_budget_bytes), engine_->capacity_blocks());
+  return {};
+}
+
+void Daemon::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  timer_.cancel();
+  mover_->Stop();  // finishes the move in flight; queued ones come back as not done
+  // Flush what the mover posted, then turn every live block into a ghost.
+  for (auto& [id, c] : clients_) {
+    for (uint32_t i = 0; i < c.slots.size(); ++i) {
+      if (c.slots[i].live) ReleaseSlot(c, i);
+    }
+  }
+  Checkpoint();
+}
+
+void Daemon::Reload(const DaemonConfig& config) {
+  config_.tick_ms = config.tick_ms;
+  config_.migrate_rate_mib_s = config.migrate_rate_mib_s;
+  config_.log_level = config.log_level;
+  config_.checkpoint_interval_s = config.checkpoint_interval_s;
+  config_.max_pending_moves = config.max_pending_moves;
+  mover_->set_rate(config_.migrate_rate_mib_s << 20);
+  spdlog::set_level(spdlog::level::from_str(config_.log_level));
+  spdlog::info("configuration reloaded (tick {} ms, migration {} MiB/s)", config_.tick_ms,
+               config_.migrate_rate_mib_s);
+}
+
+Daemon::Client* Daemon::Find(const server::Peer& peer) {
+  auto it = clients_.find(peer.session_id);
+  return it == clients_.end() ? nullptr : &it->second;
+}
+
+BlockKey Daemon::EngineKey(const BlockKey& key, uid_t uid) const {
+  // Keys live in one namespace per user: clients of different users can never
+  // collide, read or release each other's blocks by key.
+  return BlockKey{key.hi ^ (0x9e3779b97f4a7c15ULL * (uint64_t{uid} + 1)), key.lo};
+}
+
+Tier Daemon::TierOfNode(int node) const {
+  if (std::count(tiers_.fast_nodes.begin(), tiers_.fast_nodes.end(), node)) return Tier::kFast;
+  if (std::count(tiers_.slow_nodes.begin(), tiers_.slow_nodes.end(), node)) return Tier::kSlow;
+  return Tier::kFast;  // a node we do not manage counts as fast: it is not CXL memory we know of
+}
+
+Tier Daemon::WhereIs(const numa::PageRange& range) {
+  std::map<int, size_t> count;
+  for (int n : probe_->Where(range)) {
+    if (n >= 0) ++count[n];
+  }
+  if (count.empty()) return Tier::kFast;  // not faulted in yet: it will be, locally
+  const int node = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) {
+                     return a.second < b.second;
+                   })->first;
+  return TierOfNode(node);
+}
+
+std::optional<Error> Daemon::OnConnect(const server::Peer& peer) {
+  if (clients_.size() >= config_.max_clients) {
+    spdlog::warn("refused client pid {} uid {}: {} clients already (limits.max_clients)", peer.pid,
+                 peer.uid, clients_.size());
+    return Error{ErrorCode::kLimit, "too many clients (limit " +
+                                        std::to_string(config_.max_clients) + ")"};
+  }
+  Client& c = clients_[peer.session_id];
+  c.peer = peer;
+  c.id = next_client_id_++;
+  spdlog::debug("client {} connected: pid {} uid {}", c.id, peer.pid, peer.uid);
+  return std::nullopt;
+}
+
+void Daemon::OnDisconnect(const server::Peer& peer) {
+  Client* c = Find(peer);
+  if (!c) return;
+  const uint64_t live = c->live;
+  for (uint32_t i = 0; i < c->slots.size(); ++i) {
+    if (c->slots[i].live) ReleaseSlot(*c, i);
+  }
+  spdlog::info("client {} ({}, pid {}) left; {} blocks became ghosts", c->id, c->name, peer.pid,
+               live);
+  clients_.erase(peer.session_id);
+}
+
+server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wire::Hello& m,
+                                              int* segment_fd) {
+  Client* c = Find(peer);
+  if (!c) return Error{ErrorCode::kInternal, "unknown session"};
+  if (c->hello) return Error{ErrorCode::kNotReady, "hello was already said on this connection"};
+  if (const std::string err = m.model.Validate(); !err.empty()) {
+    return Error{ErrorCode::kGeometry, "model geometry: " + err};
+  }
+  if (m.max_blocks == 0) return Error{ErrorCode::kLimit, "max_blocks must be at least 1"};
+  if (m.max_blocks > config_.max_blocks_per_client) {
+    return Error{ErrorCode::kLimit, "max_blocks " + std::to_string(m.max_blocks) +
+                                        " exceeds the limit of " +
+                                        std::to_string(config_.max_blocks_per_client)};
+  }
+  if (std::string err = EnsureEngine(m.model.block_bytes()); !err.empty()) {
+    return Error{ErrorCode::kGeometry, err};
+  }
+  if (std::string err = c->segment.Create(m.max_blocks, c->id); !err.empty()) {
+    return Error{ErrorCode::kInternal, "state segment: " + err};
+  }
+  c->hello = true;
+  c->model = m.model;
+  c->name = m.client_name.substr(0, 64);
+  c->slots.assign(m.max_blocks, SegSlot{});
+  c->free_slots.clear();
+  for (uint32_t i = m.max_blocks; i-- > 0;) c->free_slots.push_back(i);
+  *segment_fd = c->segment.fd();
+  spdlog::info("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id, c->name,
+               peer.pid, peer.uid, m.max_blocks, m.model.block_bytes());
+  return wire::HelloOk{c->id, m.max_blocks, kSegmentSlotOffset, m.model.block_bytes(),
+                       config_.tick_ms};
+}
+
+server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& peer,
+                                                            const wire::RegisterPool& m,
+                                                            server::UniqueFd memfd) {
+  Client* c = Find(peer);
+  if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (c->pools.size() >= config_.max_pools_per_client) {
+    return Error{ErrorCode::kLimit, "too many pools (limit " +
+                                        std::to_string(config_.max_pools_per_client) + ")"};
+  }
+  server::Pool pool;
+  if (std::string err = pool.Open(m, std::move(memfd), peer.pid, engine_->options().block_bytes);
+      !err.empty()) {
+    spdlog::warn("client {}: pool refused: {}", c->id, err);
+    return Error{ErrorCode::kBadPool, err};
+  }
+  c->pools.push_back(std::move(pool));
+  const uint32_t id = static_cast<uint32_t>(c->pools.size() - 1);
+  spdlog::info("client {}: pool {} ({}, {} blocks, {})", c->id, id,
+               m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
+               FormatBytes(m.length));
+  return wire::RegisterPoolOk{id};
+}
+
+server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
+  Client* c = Find(peer);
+  if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (m.pool_id >= c->pools.size()) {
+    return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
+  }
+  const server::Pool& pool = c->pools[m.pool_id];
+  // Validate the whole batch before changing anything.
+  size_t fresh = 0;
+  for (const wire::AdmitEntry& e : m.entries) {
+    if (e.block_index >= pool.blocks()) {
+      return Error{ErrorCode::kBadSlot, "block index " + std::to_string(e.block_index) +
+                                            " is outside pool " + std::to_string(m.pool_id) +
+                                            " (" + std::to_string(pool.blocks()) + " blocks)"};
+    }
+    if (c->by_key.count(e.key)) continue;
+    const engine::Slot other = engine_->Find(EngineKey(e.key, peer.uid));
+    if (other != engine::kNoSlot) {
+      return Error{ErrorCode::kDenied, "key " + e.key.ToString() +
+                                           " is admitted by another client of this user"};
+    }
+    ++fresh;
+  }
+  if (fresh > c->free_slots.size()) {
+    return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) + " blocks needs more than the " +
+                                        std::to_string(c->free_slots.size()) + " free slots"};
+  }
+  wire::AdmitOk ok;
+  ok.results.reserve(m.entries.size());
+  for (const wire::AdmitEntry& e : m.entries) {
+    if (auto it = c->by_key.find(e.key); it != c->by_key.end()) {
+      const BlockState& st = engine_->state(c->slots[it->second].engine_slot);
+      ok.results.push_back({it->second, st.tier, 0});
+      continue;
+    }
+    const uint32_t seg = c->free_slots.back();
+    c->free_slots.pop_back();
+    const Tier where = WhereIs(pool.Range(e.block_index));
+    const engine::Slot es = engine_->Admit(EngineKey(e.key, peer.uid), where);
+    if (owners_.size() <= es) owners_.resize(es + 1);
+    owners_[es] = Owner{peer.session_id, seg};
+    c->slots[seg] = SegSlot{true, es, m.pool_id, e.block_index, e.key};
+    c->by_key[e.key] = seg;
+    ++c->live;
+    BlockState* slot = c->segment.slot(seg);
+    *slot = BlockState{};
+    slot->key = e.key;
+    WriteBack(*c, seg);
+    const bool restored = engine_->state(es).flags & kFlagRestored;
+    ok.results.push_back({seg, where, static_cast<uint8_t>(restored)});
+  }
+  return ok;
+}
+
+void Daemon::WriteBack(Client& c, uint32_t seg) {
+  const SegSlot& s = c.slots[seg];
+  BlockState* slot = c.segment.slot(seg);
+  const BlockState& st = engine_->state(s.engine_slot);
+  slot->score = st.score;
+  slot->touch_time_ns = st.touch_time_ns;
+  slot->touch_count = st.touch_count;
+  slot->touch_seq = st.touch_seq;
+  slot->flags = st.flags;
+  slot->generation = st.generation;
+  WriteTier(slot, st.tier);
+}
+
+void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
+  SegSlot& s = c.slots[seg];
+  if (!s.live) return;
+  engine_->Release(s.engine_slot);
+  owners_[s.engine_slot] = Owner{};
+  c.by_key.erase(s.key);
+  s = SegSlot{};
+  BlockState* slot = c.segment.slot(seg);
+  *slot = BlockState{};
+  c.free_slots.push_back(seg);
+  --c.live;
+}
+
+server::Answer<wire::ReleaseOk> Daemon::OnRelease(const server::Peer& peer,
+                                                  const wire::Release& m) {
+  Client* c = Find(peer);
+  if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  wire::ReleaseOk ok;
+  for (const BlockKey& k : m.keys) {
+    auto it = c->by_key.find(k);
+    if (it == c->by_key.end()) {
+      ++ok.unknown;
+      continue;
+    }
+    ReleaseSlot(*c, it->second);
+    ++ok.released;
+  }
+  return ok;
+}
+
+server::Answer<wire::ReportOk> Daemon::OnReport(const server::Peer& peer, const wire::Report& m) {
+  Client* c = Find(peer);
+  if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  wire::ReportOk ok;
+  for (const wire::Observation& o : m.observations) {
+    if (o.slot >= c->slots.size() || !c->slots[o.slot].live || !std::isfinite(o.mass) ||
+        o.mass < 0) {
+      ++ok.rejected;
+      continue;
+    }
+    AddObservation(c->segment.slot(o.slot), o.mass);
+    ++ok.accepted;
+  }
+  c->bad_observations += ok.rejected;
+  return ok;
+}
+
+server::Answer<wire::QueryTiersOk> Daemon::OnQueryTiers(const server::Peer& peer,
+                                                        const wire::QueryTiers& m) {
+  Client* c = Find(peer);
+  if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  wire::QueryTiersOk ok;
+  ok.tiers.reserve(m.keys.size());
+  for (const BlockKey& k : m.keys) {
+    auto it = c->by_key.find(k);
+    ok.tiers.push_back(it == c->by_key.end()
+                           ? Tier::kNone
+                           : engine_->state(c->slots[it->second].engine_slot).tier);
+  }
+  return ok;
+}
+
+server::Answer<wire::StatsOk> Daemon::OnStats(const server::Peer&, const wire::Stats& m) {
+  nlohmann::json j;
+  if (m.what == "status") {
+    j = StatusJson();
+  } else if (m.what == "tiers") {
+    j = TiersJson();
+  } else if (m.what == "clients") {
+    j = ClientsJson();
+  } else if (m.what == "blocks") {
+    j = BlocksJson();
+  } else {
+    return Error{ErrorCode::kBadPayload,
+                 "unknown stats '" + m.what + "'; known: status, tiers, clients, blocks"};
+  }
+  return wire::StatsOk{j.dump()};
+}
+
+void Daemon::ScheduleTick() {
+  if (stopped_) return;
+  timer_.expires_after(std::chrono::milliseconds(config_.tick_ms));
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    Tick();
+    ScheduleTick();
+  });
+}
+
+void Daemon::Tick() {
+  ++tick_;
+  if (!engine_) return;
+  // Fold: one touch per slot per tick with the mass the client left there.
+  for (auto& [id, c] : clients_) {
+    if (!c.hello) continue;
+    for (uint32_t i = 0; i < c.slots.size(); ++i) {
+      const SegSlot& s = c.slots[i];
+      if (!s.live) continue;
+      const PendingObservation p = TakeObservation(c.segment.slot(i));
+      if (p.touches == 0) continue;
+      float mass = p.mass;
+      if (!std::isfinite(mass) || mass < 0) {
+        ++c.bad_observations;
+        mass = 0;
+      }
+      c.observations += p.touches;
+      engine_->Touch(s.engine_slot, engine::Touch{mass, tick_, engine::kNever});
+      WriteBack(c, i);
+    }
+    c.segment.header()->daemon_ticks = tick_;
+  }
+  // Plan and hand the moves to the mover, unless it is still busy.
+  if (can_migrate_ && mover_->pending() < config_.max_pending_moves) {
+    for (const engine::Move& mv : engine_->Plan()) {
+      const Owner& o = owners_[mv.slot];
+      auto it = clients_.find(o.session);
+      if (it == clients_.end()) {
+        engine_->Complete(mv, false);
+        continue;
+      }
+      const SegSlot& s = it->second.slots[o.seg_slot];
+      const int node = mv.to == Tier::kFast ? tiers_.fast_nodes.front() : tiers_.slow_nodes.front();
+      mover_->Submit(MoveJob{mv, it->second.pools[s.pool].Range(s.block), node, o.session,
+                             o.seg_slot});
+    }
+  }
+  if (config_.persist && config_.checkpoint_interval_s > 0 &&
+      (tick_ - last_checkpoint_tick_) * config_.tick_ms >= config_.checkpoint_interval_s * 1000ull) {
+    Checkpoint();
+  }
+}
+
+void Daemon::OnMoveDone(MoveDone d) {
+  const bool done = d.result.done();
+  if (!done) {
+    ++moves_failed_;
+    pages_busy_ += d.result.busy;
+    pages_elsewhere_ += d.result.elsewhere;
+    for (auto [e, n] : d.result.errors) move_errors_[e] += n;
+    if (d.result.call_errno) ++move_errors_[d.result.call_errno];
+    spdlog::warn("move to node {} not done: {}", d.job.node, numa::Summarize(d.result));
+  }
+  if (!engine_) return;
+  engine_->Complete(d.job.move, done);
+  auto it = clients_.find(d.job.client_id);
+  if (it != clients_.end() && it->second.slots[d.job.segment_slot].live &&
+      it->second.slots[d.job.segment_slot].engine_slot == d.job.move.slot) {
+    WriteBack(it->second, d.job.segment_slot);
+  }
+}
+
+std::vector<BlockState> Daemon::CollectGhosts() const {
+  std::vector<BlockState> out;
+  if (!engine_) return pending_ghosts_;
+  engine_->ghosts().ForEach([&out](const BlockState& g) { out.push_back(g); });
+  return out;
+}
+
+void Daemon::Checkpoint() {
+  last_checkpoint_tick_ = tick_;
+  if (!config_.persist) return;
+  const std::vector<BlockState> ghosts = CollectGhosts();
+  if (std::string err = SaveGhosts(GhostPath(), ghosts); !err.empty()) {
+    if (err != last_checkpoint_error_) spdlog::error("ghost checkpoint not written: {}", err);
+    last_checkpoint_error_ = err;
+    return;
+  }
+  last_checkpoint_error_.clear();
+  spdlog::debug("saved {} ghosts to {}", ghosts.size(), GhostPath());
+}
+
+nlohmann::json Daemon::TiersJson() const {
+  nlohmann::json tiers = nlohmann::json::array();
+  const uint64_t bb = engine_ ? engine_->options().block_bytes : 0;
+  for (int t = 0; t < 2; ++t) {
+    const Tier tier = t == 0 ? Tier::kFast : Tier::kSlow;
+    const std::vector<int>& nodes = t == 0 ? tiers_.fast_nodes : tiers_.slow_nodes;
+    const uint64_t blocks = engine_ ? engine_->tier_blocks(tier) : 0;
+    nlohmann::json nj = nlohmann::json::array();
+    for (int n : nodes) {
+      const numa::NumaNode* node = topology_.Find(n);
+      nlohmann::json x = {{"node", n}};
+      if (node) {
+        x["memory_bytes"] = node->memory_bytes;
+        x["cpus"] = node->cpus.size();
+        if (node->read_latency_ns) x["read_latency_ns"] = *node->read_latency_ns;
+        if (node->read_bandwidth_mib_s) x["read_bandwidth_mib_s"] = *node->read_bandwidth_mib_s;
+        if (node->kernel_memory_tier) x["kernel_memory_tier"] = *node->kernel_memory_tier;
+      }
+      nj.push_back(x);
+    }
+    tiers.push_back({{"tier", t},
+                     {"nodes", nj},
+                     {"blocks", blocks},
+                     {"used_bytes", blocks * bb},
+                     {"budget_bytes", t == 0 ? config_.tier0_budget_bytes : 0}});
+  }
+  return tiers;
+}
+
+nlohmann::json Daemon::StatusJson() const {
+  const engine::EngineCounters c = engine_ ? engine_->counters() : engine::EngineCounters{};
+  uint64_t blocks = 0;
+  for (const auto& [id, cl] : clients_) blocks += cl.live;
+  return {
+      {"clients", clients_.size()},
+      {"blocks", blocks},
+      {"ghosts", engine_ ? engine_->ghosts().size() : pending_ghosts_.size()},
+      {"ghosts_loaded_at_start", restored_from_checkpoint_},
+      {"ghost_restores", c.ghost_restores},
+      {"policy", config_.policy},
+      {"persist", config_.persist},
+      {"block_bytes", engine_ ? engine_->options().block_bytes : 0},
+      {"ticks", tick_},
+      {"tick_ms", config_.tick_ms},
+      {"touches", c.touches},
+      {"hits", c.hits},
+      {"hit_rate", c.touches ? static_cast<double>(c.hits) / c.touches : 0.0},
+      {"tiers", TiersJson()},
+      {"migrations",
+       {{"enabled", can_migrate_},
+        {"promotions", c.promotions},
+        {"demotions", c.demotions},
+        {"promoted_bytes", c.promoted_bytes},
+        {"demoted_bytes", c.demoted_bytes},
+        {"failed", moves_failed_},
+        {"pending", mover_->pending()},
+        {"pages_busy", pages_busy_},
+        {"pages_elsewhere", pages_elsewhere_},
+        {"errors", [this] {
+           nlohmann::json e = nlohmann::json::object();
+           for (auto [k, v] : move_errors_) e[std::strerror(k)] = v;
+           return e;
+         }()}}},
+  };
+}
+
+nlohmann::json Daemon::ClientsJson() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [session, c] : clients_) {
+    out.push_back({{"id", c.id},
+                   {"name", c.name},
+                   {"pid", c.peer.pid},
+                   {"uid", c.peer.uid},
+                   {"blocks", c.live},
+                   {"slots", c.slots.size()},
+                   {"pools", c.pools.size()},
+                   {"observations", c.observations},
+                   {"bad_observations", c.bad_observations}});
+  }
+  return out;
+}
+
+nlohmann::json Daemon::BlocksJson() const {
+  struct Row {
+    double score;
+    const Client* c;
+    uint32_t seg;
+  };
+  std::vector<Row> rows;
+  for (const auto& [session, c] : clients_) {
+    for (uint32_t i = 0; i < c.slots.size(); ++i) {
+      if (c.slots[i].live) rows.push_back({engine_->state(c.slots[i].engine_slot).score, &c, i});
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.score > b.score; });
+  auto dump = [this](const Row& r) {
+    const SegSlot& s = r.c->slots[r.seg];
+    const BlockState& st = engine_->state(s.engine_slot);
+    return nlohmann::json{{"key", s.key.ToString()}, {"client", r.c->id},
+                          {"slot", r.seg},           {"score", st.score},
+                          {"touches", st.touch_count}, {"tier", TierName(st.tier)}};
+  };
+  nlohmann::json hot = nlohmann::json::array(), cold = nlohmann::json::array();
+  for (size_t i = 0; i < rows.size() && i < 20; ++i) hot.push_back(dump(rows[i]));
+  for (size_t i = 0; i < rows.size() && i < 20; ++i) cold.push_back(dump(rows[rows.size() - 1 - i]));
+  return {{"blocks", rows.size()}, {"hottest", hot}, {"coldest", cold}};
+}
+
+}  // namespace cxltier::service

@@ -1,0 +1,134 @@
+// The daemon's core: clients, their segments and pools, the engine, the tick
+// loop (fold observations, plan, hand moves to the mover), ghost checkpoints
+// and the stats that cxltierctl reads. Everything here runs on the I/O thread
+// except the mover's migrations.
+#pragma once
+
+#include <utility>  // before Asio: Boost 1.74 uses std::exchange without it
+
+#include <boost/asio.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config.h"
+#include "engine/engine.h"
+#include "mover.h"
+#include "numa/topology.h"
+#include "server.h"
+#include "segment.h"
+#include "pool.h"
+
+namespace cxltier::service {
+
+class Daemon final : public server::Handler {
+ public:
+  Daemon(boost::asio::io_context& io, DaemonConfig config, numa::Topology topology,
+         numa::TierAssignment tiers, std::unique_ptr<numa::Migrator> migrator, bool can_migrate);
+  ~Daemon() override;
+
+  // Loads the ghost checkpoint and starts the tick timer. Returns an error or "".
+  std::string Start();
+  // Stops ticking and moving, turns every live block into a ghost, saves them.
+  void Stop();
+  // Applies what can change at run time (tick, rate, log level, budgets of new engines).
+  void Reload(const DaemonConfig& config);
+
+  const DaemonConfig& config() const { return config_; }
+  nlohmann::json StatusJson() const;
+
+  // server::Handler
+  std::optional<wire::Error> OnConnect(const server::Peer& peer) override;
+  void OnDisconnect(const server::Peer& peer) override;
+  server::Answer<wire::HelloOk> OnHello(const server::Peer& peer, const wire::Hello& m,
+                                        int* segment_fd) override;
+  server::Answer<wire::RegisterPoolOk> OnRegisterPool(const server::Peer& peer,
+                                                      const wire::RegisterPool& m,
+                                                      server::UniqueFd memfd) override;
+  server::Answer<wire::AdmitOk> OnAdmit(const server::Peer& peer, const wire::Admit& m) override;
+  server::Answer<wire::ReleaseOk> OnRelease(const server::Peer& peer,
+                                            const wire::Release& m) override;
+  server::Answer<wire::ReportOk> OnReport(const server::Peer& peer, const wire::Report& m) override;
+  server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer& peer,
+                                                  const wire::QueryTiers& m) override;
+  server::Answer<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
+
+  // One round: fold, plan, hand out moves, write back. Public for tests.
+  void Tick();
+
+ private:
+  struct SegSlot {
+    bool live = false;
+    engine::Slot engine_slot = engine::kNoSlot;
+    uint32_t pool = 0;
+    uint32_t block = 0;
+    BlockKey key;  // as the client named it
+  };
+  struct Client {
+    server::Peer peer;
+    uint64_t id = 0;
+    std::string name;
+    bool hello = false;
+    ModelGeometry model;
+    server::Segment segment;
+    std::vector<server::Pool> pools;
+    std::vector<SegSlot> slots;
+    std::vector<uint32_t> free_slots;
+    std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
+    uint64_t live = 0;
+    uint64_t bad_observations = 0;
+    uint64_t observations = 0;
+  };
+  struct Owner {
+    uint64_t session = 0;
+    uint32_t seg_slot = 0;
+  };
+
+  Client* Find(const server::Peer& peer);
+  BlockKey EngineKey(const BlockKey& key, uid_t uid) const;
+  std::string EnsureEngine(uint64_t block_bytes);
+  Tier TierOfNode(int node) const;
+  Tier WhereIs(const numa::PageRange& range);
+  void ReleaseSlot(Client& c, uint32_t seg_slot);
+  void WriteBack(Client& c, uint32_t seg_slot);
+  void OnMoveDone(MoveDone done);
+  void ScheduleTick();
+  void Checkpoint();
+  std::vector<BlockState> CollectGhosts() const;
+  std::string GhostPath() const;
+  nlohmann::json TiersJson() const;
+  nlohmann::json ClientsJson() const;
+  nlohmann::json BlocksJson() const;
+
+  boost::asio::io_context& io_;
+  DaemonConfig config_;
+  numa::Topology topology_;
+  numa::TierAssignment tiers_;
+  bool can_migrate_;
+  std::unique_ptr<Mover> mover_;
+  std::unique_ptr<numa::Migrator> probe_;  // Where() queries on the I/O thread
+  std::unique_ptr<engine::Engine> engine_;
+  std::vector<BlockState> pending_ghosts_;  // loaded before the engine exists
+  std::map<uint64_t, Client> clients_;      // by session id
+  std::vector<Owner> owners_;               // by engine slot
+  boost::asio::steady_timer timer_;
+  uint64_t tick_ = 0;
+  uint64_t next_client_id_ = 1;
+  uint64_t last_checkpoint_tick_ = 0;
+  bool stopped_ = false;
+  // Migration outcomes beyond the engine's counters.
+  uint64_t moves_failed_ = 0;
+  uint64_t pages_busy_ = 0;
+  uint64_t pages_elsewhere_ = 0;
+  std::map<int, uint64_t> move_errors_;
+  uint64_t restored_from_checkpoint_ = 0;
+  std::string last_checkpoint_error_;
+};
+
+}  // namespace cxltier::service
