@@ -1,8 +1,8 @@
 // cxltierd: parse flags, load the configuration, wire the layers, run.
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -26,8 +26,8 @@ void UserDefaults(DaemonConfig* c) {
   const char* state = std::getenv("XDG_STATE_HOME");
   const char* home = std::getenv("HOME");
   c->state_dir = state && *state ? std::string(state) + "/cxltierd"
-                 : home && *home  ? std::string(home) + "/.local/state/cxltierd"
-                                  : "/tmp/cxltierd-" + uid + "-state";
+                 : home && *home ? std::string(home) + "/.local/state/cxltierd"
+                                 : "/tmp/cxltierd-" + uid + "-state";
 }
 
 }  // namespace
@@ -88,8 +88,9 @@ int main(int argc, char** argv) {
     spdlog::warn("no slow tier: no memory-only NUMA node and no [tiers] override; scoring only");
   }
   if (config.migrate && !cxltier::numa::HaveSysNice()) {
-    spdlog::warn("no CAP_SYS_NICE: shared pools cannot be moved (MPOL_MF_MOVE_ALL); "
-                 "migration off, scoring only");
+    spdlog::warn(
+        "no CAP_SYS_NICE: shared pools cannot be moved (MPOL_MF_MOVE_ALL); "
+        "migration off, scoring only");
     can_migrate = false;
   }
 
@@ -128,9 +129,8 @@ int main(int argc, char** argv) {
       if (e) return;
       DaemonConfig fresh;
       if (!root) UserDefaults(&fresh);
-      std::string err = config_file.empty()
-                            ? ""
-                            : cxltier::service::LoadConfigFile(config_file, &fresh);
+      std::string err =
+          config_file.empty() ? "" : cxltier::service::LoadConfigFile(config_file, &fresh);
       if (err.empty()) err = fresh.Validate();
       if (err.empty()) {
         daemon.Reload(fresh);

@@ -170,7 +170,8 @@ void Engine::Release(Slot s) {
   queues_.Remove(s);
   Log(EngineEvent::kRelease, s);
   // A move in flight will be ignored by Complete(); stop counting it now.
-  if (st.flags & kFlagMigrating) --(st.tier == Tier::kSlow ? inflight_promotions_ : inflight_demotions_);
+  if (st.flags & kFlagMigrating)
+    --(st.tier == Tier::kSlow ? inflight_promotions_ : inflight_demotions_);
   SetTier(s, Tier::kNone);
   if (options_.persistence == Persistence::kPersist) {
     BlockState ghost = st;

@@ -67,7 +67,7 @@ std::string Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uint
     base_ = m.address;
     return {};
   }
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd.get(), &st) != 0) return std::string("fstat: ") + std::strerror(errno);
   if (!S_ISREG(st.st_mode)) return "the pool fd is not a memfd (not a regular file)";
   // Only shmem files (memfd, tmpfs) support seals: a cheap way to refuse disk files.

@@ -44,10 +44,9 @@ class Session : public std::enable_shared_from_this<Session> {
   static constexpr size_t kMaxQueuedFds = 4;
 
   void ArmRead() {
-    socket_.async_wait(stream::socket::wait_read,
-                       [self = shared_from_this()](const boost::system::error_code& ec) {
-                         self->OnReadable(ec);
-                       });
+    socket_.async_wait(
+        stream::socket::wait_read,
+        [self = shared_from_this()](const boost::system::error_code& ec) { self->OnReadable(ec); });
   }
 
   void OnReadable(const boost::system::error_code& ec) {
@@ -136,35 +135,38 @@ class Session : public std::enable_shared_from_this<Session> {
           return a;
         });
       case wire::MsgType::kRegisterPool:
-        return Handle<wire::RegisterPool>(h, payload, "register-pool", [&](const wire::RegisterPool& m)
-                                                                           -> Answer<wire::RegisterPoolOk> {
-          UniqueFd fd;
-          if (!fds_.empty()) {
-            fd = std::move(fds_.front());
-            fds_.pop_front();
-          }
-          if (m.kind == wire::PoolKind::kMemfd && !fd.valid()) {
-            return wire::Error{wire::ErrorCode::kBadPool,
-                               "a memfd pool needs its fd passed with SCM_RIGHTS"};
-          }
-          return handler.OnRegisterPool(peer_, m, std::move(fd));
-        });
+        return Handle<wire::RegisterPool>(
+            h, payload, "register-pool",
+            [&](const wire::RegisterPool& m) -> Answer<wire::RegisterPoolOk> {
+              UniqueFd fd;
+              if (!fds_.empty()) {
+                fd = std::move(fds_.front());
+                fds_.pop_front();
+              }
+              if (m.kind == wire::PoolKind::kMemfd && !fd.valid()) {
+                return wire::Error{wire::ErrorCode::kBadPool,
+                                   "a memfd pool needs its fd passed with SCM_RIGHTS"};
+              }
+              return handler.OnRegisterPool(peer_, m, std::move(fd));
+            });
       case wire::MsgType::kAdmit:
         return Handle<wire::Admit>(h, payload, "admit",
                                    [&](const wire::Admit& m) { return handler.OnAdmit(peer_, m); });
       case wire::MsgType::kRelease:
-        return Handle<wire::Release>(
-            h, payload, "release", [&](const wire::Release& m) { return handler.OnRelease(peer_, m); });
+        return Handle<wire::Release>(h, payload, "release", [&](const wire::Release& m) {
+          return handler.OnRelease(peer_, m);
+        });
       case wire::MsgType::kReport:
-        return Handle<wire::Report>(
-            h, payload, "report", [&](const wire::Report& m) { return handler.OnReport(peer_, m); });
+        return Handle<wire::Report>(h, payload, "report", [&](const wire::Report& m) {
+          return handler.OnReport(peer_, m);
+        });
       case wire::MsgType::kQueryTiers:
         return Handle<wire::QueryTiers>(h, payload, "query-tiers", [&](const wire::QueryTiers& m) {
           return handler.OnQueryTiers(peer_, m);
         });
       case wire::MsgType::kStats:
-        return Handle<wire::Stats>(
-            h, payload, "stats", [&](const wire::Stats& m) { return handler.OnStats(peer_, m); });
+        return Handle<wire::Stats>(h, payload, "stats",
+                                   [&](const wire::Stats& m) { return handler.OnStats(peer_, m); });
       default: {
         const std::string text = "message type " + std::to_string(static_cast<int>(h.type)) +
                                  " is a reply; clients may not send it";
@@ -197,10 +199,9 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     writing_ = true;
-    socket_.async_wait(stream::socket::wait_write,
-                       [self = shared_from_this()](const boost::system::error_code& ec) {
-                         self->OnWritable(ec);
-                       });
+    socket_.async_wait(
+        stream::socket::wait_write,
+        [self = shared_from_this()](const boost::system::error_code& ec) { self->OnWritable(ec); });
   }
 
   void OnWritable(const boost::system::error_code& ec) {

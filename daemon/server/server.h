@@ -44,8 +44,7 @@ class Handler {
   // *segment_fd: the state segment's fd to pass back (the handler keeps owning it).
   virtual Answer<wire::HelloOk> OnHello(const Peer& peer, const wire::Hello& m,
                                         int* segment_fd) = 0;
-  virtual Answer<wire::RegisterPoolOk> OnRegisterPool(const Peer& peer,
-                                                      const wire::RegisterPool& m,
+  virtual Answer<wire::RegisterPoolOk> OnRegisterPool(const Peer& peer, const wire::RegisterPool& m,
                                                       UniqueFd memfd) = 0;
   virtual Answer<wire::AdmitOk> OnAdmit(const Peer& peer, const wire::Admit& m) = 0;
   virtual Answer<wire::ReleaseOk> OnRelease(const Peer& peer, const wire::Release& m) = 0;

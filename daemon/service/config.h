@@ -14,18 +14,18 @@ struct DaemonConfig {
   std::string state_dir = "/var/lib/cxltierd";              // ghost checkpoints
   std::string log_level = "info";                           // trace, debug, info, warn, error
   uint32_t tick_ms = 100;                                   // one fold + plan + migrate round
-  uint32_t checkpoint_interval_s = 60;                      // ghosts saved this often (0 = only at stop)
+  uint32_t checkpoint_interval_s = 60;  // ghosts saved this often (0 = only at stop)
   // [engine]
-  std::string policy = "lfu";             // any cxltier-sim policy but min
-  bool persist = true;                    // keep state across eviction and release
+  std::string policy = "lfu";                 // any cxltier-sim policy but min
+  bool persist = true;                        // keep state across eviction and release
   uint64_t tier0_budget_bytes = 32ull << 30;  // tier-0 bytes cxltier may fill
-  uint64_t block_bytes = 0;               // 0: set by the first client's model
-  uint64_t ghost_capacity = 1u << 20;     // ghosts kept
-  uint32_t hysteresis_ticks = 2;          // ticks a moved block stays put
+  uint64_t block_bytes = 0;                   // 0: set by the first client's model
+  uint64_t ghost_capacity = 1u << 20;         // ghosts kept
+  uint32_t hysteresis_ticks = 2;              // ticks a moved block stays put
   // [migration]
-  bool migrate = true;                    // false: score and plan, never move pages
-  uint64_t migrate_rate_mib_s = 1024;     // bytes moved per second, at most
-  uint32_t max_pending_moves = 256;       // moves queued for the mover, at most
+  bool migrate = true;                 // false: score and plan, never move pages
+  uint64_t migrate_rate_mib_s = 1024;  // bytes moved per second, at most
+  uint32_t max_pending_moves = 256;    // moves queued for the mover, at most
   // [tiers] (both empty: nodes with CPUs are tier 0, memory-only nodes tier 1)
   std::vector<int> fast_nodes;
   std::vector<int> slow_nodes;

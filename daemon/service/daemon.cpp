@@ -33,12 +33,10 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
       can_migrate_(can_migrate && config_.migrate && tiers_.has_slow()),
       probe_(numa::MakeLinuxMigrator()),
       timer_(io) {
-  mover_ = std::make_unique<Mover>(std::move(migrator), config_.migrate_rate_mib_s << 20,
-                                   [this](MoveDone done) {
-                                     asio::post(io_, [this, d = std::move(done)]() mutable {
-                                       OnMoveDone(std::move(d));
-                                     });
-                                   });
+  mover_ = std::make_unique<Mover>(
+      std::move(migrator), config_.migrate_rate_mib_s << 20, [this](MoveDone done) {
+        asio::post(io_, [this, d = std::move(done)]() mutable { OnMoveDone(std::move(d)); });
+      });
 }
 
 Daemon::~Daemon() { Stop(); }
@@ -154,8 +152,8 @@ std::optional<Error> Daemon::OnConnect(const server::Peer& peer) {
   if (clients_.size() >= config_.max_clients) {
     spdlog::warn("refused client pid {} uid {}: {} clients already (limits.max_clients)", peer.pid,
                  peer.uid, clients_.size());
-    return Error{ErrorCode::kLimit, "too many clients (limit " +
-                                        std::to_string(config_.max_clients) + ")"};
+    return Error{ErrorCode::kLimit,
+                 "too many clients (limit " + std::to_string(config_.max_clients) + ")"};
   }
   Client& c = clients_[peer.session_id];
   c.peer = peer;
@@ -215,8 +213,8 @@ server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& 
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
   if (c->pools.size() >= config_.max_pools_per_client) {
-    return Error{ErrorCode::kLimit, "too many pools (limit " +
-                                        std::to_string(config_.max_pools_per_client) + ")"};
+    return Error{ErrorCode::kLimit,
+                 "too many pools (limit " + std::to_string(config_.max_pools_per_client) + ")"};
   }
   server::Pool pool;
   if (std::string err = pool.Open(m, std::move(memfd), peer.pid, engine_->options().block_bytes);
@@ -244,19 +242,20 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
   for (const wire::AdmitEntry& e : m.entries) {
     if (e.block_index >= pool.blocks()) {
       return Error{ErrorCode::kBadSlot, "block index " + std::to_string(e.block_index) +
-                                            " is outside pool " + std::to_string(m.pool_id) +
-                                            " (" + std::to_string(pool.blocks()) + " blocks)"};
+                                            " is outside pool " + std::to_string(m.pool_id) + " (" +
+                                            std::to_string(pool.blocks()) + " blocks)"};
     }
     if (c->by_key.count(e.key)) continue;
     const engine::Slot other = engine_->Find(EngineKey(e.key, peer.uid));
     if (other != engine::kNoSlot) {
-      return Error{ErrorCode::kDenied, "key " + e.key.ToString() +
-                                           " is admitted by another client of this user"};
+      return Error{ErrorCode::kDenied,
+                   "key " + e.key.ToString() + " is admitted by another client of this user"};
     }
     ++fresh;
   }
   if (fresh > c->free_slots.size()) {
-    return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) + " blocks needs more than the " +
+    return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +
+                                        " blocks needs more than the " +
                                         std::to_string(c->free_slots.size()) + " free slots"};
   }
   wire::AdmitOk ok;
@@ -421,12 +420,13 @@ void Daemon::Tick() {
       }
       const SegSlot& s = it->second.slots[o.seg_slot];
       const int node = mv.to == Tier::kFast ? tiers_.fast_nodes.front() : tiers_.slow_nodes.front();
-      mover_->Submit(MoveJob{mv, it->second.pools[s.pool].Range(s.block), node, o.session,
-                             o.seg_slot});
+      mover_->Submit(
+          MoveJob{mv, it->second.pools[s.pool].Range(s.block), node, o.session, o.seg_slot});
     }
   }
   if (config_.persist && config_.checkpoint_interval_s > 0 &&
-      (tick_ - last_checkpoint_tick_) * config_.tick_ms >= config_.checkpoint_interval_s * 1000ull) {
+      (tick_ - last_checkpoint_tick_) * config_.tick_ms >=
+          config_.checkpoint_interval_s * 1000ull) {
     Checkpoint();
   }
 }
@@ -528,7 +528,8 @@ nlohmann::json Daemon::StatusJson() const {
         {"pending", mover_->pending()},
         {"pages_busy", pages_busy_},
         {"pages_elsewhere", pages_elsewhere_},
-        {"errors", [this] {
+        {"errors",
+         [this] {
            nlohmann::json e = nlohmann::json::object();
            for (auto [k, v] : move_errors_) e[std::strerror(k)] = v;
            return e;
@@ -568,13 +569,14 @@ nlohmann::json Daemon::BlocksJson() const {
   auto dump = [this](const Row& r) {
     const SegSlot& s = r.c->slots[r.seg];
     const BlockState& st = engine_->state(s.engine_slot);
-    return nlohmann::json{{"key", s.key.ToString()}, {"client", r.c->id},
-                          {"slot", r.seg},           {"score", st.score},
-                          {"touches", st.touch_count}, {"tier", TierName(st.tier)}};
+    return nlohmann::json{
+        {"key", s.key.ToString()}, {"client", r.c->id},         {"slot", r.seg},
+        {"score", st.score},       {"touches", st.touch_count}, {"tier", TierName(st.tier)}};
   };
   nlohmann::json hot = nlohmann::json::array(), cold = nlohmann::json::array();
   for (size_t i = 0; i < rows.size() && i < 20; ++i) hot.push_back(dump(rows[i]));
-  for (size_t i = 0; i < rows.size() && i < 20; ++i) cold.push_back(dump(rows[rows.size() - 1 - i]));
+  for (size_t i = 0; i < rows.size() && i < 20; ++i)
+    cold.push_back(dump(rows[rows.size() - 1 - i]));
   return {{"blocks", rows.size()}, {"hottest", hot}, {"coldest", cold}};
 }
 

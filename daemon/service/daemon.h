@@ -21,9 +21,9 @@
 #include "engine/engine.h"
 #include "mover.h"
 #include "numa/topology.h"
-#include "server.h"
-#include "segment.h"
 #include "pool.h"
+#include "segment.h"
+#include "server.h"
 
 namespace cxltier::service {
 

@@ -64,8 +64,8 @@ void Mover::Run() {
     }
     const auto start = clock::now();
     numa::MoveResult r = migrator_->Move(job.range, job.node);
-    next = std::max(next, start) + std::chrono::nanoseconds(
-                                       static_cast<int64_t>(1e9 * job.range.length / rate));
+    next = std::max(next, start) +
+           std::chrono::nanoseconds(static_cast<int64_t>(1e9 * job.range.length / rate));
     on_done_(MoveDone{std::move(job), r});
     std::lock_guard lock(mu_);
     --running_;

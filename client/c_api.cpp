@@ -1,0 +1,100 @@
+// The C ABI over cxltier::Client.
+#include "cxltier/cxltier.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cxltier/client.h"
+
+struct cxltier_client {
+  std::unique_ptr<cxltier::Client> client;
+  std::string last_error;
+};
+
+namespace {
+
+int Result(cxltier_client* c, const cxltier::Status& st) {
+  if (st.ok()) {
+    c->last_error.clear();
+    return 0;
+  }
+  c->last_error = st.message;
+  return -static_cast<int>(st.code);
+}
+
+}  // namespace
+
+extern "C" {
+
+int cxltier_connect(const char* socket_path, const cxltier_model* model, uint32_t max_blocks,
+                    const char* name, cxltier_client** out, char* errbuf, size_t errlen) {
+  *out = nullptr;
+  if (!socket_path || !model) {
+    if (errbuf && errlen) std::snprintf(errbuf, errlen, "socket path and model are required");
+    return -CXLTIER_E_BAD_PAYLOAD;
+  }
+  cxltier::Client::Options o;
+  o.socket_path = socket_path;
+  o.model = cxltier::ModelGeometry{"custom",           model->layers,   model->query_heads,
+                                   model->kv_heads,    model->head_dim, model->dtype_bytes,
+                                   model->block_tokens};
+  o.max_blocks = max_blocks;
+  o.name = name ? name : "";
+  cxltier::Status st;
+  auto client = cxltier::Client::Connect(o, &st);
+  if (!client) {
+    if (errbuf && errlen) std::snprintf(errbuf, errlen, "%s", st.message.c_str());
+    return -static_cast<int>(st.code);
+  }
+  *out = new cxltier_client{std::move(client), {}};
+  return 0;
+}
+
+void cxltier_close(cxltier_client* client) { delete client; }
+
+const char* cxltier_last_error(const cxltier_client* client) {
+  return client ? client->last_error.c_str() : "";
+}
+
+int cxltier_register_memfd_pool(cxltier_client* c, int memfd, uint64_t length, uint64_t stride,
+                                uint32_t blocks, uint32_t* pool_id) {
+  return Result(c, c->client->RegisterMemfdPool(memfd, length, stride, blocks, pool_id));
+}
+
+int cxltier_register_range_pool(cxltier_client* c, const void* address, uint64_t length,
+                                uint64_t stride, uint32_t blocks, uint32_t* pool_id) {
+  return Result(c, c->client->RegisterRangePool(address, length, stride, blocks, pool_id));
+}
+
+int cxltier_admit(cxltier_client* c, uint32_t pool_id, const cxltier_key* keys,
+                  const uint32_t* block_indexes, size_t n, uint32_t* slots) {
+  std::vector<cxltier::wire::AdmitEntry> entries(n);
+  for (size_t i = 0; i < n; ++i) entries[i] = {{keys[i].hi, keys[i].lo}, block_indexes[i]};
+  std::vector<cxltier::wire::AdmitResult> results;
+  const int rc = Result(c, c->client->Admit(pool_id, entries, &results));
+  if (rc == 0 && slots) {
+    for (size_t i = 0; i < n; ++i) slots[i] = results[i].slot;
+  }
+  return rc;
+}
+
+int cxltier_release(cxltier_client* c, const cxltier_key* keys, size_t n) {
+  std::vector<cxltier::BlockKey> k(n);
+  for (size_t i = 0; i < n; ++i) k[i] = {keys[i].hi, keys[i].lo};
+  return Result(c, c->client->Release(k));
+}
+
+void cxltier_observe(cxltier_client* c, uint32_t slot, float mass) {
+  c->client->Observe(slot, mass);
+}
+
+int cxltier_tier(const cxltier_client* c, uint32_t slot) {
+  const cxltier::Tier t = c->client->TierOf(slot);
+  return t == cxltier::Tier::kFast ? 0 : t == cxltier::Tier::kSlow ? 1 : -1;
+}
+
+int cxltier_reconnect(cxltier_client* c) { return Result(c, c->client->Reconnect()); }
+
+}  // extern "C"

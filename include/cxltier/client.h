@@ -1,0 +1,143 @@
+// libcxltier: what a serving engine links to talk to cxltierd.
+//
+//   Client::Options o{.socket_path = "/run/cxltierd/cxltierd.sock", .model = kLlama3_70B,
+//                     .max_blocks = 8192, .name = "engine-0"};
+//   Status st;
+//   auto c = Client::Connect(o, &st);                 // hello; maps the state segment
+//   c->RegisterMemfdPool(fd, bytes, stride, blocks, &pool);
+//   c->Admit(pool, {{key, block_index}, ...}, &results);  // results[i].slot
+//   c->Observe(slot, mass);                           // every step: shared memory, no syscall
+//   c->TierOf(slot);                                  // where the daemon placed it
+//
+// Thread-safety: Observe and TierOf may be called from any thread; every
+// other method needs external serialisation (one request at a time).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cxltier/block.h"
+#include "cxltier/model.h"
+#include "cxltier/wire.h"
+
+namespace cxltier {
+
+// The result of every call that can fail: ok, or a code and a readable message.
+struct Status {
+  wire::ErrorCode code = wire::ErrorCode::kInternal;
+  std::string message;  // empty when ok
+  bool failed = false;
+
+  static Status Ok() { return Status{}; }
+  static Status Fail(wire::ErrorCode c, std::string m) { return Status{c, std::move(m), true}; }
+  bool ok() const { return !failed; }
+};
+
+class Client {
+ public:
+  struct Options {
+    std::string socket_path;
+    ModelGeometry model;
+    uint32_t max_blocks = 0;  // slots in the state segment
+    std::string name;
+  };
+
+  // Connects, says hello and maps the state segment. nullptr and *status on failure.
+  static std::unique_ptr<Client> Connect(const Options& options, Status* status);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // A pool whose bytes live in `memfd` (the daemon maps it too; the library keeps a
+  // duplicate of the fd to register again after a reconnect).
+  Status RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, uint32_t blocks,
+                           uint32_t* pool_id);
+  // A pool in this process's own address space.
+  Status RegisterRangePool(const void* address, uint64_t length, uint64_t stride, uint32_t blocks,
+                           uint32_t* pool_id);
+
+  Status Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries,
+               std::vector<wire::AdmitResult>* results);
+  Status Release(std::span<const BlockKey> keys, wire::ReleaseOk* result = nullptr);
+
+  // Shared-memory fast path: adds one observation to a slot. No syscall.
+  // A slot out of range is ignored.
+  void Observe(uint32_t slot, float mass);
+  // Socket path for clients that cannot map shared memory.
+  Status Report(std::span<const wire::Observation> observations, wire::ReportOk* result = nullptr);
+
+  // The tier the daemon last published for a slot (shared memory).
+  Tier TierOf(uint32_t slot) const;
+  // The whole slot as the daemon last wrote it.
+  const BlockState* SlotState(uint32_t slot) const;
+  // The slot of an admitted key, or UINT32_MAX.
+  uint32_t SlotOf(const BlockKey& key) const;
+
+  Status QueryTiers(std::span<const BlockKey> keys, std::vector<Tier>* tiers);
+  // JSON text: what = status, tiers, clients or blocks.
+  Status Stats(const std::string& what, std::string* json);
+
+  // After the daemon restarted: connect again, say hello, register the same
+  // pools and admit every key this client holds. Slots may change: use SlotOf.
+  Status Reconnect();
+
+  uint64_t client_id() const { return client_id_; }
+  uint32_t slots() const { return slots_; }
+  uint64_t block_bytes() const { return block_bytes_; }
+  uint32_t tick_ms() const { return tick_ms_; }
+  uint64_t daemon_ticks() const;
+
+ private:
+  Client() = default;
+  struct PoolRecord {
+    wire::RegisterPool reg;
+    int fd = -1;  // our duplicate, for memfd pools
+  };
+  struct Held {
+    uint32_t pool;
+    uint32_t block;
+    uint32_t slot;
+  };
+  Status Open();
+  Status RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id);
+  template <typename Req, typename Resp>
+  Status Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd = -1,
+              int* recv_fd = nullptr);
+  void Unmap();
+
+  Options options_;
+  int sock_ = -1;
+  uint32_t next_request_ = 1;
+  void* segment_ = nullptr;
+  uint64_t segment_bytes_ = 0;
+  uint32_t slots_ = 0;
+  uint64_t client_id_ = 0;
+  uint64_t block_bytes_ = 0;
+  uint32_t tick_ms_ = 0;
+  std::vector<PoolRecord> pools_;
+  std::unordered_map<BlockKey, Held, BlockKeyHash> held_;
+};
+
+// ---- aggregating attention scores into one observation per block ----
+
+enum class Reduce { kSum, kMean, kMax };
+
+// The KV head a query head reads (GQA): query_head / group size.
+uint32_t KvHeadOfQueryHead(const ModelGeometry& model, uint32_t query_head);
+
+// Reduces one value per stream (layers x KV heads, layer-major: 640 for
+// Llama-3 70B) to one observation. Non-finite values are skipped. Returns 0
+// for an empty or wrongly sized input.
+float AggregateStreams(const ModelGeometry& model, std::span<const float> per_stream, Reduce how);
+
+// Folds per-query-head scores (layers x query heads, layer-major) onto their KV
+// heads' streams (layers x KV heads) with `how` inside each GQA group.
+// Returns false when the sizes do not match the model.
+bool QueryHeadsToStreams(const ModelGeometry& model, std::span<const float> per_query_head,
+                         std::span<float> per_stream, Reduce how);
+
+}  // namespace cxltier

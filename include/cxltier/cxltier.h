@@ -1,0 +1,67 @@
+/* libcxltier C ABI: opaque handles and error codes over the C++ client, so
+ * Python (ctypes/cffi) or Rust serving engines can bind it.
+ *
+ * Every int-returning call gives 0 on success or a negative error code
+ * (-CXLTIER_E_*, the wire protocol's codes); cxltier_last_error() then says why. */
+#ifndef CXLTIER_CXLTIER_H_
+#define CXLTIER_CXLTIER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cxltier_client cxltier_client;
+
+typedef struct cxltier_key {
+  uint64_t hi;
+  uint64_t lo;
+} cxltier_key;
+
+typedef struct cxltier_model {
+  uint32_t layers, query_heads, kv_heads, head_dim, dtype_bytes, block_tokens;
+} cxltier_model;
+
+enum {
+  CXLTIER_E_BAD_FRAME = 1,
+  CXLTIER_E_BAD_VERSION = 2,
+  CXLTIER_E_UNKNOWN_TYPE = 3,
+  CXLTIER_E_TOO_LARGE = 4,
+  CXLTIER_E_BAD_PAYLOAD = 5,
+  CXLTIER_E_NOT_READY = 6,
+  CXLTIER_E_BAD_POOL = 7,
+  CXLTIER_E_LIMIT = 8,
+  CXLTIER_E_BAD_SLOT = 9,
+  CXLTIER_E_DENIED = 10,
+  CXLTIER_E_INTERNAL = 11,
+  CXLTIER_E_GEOMETRY = 12
+};
+
+/* Connects and says hello. On failure *out is NULL and errbuf (if given) holds the reason. */
+int cxltier_connect(const char* socket_path, const cxltier_model* model, uint32_t max_blocks,
+                    const char* name, cxltier_client** out, char* errbuf, size_t errlen);
+void cxltier_close(cxltier_client* client);
+/* The message of the last failed call on this client ("" if none). */
+const char* cxltier_last_error(const cxltier_client* client);
+
+int cxltier_register_memfd_pool(cxltier_client* client, int memfd, uint64_t length, uint64_t stride,
+                                uint32_t blocks, uint32_t* pool_id);
+int cxltier_register_range_pool(cxltier_client* client, const void* address, uint64_t length,
+                                uint64_t stride, uint32_t blocks, uint32_t* pool_id);
+/* Admits n keys held in blocks block_indexes[i] of the pool; slots[i] receives each slot. */
+int cxltier_admit(cxltier_client* client, uint32_t pool_id, const cxltier_key* keys,
+                  const uint32_t* block_indexes, size_t n, uint32_t* slots);
+int cxltier_release(cxltier_client* client, const cxltier_key* keys, size_t n);
+/* Shared-memory fast path: no syscall. */
+void cxltier_observe(cxltier_client* client, uint32_t slot, float mass);
+/* 0 = fast tier, 1 = slow tier, -1 = not resident or bad slot. */
+int cxltier_tier(const cxltier_client* client, uint32_t slot);
+int cxltier_reconnect(cxltier_client* client);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CXLTIER_CXLTIER_H_ */

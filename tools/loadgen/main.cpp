@@ -1,0 +1,255 @@
+// cxltier-loadgen: a real client for demos, tests and benchmarks. It fills a
+// pool with a known pattern, admits blocks, drives the attention workload of
+// cxltier-sim through the client library, counts live hits, and finally
+// verifies every byte of every block.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <thread>
+#include <unordered_map>
+
+#include "attention_workload.h"
+#include "cxltier/client.h"
+#include "cxltier/model.h"
+
+namespace {
+
+using namespace cxltier;
+
+uint64_t Pattern(uint64_t block, uint64_t word) {
+  uint64_t x = (block + 1) * 0x9E3779B97F4A7C15ULL ^ (word * 0xC2B2AE3D27D4EB4FULL);
+  x ^= x >> 29;
+  return x;
+}
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "cxltier-loadgen: %s\n", msg.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cxltier-loadgen: drive cxltierd with a real pool and the attention workload"};
+  std::string socket_path, pool_kind = "memfd", block_bytes_text = "2MiB", name = "loadgen";
+  uint32_t blocks = 256, steps = 400, step_ms = 5, sessions = 4, batch = 2;
+  uint64_t seed = 1;
+  bool json = false;
+  app.add_option("--socket", socket_path, "cxltierd's socket")->required();
+  app.add_option("--blocks", blocks, "blocks in the pool")->capture_default_str();
+  app.add_option("--block-bytes", block_bytes_text, "bytes per block (a multiple of 8 KiB)")
+      ->capture_default_str();
+  app.add_option("--pool", pool_kind, "memfd (shared with the daemon) or range (this process)")
+      ->capture_default_str();
+  app.add_option("--steps", steps, "decode steps")->capture_default_str();
+  app.add_option("--step-ms", step_ms, "pause between steps")->capture_default_str();
+  app.add_option("--sessions", sessions, "conversations")->capture_default_str();
+  app.add_option("--batch", batch, "sequences decoding per step")->capture_default_str();
+  app.add_option("--seed", seed, "workload seed")->capture_default_str();
+  app.add_option("--name", name, "client name shown by cxltierctl clients");
+  app.add_flag("--json", json, "print a JSON summary");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const auto bb = ParseSize(block_bytes_text);
+  if (!bb || *bb == 0 || *bb % 8192 != 0 || *bb > (1ull << 32)) {
+    return Fail("--block-bytes must be a positive multiple of 8 KiB (up to 4 GiB)");
+  }
+  if (pool_kind != "memfd" && pool_kind != "range") return Fail("--pool must be memfd or range");
+  if (blocks < 8 || sessions == 0 || batch == 0)
+    return Fail("need --blocks >= 8 and sessions, batch >= 1");
+
+  // A geometry whose block is exactly --block-bytes: one KV head of dim 128, fp16.
+  ModelGeometry model{"loadgen", static_cast<uint32_t>(*bb / 8192), 1, 1, 128, 2, 16};
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t stride = (*bb + page - 1) / page * page;
+  const uint64_t length = stride * blocks;
+
+  // The pool. THP off: a huge page spanning two blocks would make them move together.
+  int memfd = -1;
+  void* pool = MAP_FAILED;
+  if (pool_kind == "memfd") {
+    memfd = memfd_create("cxltier-loadgen-pool", MFD_CLOEXEC);
+    if (memfd < 0 || ftruncate(memfd, static_cast<off_t>(length)) != 0) return Fail("memfd");
+    pool = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  } else {
+    pool = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  if (pool == MAP_FAILED) return Fail("cannot map a pool of " + FormatBytes(length));
+  madvise(pool, length, MADV_NOHUGEPAGE);
+  auto* words = static_cast<uint64_t*>(pool);
+  const uint64_t words_per_block = *bb / 8;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    uint64_t* w = words + b * (stride / 8);
+    for (uint64_t i = 0; i < words_per_block; ++i) w[i] = Pattern(b, i);
+  }
+
+  Status st;
+  auto client = Client::Connect({socket_path, model, blocks, name}, &st);
+  if (!client) return Fail(st.message);
+  uint32_t pool_id = 0;
+  st = pool_kind == "memfd" ? client->RegisterMemfdPool(memfd, length, stride, blocks, &pool_id)
+                            : client->RegisterRangePool(pool, length, stride, blocks, &pool_id);
+  if (!st.ok()) return Fail("register pool: " + st.message);
+
+  // The daemon's migration totals before we start, to report our run's share.
+  auto migrations = [&client]() {
+    std::string text;
+    if (!client->Stats("status", &text).ok()) return nlohmann::json::object();
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    return j.is_object() && j.contains("migrations") ? j["migrations"] : nlohmann::json::object();
+  };
+  const nlohmann::json mig_before = migrations();
+
+  // The attention workload, sized so every live key fits the pool.
+  sim::AttentionParams p;
+  p.seed = seed;
+  p.steps = steps;
+  p.sessions = sessions;
+  p.batch = batch;
+  p.block_tokens = model.block_tokens;
+  const uint32_t per_session = std::max<uint32_t>(4, blocks / sessions - 2);
+  p.context_max = per_session * p.block_tokens;
+  p.context_min = std::max<uint32_t>(p.block_tokens, p.context_max / 2);
+  p.shared_prefix_blocks = 0;
+  p.topk = std::min<uint32_t>(16, per_session);
+  p.turn_tokens = 32;
+  p.pause_steps = 40;
+  p.user_tokens = p.block_tokens * 2;
+  if (std::string err = p.Validate(); !err.empty()) return Fail("workload: " + err);
+  const sim::Trace trace = sim::GenerateAttention(p);
+
+  std::vector<uint32_t> free_blocks;
+  for (uint32_t b = blocks; b-- > 0;) free_blocks.push_back(b);
+  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> live;  // trace key -> (block, slot)
+  uint64_t touches = 0, hits = 0, dropped = 0, admitted = 0, released = 0;
+  size_t i = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (i < trace.events.size()) {
+    const uint32_t step = trace.events[i].step;
+    size_t end = i;
+    while (end < trace.events.size() && trace.events[end].step == step) ++end;
+    // Admit this step's new keys in one batch, release the released ones.
+    std::vector<wire::AdmitEntry> admit;
+    std::vector<uint32_t> admit_keys;
+    std::vector<BlockKey> release;
+    for (size_t k = i; k < end; ++k) {
+      const sim::TraceEvent& e = trace.events[k];
+      auto it = live.find(e.key);
+      if (e.kind == sim::EventKind::kRelease) {
+        if (it != live.end()) {
+          release.push_back(trace.keys[e.key]);
+          free_blocks.push_back(it->second.first);
+          live.erase(it);
+        }
+      } else if (it == live.end() &&
+                 std::find(admit_keys.begin(), admit_keys.end(), e.key) == admit_keys.end()) {
+        if (free_blocks.empty()) continue;
+        admit.push_back({trace.keys[e.key], free_blocks.back()});
+        admit_keys.push_back(e.key);
+        free_blocks.pop_back();
+      }
+    }
+    if (!release.empty()) {
+      if (Status r = client->Release(release); !r.ok()) return Fail("release: " + r.message);
+      released += release.size();
+    }
+    if (!admit.empty()) {
+      std::vector<wire::AdmitResult> results;
+      if (Status a = client->Admit(pool_id, admit, &results); !a.ok()) {
+        return Fail("admit: " + a.message);
+      }
+      for (size_t k = 0; k < admit.size(); ++k) {
+        live[admit_keys[k]] = {admit[k].block_index, results[k].slot};
+      }
+      admitted += admit.size();
+    }
+    for (size_t k = i; k < end; ++k) {
+      const sim::TraceEvent& e = trace.events[k];
+      if (e.kind != sim::EventKind::kTouch) continue;
+      auto it = live.find(e.key);
+      if (it == live.end()) {
+        ++dropped;
+        continue;
+      }
+      ++touches;
+      hits += client->TierOf(it->second.second) == Tier::kFast;
+      client->Observe(it->second.second, e.obs);
+    }
+    i = end;
+    if (step_ms) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+  }
+  // Let the daemon fold the last observations and finish its moves.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms() + 50));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  uint64_t blocks_fast = 0, blocks_slow = 0;
+  for (const auto& [k, v] : live) {
+    const Tier t = client->TierOf(v.second);
+    blocks_fast += t == Tier::kFast;
+    blocks_slow += t == Tier::kSlow;
+  }
+
+  // Every byte of every block, whatever moved.
+  uint64_t corrupt = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t* w = words + b * (stride / 8);
+    for (uint64_t k = 0; k < words_per_block; ++k) {
+      if (w[k] != Pattern(b, k)) {
+        ++corrupt;
+        break;
+      }
+    }
+  }
+  const nlohmann::json mig_after = migrations();
+  auto delta = [&](const char* k) -> uint64_t {
+    return mig_after.value(k, uint64_t{0}) -
+           std::min(mig_after.value(k, uint64_t{0}), mig_before.value(k, uint64_t{0}));
+  };
+  nlohmann::json out = {
+      {"touches", touches},
+      {"hits", hits},
+      {"hit_rate", touches ? static_cast<double>(hits) / touches : 0.0},
+      {"admitted", admitted},
+      {"released", released},
+      {"dropped_touches", dropped},
+      {"bytes_promoted", delta("promoted_bytes")},
+      {"bytes_demoted", delta("demoted_bytes")},
+      {"promotions", delta("promotions")},
+      {"demotions", delta("demotions")},
+      {"migration_failures", delta("failed")},
+      {"live_blocks_fast", blocks_fast},
+      {"live_blocks_slow", blocks_slow},
+      {"blocks_verified", blocks},
+      {"corrupt_blocks", corrupt},
+      {"block_bytes", *bb},
+      {"pool", pool_kind},
+      {"seconds", seconds},
+  };
+  if (json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::cout << fmt::format(
+        "cxltier-loadgen: {} touches, {} hits ({:.1f}%), {} admitted, {} released\n"
+        "  moved: {} promoted, {} demoted ({} failed moves)\n"
+        "  now: {} live blocks in tier 0, {} in tier 1\n"
+        "  verified {} blocks of {}: {} corrupt\n",
+        touches, hits, touches ? 100.0 * hits / touches : 0.0, admitted, released,
+        FormatBytes(out["bytes_promoted"].get<uint64_t>()),
+        FormatBytes(out["bytes_demoted"].get<uint64_t>()),
+        out["migration_failures"].get<uint64_t>(), blocks_fast, blocks_slow, blocks,
+        FormatBytes(*bb), corrupt);
+  }
+  return corrupt ? 1 : 0;
+}
