@@ -113,7 +113,15 @@ void Client::Unmap() {
   slots_ = 0;
 }
 
-Status Client::Open() {
+Status Client::DaemonStats(const std::string& socket_path, const std::string& what,
+                           std::string* json) {
+  Client c;
+  c.options_.socket_path = socket_path;
+  if (Status st = c.ConnectSocket(); !st.ok()) return st;
+  return c.Stats(what, json);
+}
+
+Status Client::ConnectSocket() {
   if (sock_ >= 0) close(sock_);
   sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (sock_ < 0) return Sys("socket");
@@ -126,6 +134,11 @@ Status Client::Open() {
   if (connect(sock_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return Sys("connect to " + options_.socket_path);
   }
+  return Status::Ok();
+}
+
+Status Client::Open() {
+  if (Status st = ConnectSocket(); !st.ok()) return st;
   wire::Hello hello{options_.model, options_.max_blocks, options_.name};
   wire::HelloOk ok;
   int fd = -1;

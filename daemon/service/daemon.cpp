@@ -196,6 +196,8 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   }
   c->hello = true;
   c->model = m.model;
+  // Counted against max_clients from here on too; the check at connect keeps
+  // half-open connections bounded as well.
   c->name = m.client_name.substr(0, 64);
   c->slots.assign(m.max_blocks, SegSlot{});
   c->free_slots.clear();
@@ -501,10 +503,14 @@ nlohmann::json Daemon::TiersJson() const {
 
 nlohmann::json Daemon::StatusJson() const {
   const engine::EngineCounters c = engine_ ? engine_->counters() : engine::EngineCounters{};
-  uint64_t blocks = 0;
-  for (const auto& [id, cl] : clients_) blocks += cl.live;
+  uint64_t blocks = 0, hellos = 0;
+  for (const auto& [id, cl] : clients_) {
+    blocks += cl.live;
+    hellos += cl.hello;
+  }
   return {
-      {"clients", clients_.size()},
+      {"clients", hellos},
+      {"connections", clients_.size()},
       {"blocks", blocks},
       {"ghosts", engine_ ? engine_->ghosts().size() : pending_ghosts_.size()},
       {"ghosts_loaded_at_start", restored_from_checkpoint_},
@@ -540,6 +546,7 @@ nlohmann::json Daemon::StatusJson() const {
 nlohmann::json Daemon::ClientsJson() const {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [session, c] : clients_) {
+    if (!c.hello) continue;  // operator tools and clients still connecting
     out.push_back({{"id", c.id},
                    {"name", c.name},
                    {"pid", c.peer.pid},

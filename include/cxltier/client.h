@@ -81,6 +81,10 @@ class Client {
   // JSON text: what = status, tiers, clients or blocks.
   Status Stats(const std::string& what, std::string* json);
 
+  // Asks a daemon for stats without saying hello (operator tools).
+  static Status DaemonStats(const std::string& socket_path, const std::string& what,
+                            std::string* json);
+
   // After the daemon restarted: connect again, say hello, register the same
   // pools and admit every key this client holds. Slots may change: use SlotOf.
   Status Reconnect();
@@ -103,6 +107,7 @@ class Client {
     uint32_t slot;
   };
   Status Open();
+  Status ConnectSocket();
   Status RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id);
   template <typename Req, typename Resp>
   Status Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd = -1,

@@ -1,4 +1,6 @@
 // cxltierctl: the operator's command line.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -7,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "cxltier/client.h"
 #include "cxltier/model.h"
 #include "plan.h"
 
@@ -76,6 +81,89 @@ int RunPlan(const PlanFlags& f) {
   return 0;
 }
 
+std::string DefaultSocket() {
+  if (geteuid() == 0) return "/run/cxltierd/cxltierd.sock";
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  return runtime && *runtime ? std::string(runtime) + "/cxltierd.sock"
+                             : "/tmp/cxltierd-" + std::to_string(getuid()) + ".sock";
+}
+
+std::string TierText(const nlohmann::json& t) {
+  std::string nodes;
+  for (const auto& n : t["nodes"])
+    nodes += (nodes.empty() ? "" : ",") + std::to_string(n["node"].get<int>());
+  return "tier " + std::to_string(t["tier"].get<int>()) + " (nodes " +
+         (nodes.empty() ? "-" : nodes) + "): " + std::to_string(t["blocks"].get<uint64_t>()) +
+         " blocks, " + cxltier::FormatBytes(t["used_bytes"].get<uint64_t>()) +
+         (t["tier"] == 0 ? " of " + cxltier::FormatBytes(t["budget_bytes"].get<uint64_t>()) : "");
+}
+
+void PrintReadable(const std::string& what, const nlohmann::json& j) {
+  if (what == "status") {
+    std::printf("clients %llu, blocks %llu, ghosts %llu, policy %s (%s), tick %llu ms\n",
+                j["clients"].get<unsigned long long>(), j["blocks"].get<unsigned long long>(),
+                j["ghosts"].get<unsigned long long>(), j["policy"].get<std::string>().c_str(),
+                j["persist"].get<bool>() ? "persist" : "reset",
+                j["tick_ms"].get<unsigned long long>());
+    std::printf("touches %llu, hits %llu (%.1f%%)\n", j["touches"].get<unsigned long long>(),
+                j["hits"].get<unsigned long long>(), 100.0 * j["hit_rate"].get<double>());
+    for (const auto& t : j["tiers"]) std::printf("%s\n", TierText(t).c_str());
+    const auto& m = j["migrations"];
+    std::printf(
+        "migrations %s: %llu promotions (%s), %llu demotions (%s), %llu failed, %llu pending\n",
+        m["enabled"].get<bool>() ? "on" : "off", m["promotions"].get<unsigned long long>(),
+        cxltier::FormatBytes(m["promoted_bytes"].get<uint64_t>()).c_str(),
+        m["demotions"].get<unsigned long long>(),
+        cxltier::FormatBytes(m["demoted_bytes"].get<uint64_t>()).c_str(),
+        m["failed"].get<unsigned long long>(), m["pending"].get<unsigned long long>());
+  } else if (what == "tiers") {
+    for (const auto& t : j) {
+      std::printf("%s\n", TierText(t).c_str());
+      for (const auto& n : t["nodes"]) std::printf("  node %s\n", n.dump().c_str());
+    }
+  } else if (what == "clients") {
+    std::printf("%6s %-16s %8s %6s %8s %8s %12s\n", "id", "name", "pid", "uid", "blocks", "slots",
+                "observations");
+    for (const auto& c : j) {
+      std::printf("%6llu %-16s %8d %6u %8llu %8llu %12llu\n", c["id"].get<unsigned long long>(),
+                  c["name"].get<std::string>().c_str(), c["pid"].get<int>(),
+                  c["uid"].get<unsigned>(), c["blocks"].get<unsigned long long>(),
+                  c["slots"].get<unsigned long long>(),
+                  c["observations"].get<unsigned long long>());
+    }
+  } else {
+    for (const char* side : {"hottest", "coldest"}) {
+      std::printf("%s:\n", side);
+      for (const auto& b : j[side]) {
+        std::printf("  %s client %llu slot %llu score %.6g touches %llu tier %s\n",
+                    b["key"].get<std::string>().c_str(), b["client"].get<unsigned long long>(),
+                    b["slot"].get<unsigned long long>(), b["score"].get<double>(),
+                    b["touches"].get<unsigned long long>(), b["tier"].get<std::string>().c_str());
+      }
+    }
+  }
+}
+
+int RunStats(const std::string& socket, const std::string& what, bool json) {
+  std::string text;
+  const cxltier::Status st = cxltier::Client::DaemonStats(socket, what, &text);
+  if (!st.ok()) {
+    std::fprintf(stderr, "cxltierctl %s: %s\n", what.c_str(), st.message.c_str());
+    return 1;
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    std::fprintf(stderr, "cxltierctl %s: the daemon sent bad JSON\n", what.c_str());
+    return 1;
+  }
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+  } else {
+    PrintReadable(what, j);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,11 +186,23 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--dtype-bytes", plan.dtype_bytes, "override: bytes per element");
   plan_cmd->add_option("--block-tokens", plan.block_tokens, "override: tokens per block");
 
+  std::string socket = DefaultSocket();
+  bool json = false;
+  app.add_option("--socket", socket, "cxltierd's socket")->capture_default_str();
+  std::vector<std::pair<CLI::App*, std::string>> stats_cmds;
+  for (const char* what : {"status", "tiers", "clients", "blocks"}) {
+    CLI::App* cmd = app.add_subcommand(what, std::string("the daemon's ") + what);
+    cmd->add_flag("--json", json, "print JSON");
+    stats_cmds.push_back({cmd, what});
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (plan_cmd->parsed()) return RunPlan(plan);
+  for (const auto& [cmd, what] : stats_cmds) {
+    if (cmd->parsed()) return RunStats(socket, what, json);
+  }
   return 2;
 }

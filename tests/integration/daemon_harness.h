@@ -1,0 +1,99 @@
+// Runs a real cxltierd in a child process for integration tests.
+#pragma once
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+namespace cxltier::testing {
+
+class DaemonProcess {
+ public:
+  // `extra_toml` is appended to a config with both tiers on node 0.
+  explicit DaemonProcess(const std::string& extra_toml = "", const std::string& dir = "") {
+    dir_ =
+        dir.empty()
+            ? std::filesystem::temp_directory_path() /
+                  ("cxltierd-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++))
+            : std::filesystem::path(dir);
+    std::filesystem::create_directories(dir_);
+    socket_ = (dir_ / "d.sock").string();
+    config_ = (dir_ / "cxltierd.toml").string();
+    std::ofstream(config_) << "[daemon]\nsocket = \"" << socket_ << "\"\nstate_dir = \""
+                           << (dir_ / "state").string()
+                           << "\"\ntick_ms = 20\nlog_level = \"info\"\n"
+                              "[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n"
+                           << extra_toml;
+    Start();
+  }
+  ~DaemonProcess() {
+    Stop(SIGKILL);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void Start() {
+    ::unlink(socket_.c_str());
+    log_ = (dir_ / ("daemon-" + std::to_string(starts_++) + ".log")).string();
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execl(CXLTIERD_PATH, "cxltierd", "--config", config_.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Wait until the socket accepts.
+    for (int i = 0; i < 500; ++i) {
+      if (Connectable()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  // Sends `sig` and waits; returns the exit status (or -signal).
+  int Stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return 0;
+    kill(pid_, sig);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+  }
+
+  bool Alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
+  const std::string& socket() const { return socket_; }
+  std::string Log() const {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::filesystem::path dir() const { return dir_; }
+
+  bool Connectable() const {
+    const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, socket_.c_str());
+    const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(s);
+    return ok;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::string socket_, config_, log_;
+  pid_t pid_ = -1;
+  int starts_ = 0;
+};
+
+}  // namespace cxltier::testing

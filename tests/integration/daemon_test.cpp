@@ -1,0 +1,451 @@
+// A real cxltierd, real clients, real sockets, shared memory and syscalls.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "cxltier/client.h"
+#include "cxltier/cxltier.h"
+#include "cxltier/wire.h"
+#include "daemon_harness.h"
+#include "numa/migrator.h"
+#include "shell.h"
+
+namespace cxltier {
+namespace {
+
+using testing::DaemonProcess;
+
+// 8 KiB blocks: one layer, one KV head of dim 128, fp16, 16 tokens.
+const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};
+constexpr uint64_t kBlock = 8192;
+
+BlockKey K(uint64_t i) { return BlockKey::FromSequence(77, i); }
+
+struct MemfdPool {
+  int fd = -1;
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  explicit MemfdPool(uint32_t blocks) : bytes(blocks * kBlock) {
+    fd = memfd_create("test-pool", MFD_CLOEXEC);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    base = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    for (uint64_t i = 0; i < bytes; ++i) base[i] = static_cast<uint8_t>(i * 13);
+  }
+  ~MemfdPool() {
+    munmap(base, bytes);
+    close(fd);
+  }
+};
+
+std::unique_ptr<Client> Connect(const DaemonProcess& d, const std::string& name = "t",
+                                uint32_t slots = 64) {
+  Status st;
+  auto c = Client::Connect({d.socket(), kTiny, slots, name}, &st);
+  EXPECT_TRUE(c) << st.message;
+  return c;
+}
+
+nlohmann::json StatusOf(const DaemonProcess& d, const std::string& what = "status") {
+  std::string text;
+  const Status st = Client::DaemonStats(d.socket(), what, &text);
+  EXPECT_TRUE(st.ok()) << st.message;
+  return nlohmann::json::parse(text, nullptr, false);
+}
+
+void WaitTicks(const Client& c, uint64_t n) {
+  const uint64_t start = c.daemon_ticks();
+  for (int i = 0; i < 400 && c.daemon_ticks() < start + n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST(Daemon, ObservationsMoveScoresAndStateSurvivesReleaseAndRestart) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
+  MemfdPool pool(16);
+  auto a = Connect(d, "a");
+  ASSERT_TRUE(a);
+  uint32_t pid = 0;
+  ASSERT_TRUE(a->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 16, &pid).ok());
+  std::vector<wire::AdmitEntry> entries;
+  for (uint32_t i = 0; i < 4; ++i) entries.push_back({K(i), i});
+  std::vector<wire::AdmitResult> res;
+  ASSERT_TRUE(a->Admit(pid, entries, &res).ok());
+  ASSERT_EQ(res.size(), 4u);
+  EXPECT_EQ(res[0].restored, 0);
+
+  // Observations through shared memory become touches (one per tick) and score.
+  const uint32_t s0 = res[0].slot;
+  for (int round = 0; round < 5; ++round) {
+    a->Observe(s0, 1.0f);
+    WaitTicks(*a, 2);
+  }
+  const uint32_t touches = a->SlotState(s0)->touch_count;
+  EXPECT_GE(touches, 5u);
+  EXPECT_GE(a->SlotState(s0)->score, 5.0);  // LFU: score = touch count
+  EXPECT_EQ(a->SlotState(res[1].slot)->touch_count, 0u);
+
+  // Release, then admit again: the ghost's state comes back.
+  ASSERT_TRUE(a->Release(std::vector<BlockKey>{K(0)}).ok());
+  ASSERT_TRUE(a->Admit(pid, std::vector<wire::AdmitEntry>{{K(0), 0}}, &res).ok());
+  EXPECT_EQ(res[0].restored, 1);
+  EXPECT_EQ(a->SlotState(res[0].slot)->touch_count, touches);
+
+  // Another client of the same user cannot take a key that is held.
+  auto b = Connect(d, "b");
+  uint32_t bpool = 0;
+  ASSERT_TRUE(b->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 16, &bpool).ok());
+  const Status denied = b->Admit(bpool, std::vector<wire::AdmitEntry>{{K(0), 5}}, &res);
+  EXPECT_FALSE(denied.ok());
+  EXPECT_EQ(denied.code, wire::ErrorCode::kDenied);
+  EXPECT_TRUE(b->Admit(bpool, std::vector<wire::AdmitEntry>{{K(9), 5}}, &res).ok());
+
+  // Restart: ghosts are saved at SIGTERM and loaded at start; clients reconnect.
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+  EXPECT_TRUE(std::filesystem::exists(d.dir() / "state" / "ghosts.bin"));
+  d.Start();
+  EXPECT_NE(d.Log().find("loaded"), std::string::npos) << d.Log();
+  ASSERT_TRUE(a->Reconnect().ok());
+  const uint32_t again = a->SlotOf(K(0));
+  ASSERT_NE(again, UINT32_MAX);
+  WaitTicks(*a, 2);
+  EXPECT_EQ(a->SlotState(again)->touch_count, touches);
+  EXPECT_TRUE(a->SlotState(again)->flags & kFlagRestored);
+  const auto st = StatusOf(d);
+  EXPECT_GE(st["ghosts_loaded_at_start"].get<uint64_t>(), 4u);
+}
+
+TEST(Daemon, MigratesOnOneNodeWithBothTiersAndKeepsEveryByte) {
+  DaemonProcess d("[engine]\ntier0_budget = \"8MiB\"\n");
+  for (const char* kind : {"memfd", "range"}) {
+    const testing::ShellResult r =
+        testing::Shell(std::string(CXLTIER_LOADGEN_PATH) + " --socket " + d.socket() + " --pool " +
+                       kind + " --blocks 48 --block-bytes 1MiB --steps 250 --step-ms 2 --json");
+    ASSERT_EQ(r.status, 0) << r.out << d.Log();
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["corrupt_blocks"], 0) << kind;
+    EXPECT_EQ(j["blocks_verified"], 48);
+    EXPECT_GT(j["touches"].get<uint64_t>(), 500u);
+    EXPECT_GT(j["demotions"].get<uint64_t>(), 0u) << kind << "\n" << d.Log();
+    EXPECT_GT(j["promotions"].get<uint64_t>(), 0u) << kind;
+    EXPECT_EQ(j["migration_failures"], 0) << kind << "\n" << d.Log();
+    EXPECT_GT(j["hits"].get<uint64_t>(), 0u);
+  }
+  const auto st = StatusOf(d);
+  EXPECT_TRUE(st["migrations"]["enabled"].get<bool>());
+  EXPECT_LE(st["tiers"][0]["blocks"].get<uint64_t>(), 8u);
+}
+
+TEST(Daemon, VerificationAsksTheKernel) {
+  // The pages of every block the daemon moved are where the kernel says; with
+  // both tiers on node 0, that is node 0 for all of them.
+  DaemonProcess d("[engine]\ntier0_budget = \"16KiB\"\n");
+  MemfdPool pool(8);
+  auto a = Connect(d);
+  uint32_t pid = 0;
+  ASSERT_TRUE(a->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pid).ok());
+  std::vector<wire::AdmitEntry> entries;
+  for (uint32_t i = 0; i < 8; ++i) entries.push_back({K(100 + i), i});
+  std::vector<wire::AdmitResult> res;
+  ASSERT_TRUE(a->Admit(pid, entries, &res).ok());
+  for (int round = 0; round < 10; ++round) {
+    a->Observe(res[round % 8].slot, 1.0f);
+    WaitTicks(*a, 1);
+  }
+  WaitTicks(*a, 5);
+  size_t slow = 0;
+  for (const auto& r : res) slow += a->TierOf(r.slot) == Tier::kSlow;
+  EXPECT_GE(slow, 6u) << "a 16 KiB tier 0 holds two 8 KiB blocks";
+  auto m = numa::MakeLinuxMigrator();
+  for (int node :
+       m->Where(numa::PageRange{0, reinterpret_cast<uintptr_t>(pool.base), pool.bytes, true})) {
+    EXPECT_EQ(node, 0);
+  }
+  for (uint64_t i = 0; i < pool.bytes; ++i) ASSERT_EQ(pool.base[i], static_cast<uint8_t>(i * 13));
+}
+
+// ---- hostile input ----
+
+int RawConnect(const std::string& path) {
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, path.c_str());
+  EXPECT_EQ(connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  timeval tv{5, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return s;
+}
+
+std::vector<uint8_t> Header(uint32_t magic, uint16_t version, uint16_t type, uint32_t len) {
+  std::vector<uint8_t> h(16);
+  std::memcpy(h.data(), &magic, 4);
+  std::memcpy(h.data() + 4, &version, 2);
+  std::memcpy(h.data() + 6, &type, 2);
+  std::memcpy(h.data() + 8, &len, 4);
+  return h;
+}
+
+// Reads one frame; returns the error it carries (code 0 if it is not an error).
+wire::Error ReadError(int s) {
+  uint8_t h[16];
+  size_t got = 0;
+  while (got < 16) {
+    const ssize_t n = read(s, h + got, 16 - got);
+    if (n <= 0) return wire::Error{static_cast<wire::ErrorCode>(0), "closed"};
+    got += static_cast<size_t>(n);
+  }
+  const wire::Header hdr = *wire::DecodeHeader(h);
+  std::vector<uint8_t> p(hdr.payload_bytes);
+  got = 0;
+  while (got < p.size()) {
+    const ssize_t n = read(s, p.data() + got, p.size() - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  wire::Error e{static_cast<wire::ErrorCode>(0), ""};
+  std::string why;
+  if (hdr.type == wire::MsgType::kError) wire::Decode(p, &e, &why);
+  return e;
+}
+
+bool ClosedByPeer(int s) {
+  char c;
+  return read(s, &c, 1) == 0;
+}
+
+TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
+  DaemonProcess d;
+  MemfdPool pool(8);
+  auto good = Connect(d, "good");
+  uint32_t pid = 0;
+  ASSERT_TRUE(good->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pid).ok());
+  std::vector<wire::AdmitResult> res;
+  ASSERT_TRUE(good->Admit(pid, std::vector<wire::AdmitEntry>{{K(1), 0}}, &res).ok());
+  auto still_serving = [&] {
+    std::string json;
+    ASSERT_TRUE(good->Stats("status", &json).ok());
+    ASSERT_TRUE(good->Admit(pid, std::vector<wire::AdmitEntry>{{K(1), 0}}, &res).ok());
+    ASSERT_TRUE(d.Alive());
+  };
+
+  {  // garbage bytes
+    const int s = RawConnect(d.socket());
+    const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_GT(write(s, junk, sizeof(junk)), 0);
+    EXPECT_EQ(ReadError(s).code, wire::ErrorCode::kBadFrame);
+    EXPECT_TRUE(ClosedByPeer(s));
+    close(s);
+  }
+  still_serving();
+  {  // wrong protocol version
+    const int s = RawConnect(d.socket());
+    auto h = Header(wire::kMagic, 9, 13, 0);
+    ASSERT_EQ(write(s, h.data(), h.size()), 16);
+    const wire::Error e = ReadError(s);
+    EXPECT_EQ(e.code, wire::ErrorCode::kBadVersion);
+    EXPECT_NE(e.message.find("version 9"), std::string::npos);
+    close(s);
+  }
+  {  // oversized frame
+    const int s = RawConnect(d.socket());
+    auto h = Header(wire::kMagic, 1, 13, 1u << 30);
+    ASSERT_EQ(write(s, h.data(), h.size()), 16);
+    EXPECT_EQ(ReadError(s).code, wire::ErrorCode::kTooLarge);
+    close(s);
+  }
+  {  // unknown message type: answered, and the connection goes on
+    const int s = RawConnect(d.socket());
+    auto h = Header(wire::kMagic, 1, 999, 3);
+    h.insert(h.end(), {1, 2, 3});
+    std::vector<uint8_t> stats;
+    wire::Encode(wire::Stats{"status"}, 5, stats);
+    h.insert(h.end(), stats.begin(), stats.end());
+    ASSERT_EQ(write(s, h.data(), h.size()), static_cast<ssize_t>(h.size()));
+    EXPECT_EQ(ReadError(s).code, wire::ErrorCode::kUnknownType);
+    EXPECT_EQ(static_cast<int>(ReadError(s).code), 0);  // the stats answer
+    close(s);
+  }
+  {  // a reply type sent by a client, and a payload that does not parse
+    const int s = RawConnect(d.socket());
+    std::vector<uint8_t> f;
+    wire::Encode(wire::ReleaseOk{1, 1}, 1, f);
+    auto bad = Header(wire::kMagic, 1, static_cast<uint16_t>(wire::MsgType::kAdmit), 2);
+    bad.insert(bad.end(), {0, 0});
+    f.insert(f.end(), bad.begin(), bad.end());
+    ASSERT_EQ(write(s, f.data(), f.size()), static_cast<ssize_t>(f.size()));
+    EXPECT_EQ(ReadError(s).code, wire::ErrorCode::kUnknownType);
+    EXPECT_EQ(ReadError(s).code, wire::ErrorCode::kBadPayload);
+    close(s);
+  }
+  {  // truncated frame, then hang up
+    const int s = RawConnect(d.socket());
+    auto h = Header(wire::kMagic, 1, static_cast<uint16_t>(wire::MsgType::kAdmit), 100);
+    h.resize(26);
+    ASSERT_EQ(write(s, h.data(), h.size()), 26);
+    close(s);
+  }
+  still_serving();
+  {  // pools: a regular file instead of a memfd, a memfd too small, bad geometry
+    auto c = Connect(d, "pools");
+    const std::string file = (d.dir() / "not-a-memfd").string();
+    std::ofstream(file) << std::string(1 << 16, 'x');
+    const int fd = open(file.c_str(), O_RDWR | O_CLOEXEC);
+    uint32_t id;
+    Status st = c->RegisterMemfdPool(fd, 1 << 16, kBlock, 8, &id);
+    close(fd);
+    EXPECT_EQ(st.code, wire::ErrorCode::kBadPool);
+    EXPECT_NE(st.message.find("not a memfd"), std::string::npos) << st.message;
+    MemfdPool small(2);
+    st = c->RegisterMemfdPool(small.fd, small.bytes * 4, kBlock, 8, &id);
+    EXPECT_EQ(st.code, wire::ErrorCode::kBadPool);
+    EXPECT_NE(st.message.find("less than the pool's"), std::string::npos) << st.message;
+    st = c->RegisterMemfdPool(small.fd, small.bytes, kBlock / 2, 2, &id);
+    EXPECT_EQ(st.code, wire::ErrorCode::kBadPool);
+    // Admit outside the pool, report to slots that do not exist.
+    ASSERT_TRUE(c->RegisterMemfdPool(small.fd, small.bytes, kBlock, 2, &id).ok());
+    st = c->Admit(id, std::vector<wire::AdmitEntry>{{K(50), 7}}, &res);
+    EXPECT_EQ(st.code, wire::ErrorCode::kBadSlot);
+    wire::ReportOk ok;
+    ASSERT_TRUE(c->Report(std::vector<wire::Observation>{{999999, 1.0f}, {0, 1.0f}}, &ok).ok());
+    EXPECT_EQ(ok.rejected, 2u);  // slot 0 is not admitted either
+    ModelGeometry bad = kTiny;
+    bad.kv_heads = 3;
+    Status cs;
+    EXPECT_FALSE(Client::Connect({d.socket(), bad, 4, "x"}, &cs));
+    EXPECT_EQ(cs.code, wire::ErrorCode::kGeometry);
+    ModelGeometry other = kTiny;
+    other.layers = 2;  // 16 KiB blocks: not what this daemon places
+    EXPECT_FALSE(Client::Connect({d.socket(), other, 4, "x"}, &cs));
+    EXPECT_NE(cs.message.find("places blocks of 8192 bytes"), std::string::npos) << cs.message;
+  }
+  still_serving();
+  {  // NaN and infinite observations in shared memory: counted, never folded
+    auto c = Connect(d, "nan");
+    MemfdPool p(2);
+    uint32_t id;
+    ASSERT_TRUE(c->RegisterMemfdPool(p.fd, p.bytes, kBlock, 2, &id).ok());
+    ASSERT_TRUE(c->Admit(id, std::vector<wire::AdmitEntry>{{K(60), 0}}, &res).ok());
+    c->Observe(res[0].slot, std::numeric_limits<float>::quiet_NaN());
+    WaitTicks(*c, 3);
+    c->Observe(res[0].slot, std::numeric_limits<float>::infinity());
+    WaitTicks(*c, 3);
+    c->Observe(res[0].slot, -5.0f);
+    WaitTicks(*c, 3);
+    bool found = false;
+    for (const auto& cl : StatusOf(d, "clients")) {
+      if (cl["name"] == "nan") {
+        found = true;
+        EXPECT_EQ(cl["bad_observations"], 3);
+      }
+    }
+    EXPECT_TRUE(found);
+    EXPECT_TRUE(std::isfinite(c->SlotState(res[0].slot)->score));
+  }
+  still_serving();
+  {  // a client killed with SIGKILL mid-batch: its pool is dropped, its states become ghosts
+    const uint64_t ghosts_before = StatusOf(d)["ghosts"];
+    const pid_t child = fork();
+    if (child == 0) {
+      Status st;
+      auto c = Client::Connect({d.socket(), kTiny, 64, "doomed"}, &st);
+      MemfdPool p(32);
+      uint32_t id = 0;
+      if (!c || !c->RegisterMemfdPool(p.fd, p.bytes, kBlock, 32, &id).ok()) _exit(3);
+      std::vector<wire::AdmitEntry> e;
+      for (uint32_t i = 0; i < 32; ++i) e.push_back({BlockKey::FromSequence(999, i), i});
+      std::vector<wire::AdmitResult> r;
+      if (!c->Admit(id, e, &r).ok()) _exit(4);
+      for (;;) {
+        for (const auto& x : r) c->Observe(x.slot, 0.5f);
+        c->Report(std::vector<wire::Observation>{{r[0].slot, 1.0f}});
+      }
+    }
+    for (int i = 0; i < 200 && StatusOf(d)["blocks"].get<uint64_t>() < 33; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    uint64_t ghosts = 0;
+    for (int i = 0; i < 200; ++i) {
+      ghosts = StatusOf(d)["ghosts"];
+      if (ghosts >= ghosts_before + 32) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GE(ghosts, ghosts_before + 32);
+  }
+  still_serving();
+  const std::string log = d.Log();
+  EXPECT_NE(log.find("bad magic"), std::string::npos) << log;
+}
+
+TEST(Daemon, TooManyClientsIsAClearError) {
+  DaemonProcess d("[limits]\nmax_clients = 2\n");
+  auto a = Connect(d, "a");
+  auto b = Connect(d, "b");
+  Status st;
+  EXPECT_FALSE(Client::Connect({d.socket(), kTiny, 4, "c"}, &st));
+  EXPECT_EQ(st.code, wire::ErrorCode::kLimit);
+  EXPECT_NE(st.message.find("too many clients"), std::string::npos) << st.message;
+}
+
+TEST(Daemon, CAbiWorks) {
+  DaemonProcess d;
+  MemfdPool pool(4);
+  cxltier_model m{1, 1, 1, 128, 2, 16};
+  cxltier_client* c = nullptr;
+  char err[256] = {};
+  ASSERT_EQ(cxltier_connect(d.socket().c_str(), &m, 16, "c-abi", &c, err, sizeof(err)), 0) << err;
+  uint32_t pid = 0;
+  ASSERT_EQ(cxltier_register_memfd_pool(c, pool.fd, pool.bytes, kBlock, 4, &pid), 0);
+  cxltier_key keys[2] = {{5, 1}, {5, 2}};
+  uint32_t blocks[2] = {0, 1}, slots[2] = {};
+  ASSERT_EQ(cxltier_admit(c, pid, keys, blocks, 2, slots), 0) << cxltier_last_error(c);
+  EXPECT_NE(slots[0], slots[1]);
+  cxltier_observe(c, slots[0], 1.0f);
+  EXPECT_GE(cxltier_tier(c, slots[0]), 0);
+  EXPECT_EQ(cxltier_tier(c, 99999), -1);
+  uint32_t bad_blocks[1] = {77};
+  EXPECT_EQ(cxltier_admit(c, pid, keys, bad_blocks, 1, slots), -CXLTIER_E_BAD_SLOT);
+  EXPECT_NE(std::string(cxltier_last_error(c)).find("outside pool"), std::string::npos);
+  EXPECT_EQ(cxltier_release(c, keys, 2), 0);
+  cxltier_close(c);
+  cxltier_client* none = nullptr;
+  EXPECT_LT(cxltier_connect("/nonexistent.sock", &m, 4, "x", &none, err, sizeof(err)), 0);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_NE(std::string(err).find("connect"), std::string::npos);
+}
+
+TEST(Aggregation, StreamsAndGqa) {
+  std::vector<float> streams(kLlama3_70B.streams(), 0.5f);
+  streams[3] = 2.0f;
+  streams[4] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FLOAT_EQ(AggregateStreams(kLlama3_70B, streams, Reduce::kMax), 2.0f);
+  EXPECT_FLOAT_EQ(AggregateStreams(kLlama3_70B, streams, Reduce::kSum), 0.5f * 638 + 2.0f);
+  EXPECT_FLOAT_EQ(AggregateStreams(kLlama3_70B, streams, Reduce::kMean), (0.5f * 638 + 2.0f) / 639);
+  EXPECT_EQ(AggregateStreams(kLlama3_70B, std::vector<float>(10, 1.0f), Reduce::kSum), 0.0f);
+  EXPECT_EQ(KvHeadOfQueryHead(kLlama3_70B, 0), 0u);
+  EXPECT_EQ(KvHeadOfQueryHead(kLlama3_70B, 7), 0u);
+  EXPECT_EQ(KvHeadOfQueryHead(kLlama3_70B, 8), 1u);
+  EXPECT_EQ(KvHeadOfQueryHead(kLlama3_70B, 63), 7u);
+  std::vector<float> q(80 * 64);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(i % 64);
+  std::vector<float> out(640);
+  ASSERT_TRUE(QueryHeadsToStreams(kLlama3_70B, q, out, Reduce::kMax));
+  EXPECT_FLOAT_EQ(out[0], 7.0f);   // layer 0, KV head 0: query heads 0..7
+  EXPECT_FLOAT_EQ(out[7], 63.0f);  // layer 0, KV head 7: query heads 56..63
+  EXPECT_FLOAT_EQ(out[8], 7.0f);   // layer 1, KV head 0
+  ASSERT_TRUE(QueryHeadsToStreams(kLlama3_70B, q, out, Reduce::kMean));
+  EXPECT_FLOAT_EQ(out[1], 11.5f);  // mean of 8..15
+  EXPECT_FALSE(QueryHeadsToStreams(kLlama3_70B, std::vector<float>(5), out, Reduce::kSum));
+}
+
+}  // namespace
+}  // namespace cxltier
