@@ -1,7 +1,38 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, and show cxltier's block plan
-# for the default model at a 128K-token context.
+# The main job: install what is missing, build, start cxltierd with the demo
+# configuration, drive it with cxltier-loadgen, show what it did, stop it.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 stage deps ensure_packages
 stage build build
-"$BUILD_DIR/bin/cxltierctl" plan --model llama3-70b --context 128k "$@"
+BIN="$BUILD_DIR/bin"
+DEMO=$(mktemp -d /tmp/cxltier-demo.XXXXXX)
+SOCK="$DEMO/cxltierd.sock"
+"$BIN/cxltierd" --config "$CXLTIER_ROOT/scripts/demo.toml" --socket "$SOCK" \
+  --state-dir "$DEMO/state" >"$DEMO/cxltierd.log" 2>&1 &
+DAEMON=$!
+trap 'kill $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null; rm -rf "$DEMO"' EXIT
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+
+echo
+echo "== cxltier plan for the default model"
+"$BIN/cxltierctl" plan --model llama3-70b --context 128k | sed -n '1,16p'
+echo
+echo "== cxltierd (log: first lines)"
+sed -n '1,4p' "$DEMO/cxltierd.log"
+echo
+echo "== cxltier-loadgen: 256 blocks of 2 MiB in a memfd pool, attention workload, 64 MiB tier 0"
+"$BIN/cxltier-loadgen" --socket "$SOCK" --blocks 256 --block-bytes 2MiB --steps 400 --step-ms 5 &
+LOADGEN=$!
+sleep 1
+echo
+echo "== cxltierctl status (while it runs)"
+"$BIN/cxltierctl" --socket "$SOCK" status
+echo
+echo "== cxltierctl blocks (hottest three)"
+"$BIN/cxltierctl" --socket "$SOCK" blocks | sed -n '1,4p'
+wait $LOADGEN
+echo
+kill -TERM $DAEMON
+wait $DAEMON || true
+echo "== cxltierd stopped (log: last lines)"
+tail -n 3 "$DEMO/cxltierd.log"
