@@ -290,6 +290,13 @@ void Engine::Complete(const Move& m, bool done) {
   Reclassify(m.slot);
 }
 
+void Engine::Relocated(Slot s, Tier tier) {
+  if (!IsLive(s) || (states_[s].flags & kFlagMigrating) || states_[s].tier == tier) return;
+  if (tier != Tier::kFast && tier != Tier::kSlow) return;
+  SetTier(s, tier);
+  Reclassify(s);
+}
+
 size_t Engine::PlanAndApply() {
   Plan();
   for (const Move& m : moves_) Complete(m, true);

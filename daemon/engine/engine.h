@@ -104,6 +104,11 @@ class Engine {
   // block's tier. A move whose slot was released (or reused) since is ignored.
   void Complete(const Move& move, bool done);
 
+  // The caller found the block's pages in `tier` without a planned move of its
+  // own (a stale move of the previous owner of the same memory landed there).
+  // Records it; not counted as a migration. Ignored while a move is in flight.
+  void Relocated(Slot slot, Tier tier);
+
   // Plan() and complete every move at once (the simulator). Returns the moves made.
   size_t PlanAndApply();
 

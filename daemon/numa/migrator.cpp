@@ -2,6 +2,7 @@
 
 #include <numa.h>
 #include <numaif.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,12 +30,28 @@ std::vector<void*> PagesOf(const PageRange& r) {
   return pages;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+// move_pages works on this process's page tables: a page of a shared mapping
+// that we never touched is "not present" here even though the client wrote
+// it, and would be skipped (and look done). Fault the range in first.
+void Populate(const PageRange& r) {
+  if (madvise(reinterpret_cast<void*>(r.address), r.length, MADV_POPULATE_READ) == 0) return;
+  const size_t ps = PageSize();
+  for (uintptr_t a = r.address; a < r.address + r.length; a += ps) {
+    (void)*reinterpret_cast<const volatile char*>(a);
+  }
+}
+
 class LinuxMigrator final : public Migrator {
  public:
   MoveResult Move(const PageRange& range, int node) override {
     MoveResult r;
     std::vector<void*> pages = PagesOf(range);
     r.pages = pages.size();
+    if (range.pid == 0 && range.shared) Populate(range);
     if (range.pid == 0 && range.shared) SetPolicy(range, node);
     std::vector<int> nodes(kChunkPages, node), status(kChunkPages);
     const int flags = range.shared ? MPOL_MF_MOVE_ALL : MPOL_MF_MOVE;

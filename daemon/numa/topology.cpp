@@ -87,11 +87,21 @@ Topology Discover(const std::string& sysfs_root) {
       NumaNode node;
       node.id = static_cast<int>(obj->os_index);
       node.memory_bytes = obj->attr ? obj->attr->numanode.local_memory : 0;
-      if (obj->cpuset) {
-        hwloc_bitmap_t cpus = obj->cpuset;
-        for (int c = hwloc_bitmap_first(cpus); c >= 0; c = hwloc_bitmap_next(cpus, c)) {
-          hwloc_obj_t pu = hwloc_get_pu_obj_by_os_index(t, static_cast<unsigned>(c));
-          if (pu) node.cpus.push_back(c);
+      // A node's own CPUs come from the kernel (libnuma reads sysfs): hwloc gives
+      // a memory-only node the cpuset of the CPUs it hangs under (its HMAT
+      // initiator), which would make CXL memory look like a node with CPUs.
+      if (numa_available() >= 0) {
+        bitmask* cpus = numa_allocate_cpumask();
+        if (numa_node_to_cpus(node.id, cpus) == 0) {
+          for (unsigned c = 0; c < cpus->size; ++c) {
+            if (numa_bitmask_isbitset(cpus, c)) node.cpus.push_back(static_cast<int>(c));
+          }
+        }
+        numa_free_cpumask(cpus);
+      } else if (obj->cpuset) {
+        for (int c = hwloc_bitmap_first(obj->cpuset); c >= 0;
+             c = hwloc_bitmap_next(obj->cpuset, c)) {
+          node.cpus.push_back(c);
         }
       }
       if (initiator_set) {

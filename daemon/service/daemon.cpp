@@ -282,6 +282,8 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
     slot->key = e.key;
     WriteBack(*c, seg);
     const bool restored = engine_->state(es).flags & kFlagRestored;
+    spdlog::debug("client {} admitted {} in pool {} block {} as slot {} ({})", c->id,
+                  e.key.ToString(), m.pool_id, e.block_index, seg, TierName(where));
     ok.results.push_back({seg, where, static_cast<uint8_t>(restored)});
   }
   return ok;
@@ -422,8 +424,8 @@ void Daemon::Tick() {
       }
       const SegSlot& s = it->second.slots[o.seg_slot];
       const int node = mv.to == Tier::kFast ? tiers_.fast_nodes.front() : tiers_.slow_nodes.front();
-      mover_->Submit(
-          MoveJob{mv, it->second.pools[s.pool].Range(s.block), node, o.session, o.seg_slot});
+      mover_->Submit(MoveJob{mv, it->second.pools[s.pool].Range(s.block), node, o.session,
+                             o.seg_slot, s.pool, s.block});
     }
   }
   if (config_.persist && config_.checkpoint_interval_s > 0 &&
@@ -435,6 +437,11 @@ void Daemon::Tick() {
 
 void Daemon::OnMoveDone(MoveDone d) {
   const bool done = d.result.done();
+  pages_moved_ += d.result.on_target;
+  pages_absent_ += d.result.absent;
+  spdlog::debug("move of client session {} slot {} (engine slot {} gen {}) to node {}: {}",
+                d.job.client_id, d.job.segment_slot, d.job.move.slot, d.job.move.generation,
+                d.job.node, numa::Summarize(d.result));
   if (!done) {
     ++moves_failed_;
     pages_busy_ += d.result.busy;
@@ -446,9 +453,26 @@ void Daemon::OnMoveDone(MoveDone d) {
   if (!engine_) return;
   engine_->Complete(d.job.move, done);
   auto it = clients_.find(d.job.client_id);
-  if (it != clients_.end() && it->second.slots[d.job.segment_slot].live &&
-      it->second.slots[d.job.segment_slot].engine_slot == d.job.move.slot) {
-    WriteBack(it->second, d.job.segment_slot);
+  if (it == clients_.end()) return;
+  Client& c = it->second;
+  const SegSlot& s = c.slots[d.job.segment_slot];
+  const bool current = s.live && s.engine_slot == d.job.move.slot &&
+                       engine_->state(s.engine_slot).generation == d.job.move.generation;
+  if (current) {
+    WriteBack(c, d.job.segment_slot);
+    return;
+  }
+  // The block was released while its move was queued, and its memory may hold
+  // another key by now: whatever owns that pool block, ask the kernel where it is.
+  for (uint32_t i = 0; i < c.slots.size(); ++i) {
+    const SegSlot& o = c.slots[i];
+    if (!o.live || o.pool != d.job.pool || o.block != d.job.block) continue;
+    const Tier actual = WhereIs(c.pools[o.pool].Range(o.block));
+    spdlog::debug("stale move: slot {} now holds {} (engine {}); kernel says {}, engine says {}", i,
+                  o.key.ToString(), o.engine_slot, TierName(actual),
+                  TierName(engine_->state(o.engine_slot).tier));
+    engine_->Relocated(o.engine_slot, actual);
+    WriteBack(c, i);
   }
 }
 
@@ -532,6 +556,8 @@ nlohmann::json Daemon::StatusJson() const {
         {"demoted_bytes", c.demoted_bytes},
         {"failed", moves_failed_},
         {"pending", mover_->pending()},
+        {"pages_verified", pages_moved_},
+        {"pages_absent", pages_absent_},
         {"pages_busy", pages_busy_},
         {"pages_elsewhere", pages_elsewhere_},
         {"errors",

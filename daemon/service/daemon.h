@@ -126,6 +126,8 @@ class Daemon final : public server::Handler {
   uint64_t moves_failed_ = 0;
   uint64_t pages_busy_ = 0;
   uint64_t pages_elsewhere_ = 0;
+  uint64_t pages_moved_ = 0;   // verified on their target node after a move
+  uint64_t pages_absent_ = 0;  // not present: never faulted in by the client
   std::map<int, uint64_t> move_errors_;
   uint64_t restored_from_checkpoint_ = 0;
   std::string last_checkpoint_error_;

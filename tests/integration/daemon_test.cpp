@@ -140,6 +140,10 @@ TEST(Daemon, MigratesOnOneNodeWithBothTiersAndKeepsEveryByte) {
   }
   const auto st = StatusOf(d);
   EXPECT_TRUE(st["migrations"]["enabled"].get<bool>());
+  // Every page of every moved block was present and verified on its target:
+  // a move of pages the daemon cannot see must not pass for done.
+  EXPECT_GT(st["migrations"]["pages_verified"].get<uint64_t>(), 0u);
+  EXPECT_EQ(st["migrations"]["pages_absent"], 0) << st.dump();
   EXPECT_LE(st["tiers"][0]["blocks"].get<uint64_t>(), 8u);
 }
 

@@ -2,6 +2,8 @@
 // pool with a known pattern, admits blocks, drives the attention workload of
 // cxltier-sim through the client library, counts live hits, and finally
 // verifies every byte of every block.
+#include <numa.h>
+#include <numaif.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -30,6 +32,18 @@ uint64_t Pattern(uint64_t block, uint64_t word) {
   return x;
 }
 
+uint64_t PgmigrateSuccess() {
+  FILE* f = std::fopen("/proc/vmstat", "r");
+  if (!f) return 0;
+  char name[128];
+  unsigned long long v = 0, found = 0;
+  while (std::fscanf(f, "%127s %llu", name, &v) == 2) {
+    if (std::strcmp(name, "pgmigrate_success") == 0) found = v;
+  }
+  std::fclose(f);
+  return found;
+}
+
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "cxltier-loadgen: %s\n", msg.c_str());
   return 2;
@@ -42,7 +56,8 @@ int main(int argc, char** argv) {
   std::string socket_path, pool_kind = "memfd", block_bytes_text = "2MiB", name = "loadgen";
   uint32_t blocks = 256, steps = 400, step_ms = 5, sessions = 4, batch = 2;
   uint64_t seed = 1;
-  bool json = false;
+  bool json = false, check_placement = false, expect_moves = false, expect_restored = false;
+  bool expect_slow_tier = false, expect_kernel_migrations = false;
   app.add_option("--socket", socket_path, "cxltierd's socket")->required();
   app.add_option("--blocks", blocks, "blocks in the pool")->capture_default_str();
   app.add_option("--block-bytes", block_bytes_text, "bytes per block (a multiple of 8 KiB)")
@@ -56,6 +71,16 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "workload seed")->capture_default_str();
   app.add_option("--name", name, "client name shown by cxltierctl clients");
   app.add_flag("--json", json, "print a JSON summary");
+  app.add_flag("--check-placement", check_placement,
+               "at the end, ask the kernel (move_pages) where every live block's pages are and "
+               "fail if that disagrees with the tier the daemon published");
+  app.add_flag("--expect-moves", expect_moves, "fail unless blocks were both demoted and promoted");
+  app.add_flag("--expect-restored", expect_restored,
+               "fail unless some admitted keys got their ghost state back");
+  app.add_flag("--expect-slow-tier", expect_slow_tier,
+               "fail unless the daemon reports a slow tier with at least one node");
+  app.add_flag("--expect-kernel-migrations", expect_kernel_migrations,
+               "fail unless /proc/vmstat pgmigrate_success grew during the run");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -110,6 +135,7 @@ int main(int argc, char** argv) {
     return j.is_object() && j.contains("migrations") ? j["migrations"] : nlohmann::json::object();
   };
   const nlohmann::json mig_before = migrations();
+  const uint64_t pgmigrate_before = PgmigrateSuccess();
 
   // The attention workload, sized so every live key fits the pool.
   sim::AttentionParams p;
@@ -132,7 +158,7 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> free_blocks;
   for (uint32_t b = blocks; b-- > 0;) free_blocks.push_back(b);
   std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> live;  // trace key -> (block, slot)
-  uint64_t touches = 0, hits = 0, dropped = 0, admitted = 0, released = 0;
+  uint64_t touches = 0, hits = 0, dropped = 0, admitted = 0, released = 0, restored = 0;
   size_t i = 0;
   const auto start = std::chrono::steady_clock::now();
   while (i < trace.events.size()) {
@@ -171,6 +197,7 @@ int main(int argc, char** argv) {
       }
       for (size_t k = 0; k < admit.size(); ++k) {
         live[admit_keys[k]] = {admit[k].block_index, results[k].slot};
+        restored += results[k].restored;
       }
       admitted += admit.size();
     }
@@ -201,6 +228,76 @@ int main(int argc, char** argv) {
     blocks_slow += t == Tier::kSlow;
   }
 
+  // Where the kernel says each live block's pages are, against the tier the
+  // daemon published (never our own bookkeeping).
+  uint64_t placement_checked = 0, placement_mismatches = 0, kernel_fast = 0, kernel_slow = 0;
+  std::vector<int> fast_nodes, slow_nodes;
+  {
+    std::string text;
+    if (client->Stats("tiers", &text).ok()) {
+      const nlohmann::json t = nlohmann::json::parse(text, nullptr, false);
+      if (t.is_array()) {
+        for (const auto& tier : t) {
+          for (const auto& n : tier["nodes"]) {
+            (tier["tier"] == 0 ? fast_nodes : slow_nodes).push_back(n["node"].get<int>());
+          }
+        }
+      }
+    }
+  }
+  const bool same_nodes = fast_nodes == slow_nodes;  // a one-node test setup: no way to tell
+  if (check_placement) {
+    // Wait until the daemon is quiet: nothing pending and no move completed
+    // across three ticks (blocks held by hysteresis may still move after we stop).
+    for (int wait = 0; wait < 100; ++wait) {
+      const nlohmann::json a = migrations();
+      std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms() + 10));
+      const nlohmann::json b = migrations();
+      if (b.value("pending", uint64_t{1}) == 0 &&
+          a.value("promotions", 0) == b.value("promotions", 0) &&
+          a.value("demotions", 0) == b.value("demotions", 0) &&
+          a.value("failed", 0) == b.value("failed", 0)) {
+        break;
+      }
+    }
+    for (const auto& [k, v] : live) {
+      const Tier published = client->TierOf(v.second);
+      std::vector<void*> pages;
+      for (uint64_t off = 0; off < *bb; off += page) {
+        pages.push_back(static_cast<char*>(pool) + uint64_t{v.first} * stride + off);
+      }
+      std::vector<int> status(pages.size(), -1);
+      numa_move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0);
+      size_t on_fast = 0, on_slow = 0;
+      for (int n : status) {
+        on_fast += std::count(fast_nodes.begin(), fast_nodes.end(), n) > 0;
+        on_slow += std::count(slow_nodes.begin(), slow_nodes.end(), n) > 0;
+      }
+      ++placement_checked;
+      const bool all_fast = on_fast == pages.size(), all_slow = on_slow == pages.size();
+      kernel_fast += all_fast;
+      kernel_slow += all_slow && !same_nodes;
+      const bool ok = same_nodes ? (all_fast && published != Tier::kNone)
+                                 : (published == Tier::kFast   ? all_fast
+                                    : published == Tier::kSlow ? all_slow
+                                                               : false);
+      if (!ok) {
+        if (placement_mismatches < 5) {
+          std::fprintf(stderr,
+                       "cxltier-loadgen: block %u published %s but the kernel has %zu pages on "
+                       "fast nodes and %zu on slow nodes of %zu\n",
+                       v.first,
+                       published == Tier::kFast   ? "fast"
+                       : published == Tier::kSlow ? "slow"
+                                                  : "none",
+                       on_fast, on_slow, pages.size());
+        }
+        ++placement_mismatches;
+      }
+    }
+  }
+  const uint64_t pgmigrate = PgmigrateSuccess() - std::min(PgmigrateSuccess(), pgmigrate_before);
+
   // Every byte of every block, whatever moved.
   uint64_t corrupt = 0;
   for (uint64_t b = 0; b < blocks; ++b) {
@@ -229,6 +326,13 @@ int main(int argc, char** argv) {
       {"promotions", delta("promotions")},
       {"demotions", delta("demotions")},
       {"migration_failures", delta("failed")},
+      {"restored", restored},
+      {"placement_checked", placement_checked},
+      {"placement_mismatches", placement_mismatches},
+      {"kernel_blocks_fast", kernel_fast},
+      {"kernel_blocks_slow", kernel_slow},
+      {"slow_nodes", slow_nodes},
+      {"pgmigrate_success", pgmigrate},
       {"live_blocks_fast", blocks_fast},
       {"live_blocks_slow", blocks_slow},
       {"blocks_verified", blocks},
@@ -251,5 +355,20 @@ int main(int argc, char** argv) {
         out["migration_failures"].get<uint64_t>(), blocks_fast, blocks_slow, blocks,
         FormatBytes(*bb), corrupt);
   }
-  return corrupt ? 1 : 0;
+  std::vector<std::string> failed;
+  if (corrupt) failed.push_back(std::to_string(corrupt) + " corrupt blocks");
+  if (check_placement && placement_mismatches) {
+    failed.push_back(std::to_string(placement_mismatches) + " blocks not where the daemon says");
+  }
+  if (expect_moves && (out["demotions"] == 0 || out["promotions"] == 0)) {
+    failed.push_back("expected both demotions and promotions");
+  }
+  if (expect_restored && restored == 0) failed.push_back("expected ghosts to be restored");
+  if (expect_slow_tier && slow_nodes.empty()) failed.push_back("the daemon reports no slow tier");
+  if (expect_kernel_migrations && pgmigrate == 0) {
+    failed.push_back("pgmigrate_success did not grow");
+  }
+  for (const std::string& f : failed)
+    std::fprintf(stderr, "cxltier-loadgen: CHECK FAILED: %s\n", f.c_str());
+  return failed.empty() ? 0 : 1;
 }

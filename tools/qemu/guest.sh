@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Builds a QEMU guest from Debian's kernel, busybox and our binaries, boots it
+# with a CPU-less second NUMA node (or an emulated CXL Type-3 device), runs a
+# command inside, and exits with that command's status.
+#
+#   tools/qemu/guest.sh --shape numa|hmat|cxl [--run 'CMD'] [--shell] [--file SRC:DST]...
+#                       [--bin DIR] [--cache DIR] [--memory MiB] [--timeout SECONDS]
+#
+# The kernel package is fetched with `apt-get download` (the current
+# linux-image-*-amd64 that linux-image-amd64 points to) and unpacked with
+# `dpkg -x` into the cache; it is never installed on the host.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+SHAPE=numa
+BIN="$ROOT/build/bin"
+CACHE="$ROOT/build/qemu-cache"
+RUN=""
+INTERACTIVE=0
+MEMORY=2048
+TIMEOUT=600
+FILES=()
+
+die() { echo "guest.sh: $*" >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --shape) SHAPE=$2; shift 2 ;;
+    --run) RUN=$2; shift 2 ;;
+    --shell) INTERACTIVE=1; shift ;;
+    --file) FILES+=("$2"); shift 2 ;;
+    --bin) BIN=$2; shift 2 ;;
+    --cache) CACHE=$2; shift 2 ;;
+    --memory) MEMORY=$2; shift 2 ;;
+    --timeout) TIMEOUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) die "unknown argument '$1'" ;;
+  esac
+done
+case "$SHAPE" in numa|hmat|cxl) ;; *) die "--shape must be numa, hmat or cxl" ;; esac
+[ -n "$RUN" ] || [ "$INTERACTIVE" = 1 ] || die "give --run 'command' or --shell"
+
+need() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  [ "$(id -u)" -eq 0 ] || die "missing Debian packages: ${missing[*]} (apt-get install them)"
+  echo "guest.sh: installing ${missing[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
+}
+need qemu-system-x86 busybox-static cpio
+[ "$SHAPE" = cxl ] && need ndctl daxctl
+
+# ---- the kernel, cached per version ----
+mkdir -p "$CACHE"
+KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+if [ -z "$KPKG" ]; then
+  apt-get update -qq >/dev/null 2>&1 || true
+  KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+fi
+[ -n "$KPKG" ] || die "cannot resolve linux-image-amd64 to a kernel package (no apt lists?)"
+KVER=${KPKG#linux-image-}
+KDIR="$CACHE/$KPKG"
+if [ ! -f "$KDIR/.unpacked" ]; then
+  rm -rf "$KDIR" && mkdir -p "$KDIR/dl"
+  ( cd "$KDIR/dl" && apt-get download "$KPKG" >/dev/null 2>&1 ) || die "apt-get download $KPKG failed"
+  dpkg -x "$KDIR"/dl/*.deb "$KDIR/root"
+  rm -rf "$KDIR/dl"
+  touch "$KDIR/.unpacked"
+fi
+VMLINUZ="$KDIR/root/boot/vmlinuz-$KVER"
+MODDIR="$KDIR/root/lib/modules/$KVER"
+[ -f "$VMLINUZ" ] || die "no kernel image in $KDIR"
+
+# ---- the initramfs ----
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE"/{bin,sbin,dev,proc,sys,tmp,run,etc,root,var/lib,lib/modules}
+cp /bin/busybox "$STAGE/bin/busybox"
+
+# copy_with_libs FILE DEST: the file and every library ldd finds, at the same paths.
+copy_with_libs() {
+  local file=$1 dest=$2
+  mkdir -p "$STAGE$(dirname "$dest")"
+  cp -L "$file" "$STAGE$dest"
+  { ldd "$file" 2>/dev/null || true; } | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i }' |
+    while read -r lib; do
+      [ -e "$STAGE$lib" ] && continue
+      mkdir -p "$STAGE$(dirname "$lib")"
+      cp -L "$lib" "$STAGE$lib"
+    done
+}
+for b in cxltierd cxltier-loadgen cxltierctl; do
+  [ -x "$BIN/$b" ] || die "$BIN/$b not built"
+  copy_with_libs "$BIN/$b" "/bin/$b"
+done
+for f in "${FILES[@]}"; do
+  copy_with_libs "${f%%:*}" "${f#*:}"
+done
+
+MODULES=""
+if [ "$SHAPE" = cxl ]; then
+  for t in cxl daxctl ndctl; do copy_with_libs "$(command -v $t)" "/bin/$t"; done
+  # Modules and their dependencies, in load order.
+  declare -A seen=()
+  order=()
+  add_mod() {
+    local name=$1 path dep
+    [ -n "${seen[$name]:-}" ] && return 0
+    seen[$name]=1
+    path=$(find "$MODDIR" -name "$name.ko" -print -quit)
+    [ -n "$path" ] || return 0   # built in
+    for dep in $(modinfo -F depends "$path" | tr ',' ' '); do add_mod "$dep"; done
+    cp "$path" "$STAGE/lib/modules/"
+    order+=("$name")
+  }
+  for m in cxl_acpi cxl_pci cxl_port cxl_mem cxl_pmem libnvdimm nd_pmem dax_pmem device_dax kmem; do
+    add_mod "$m"
+  done
+  MODULES="${order[*]}"
+fi
+
+cat > "$STAGE/init" <<INIT
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mkdir -p /var/lib
+for m in $MODULES; do insmod /lib/modules/\$m.ko 2>/dev/null || echo "insmod \$m failed"; done
+echo CXLTIER-GUEST-START
+cd /root
+if [ "$INTERACTIVE" = 1 ]; then
+  setsid cttyhack sh
+  rc=0
+else
+  sh -c '$(printf "%s" "$RUN" | sed "s/'/'\\\\''/g")'
+  rc=\$?
+fi
+echo "CXLTIER-GUEST-EXIT \$rc"
+sync
+poweroff -f
+INIT
+chmod +x "$STAGE/init"
+INITRD="$CACHE/initrd-$SHAPE.gz"
+( cd "$STAGE" && find . | cpio -o -H newc --quiet | gzip -1 ) > "$INITRD"
+
+# ---- the machine ----
+HALF=$((MEMORY / 2))
+ARGS=(-accel tcg -cpu max -smp 2 -nographic -no-reboot -m "${MEMORY}M"
+      -kernel "$VMLINUZ" -initrd "$INITRD"
+      -append "console=ttyS0 panic=-1 loglevel=3 memhp_default_state=offline")
+case "$SHAPE" in
+  numa)
+    ARGS+=(-machine q35
+           -object memory-backend-ram,id=m0,size=${HALF}M -object memory-backend-ram,id=m1,size=${HALF}M
+           -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,memdev=m1
+           -numa dist,src=0,dst=1,val=20) ;;
+  hmat)
+    ARGS+=(-machine q35,hmat=on
+           -object memory-backend-ram,id=m0,size=${HALF}M -object memory-backend-ram,id=m1,size=${HALF}M
+           -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,memdev=m1,initiator=0
+           -numa dist,src=0,dst=1,val=20
+           -numa hmat-lb,initiator=0,target=0,hierarchy=memory,data-type=access-latency,latency=10
+           -numa hmat-lb,initiator=0,target=0,hierarchy=memory,data-type=access-bandwidth,bandwidth=20G
+           -numa hmat-lb,initiator=0,target=1,hierarchy=memory,data-type=access-latency,latency=250
+           -numa hmat-lb,initiator=0,target=1,hierarchy=memory,data-type=access-bandwidth,bandwidth=5G) ;;
+  cxl)
+    # QEMU 7.2 has only a persistent memdev for cxl-type3, so: pmem region ->
+    # devdax -> kmem. A second, empty root port is needed (see docs/testing.md).
+    ARGS+=(-machine q35,cxl=on
+           -object memory-backend-file,id=cxl-mem0,share=on,mem-path="$CACHE/cxl-mem0.raw",size=512M
+           -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$CACHE/cxl-lsa0.raw",size=256M
+           -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1
+           -device cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2
+           -device cxl-rp,port=1,bus=cxl.1,id=root_port14,chassis=0,slot=3
+           -device cxl-type3,bus=root_port13,persistent-memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0
+           -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G) ;;
+esac
+
+LOG="$CACHE/console-$SHAPE.log"
+start=$SECONDS
+if [ "$INTERACTIVE" = 1 ]; then
+  exec qemu-system-x86_64 "${ARGS[@]}"
+fi
+set +e
+timeout "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | tr -d '\r' | tee "$LOG" |
+  sed -n '/CXLTIER-GUEST-START/,$p' | grep -v '^CXLTIER-GUEST-START'
+qemu_rc=${PIPESTATUS[0]}
+set -e
+rc=$(sed -n 's/^CXLTIER-GUEST-EXIT \([0-9]*\).*/\1/p' "$LOG" | tail -n 1)
+echo "guest.sh: $SHAPE guest ran for $((SECONDS - start)) s" >&2
+if [ -z "$rc" ]; then
+  echo "guest.sh: the $SHAPE guest did not report a result (qemu exit $qemu_rc); console tail:" >&2
+  tail -n 30 "$LOG" >&2
+  exit 3
+fi
+exit "$rc"
