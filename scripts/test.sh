@@ -17,7 +17,16 @@ stage format-check cmake --build "$BUILD_DIR" --target format-check
 stage bench-smoke "$BUILD_DIR/bin/cxltier-bench" --benchmark_filter=mooncake \
   --benchmark_min_time=0.01 --benchmark_color=false
 stage unit unit_tests
+# End to end in QEMU guests with a CPU-less second NUMA node (docs/testing.md).
+GUESTS_PASSED=0
+guest() {
+  bash "$CXLTIER_ROOT/tools/qemu/guest.sh" --shape "$1" --bin "$BUILD_DIR/bin" \
+    --cache "$BUILD_DIR/qemu-cache" --file "$CXLTIER_ROOT/tests/e2e/guest_test.sh:/bin/guest_test.sh" \
+    --run "sh /bin/guest_test.sh $1" && GUESTS_PASSED=$((GUESTS_PASSED + 1))
+}
+stage e2e-numa guest numa
+stage e2e-hmat guest hmat
 log "all stages passed in $((SECONDS - t_start)) s"
-# ctest's own summary, as one plain closing line.
+# ctest's summary plus the guests, as one plain closing line.
 sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests failed out of ([0-9]+)$/\2 \1/p' "$CTEST_LOG" |
-  awk '{ printf "tests: %d passed, %d failed\n", $1 - $2, $2 }'
+  awk -v g="$GUESTS_PASSED" '{ printf "tests: %d passed, %d failed\n", $1 - $2 + g, $2 }'
