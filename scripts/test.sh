@@ -26,6 +26,7 @@ guest() {
 }
 stage e2e-numa guest numa
 stage e2e-hmat guest hmat
+stage e2e-cxl guest cxl
 log "all stages passed in $((SECONDS - t_start)) s"
 # ctest's summary plus the guests, as one plain closing line.
 sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests failed out of ([0-9]+)$/\2 \1/p' "$CTEST_LOG" |

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 
@@ -79,7 +80,10 @@ std::string Daemon::EnsureEngine(uint64_t block_bytes) {
   o.persistence = config_.persist ? engine::Persistence::kPersist : engine::Persistence::kReset;
   o.mode = engine::Mode::kTick;
   o.ghost_capacity = config_.ghost_capacity;
-  o.migrate_bytes_per_tick = 0;  // the mover's rate limit paces the moves
+  // Plan no more per tick than the mover may move in one: the planner's view
+  // then stays close to what the kernel has done.
+  o.migrate_bytes_per_tick =
+      std::max<uint64_t>(block_bytes, (config_.migrate_rate_mib_s << 20) / 1000 * config_.tick_ms);
   o.hysteresis_ticks = config_.hysteresis_ticks;
   std::string err;
   auto policy = engine::MakePolicy(config_.policy, &err);
@@ -305,6 +309,8 @@ void Daemon::WriteBack(Client& c, uint32_t seg) {
 void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
   SegSlot& s = c.slots[seg];
   if (!s.live) return;
+  const BlockState& st = engine_->state(s.engine_slot);
+  if (st.flags & kFlagMigrating) mover_->Cancel(s.engine_slot, st.generation);
   engine_->Release(s.engine_slot);
   owners_[s.engine_slot] = Owner{};
   c.by_key.erase(s.key);
@@ -442,7 +448,7 @@ void Daemon::OnMoveDone(MoveDone d) {
   spdlog::debug("move of client session {} slot {} (engine slot {} gen {}) to node {}: {}",
                 d.job.client_id, d.job.segment_slot, d.job.move.slot, d.job.move.generation,
                 d.job.node, numa::Summarize(d.result));
-  if (!done) {
+  if (!done && d.result.call_errno != ECANCELED) {
     ++moves_failed_;
     pages_busy_ += d.result.busy;
     pages_elsewhere_ += d.result.elsewhere;

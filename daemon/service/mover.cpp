@@ -1,5 +1,8 @@
 #include "mover.h"
 
+#include <cerrno>
+#include <vector>
+
 namespace cxltier::service {
 
 Mover::Mover(std::unique_ptr<numa::Migrator> migrator, uint64_t rate_bytes_per_s,
@@ -16,6 +19,26 @@ void Mover::Submit(MoveJob job) {
     queue_.push_back(std::move(job));
   }
   cv_.notify_one();
+}
+
+void Mover::Cancel(engine::Slot slot, uint32_t generation) {
+  std::vector<MoveJob> dropped;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->move.slot == slot && it->move.generation == generation) {
+        dropped.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (MoveJob& j : dropped) {
+    numa::MoveResult r;
+    r.call_errno = ECANCELED;
+    on_done_(MoveDone{std::move(j), r});
+  }
 }
 
 size_t Mover::pending() const {

@@ -40,6 +40,9 @@ class Mover {
   ~Mover();
 
   void Submit(MoveJob job);
+  // Drops a queued job for this engine slot and generation (the block was
+  // released); it is reported as not done (ECANCELED). A running job finishes.
+  void Cancel(engine::Slot slot, uint32_t generation);
   // Jobs queued or running.
   size_t pending() const;
   void set_rate(uint64_t bytes_per_s);

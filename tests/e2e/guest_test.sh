@@ -28,12 +28,29 @@ start_daemon() {
 }
 fail() { echo "E2E FAIL: $*"; echo "--- cxltierd log"; cat /tmp/cxltierd.log; exit 1; }
 
+if [ "$SHAPE" = cxl ]; then
+  # QEMU 7.2's cxl-type3 has only persistent memory: pmem region -> devdax -> kmem.
+  echo "== bringing the emulated CXL Type-3 device online as system RAM"
+  cxl create-region -m -t pmem -d decoder0.0 -w 1 mem0 >/tmp/region.json || fail "cxl create-region"
+  ndctl create-namespace -m devdax -r region0 >/tmp/ns.json || fail "ndctl create-namespace"
+  daxctl reconfigure-device --mode=system-ram dax0.0 >/tmp/dax.json || fail "daxctl reconfigure-device"
+  grep -q '"target_node":1' /tmp/dax.json || fail "the CXL memory did not become node 1"
+  [ -n "$(cat /sys/devices/system/node/node1/cpulist)" ] && fail "the CXL node has CPUs"
+fi
+
 echo "== $SHAPE guest: nodes $(cat /sys/devices/system/node/online), node 1 CPUs: '$(cat /sys/devices/system/node/node1/cpulist 2>/dev/null)'"
 start_daemon
 grep -q "tiers: auto" /tmp/cxltierd.log || fail "the daemon did not pick tiers itself"
 cxltierctl --socket "$SOCK" tiers | tee /tmp/tiers.txt
 grep -q '^tier 0 (nodes 0)' /tmp/tiers.txt || fail "tier 0 is not node 0 alone"
 grep -q '^tier 1 (nodes 1)' /tmp/tiers.txt || fail "node 1 is not the slow tier"
+if [ "$SHAPE" = cxl ]; then
+  # In 6.1 only the kmem-onlined CXL node lands in a lower memory tier.
+  t0=$(cat /sys/devices/virtual/memory_tiering/memory_tier*/nodelist | grep -n '^0$' | cut -d: -f1)
+  t1=$(cat /sys/devices/virtual/memory_tiering/memory_tier*/nodelist | grep -n '^1$' | cut -d: -f1)
+  [ -n "$t1" ] && [ "$t0" != "$t1" ] || fail "node 1 is not in a memory tier of its own"
+  grep -q '"kernel_memory_tier":4,"memory_bytes":[0-9]*,"node":0' /tmp/tiers.txt || fail "tier of node 0"
+fi
 if [ "$SHAPE" = hmat ]; then
   # node 1 is slower in the HMAT table the guest was built with (250 ns against 10 ns).
   grep -q '"node":1,"read_bandwidth_mib_s":5120,"read_latency_ns":250' /tmp/tiers.txt ||

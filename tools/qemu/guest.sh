@@ -10,6 +10,7 @@
 # linux-image-*-amd64 that linux-image-amd64 points to) and unpacked with
 # `dpkg -x` into the cache; it is never installed on the host.
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SHAPE=numa
@@ -113,7 +114,8 @@ if [ "$SHAPE" = cxl ]; then
     seen[$name]=1
     path=$(find "$MODDIR" -name "$name.ko" -print -quit)
     [ -n "$path" ] || return 0   # built in
-    for dep in $(modinfo -F depends "$path" | tr ',' ' '); do add_mod "$dep"; done
+    # The module's own record of what it needs (the .modinfo section).
+    for dep in $(strings -a "$path" | sed -n 's/^depends=//p' | tr ',' ' '); do add_mod "$dep"; done
     cp "$path" "$STAGE/lib/modules/"
     order+=("$name")
   }
@@ -174,13 +176,18 @@ case "$SHAPE" in
   cxl)
     # QEMU 7.2 has only a persistent memdev for cxl-type3, so: pmem region ->
     # devdax -> kmem. A second, empty root port is needed (see docs/testing.md).
+    # Fresh backing files every boot: stale namespace labels in the LSA would
+    # make the guest's namespace creation fail.
+    rm -f "$CACHE/cxl-mem0.raw" "$CACHE/cxl-lsa0.raw"
+    # An SRAT (one explicit node) is what lets the kernel give the CXL window a node of its own.
     ARGS+=(-machine q35,cxl=on
+           -object memory-backend-ram,id=m0,size=${MEMORY}M -numa node,nodeid=0,cpus=0-1,memdev=m0
            -object memory-backend-file,id=cxl-mem0,share=on,mem-path="$CACHE/cxl-mem0.raw",size=512M
            -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$CACHE/cxl-lsa0.raw",size=256M
            -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1
            -device cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2
            -device cxl-rp,port=1,bus=cxl.1,id=root_port14,chassis=0,slot=3
-           -device cxl-type3,bus=root_port13,persistent-memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0
+           -device cxl-type3,bus=root_port13,memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0
            -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G) ;;
 esac
 
