@@ -172,9 +172,14 @@ Status Client::Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd,
   std::vector<uint8_t> buf;
   const uint32_t id = next_request_++;
   wire::Encode(req, id, buf);
-  if (!WriteAll(sock_, buf.data(), buf.size(), send_fd)) return Sys("sending to cxltierd");
+  // A daemon that refuses the connection (a limit) answers with an Error and
+  // closes, possibly before our request is written: read its answer anyway.
+  const bool sent = WriteAll(sock_, buf.data(), buf.size(), send_fd);
+  const Status send_error = sent ? Status::Ok() : Sys("sending to cxltierd");
   uint8_t head[wire::kHeaderBytes];
-  if (!ReadAll(sock_, head, sizeof(head), recv_fd)) return Sys("reading from cxltierd");
+  if (!ReadAll(sock_, head, sizeof(head), recv_fd)) {
+    return sent ? Sys("reading from cxltierd") : send_error;
+  }
   const wire::Header h = *wire::DecodeHeader(head);
   if (h.magic != wire::kMagic || h.payload_bytes > (256u << 20)) {
     return Status::Fail(ErrorCode::kBadFrame, "cxltierd sent a bad frame");
@@ -187,6 +192,7 @@ Status Client::Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd,
     if (!wire::Decode(payload, &e, &why)) return Status::Fail(ErrorCode::kBadPayload, why);
     return Status::Fail(e.code, std::string(wire::ErrorName(e.code)) + ": " + e.message);
   }
+  if (!sent) return send_error;
   if (h.type != want || h.request_id != id) {
     return Status::Fail(ErrorCode::kBadFrame, "unexpected answer from cxltierd");
   }
