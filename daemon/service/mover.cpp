@@ -80,6 +80,8 @@ void Mover::Run() {
       if (stop_) return;
       // Token bucket: a job may start once the bytes before it have "drained".
       if (cv_.wait_until(lock, next, [this] { return stop_; })) return;
+      // The lock was released while waiting: Cancel() may have emptied the queue.
+      if (queue_.empty()) continue;
       job = std::move(queue_.front());
       queue_.pop_front();
       ++running_;

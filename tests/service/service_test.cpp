@@ -1,0 +1,214 @@
+// The daemon's service layer without a socket: config, checkpoints, mover.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "service/checkpoint.h"
+#include "service/config.h"
+#include "service/mover.h"
+
+namespace cxltier::service {
+namespace {
+
+std::filesystem::path TempDir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           ("cxltier-service-" + name + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+TEST(Config, DefaultsValidateAndFileOverrides) {
+  DaemonConfig c;
+  EXPECT_EQ(c.Validate(), "");
+  const std::string err = LoadConfigText(
+      "[daemon]\ntick_ms = 25\n[engine]\npolicy = \"ema:0.05\"\ntier0_budget = \"8GiB\"\n"
+      "[tiers]\nfast_nodes = [0]\nslow_nodes = [2]\n[migration]\nrate_mib_s = 64\n",
+      "t.toml", &c);
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(c.tick_ms, 25u);
+  EXPECT_EQ(c.policy, "ema:0.05");
+  EXPECT_EQ(c.tier0_budget_bytes, 8ull << 30);
+  EXPECT_EQ(c.slow_nodes, std::vector<int>{2});
+  EXPECT_EQ(c.migrate_rate_mib_s, 64u);
+  // The TOML the daemon prints reads back to the same configuration.
+  DaemonConfig back;
+  EXPECT_EQ(LoadConfigText(ToToml(c), "back.toml", &back), "");
+  EXPECT_EQ(back.policy, c.policy);
+  EXPECT_EQ(back.tier0_budget_bytes, c.tier0_budget_bytes);
+  EXPECT_EQ(back.slow_nodes, c.slow_nodes);
+}
+
+TEST(Config, ErrorsNameTheProblem) {
+  for (auto [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"[daemon]\ntick_ms = \"fast\"\n", "tick_ms must be"},
+           {"[daemon]\ntik_ms = 5\n", "unknown key 'tik_ms' in [daemon]"},
+           {"[deamon]\n", "unknown table or key 'deamon'"},
+           {"[engine]\npolicy = \"min\"\n", "policy min"},
+           {"[engine]\npolicy = \"fifo\"\n", "unknown policy 'fifo'"},
+           {"[engine]\ntier0_budget = \"lots\"\n", "tier0_budget must be"},
+           {"[tiers]\nfast_nodes = [0]\n", "both fast_nodes and slow_nodes"},
+           {"[tiers]\nfast_nodes = [-1]\nslow_nodes=[0]\n", "node numbers"},
+           {"[limits]\nmax_message_bytes = 10\n", "max_message_bytes"},
+           {"[daemon\n", "t.toml:1"},
+       }) {
+    DaemonConfig c;
+    const std::string err = LoadConfigText(text, "t.toml", &c);
+    EXPECT_NE(err.find(want), std::string::npos) << text << " -> " << err;
+  }
+}
+
+TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
+  const auto dir = TempDir("ckpt");
+  const std::string path = (dir / "ghosts.bin").string();
+  EXPECT_FALSE(LoadGhosts(path).found);
+  std::vector<BlockState> g(3);
+  for (int i = 0; i < 3; ++i) {
+    g[i].key = BlockKey{7, static_cast<uint64_t>(i)};
+    g[i].touch_count = 10 + i;
+  }
+  ASSERT_EQ(SaveGhosts(path, g), "");
+  LoadedGhosts l = LoadGhosts(path);
+  ASSERT_TRUE(l.found);
+  ASSERT_EQ(l.error, "");
+  ASSERT_EQ(l.ghosts.size(), 3u);
+  EXPECT_EQ(l.ghosts[2].touch_count, 12u);
+  EXPECT_EQ(l.ghosts[1].key, (BlockKey{7, 1}));
+
+  // A flipped byte: checksum mismatch, file set aside, nothing loaded.
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x55');
+  }
+  l = LoadGhosts(path);
+  EXPECT_TRUE(l.ghosts.empty());
+  EXPECT_NE(l.error.find("checksum"), std::string::npos) << l.error;
+  EXPECT_TRUE(std::filesystem::exists(path + ".corrupt"));
+  EXPECT_FALSE(std::filesystem::exists(path));
+
+  // Truncated.
+  ASSERT_EQ(SaveGhosts(path, g), "");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 10);
+  l = LoadGhosts(path);
+  EXPECT_TRUE(l.ghosts.empty());
+  EXPECT_NE(l.error.find("truncated"), std::string::npos) << l.error;
+
+  // A failed write leaves the previous checkpoint intact.
+  ASSERT_EQ(SaveGhosts(path, g), "");
+  std::filesystem::create_directories(path + ".tmp");  // the temporary name is taken
+  EXPECT_NE(SaveGhosts(path, std::vector<BlockState>(1)), "");
+  l = LoadGhosts(path);
+  EXPECT_EQ(l.error, "");
+  EXPECT_EQ(l.ghosts.size(), 3u);
+  std::filesystem::remove_all(dir);
+}
+
+// A migrator that records calls and can be slowed down (fault injection).
+class FakeMigrator : public numa::Migrator {
+ public:
+  numa::MoveResult Move(const numa::PageRange& r, int node) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::lock_guard lock(mu);
+    moved.push_back({r.address, node});
+    numa::MoveResult res;
+    res.pages = res.on_target = r.length / 4096;
+    return res;
+  }
+  std::vector<int> Where(const numa::PageRange& r) override {
+    return std::vector<int>(r.length / 4096, 0);
+  }
+  std::mutex mu;
+  std::vector<std::pair<uintptr_t, int>> moved;
+};
+
+TEST(Mover, RateLimitsCancelsAndReportsEveryJob) {
+  auto fake = std::make_unique<FakeMigrator>();
+  FakeMigrator* f = fake.get();
+  std::mutex mu;
+  std::vector<MoveDone> done;
+  // 1 MiB/s: each 64 KiB job waits ~62 ms behind the previous one.
+  Mover m(std::move(fake), 1 << 20, [&](MoveDone d) {
+    std::lock_guard lock(mu);
+    done.push_back(std::move(d));
+  });
+  for (uint32_t i = 0; i < 6; ++i) {
+    MoveJob j;
+    j.move = engine::Move{i, 1, Tier::kFast, Tier::kSlow};
+    j.range = numa::PageRange{0, 0x100000 + i * 0x10000, 0x10000, false};
+    j.node = 1;
+    m.Submit(j);
+  }
+  // Cancel jobs while the mover waits on its rate limit.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  m.Cancel(3, 1);
+  m.Cancel(5, 1);
+  m.Cancel(4, 99);  // wrong generation: not cancelled
+  const auto start = std::chrono::steady_clock::now();
+  while (m.pending() > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  m.Stop();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(done.size(), 6u);  // every job is reported, moved or cancelled
+  size_t cancelled = 0;
+  for (const MoveDone& d : done) {
+    if (d.result.call_errno == ECANCELED) {
+      ++cancelled;
+      EXPECT_TRUE(d.job.move.slot == 3 || d.job.move.slot == 5);
+    }
+  }
+  EXPECT_EQ(cancelled, 2u);
+  EXPECT_EQ(f->moved.size(), 4u);
+}
+
+TEST(Mover, CancellingTheOnlyWaitingJobIsSafe) {
+  // The second job waits for the rate limit with the lock released; cancelling
+  // it leaves the queue empty when the wait ends.
+  for (int round = 0; round < 20; ++round) {
+    auto fake = std::make_unique<FakeMigrator>();
+    FakeMigrator* f = fake.get();
+    std::atomic<int> reported{0};
+    Mover m(std::move(fake), 4 << 20, [&](MoveDone) { ++reported; });
+    for (uint32_t i = 0; i < 2; ++i) {
+      MoveJob j;
+      j.move = engine::Move{i, 1, Tier::kFast, Tier::kSlow};
+      j.range = numa::PageRange{0, 0x100000, 0x10000, false};
+      m.Submit(j);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m.Cancel(1, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    m.Stop();
+    EXPECT_EQ(reported.load(), 2);
+    std::lock_guard lock(f->mu);
+    ASSERT_LE(f->moved.size(), 1u);
+    for (const auto& [addr, node] : f->moved) EXPECT_EQ(addr, 0x100000u);
+  }
+}
+
+TEST(Mover, StopDropsTheQueueAndReportsIt) {
+  auto fake = std::make_unique<FakeMigrator>();
+  std::atomic<int> reported{0}, cancelled{0};
+  Mover m(std::move(fake), 1 << 16, [&](MoveDone d) {
+    ++reported;
+    cancelled += d.result.call_errno == ECANCELED;
+  });
+  for (uint32_t i = 0; i < 20; ++i) {
+    MoveJob j;
+    j.move = engine::Move{i, 1, Tier::kFast, Tier::kSlow};
+    j.range = numa::PageRange{0, 0x100000, 0x10000, false};
+    m.Submit(j);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  m.Stop();
+  EXPECT_EQ(reported.load(), 20);
+  EXPECT_GE(cancelled.load(), 15);
+}
+
+}  // namespace
+}  // namespace cxltier::service
