@@ -132,9 +132,8 @@ export PATH=/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
-mkdir -p /var/lib
+mkdir -p /var/lib /tmp  # the initramfs root is writable; a tmpfs on /tmp would hide libraries copied under /tmp
 for m in $MODULES; do insmod /lib/modules/\$m.ko 2>/dev/null || echo "insmod \$m failed"; done
 echo CXLTIER-GUEST-START
 cd /root
