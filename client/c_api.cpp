@@ -86,8 +86,8 @@ int cxltier_release(cxltier_client* c, const cxltier_key* keys, size_t n) {
   return Result(c, c->client->Release(k));
 }
 
-void cxltier_observe(cxltier_client* c, uint32_t slot, float mass) {
-  c->client->Observe(slot, mass);
+int cxltier_observe(cxltier_client* c, uint32_t slot, float mass) {
+  return c->client->Observe(slot, mass) ? 0 : -CXLTIER_E_BAD_SLOT;
 }
 
 int cxltier_tier(const cxltier_client* c, uint32_t slot) {

@@ -250,10 +250,10 @@ Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) 
   return Status::Ok();
 }
 
-void Client::Observe(uint32_t slot, float mass) {
-  if (slot >= slots_) return;
+bool Client::Observe(uint32_t slot, float mass) {
+  if (slot >= slots_) return false;
   auto* base = static_cast<char*>(segment_) + kSegmentSlotOffset;
-  AddObservation(reinterpret_cast<BlockState*>(base) + slot, mass);
+  return AddObservation(reinterpret_cast<BlockState*>(base) + slot, mass);
 }
 
 Status Client::Report(std::span<const wire::Observation> observations, wire::ReportOk* result) {

@@ -36,7 +36,7 @@ bool Engine::RestoreGhost(const BlockState& ghost) {
   BlockState g = ghost;
   g.tier = Tier::kNone;
   g.flags = 0;
-  g.pending_touches = g.pending_mass_bits = 0;
+  g.client_touches = g.client_mass_q16 = 0;
   seq_ = std::max(seq_, g.touch_seq);
   if (ghosts_.Put(g.key, g)) ++counters_.ghosts_dropped;
   return true;

@@ -18,6 +18,9 @@ using wire::ErrorCode;
 
 namespace {
 
+// More observations than this for one block in one tick is not a real client.
+constexpr uint64_t kMaxTouchesPerTick = 1u << 20;
+
 const char* TierName(Tier t) {
   return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
 }
@@ -348,7 +351,9 @@ server::Answer<wire::ReportOk> Daemon::OnReport(const server::Peer& peer, const 
       ++ok.rejected;
       continue;
     }
-    AddObservation(c->segment.slot(o.slot), o.mass);
+    // Kept here, not in the segment: the client is the segment's only writer.
+    ++c->slots[o.slot].socket_touches;
+    c->slots[o.slot].socket_mass += o.mass;
     ++ok.accepted;
   }
   c->bad_observations += ok.rejected;
@@ -400,20 +405,34 @@ void Daemon::ScheduleTick() {
 void Daemon::Tick() {
   ++tick_;
   if (!engine_) return;
-  // Fold: one touch per slot per tick with the mass the client left there.
+  // Fold: one touch per slot per tick with the mass observed since the last
+  // one. The client's totals only grow (modulo 2^32); we fold the difference.
   for (auto& [id, c] : clients_) {
     if (!c.hello) continue;
     for (uint32_t i = 0; i < c.slots.size(); ++i) {
-      const SegSlot& s = c.slots[i];
+      SegSlot& s = c.slots[i];
       if (!s.live) continue;
-      const PendingObservation p = TakeObservation(c.segment.slot(i));
-      if (p.touches == 0) continue;
-      float mass = p.mass;
-      if (!std::isfinite(mass) || mass < 0) {
+      const ClientTotals now = ReadTotals(c.segment.slot(i));
+      if (now.touches == s.seen_touches && now.mass_q16 == s.seen_mass_q16 &&
+          s.socket_touches == 0) {
+        continue;
+      }
+      const uint32_t shm_touches = now.touches - s.seen_touches;
+      const double shm_mass = static_cast<double>(now.mass_q16 - s.seen_mass_q16) / kMassUnit;
+      s.seen_touches = now.touches;
+      s.seen_mass_q16 = now.mass_q16;
+      const uint64_t touches = uint64_t{shm_touches} + s.socket_touches;
+      double mass = shm_mass + s.socket_mass;
+      s.socket_touches = 0;
+      s.socket_mass = 0;
+      // Untrusted: totals that jump implausibly are counted and folded as nothing.
+      if (touches == 0 || touches > kMaxTouchesPerTick ||
+          mass > static_cast<double>(touches) * kMaxObservationMass) {
         ++c.bad_observations;
+        if (touches == 0 || touches > kMaxTouchesPerTick) continue;
         mass = 0;
       }
-      c.observations += p.touches;
+      c.observations += touches;
       engine_->Touch(s.engine_slot, engine::Touch{mass, tick_, engine::kNever});
       WriteBack(c, i);
     }

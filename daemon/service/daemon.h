@@ -69,6 +69,11 @@ class Daemon final : public server::Handler {
     uint32_t pool = 0;
     uint32_t block = 0;
     BlockKey key;  // as the client named it
+    // The client's running totals as of the last fold, and socket reports since.
+    uint32_t seen_touches = 0;
+    uint32_t seen_mass_q16 = 0;
+    uint32_t socket_touches = 0;
+    double socket_mass = 0;
   };
   struct Client {
     server::Peer peer;

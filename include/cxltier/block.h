@@ -90,8 +90,8 @@ enum BlockFlags : uint8_t {
 //   tier             36     daemon (Tier, written after a move is verified)
 //   flags            37     daemon (BlockFlags)
 //   reserved0        38-39  nobody (zero)
-//   pending_touches  40-43  client (atomic add per observation; daemon swaps to 0)
-//   pending_mass     44-47  client (float bits, atomic CAS add; daemon swaps to 0)
+//   client_touches   40-43  client (running count of observations; wraps)
+//   client_mass_q16  44-47  client (running sum of masses in 1/65536 units; wraps)
 //   touch_seq        48-55  daemon (global order of the last touch; ties break on it)
 //   generation       56-59  daemon (bumped each time the slot is reused)
 //   policy_word      60-63  daemon (private to the policy)
@@ -103,8 +103,8 @@ struct alignas(64) BlockState {
   Tier tier = Tier::kNone;
   uint8_t flags = 0;
   uint16_t reserved0 = 0;
-  uint32_t pending_touches = 0;
-  uint32_t pending_mass_bits = 0;
+  uint32_t client_touches = 0;
+  uint32_t client_mass_q16 = 0;
   uint64_t touch_seq = 0;
   uint32_t generation = 0;
   uint32_t policy_word = 0;
@@ -118,8 +118,8 @@ static_assert(offsetof(BlockState, touch_time_ns) == 24);
 static_assert(offsetof(BlockState, touch_count) == 32);
 static_assert(offsetof(BlockState, tier) == 36);
 static_assert(offsetof(BlockState, flags) == 37);
-static_assert(offsetof(BlockState, pending_touches) == 40);
-static_assert(offsetof(BlockState, pending_mass_bits) == 44);
+static_assert(offsetof(BlockState, client_touches) == 40);
+static_assert(offsetof(BlockState, client_mass_q16) == 44);
 static_assert(offsetof(BlockState, touch_seq) == 48);
 static_assert(offsetof(BlockState, generation) == 56);
 static_assert(offsetof(BlockState, policy_word) == 60);

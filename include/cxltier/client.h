@@ -9,8 +9,8 @@
 //   c->Observe(slot, mass);                           // every step: shared memory, no syscall
 //   c->TierOf(slot);                                  // where the daemon placed it
 //
-// Thread-safety: Observe and TierOf may be called from any thread; every
-// other method needs external serialisation (one request at a time).
+// Thread-safety: Observe (one writer thread per slot) and TierOf may be called
+// from any thread; every other method needs external serialisation.
 #pragma once
 
 #include <cstdint>
@@ -64,9 +64,11 @@ class Client {
                std::vector<wire::AdmitResult>* results);
   Status Release(std::span<const BlockKey> keys, wire::ReleaseOk* result = nullptr);
 
-  // Shared-memory fast path: adds one observation to a slot. No syscall.
-  // A slot out of range is ignored.
-  void Observe(uint32_t slot, float mass);
+  // Shared-memory fast path: adds one observation to a slot. No syscall, no
+  // atomic read-modify-write. One thread per slot (different slots may be
+  // written from different threads). Returns false, writing nothing, for a
+  // slot out of range or a mass that is NaN, infinite, negative or above 65535.
+  bool Observe(uint32_t slot, float mass);
   // Socket path for clients that cannot map shared memory.
   Status Report(std::span<const wire::Observation> observations, wire::ReportOk* result = nullptr);
 

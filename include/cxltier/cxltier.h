@@ -54,8 +54,9 @@ int cxltier_register_range_pool(cxltier_client* client, const void* address, uin
 int cxltier_admit(cxltier_client* client, uint32_t pool_id, const cxltier_key* keys,
                   const uint32_t* block_indexes, size_t n, uint32_t* slots);
 int cxltier_release(cxltier_client* client, const cxltier_key* keys, size_t n);
-/* Shared-memory fast path: no syscall. */
-void cxltier_observe(cxltier_client* client, uint32_t slot, float mass);
+/* Shared-memory fast path: no syscall; one writer thread per slot.
+ * Returns 0, or -CXLTIER_E_BAD_SLOT for a bad slot or a mass that is not finite, >= 0, <= 65535. */
+int cxltier_observe(cxltier_client* client, uint32_t slot, float mass);
 /* 0 = fast tier, 1 = slow tier, -1 = not resident or bad slot. */
 int cxltier_tier(const cxltier_client* client, uint32_t slot);
 int cxltier_reconnect(cxltier_client* client);

@@ -2,14 +2,15 @@
 // BlockState slot per block. The daemon creates it (a sealed memfd) and passes
 // the fd with HelloOk; the client maps it read-write.
 //
-// The client writes only pending_touches and pending_mass_bits, with atomics;
-// the daemon swaps them to zero when it folds them into scores each tick, and
-// writes score, touch time, touch count, tier and flags back for the client to
-// read. Everything the client writes is untrusted by the daemon.
+// The client writes only client_touches and client_mass_q16: running totals
+// that only it writes (one writer per slot), with plain relaxed stores, so an
+// observation costs no atomic read-modify-write and no syscall. Each tick the
+// daemon reads them and folds the difference from what it saw last time
+// (modulo 2^32). It writes score, touch time, touch count, tier and flags
+// back for the client to read. Everything the client writes is untrusted.
 #pragma once
 
 #include <atomic>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -35,31 +36,35 @@ inline constexpr uint64_t SegmentBytes(uint32_t slots) {
   return kSegmentSlotOffset + uint64_t{slots} * sizeof(BlockState);
 }
 
-// Client side: adds one observation of `mass` to a slot. Lock-free, no syscall.
-inline void AddObservation(BlockState* slot, float mass) {
-  std::atomic_ref<uint32_t>(slot->pending_touches).fetch_add(1, std::memory_order_relaxed);
-  std::atomic_ref<uint32_t> bits(slot->pending_mass_bits);
-  uint32_t old = bits.load(std::memory_order_relaxed);
-  for (;;) {
-    const float sum = std::bit_cast<float>(old) + mass;
-    if (bits.compare_exchange_weak(old, std::bit_cast<uint32_t>(sum), std::memory_order_release,
-                                   std::memory_order_relaxed)) {
-      return;
-    }
-  }
+// Observation masses are fixed point: 1/65536 units, at most kMaxObservationMass.
+inline constexpr float kMaxObservationMass = 65535.0f;
+inline constexpr double kMassUnit = 65536.0;
+
+// Client side: adds one observation of `mass` to a slot. No syscall, no atomic
+// read-modify-write: REQUIRES one writer thread per slot. Returns false (and
+// writes nothing) for a mass that is NaN, infinite or negative.
+inline bool AddObservation(BlockState* slot, float mass) {
+  if (!(mass >= 0.0f) || !(mass <= kMaxObservationMass)) return false;
+  const uint32_t q = static_cast<uint32_t>(mass * static_cast<float>(kMassUnit) + 0.5f);
+  std::atomic_ref<uint32_t> mass_total(slot->client_mass_q16);
+  std::atomic_ref<uint32_t> touches(slot->client_touches);
+  mass_total.store(mass_total.load(std::memory_order_relaxed) + q, std::memory_order_relaxed);
+  // Release: a daemon that sees the new count also sees the mass added before it.
+  touches.store(touches.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  return true;
 }
 
-// Daemon side: takes what the client left in a slot and zeroes it.
-struct PendingObservation {
+// Daemon side: what the client's running totals say now.
+struct ClientTotals {
   uint32_t touches;
-  float mass;
+  uint32_t mass_q16;
 };
-inline PendingObservation TakeObservation(BlockState* slot) {
+inline ClientTotals ReadTotals(BlockState* slot) {
   const uint32_t touches =
-      std::atomic_ref<uint32_t>(slot->pending_touches).exchange(0, std::memory_order_acquire);
-  const uint32_t bits =
-      std::atomic_ref<uint32_t>(slot->pending_mass_bits).exchange(0, std::memory_order_acquire);
-  return {touches, std::bit_cast<float>(bits)};
+      std::atomic_ref<uint32_t>(slot->client_touches).load(std::memory_order_acquire);
+  const uint32_t mass =
+      std::atomic_ref<uint32_t>(slot->client_mass_q16).load(std::memory_order_relaxed);
+  return {touches, mass};
 }
 
 // Reads the tier the daemon last wrote into a slot.

@@ -331,27 +331,43 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
     EXPECT_NE(cs.message.find("places blocks of 8192 bytes"), std::string::npos) << cs.message;
   }
   still_serving();
-  {  // NaN and infinite observations in shared memory: counted, never folded
+  {  // NaN, infinite, negative or absurd observations: refused by the library,
+     // and a hostile client writing its totals directly is counted, never folded
     auto c = Connect(d, "nan");
     MemfdPool p(2);
     uint32_t id;
     ASSERT_TRUE(c->RegisterMemfdPool(p.fd, p.bytes, kBlock, 2, &id).ok());
     ASSERT_TRUE(c->Admit(id, std::vector<wire::AdmitEntry>{{K(60), 0}}, &res).ok());
-    c->Observe(res[0].slot, std::numeric_limits<float>::quiet_NaN());
+    const uint32_t slot = res[0].slot;
+    EXPECT_FALSE(c->Observe(slot, std::numeric_limits<float>::quiet_NaN()));
+    EXPECT_FALSE(c->Observe(slot, std::numeric_limits<float>::infinity()));
+    EXPECT_FALSE(c->Observe(slot, -5.0f));
+    wire::ReportOk rok;
+    ASSERT_TRUE(
+        c->Report(std::vector<wire::Observation>{{slot, std::numeric_limits<float>::quiet_NaN()},
+                                                 {slot, -1.0f}},
+                  &rok)
+            .ok());
+    EXPECT_EQ(rok.rejected, 2u);
+    auto* raw = const_cast<BlockState*>(c->SlotState(slot));
+    raw->client_mass_q16 += 12345;  // mass with no touch
     WaitTicks(*c, 3);
-    c->Observe(res[0].slot, std::numeric_limits<float>::infinity());
+    raw->client_touches += 0x80000000u;  // two billion touches in one tick
     WaitTicks(*c, 3);
-    c->Observe(res[0].slot, -5.0f);
+    raw->client_touches += 1;  // one touch carrying 65536 x 65535 units: more than the cap
+    raw->client_mass_q16 += 0xfffffff0u;
     WaitTicks(*c, 3);
     bool found = false;
     for (const auto& cl : StatusOf(d, "clients")) {
       if (cl["name"] == "nan") {
         found = true;
-        EXPECT_EQ(cl["bad_observations"], 3);
+        EXPECT_EQ(cl["bad_observations"], 2 + 3);  // two rejected reports, three hostile writes
       }
     }
     EXPECT_TRUE(found);
-    EXPECT_TRUE(std::isfinite(c->SlotState(res[0].slot)->score));
+    EXPECT_TRUE(std::isfinite(c->SlotState(slot)->score));
+    // Only the last write was folded, as one touch carrying no mass.
+    EXPECT_EQ(c->SlotState(slot)->touch_count, 1u);
   }
   still_serving();
   {  // a client killed with SIGKILL mid-batch: its pool is dropped, its states become ghosts
@@ -413,7 +429,8 @@ TEST(Daemon, CAbiWorks) {
   uint32_t blocks[2] = {0, 1}, slots[2] = {};
   ASSERT_EQ(cxltier_admit(c, pid, keys, blocks, 2, slots), 0) << cxltier_last_error(c);
   EXPECT_NE(slots[0], slots[1]);
-  cxltier_observe(c, slots[0], 1.0f);
+  EXPECT_EQ(cxltier_observe(c, slots[0], 1.0f), 0);
+  EXPECT_EQ(cxltier_observe(c, slots[0], -1.0f), -CXLTIER_E_BAD_SLOT);
   EXPECT_GE(cxltier_tier(c, slots[0]), 0);
   EXPECT_EQ(cxltier_tier(c, 99999), -1);
   uint32_t bad_blocks[1] = {77};

@@ -1,6 +1,7 @@
 // The wire codec: every message round-trips; hostile bytes are rejected with a reason.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "cxltier/segment.h"
@@ -145,12 +146,19 @@ TEST(Wire, HostilePayloadsAreRejected) {
 
 TEST(Segment, ObservationsAccumulateAndAreTaken) {
   BlockState s;
-  AddObservation(&s, 0.25f);
-  AddObservation(&s, 0.5f);
-  const PendingObservation p = TakeObservation(&s);
-  EXPECT_EQ(p.touches, 2u);
-  EXPECT_FLOAT_EQ(p.mass, 0.75f);
-  EXPECT_EQ(TakeObservation(&s).touches, 0u);
+  EXPECT_TRUE(AddObservation(&s, 0.25f));
+  EXPECT_TRUE(AddObservation(&s, 0.5f));
+  ClientTotals t = ReadTotals(&s);
+  EXPECT_EQ(t.touches, 2u);
+  EXPECT_EQ(t.mass_q16, 49152u);  // 0.75 x 65536
+  EXPECT_FALSE(AddObservation(&s, std::nanf("")));
+  EXPECT_FALSE(AddObservation(&s, -1.0f));
+  EXPECT_FALSE(AddObservation(&s, 1e9f));
+  EXPECT_EQ(ReadTotals(&s).touches, 2u);
+  // The totals wrap; differences stay right modulo 2^32.
+  s.client_touches = 0xffffffffu;
+  AddObservation(&s, 1.0f);
+  EXPECT_EQ(ReadTotals(&s).touches - 0xffffffffu, 1u);
   WriteTier(&s, Tier::kSlow);
   EXPECT_EQ(ReadTier(&s), Tier::kSlow);
   EXPECT_EQ(SegmentBytes(2), 4096u + 128u);
