@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -56,18 +57,75 @@ class HeapPolicy : public Policy {
   SlotHeap heap_;
 };
 
-// Score = touch count; ties go to the older touch.
-class LfuPolicy final : public HeapPolicy {
+// Score = touch count; ties go to the older touch. Blocks sit in one FIFO per
+// count ("frequency buckets"): a touch moves a block to the back of the next
+// count's bucket, so within a bucket blocks are in touch order, and the victim
+// is the front of the lowest bucket. A touch costs a map lookup over the
+// distinct counts in use (a handful), not a heap walk over every block.
+class LfuPolicy final : public Policy {
  public:
   std::string Name() const override { return "lfu"; }
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_count);
   }
+  void Reserve(size_t n) override {
+    if (n > links_.size()) links_.resize(n);
+  }
+  void OnHit(Slot s, const Touch&) override {
+    Unlink(s);
+    Append(s, state(s).touch_count);
+  }
+  Slot OnMiss(Slot s, const Touch&) override {
+    Slot victim = kNoSlot;
+    if (members_ >= capacity_) {
+      victim = buckets_.begin()->second.front;
+      Unlink(victim);
+    }
+    Append(s, state(s).touch_count);
+    return victim;
+  }
+  void Erase(Slot s) override {
+    if (s < links_.size() && links_[s].member) Unlink(s);
+  }
 
  private:
-  double Key(Slot s, const Touch&) const override {
-    return static_cast<double>(state(s).touch_count);
+  struct Link {
+    Slot prev = kNoSlot, next = kNoSlot;
+    uint32_t count = 0;
+    bool member = false;
+  };
+  struct Bucket {
+    Slot front = kNoSlot, back = kNoSlot;
+  };
+  void Append(Slot s, uint32_t count) {
+    if (s >= links_.size()) links_.resize(std::max<size_t>(s + 1, links_.size() * 2));
+    Bucket& b = buckets_[count];
+    links_[s] = Link{b.back, kNoSlot, count, true};
+    if (b.back != kNoSlot) links_[b.back].next = s;
+    b.back = s;
+    if (b.front == kNoSlot) b.front = s;
+    ++members_;
   }
+  void Unlink(Slot s) {
+    Link& l = links_[s];
+    auto it = buckets_.find(l.count);
+    Bucket& b = it->second;
+    if (l.prev != kNoSlot)
+      links_[l.prev].next = l.next;
+    else
+      b.front = l.next;
+    if (l.next != kNoSlot)
+      links_[l.next].prev = l.prev;
+    else
+      b.back = l.prev;
+    if (b.front == kNoSlot) buckets_.erase(it);
+    l = Link{};
+    --members_;
+  }
+
+  std::vector<Link> links_;
+  std::map<uint32_t, Bucket> buckets_;
+  size_t members_ = 0;
 };
 
 // Score = exponential moving average of observations on the workload clock.

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <utility>
 
 #include "checkpoint.h"
 #include "cxltier/segment.h"
@@ -207,6 +208,8 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   // half-open connections bounded as well.
   c->name = m.client_name.substr(0, 64);
   c->slots.assign(m.max_blocks, SegSlot{});
+  c->live_slots.assign(m.max_blocks, 0);
+  c->fold.assign(m.max_blocks, FoldState{});
   c->free_slots.clear();
   for (uint32_t i = m.max_blocks; i-- > 0;) c->free_slots.push_back(i);
   *segment_fd = c->segment.fd();
@@ -282,6 +285,8 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
     if (owners_.size() <= es) owners_.resize(es + 1);
     owners_[es] = Owner{peer.session_id, seg};
     c->slots[seg] = SegSlot{true, es, m.pool_id, e.block_index, e.key};
+    c->live_slots[seg] = 1;
+    c->fold[seg] = FoldState{};
     c->by_key[e.key] = seg;
     ++c->live;
     BlockState* slot = c->segment.slot(seg);
@@ -318,6 +323,7 @@ void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
   owners_[s.engine_slot] = Owner{};
   c.by_key.erase(s.key);
   s = SegSlot{};
+  c.live_slots[seg] = 0;
   BlockState* slot = c.segment.slot(seg);
   *slot = BlockState{};
   c.free_slots.push_back(seg);
@@ -354,6 +360,7 @@ server::Answer<wire::ReportOk> Daemon::OnReport(const server::Peer& peer, const 
     // Kept here, not in the segment: the client is the segment's only writer.
     ++c->slots[o.slot].socket_touches;
     c->slots[o.slot].socket_mass += o.mass;
+    c->socket_reports = true;
     ++ok.accepted;
   }
   c->bad_observations += ok.rejected;
@@ -409,18 +416,21 @@ void Daemon::Tick() {
   // one. The client's totals only grow (modulo 2^32); we fold the difference.
   for (auto& [id, c] : clients_) {
     if (!c.hello) continue;
-    for (uint32_t i = 0; i < c.slots.size(); ++i) {
-      SegSlot& s = c.slots[i];
-      if (!s.live) continue;
+    const bool socket_reports = std::exchange(c.socket_reports, false);
+    const uint32_t n = static_cast<uint32_t>(c.slots.size());
+    for (uint32_t i = 0; i < n; ++i) {
+      if (!c.live_slots[i]) continue;
+      FoldState& f = c.fold[i];
       const ClientTotals now = ReadTotals(c.segment.slot(i));
-      if (now.touches == s.seen_touches && now.mass_q16 == s.seen_mass_q16 &&
-          s.socket_touches == 0) {
+      if (now.touches == f.seen_touches && now.mass_q16 == f.seen_mass_q16 &&
+          (!socket_reports || c.slots[i].socket_touches == 0)) {
         continue;
       }
-      const uint32_t shm_touches = now.touches - s.seen_touches;
-      const double shm_mass = static_cast<double>(now.mass_q16 - s.seen_mass_q16) / kMassUnit;
-      s.seen_touches = now.touches;
-      s.seen_mass_q16 = now.mass_q16;
+      SegSlot& s = c.slots[i];
+      const uint32_t shm_touches = now.touches - f.seen_touches;
+      const double shm_mass = static_cast<double>(now.mass_q16 - f.seen_mass_q16) / kMassUnit;
+      f.seen_touches = now.touches;
+      f.seen_mass_q16 = now.mass_q16;
       const uint64_t touches = uint64_t{shm_touches} + s.socket_touches;
       double mass = shm_mass + s.socket_mass;
       s.socket_touches = 0;
