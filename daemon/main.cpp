@@ -87,6 +87,12 @@ int main(int argc, char** argv) {
   if (!tiers.has_slow()) {
     spdlog::warn("no slow tier: no memory-only NUMA node and no [tiers] override; scoring only");
   }
+  if (can_migrate && tiers.has_slow() && cxltier::numa::KernelNumaBalancing() == 1) {
+    spdlog::warn(
+        "kernel NUMA balancing is on (kernel.numa_balancing = 1): it moves pages that "
+        "have no memory policy back to the CPUs' node, undoing demotions of "
+        "address-range pools; set it to 0, or 2 for memory tiering");
+  }
   if (config.migrate && !cxltier::numa::HaveSysNice()) {
     spdlog::warn(
         "no CAP_SYS_NICE: shared pools cannot be moved (MPOL_MF_MOVE_ALL); "

@@ -164,6 +164,13 @@ TierAssignment AssignTiers(const Topology& topo, const std::vector<int>& fast_ov
   return a;
 }
 
+int KernelNumaBalancing(const std::string& proc_root) {
+  std::ifstream in(proc_root + "/sys/kernel/numa_balancing");
+  int v = -1;
+  if (!(in >> v)) return -1;
+  return v;
+}
+
 std::string Describe(const Topology& topo, const TierAssignment& tiers) {
   std::ostringstream out;
   for (const NumaNode& n : topo.nodes) {

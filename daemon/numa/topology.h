@@ -43,6 +43,11 @@ struct TierAssignment {
 TierAssignment AssignTiers(const Topology& topo, const std::vector<int>& fast_override,
                            const std::vector<int>& slow_override, std::string* error);
 
+// /proc/sys/kernel/numa_balancing: 0 off, 1 normal, 2 memory tiering (bits);
+// -1 when unknown. In normal mode the kernel migrates pages towards the CPUs
+// that touch them, undoing demotions of pages that have no memory policy.
+int KernelNumaBalancing(const std::string& proc_root = "/proc");
+
 // One line per node, for logs and `cxltierctl tiers`.
 std::string Describe(const Topology& topo, const TierAssignment& tiers);
 

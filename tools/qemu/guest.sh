@@ -200,7 +200,7 @@ timeout "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | tr -d '\r' 
   sed -n '/CXLTIER-GUEST-START/,$p' | grep -v '^CXLTIER-GUEST-START'
 qemu_rc=${PIPESTATUS[0]}
 set -e
-rc=$(sed -n 's/^CXLTIER-GUEST-EXIT \([0-9]*\).*/\1/p' "$LOG" | tail -n 1)
+rc=$(sed -n 's/.*CXLTIER-GUEST-EXIT \([0-9]*\).*/\1/p' "$LOG" | tail -n 1)
 echo "guest.sh: $SHAPE guest ran for $((SECONDS - start)) s" >&2
 if [ -z "$rc" ]; then
   echo "guest.sh: the $SHAPE guest did not report a result (qemu exit $qemu_rc); console tail:" >&2
