@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <malloc.h>
 #include <random>
 #include <vector>
 
@@ -177,17 +178,16 @@ BENCHMARK(BM_Tick)
 void BM_SeedScenarioTick(benchmark::State& state) {
   constexpr uint32_t kSeqs = 32, kBlocksPerSeq = 8192, kTouches = 64, kStepsPerTick = 3;
   const uint32_t n = kSeqs * kBlocksPerSeq;
-  // Memory the daemon holds per block, against the 64-byte state.
-  auto rss = [] {
-    std::ifstream in("/proc/self/statm");
-    uint64_t size = 0, resident = 0;
-    in >> size >> resident;
-    return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  // Memory the daemon holds per block, against the 64-byte state: its heap
+  // (engine, policy, key index, per-client tables) plus the segment slot.
+  auto heap = [] {
+    const struct mallinfo2 mi = mallinfo2();
+    return static_cast<uint64_t>(mi.uordblks + mi.hblkhd);
   };
-  const uint64_t before = rss();
+  const uint64_t before = heap();
   // 32 GiB of 5 MiB blocks = 6553 blocks of tier 0, in bench-model blocks.
   InProcessDaemon d(n, kBenchModel, 6553 * kBenchModel.block_bytes());
-  const uint64_t after = rss();
+  const uint64_t after = heap() + uint64_t{n} * sizeof(BlockState);
   std::mt19937 rng(3);
   for (auto _ : state) {
     state.PauseTiming();
@@ -207,7 +207,7 @@ void BM_SeedScenarioTick(benchmark::State& state) {
     d.Tick();
   }
   state.counters["blocks"] = n;
-  // The daemon's RSS per block, including the client's segment mapping (64 B).
+  // Heap per block plus the 64-byte segment slot.
   state.counters["daemon_bytes_per_block"] = static_cast<double>(after - before) / n;
   state.counters["observations_per_tick"] = kSeqs * kStepsPerTick * kTouches;
 }

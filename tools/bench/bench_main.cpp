@@ -4,7 +4,11 @@
 // Now: simulator replay throughput against a loop that only reads the same trace.
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <map>
 #include <string>
 #include <vector>
@@ -102,43 +106,146 @@ BENCHMARK_CAPTURE(BM_Replay, mooncake_sieve, std::string("mooncake"), std::strin
 BENCHMARK_CAPTURE(BM_Replay, mooncake_tinylfu, std::string("mooncake"), std::string("tinylfu"))
     ->Unit(benchmark::kMillisecond);
 
-// Collects items/s per benchmark so the summary can print ratios.
+// Collects every run so the summary can set figures next to their baselines.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  RatioReporter() : ConsoleReporter(isatty(1) ? OO_ColorTabular : OO_Tabular) {}
+
+  struct Result {
+    double seconds = 0;  // real time per iteration
+    std::map<std::string, double> counters;
+    std::string error;
+  };
+
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
-      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
-      const auto it = r.counters.find("items_per_second");
-      if (it != r.counters.end()) rates_[r.benchmark_name()] = it->second.value;
-    }
-  }
-  void PrintSummary() const {
-    for (const char* w : {"attention", "mooncake"}) {
-      const auto base = rates_.find(std::string("BM_ReadTrace/") + w);
-      if (base == rates_.end()) continue;
-      std::printf("\nsimulator replay, %s (%zu touches), one thread:\n", w,
-                  TraceNamed(w).touches());
-      std::printf("  %-32s %14s %13s\n", "", "touches/s", "vs read loop");
-      for (const auto& [name, rate] : rates_) {
-        if (name.find(w) == std::string::npos) continue;
-        std::printf("  %-32s %14.3g %12.4fx\n", name.c_str(), rate, rate / base->second);
+      if (r.run_type != Run::RT_Iteration) continue;
+      Result& out = results_[r.benchmark_name()];
+      if (r.error_occurred) {
+        out.error = r.error_message;
+        continue;
       }
+      out.seconds = r.iterations ? r.real_accumulated_time / static_cast<double>(r.iterations) : 0;
+      for (const auto& [k, c] : r.counters) out.counters[k] = c.value;
     }
   }
 
+  // Prints the table of docs/performance.md and returns it as JSON.
+  nlohmann::json Summary() const {
+    nlohmann::json j = nlohmann::json::object();
+    auto get = [this](const std::string& name) -> const Result* {
+      auto it = results_.find(name);
+      return it == results_.end() ? nullptr : &it->second;
+    };
+    auto figure = [&j](const std::string& key, double value, const std::string& unit,
+                       double baseline, double ratio, const std::string& target, bool met) {
+      j[key] = {{"value", value}, {"unit", unit},     {"baseline", baseline},
+                {"ratio", ratio}, {"target", target}, {"met", met}};
+      std::printf("  %-34s %12.4g %-10s baseline %12.4g  ratio %8.3f  target %-14s %s\n",
+                  key.c_str(), value, unit.c_str(), baseline, ratio, target.c_str(),
+                  met ? "met" : "MISSED");
+    };
+    std::printf("\nsummary (ratios against baselines measured in this run):\n");
+    for (const char* n : {"8192", "1048576"}) {
+      const Result* shm = get(std::string("BM_IngestShm/") + n);
+      const Result* base = get(std::string("BM_IngestBaseline/") + n);
+      if (shm && base && base->seconds > 0) {
+        const double r = shm->seconds / base->seconds;
+        figure(std::string("1_ingest_ns_per_observation_") + n, shm->seconds * 1e9, "ns",
+               base->seconds * 1e9, r, "<= 2x", r <= 2.0);
+      }
+    }
+    for (const char* n : {"1", "64", "4096"}) {
+      const Result* rep = get(std::string("BM_ReportSocket/") + n + "/real_time");
+      const Result* base = get(std::string("BM_ReportSocketpairBaseline/") + n + "/real_time");
+      if (rep && base && rep->error.empty()) {
+        const double obs = rep->counters.at("items_per_second");
+        const double r = rep->counters.at("bytes_per_second") / base->counters.at("bytes_per_second");
+        const bool big = std::string(n) == "4096";
+        figure(std::string("2_report_observations_per_s_") + n, obs, "obs/s",
+               base->counters.at("items_per_second"), r,
+               big ? ">= 20M, >= 0.5x" : "-", big ? obs >= 20e6 && r >= 0.5 : true);
+      }
+    }
+    for (const char* n : {"8192", "65536", "1048576"}) {
+      const Result* base = get(std::string("BM_TickBaseline/") + n);
+      for (const char* pct : {"1", "10", "100"}) {
+        const Result* t = get(std::string("BM_Tick/") + n + "/" + pct);
+        if (!t || !base || base->seconds <= 0) continue;
+        const double r = t->seconds / base->seconds;
+        const bool small = std::string(n) == "8192", large = std::string(n) == "1048576";
+        figure(std::string("3_tick_us_") + n + "_blocks_" + pct + "pct", t->seconds * 1e6, "us",
+               base->seconds * 1e6, r, small ? "<= 50 us" : large ? "<= 3x" : "-",
+               small ? t->seconds <= 50e-6 : large ? r <= 3.0 : true);
+      }
+    }
+    if (const Result* s = get("BM_SeedScenarioTick")) {
+      const double cpu = s->seconds * 10 * 100;  // 10 ticks per second, percent of a core
+      figure("4_daemon_cpu_percent_of_core", cpu, "%", 1.0, cpu / 1.0, "< 1%", cpu < 1.0);
+      const double per_block = s->counters.count("daemon_bytes_per_block")
+                                   ? s->counters.at("daemon_bytes_per_block")
+                                   : 0;
+      figure("4_daemon_bytes_per_block", per_block, "B", 64, per_block / 64, "-", true);
+    }
+    if (const Result* c = get("BM_SeedScenarioClientStep")) {
+      figure("4_client_ns_per_decode_step", c->seconds * 1e9, "ns", 0, 0, "-", true);
+    }
+    const Result* mc = get("BM_MigrateMemcpyBaseline/real_time");
+    for (const char* how : {"move_pages", "mbind"}) {
+      const Result* m = get(std::string("BM_Migrate/") + how + "/real_time");
+      if (!m) continue;
+      if (!m->error.empty()) {
+        j[std::string("5_migrate_") + how] = {{"skipped", m->error}};
+        std::printf("  5_migrate_%-24s skipped: %s\n", how, m->error.c_str());
+        continue;
+      }
+      const double gib = m->counters.at("bytes_per_second") / (1ull << 30);
+      const double base = mc && mc->error.empty() ? mc->counters.at("bytes_per_second") / (1ull << 30) : 0;
+      figure(std::string("5_migrate_gib_per_s_") + how, gib, "GiB/s", base, base ? gib / base : 0,
+             "-", true);
+    }
+    for (const char* w : {"attention", "mooncake"}) {
+      const Result* base = get(std::string("BM_ReadTrace/") + w);
+      const Result* lru = get(std::string("BM_Replay/") + w + "_lru");
+      if (base && lru && base->counters.count("items_per_second")) {
+        const double v = lru->counters.at("items_per_second");
+        figure(std::string("6_sim_lru_touches_per_s_") + w, v, "touches/s",
+               base->counters.at("items_per_second"), v / base->counters.at("items_per_second"),
+               ">= 20M", v >= 20e6);
+      }
+    }
+    return j;
+  }
+
  private:
-  std::map<std::string, double> rates_;
+  std::map<std::string, Result> results_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  // --summary=FILE writes the summary as JSON (our flag; the rest are Google Benchmark's).
+  std::string summary_path;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a(argv[i]);
+    if (a.rfind("--summary=", 0) == 0) {
+      summary_path = a.substr(10);
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  reporter.PrintSummary();
+  const nlohmann::json summary = reporter.Summary();
+  if (!summary_path.empty()) {
+    std::ofstream(summary_path) << summary.dump(2) << "\n";
+    std::printf("summary written to %s\n", summary_path.c_str());
+  }
   benchmark::Shutdown();
   return 0;
 }
