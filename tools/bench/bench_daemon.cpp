@@ -4,9 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <malloc.h>
 #include <filesystem>
 #include <fstream>
-#include <malloc.h>
 #include <random>
 #include <vector>
 

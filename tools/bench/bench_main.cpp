@@ -8,8 +8,8 @@
 
 #include <cstdio>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -161,11 +161,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const Result* base = get(std::string("BM_ReportSocketpairBaseline/") + n + "/real_time");
       if (rep && base && rep->error.empty()) {
         const double obs = rep->counters.at("items_per_second");
-        const double r = rep->counters.at("bytes_per_second") / base->counters.at("bytes_per_second");
+        const double r =
+            rep->counters.at("bytes_per_second") / base->counters.at("bytes_per_second");
         const bool big = std::string(n) == "4096";
         figure(std::string("2_report_observations_per_s_") + n, obs, "obs/s",
-               base->counters.at("items_per_second"), r,
-               big ? ">= 20M, >= 0.5x" : "-", big ? obs >= 20e6 && r >= 0.5 : true);
+               base->counters.at("items_per_second"), r, big ? ">= 20M, >= 0.5x" : "-",
+               big ? obs >= 20e6 && r >= 0.5 : true);
       }
     }
     for (const char* n : {"8192", "65536", "1048576"}) {
@@ -176,8 +177,13 @@ class RatioReporter : public benchmark::ConsoleReporter {
         const double r = t->seconds / base->seconds;
         const bool small = std::string(n) == "8192", large = std::string(n) == "1048576";
         figure(std::string("3_tick_us_") + n + "_blocks_" + pct + "pct", t->seconds * 1e6, "us",
-               base->seconds * 1e6, r, small ? "<= 50 us" : large ? "<= 3x" : "-",
-               small ? t->seconds <= 50e-6 : large ? r <= 3.0 : true);
+               base->seconds * 1e6, r,
+               small   ? "<= 50 us"
+               : large ? "<= 3x"
+                       : "-",
+               small   ? t->seconds <= 50e-6
+               : large ? r <= 3.0
+                       : true);
       }
     }
     if (const Result* s = get("BM_SeedScenarioTick")) {
@@ -201,7 +207,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
         continue;
       }
       const double gib = m->counters.at("bytes_per_second") / (1ull << 30);
-      const double base = mc && mc->error.empty() ? mc->counters.at("bytes_per_second") / (1ull << 30) : 0;
+      const double base =
+          mc && mc->error.empty() ? mc->counters.at("bytes_per_second") / (1ull << 30) : 0;
       figure(std::string("5_migrate_gib_per_s_") + how, gib, "GiB/s", base, base ? gib / base : 0,
              "-", true);
     }
