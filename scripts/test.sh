@@ -21,6 +21,20 @@ bench_smoke() {
 }
 stage bench-smoke bench_smoke
 stage unit unit_tests
+# The same tests under ASan+UBSan, and the threaded parts (daemon, mover) under
+# TSan; a sanitizer report stops the process, so it fails the test.
+sanitized() {
+  local kind=$1 dir="$BUILD_DIR-$1"
+  shift
+  cmake -S "$CXLTIER_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCXLTIER_WERROR=ON \
+    -DCXLTIER_SANITIZE="$kind" >/dev/null &&
+    cmake --build "$dir" -j "$JOBS" --target "$@" cxltierd cxltier-loadgen cxltier-sim cxltierctl >/dev/null &&
+    for t in "$@"; do
+      ASAN_OPTIONS=detect_leaks=1 TSAN_OPTIONS=halt_on_error=1 "$dir/bin/$t" --gtest_brief=1 || return 1
+    done
+}
+stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test daemon_test
+stage tsan sanitized thread service_test daemon_test
 # End to end in QEMU guests with a CPU-less second NUMA node (docs/testing.md).
 GUESTS_PASSED=0
 guest() {
