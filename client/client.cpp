@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cxltier/detail/fd_passing.h"
 #include "cxltier/segment.h"
 
 namespace cxltier {
@@ -23,45 +24,29 @@ Status Sys(const std::string& what) {
 }
 
 bool WriteAll(int fd, const uint8_t* p, size_t n, int send_fd) {
-  bool fd_sent = send_fd < 0;
   while (n > 0) {
-    iovec iov{const_cast<uint8_t*>(p), n};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    if (!fd_sent) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &send_fd, sizeof(int));
-    }
-    const ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    const ssize_t w = detail::SendWithFd(fd, p, n, send_fd, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
       return false;
     }
-    fd_sent = true;
+    send_fd = -1;  // sent with the first byte
     p += w;
     n -= static_cast<size_t>(w);
   }
   return true;
 }
 
-// Reads exactly n bytes; the first fd that arrives is stored in *fd.
+// Reads exactly n bytes; the first fd that arrives is stored in *fd, others closed.
 bool ReadAll(int sock, uint8_t* p, size_t n, int* fd) {
   while (n > 0) {
-    iovec iov{p, n};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    const ssize_t r = detail::RecvWithFds(sock, p, n, 0, [fd](int got) {
+      if (fd && *fd < 0) {
+        *fd = got;
+      } else {
+        close(got);
+      }
+    });
     if (r < 0) {
       if (errno == EINTR) continue;
       return false;
@@ -69,19 +54,6 @@ bool ReadAll(int sock, uint8_t* p, size_t n, int* fd) {
     if (r == 0) {
       errno = ECONNRESET;
       return false;
-    }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int got;
-        std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (fd && *fd < 0) {
-          *fd = got;
-        } else {
-          close(got);
-        }
-      }
     }
     p += r;
     n -= static_cast<size_t>(r);

@@ -1,5 +1,7 @@
 #include "server.h"
 
+#include "cxltier/detail/fd_passing.h"
+
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -53,29 +55,17 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     if (ec) return Close();
     uint8_t buf[64 * 1024];
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
     for (;;) {
-      iovec iov{buf, sizeof(buf)};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      const ssize_t n = recvmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      const ssize_t n = detail::RecvWithFds(socket_.native_handle(), buf, sizeof(buf), MSG_DONTWAIT,
+                                            [this](int fd) {
+                                              fds_.emplace_back(fd);
+                                              // Stray fds beyond a few are closed.
+                                              if (fds_.size() > kMaxQueuedFds) fds_.pop_front();
+                                            });
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         return Close();
-      }
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds_.emplace_back(fd);
-          if (fds_.size() > kMaxQueuedFds) fds_.pop_front();  // stray fds: closed
-        }
       }
       if (n == 0) return Close();
       in_.insert(in_.end(), buf, buf + n);
@@ -209,21 +199,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return Close();
     Out& o = out_.front();
     while (o.sent < o.bytes.size()) {
-      iovec iov{o.bytes.data() + o.sent, o.bytes.size() - o.sent};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-      if (o.fd >= 0 && o.sent == 0) {
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof(control);
-        cmsghdr* c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(c), &o.fd, sizeof(int));
-      }
-      const ssize_t n = sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      const ssize_t n = detail::SendWithFd(socket_.native_handle(), o.bytes.data() + o.sent,
+                                           o.bytes.size() - o.sent, o.sent == 0 ? o.fd : -1,
+                                           MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return WriteNext();
