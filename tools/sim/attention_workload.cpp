@@ -55,7 +55,6 @@ struct Session {
   uint32_t turns_done = 0;
   uint64_t ready_at = 0;
   bool active = false;
-  bool released = false;           // its own blocks were freed during the last pause
   std::vector<double> importance;  // per block, drawn once and redrawn by drift
   std::unique_ptr<WeightTree> tree;
 };
@@ -105,7 +104,6 @@ class Generator {
           s.ready_at = step + Geometric(p_.pause_steps);
           if (Chance(p_.release_on_pause)) {
             ReleaseOwn(s, step);
-            s.released = true;
           }
         }
       }
@@ -159,7 +157,6 @@ class Generator {
     s.turns_done = 0;
     s.ready_at = ready_at;
     s.active = false;
-    s.released = false;
     s.importance.assign(max_blocks_, 0.0);
     s.tree = std::make_unique<WeightTree>(max_blocks_);
     for (uint32_t b = 0; b < Blocks(s); ++b) SetImportance(s, b, Pareto());
@@ -167,7 +164,6 @@ class Generator {
 
   void Resume(Session& s) {
     s.active = true;
-    s.released = false;
     if (s.turns_done > 0) {
       // A later turn: the user's message arrives first.
       const uint32_t before = Blocks(s);
