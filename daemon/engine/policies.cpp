@@ -98,7 +98,7 @@ class LfuPolicy final : public Policy {
     Slot front = kNoSlot, back = kNoSlot;
   };
   void Append(Slot s, uint32_t count) {
-    if (s >= links_.size()) links_.resize(std::max<size_t>(s + 1, links_.size() * 2));
+    GrowFor(links_, s);
     Bucket& b = buckets_[count];
     links_[s] = Link{b.back, kNoSlot, count, true};
     if (b.back != kNoSlot) links_[b.back].next = s;
@@ -265,7 +265,7 @@ class S3FifoPolicy final : public Policy {
  private:
   enum { kS = 0, kM = 1, kG = 2 };
   uint8_t& Freq(Slot s) {
-    if (s >= freq_.size()) freq_.resize(std::max<size_t>(s + 1, freq_.size() * 2), 0);
+    GrowFor(freq_, s);
     return freq_[s];
   }
   Slot Evict() {
@@ -329,7 +329,7 @@ class SievePolicy final : public Policy {
 
  private:
   uint8_t& Visited(Slot s) {
-    if (s >= visited_.size()) visited_.resize(std::max<size_t>(s + 1, visited_.size() * 2), 0);
+    GrowFor(visited_, s);
     return visited_[s];
   }
   Slot Evict() {

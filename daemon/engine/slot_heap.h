@@ -44,7 +44,7 @@ class SlotHeap {
       }
       return;
     }
-    if (s >= pos_.size()) pos_.resize(std::max<size_t>(s + 1, pos_.size() * 2), kNoPos);
+    GrowFor(pos_, s, kNoPos);
     heap_.push_back(Entry{primary, secondary, s});
     pos_[s] = static_cast<uint32_t>(heap_.size() - 1);
     SiftUp(pos_[s]);

@@ -89,9 +89,7 @@ class SlotLists {
     uint8_t which = kNoList;
   };
 
-  void Ensure(Slot s) {
-    if (s >= links_.size()) links_.resize(std::max<size_t>(s + 1, links_.size() * 2));
-  }
+  void Ensure(Slot s) { GrowFor(links_, s); }
 
   std::vector<Slot> heads_, tails_;
   std::vector<size_t> sizes_;

@@ -1,9 +1,11 @@
 // Vocabulary types of the placement engine. Pure: standard library only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "cxltier/block.h"
 
@@ -34,5 +36,12 @@ struct Touch {
   uint64_t now = 0;            // workload clock (steps in the simulator, ns in the daemon)
   uint64_t next_use = kNever;  // clock of the block's next touch; only MIN reads it
 };
+
+// Grows a per-slot table so that `s` is a valid index (at least doubling, so
+// slots handed out one by one cost amortised O(1)); new entries are `fill`.
+template <typename T>
+void GrowFor(std::vector<T>& table, Slot s, const T& fill = T{}) {
+  if (s >= table.size()) table.resize(std::max<size_t>(s + 1, table.size() * 2), fill);
+}
 
 }  // namespace cxltier::engine
