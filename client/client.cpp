@@ -125,7 +125,8 @@ Status Client::Open() {
   close(fd);
   if (p == MAP_FAILED) return Sys("mapping the state segment");
   const auto* h = static_cast<const SegmentHeader*>(p);
-  if (h->magic != kSegmentMagic || h->slots != ok.slots || ok.slot_offset != kSegmentSlotOffset) {
+  if (h->magic != kSegmentMagic || h->version != kSegmentVersion || h->slots != ok.slots ||
+      ok.slot_offset != kSegmentSlotOffset || h->dirty_offset != SegmentDirtyOffset(ok.slots)) {
     munmap(p, bytes);
     return Status::Fail(ErrorCode::kInternal, "state segment header does not match");
   }
@@ -224,8 +225,9 @@ Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) 
 
 bool Client::Observe(uint32_t slot, float mass) {
   if (slot >= slots_) return false;
-  auto* base = static_cast<char*>(segment_) + kSegmentSlotOffset;
-  return AddObservation(reinterpret_cast<BlockState*>(base) + slot, mass);
+  auto* base = static_cast<char*>(segment_);
+  return AddObservation(reinterpret_cast<BlockState*>(base + kSegmentSlotOffset),
+                        reinterpret_cast<uint64_t*>(base + SegmentDirtyOffset(slots_)), slot, mass);
 }
 
 Status Client::Report(std::span<const wire::Observation> observations, wire::ReportOk* result) {

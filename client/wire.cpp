@@ -3,12 +3,25 @@
 // cannot drift apart.
 #include "cxltier/wire.h"
 
+#include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
 namespace cxltier::wire {
 namespace {
+
+// Fields are little-endian on the wire: a memcpy on little-endian hosts.
+template <typename T>
+T ToLittle(T v) {
+  if constexpr (std::endian::native == std::endian::big) {
+    T r = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) r = static_cast<T>((r << 8) | ((v >> (8 * i)) & 0xff));
+    return r;
+  }
+  return v;
+}
 
 class Writer {
  public:
@@ -18,7 +31,10 @@ class Writer {
   template <typename T>
   void U(T v) {
     static_assert(std::is_unsigned_v<T>);
-    for (size_t i = 0; i < sizeof(T); ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    const size_t at = out_.size();
+    out_.resize(at + sizeof(T));
+    v = ToLittle(v);
+    std::memcpy(out_.data() + at, &v, sizeof(T));
   }
   void Field(uint8_t& v) { U(v); }
   void Field(uint16_t& v) { U(v); }
@@ -41,9 +57,17 @@ class Writer {
     out_.insert(out_.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
   }
   template <typename T, typename Fn>
-  void Vec(std::vector<T>& v, size_t /*elem_bytes*/, Fn&& fn) {
+  void Vec(std::vector<T>& v, size_t elem_bytes, Fn&& fn) {
+    out_.reserve(out_.size() + 4 + v.size() * elem_bytes);
     U(static_cast<uint32_t>(v.size()));
     for (T& e : v) fn(e);
+  }
+  // A vector whose elements' bytes in memory are their wire bytes.
+  template <typename T>
+  void PodVec(std::vector<T>& v) {
+    U(static_cast<uint32_t>(v.size()));
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    out_.insert(out_.end(), p, p + v.size() * sizeof(T));
   }
   bool ok() const { return true; }
 
@@ -60,7 +84,8 @@ class Reader {
   void U(T& v) {
     v = 0;
     if (!Need(sizeof(T))) return;
-    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(T{in_[pos_ + i]} << (8 * i));
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    v = ToLittle(v);
     pos_ += sizeof(T);
   }
   void Field(uint8_t& v) { U(v); }
@@ -100,6 +125,17 @@ class Reader {
     }
     v.resize(n);
     for (T& e : v) fn(e);
+  }
+  template <typename T>
+  void PodVec(std::vector<T>& v) {
+    uint32_t n = 0;
+    U(n);
+    if (!ok_ || uint64_t{n} * sizeof(T) > in_.size() - pos_) {
+      return Fail("element count " + std::to_string(n) + " does not fit the payload");
+    }
+    v.resize(n);
+    std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
   }
   void Fail(const std::string& why) {
     if (ok_) error_ = why;
@@ -193,6 +229,11 @@ void Fields(Io& io, ReleaseOk& m) {
 }
 template <typename Io>
 void Fields(Io& io, Report& m) {
+  // The hot message: on little-endian hosts an Observation's bytes are its
+  // wire bytes (u32 slot, f32 mass), copied in one go.
+  static_assert(sizeof(Observation) == 8 && offsetof(Observation, slot) == 0 &&
+                offsetof(Observation, mass) == 4 && std::is_trivially_copyable_v<Observation>);
+  if constexpr (std::endian::native == std::endian::little) return io.PodVec(m.observations);
   io.Vec(m.observations, 8, [&io](Observation& o) {
     io.Field(o.slot);
     io.Field(o.mass);

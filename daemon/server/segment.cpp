@@ -53,6 +53,7 @@ std::string Segment::Create(uint32_t slots, uint64_t client_id) {
   h->slots = slots;
   h->slot_offset = kSegmentSlotOffset;
   h->client_id = client_id;
+  h->dirty_offset = SegmentDirtyOffset(slots);
   for (uint32_t i = 0; i < slots; ++i) new (slot(i)) BlockState{};
   return {};
 }

@@ -30,6 +30,9 @@ class Segment {
   BlockState* slot(uint32_t i) const {
     return reinterpret_cast<BlockState*>(static_cast<char*>(base_) + kSegmentSlotOffset) + i;
   }
+  uint64_t* dirty() const {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(base_) + SegmentDirtyOffset(slots_));
+  }
 
  private:
   void Unmap();

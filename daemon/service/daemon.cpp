@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
@@ -21,6 +22,11 @@ namespace {
 
 // More observations than this for one block in one tick is not a real client.
 constexpr uint64_t kMaxTouchesPerTick = 1u << 20;
+// Every this many ticks the fold reads every live slot, not only the dirty
+// ones: the bound on how long a dirty-bit race can leave totals unfolded.
+constexpr uint64_t kFullFoldTicks = 10;
+// Slots folded together, their cache lines prefetched first.
+constexpr size_t kFoldBatch = 32;
 
 const char* TierName(Tier t) {
   return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
@@ -209,6 +215,7 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   c->name = m.client_name.substr(0, 64);
   c->slots.assign(m.max_blocks, SegSlot{});
   c->live_slots.assign(m.max_blocks, 0);
+  c->socket_dirty.assign(SegmentDirtyWords(m.max_blocks), 0);
   c->fold.assign(m.max_blocks, FoldState{});
   c->free_slots.clear();
   for (uint32_t i = m.max_blocks; i-- > 0;) c->free_slots.push_back(i);
@@ -360,7 +367,7 @@ server::Answer<wire::ReportOk> Daemon::OnReport(const server::Peer& peer, const 
     // Kept here, not in the segment: the client is the segment's only writer.
     ++c->slots[o.slot].socket_touches;
     c->slots[o.slot].socket_mass += o.mass;
-    c->socket_reports = true;
+    c->socket_dirty[o.slot / 64] |= uint64_t{1} << (o.slot % 64);
     ++ok.accepted;
   }
   c->bad_observations += ok.rejected;
@@ -413,39 +420,26 @@ void Daemon::Tick() {
   ++tick_;
   if (!engine_) return;
   // Fold: one touch per slot per tick with the mass observed since the last
-  // one. The client's totals only grow (modulo 2^32); we fold the difference.
+  // one, for the slots the client (dirty bitmap) or a socket report marked;
+  // every kFullFoldTicks ticks, every live slot (see segment.h).
+  const bool full = tick_ % kFullFoldTicks == 0;
   for (auto& [id, c] : clients_) {
     if (!c.hello) continue;
-    const bool socket_reports = std::exchange(c.socket_reports, false);
     const uint32_t n = static_cast<uint32_t>(c.slots.size());
-    for (uint32_t i = 0; i < n; ++i) {
-      if (!c.live_slots[i]) continue;
-      FoldState& f = c.fold[i];
-      const ClientTotals now = ReadTotals(c.segment.slot(i));
-      if (now.touches == f.seen_touches && now.mass_q16 == f.seen_mass_q16 &&
-          (!socket_reports || c.slots[i].socket_touches == 0)) {
-        continue;
+    uint64_t* dirty = c.segment.dirty();
+    fold_batch_.clear();
+    for (uint32_t w = 0; w < c.socket_dirty.size(); ++w) {
+      uint64_t bits = TakeDirty(dirty, w) | std::exchange(c.socket_dirty[w], 0);
+      if (full) bits = ~uint64_t{0};
+      while (bits) {
+        const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
+        bits &= bits - 1;
+        if (i >= n || !c.live_slots[i]) continue;
+        fold_batch_.push_back(i);
+        if (fold_batch_.size() == kFoldBatch) FoldBatch(c);
       }
-      SegSlot& s = c.slots[i];
-      const uint32_t shm_touches = now.touches - f.seen_touches;
-      const double shm_mass = static_cast<double>(now.mass_q16 - f.seen_mass_q16) / kMassUnit;
-      f.seen_touches = now.touches;
-      f.seen_mass_q16 = now.mass_q16;
-      const uint64_t touches = uint64_t{shm_touches} + s.socket_touches;
-      double mass = shm_mass + s.socket_mass;
-      s.socket_touches = 0;
-      s.socket_mass = 0;
-      // Untrusted: totals that jump implausibly are counted and folded as nothing.
-      if (touches == 0 || touches > kMaxTouchesPerTick ||
-          mass > static_cast<double>(touches) * kMaxObservationMass) {
-        ++c.bad_observations;
-        if (touches == 0 || touches > kMaxTouchesPerTick) continue;
-        mass = 0;
-      }
-      c.observations += touches;
-      engine_->Touch(s.engine_slot, engine::Touch{mass, tick_, engine::kNever});
-      WriteBack(c, i);
     }
+    FoldBatch(c);
     c.segment.header()->daemon_ticks = tick_;
   }
   // Plan and hand the moves to the mover, unless it is still busy.
@@ -468,6 +462,48 @@ void Daemon::Tick() {
           config_.checkpoint_interval_s * 1000ull) {
     Checkpoint();
   }
+}
+
+// Folds the slots in fold_batch_. The slots are scattered over the segment,
+// the daemon's tables and the engine's states, so their lines are asked for
+// first, all of them, and the misses overlap instead of coming one by one.
+void Daemon::FoldBatch(Client& c) {
+  for (uint32_t i : fold_batch_) {
+    __builtin_prefetch(c.segment.slot(i), 1);
+    __builtin_prefetch(&c.fold[i], 1);
+    __builtin_prefetch(&c.slots[i], 1);
+  }
+  for (uint32_t i : fold_batch_) __builtin_prefetch(&engine_->state(c.slots[i].engine_slot), 1);
+  for (uint32_t i : fold_batch_) FoldSlot(c, i);
+  fold_batch_.clear();
+}
+
+// The client's totals only grow (modulo 2^32); we fold the difference.
+void Daemon::FoldSlot(Client& c, uint32_t i) {
+  FoldState& f = c.fold[i];
+  SegSlot& s = c.slots[i];
+  const ClientTotals now = ReadTotals(c.segment.slot(i));
+  if (now.touches == f.seen_touches && now.mass_q16 == f.seen_mass_q16 && s.socket_touches == 0) {
+    return;
+  }
+  const uint32_t shm_touches = now.touches - f.seen_touches;
+  const double shm_mass = static_cast<double>(now.mass_q16 - f.seen_mass_q16) / kMassUnit;
+  f.seen_touches = now.touches;
+  f.seen_mass_q16 = now.mass_q16;
+  const uint64_t touches = uint64_t{shm_touches} + s.socket_touches;
+  double mass = shm_mass + s.socket_mass;
+  s.socket_touches = 0;
+  s.socket_mass = 0;
+  // Untrusted: totals that jump implausibly are counted and folded as nothing.
+  if (touches == 0 || touches > kMaxTouchesPerTick ||
+      mass > static_cast<double>(touches) * kMaxObservationMass) {
+    ++c.bad_observations;
+    if (touches == 0 || touches > kMaxTouchesPerTick) return;
+    mass = 0;
+  }
+  c.observations += touches;
+  engine_->Touch(s.engine_slot, engine::Touch{mass, tick_, engine::kNever});
+  WriteBack(c, i);
 }
 
 void Daemon::OnMoveDone(MoveDone d) {

@@ -89,7 +89,7 @@ class Daemon final : public server::Handler {
     std::vector<SegSlot> slots;
     std::vector<uint8_t> live_slots;  // slots[i].live, packed for the fold's scan
     std::vector<FoldState> fold;
-    bool socket_reports = false;  // some slot has socket reports to fold
+    std::vector<uint64_t> socket_dirty;  // slots with socket reports to fold, a bit each
     std::vector<uint32_t> free_slots;
     std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
     uint64_t live = 0;
@@ -108,6 +108,8 @@ class Daemon final : public server::Handler {
   Tier WhereIs(const numa::PageRange& range);
   void ReleaseSlot(Client& c, uint32_t seg_slot);
   void WriteBack(Client& c, uint32_t seg_slot);
+  void FoldSlot(Client& c, uint32_t seg_slot);
+  void FoldBatch(Client& c);
   void OnMoveDone(MoveDone done);
   void ScheduleTick();
   void Checkpoint();
@@ -128,6 +130,7 @@ class Daemon final : public server::Handler {
   std::vector<BlockState> pending_ghosts_;  // loaded before the engine exists
   std::map<uint64_t, Client> clients_;      // by session id
   std::vector<Owner> owners_;               // by engine slot
+  std::vector<uint32_t> fold_batch_;        // Tick's scratch: segment slots to fold
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
   uint64_t next_client_id_ = 1;

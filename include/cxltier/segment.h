@@ -1,6 +1,6 @@
-// The per-client shared-memory state segment: a header page, then one 64-byte
-// BlockState slot per block. The daemon creates it (a sealed memfd) and passes
-// the fd with HelloOk; the client maps it read-write.
+// The per-client shared-memory state segment: a header page, one 64-byte
+// BlockState slot per block, then a dirty bitmap (one bit per slot). The daemon creates it (a
+// sealed memfd) and passes the fd with HelloOk; the client maps it read-write.
 //
 // The client writes only client_touches and client_mass_q16: running totals
 // that only it writes (one writer per slot), with plain relaxed stores, so an
@@ -8,6 +8,15 @@
 // daemon reads them and folds the difference from what it saw last time
 // (modulo 2^32). It writes score, touch time, touch count, tier and flags
 // back for the client to read. Everything the client writes is untrusted.
+//
+// The dirty bitmap spares the daemon a scan of every slot each tick: after
+// updating a slot's totals the client sets the slot's bit (an atomic OR, only
+// when the bit is not already set), and the daemon takes each word with an
+// atomic exchange and folds only the slots whose bits were set. A bit the
+// client saw set just before the daemon cleared it can leave the newest totals
+// unfolded until the slot's next observation; the daemon also scans every slot
+// every few ticks, so nothing waits longer than that. The bitmap is a hint:
+// a bit set without new totals folds nothing.
 #pragma once
 
 #include <atomic>
@@ -19,7 +28,7 @@
 namespace cxltier {
 
 inline constexpr uint32_t kSegmentMagic = 0x47455343;  // "CSEG"
-inline constexpr uint32_t kSegmentVersion = 1;
+inline constexpr uint32_t kSegmentVersion = 2;
 inline constexpr uint32_t kSegmentSlotOffset = 4096;  // slot 0 starts on the second page
 
 struct SegmentHeader {
@@ -29,11 +38,16 @@ struct SegmentHeader {
   uint32_t slot_offset;
   uint64_t client_id;
   uint64_t daemon_ticks;  // the daemon bumps it after every fold (relaxed)
+  uint64_t dirty_offset;  // byte offset of the dirty bitmap: SegmentDirtyOffset(slots)
 };
 static_assert(sizeof(SegmentHeader) <= kSegmentSlotOffset);
 
-inline constexpr uint64_t SegmentBytes(uint32_t slots) {
+inline constexpr uint64_t SegmentDirtyOffset(uint32_t slots) {
   return kSegmentSlotOffset + uint64_t{slots} * sizeof(BlockState);
+}
+inline constexpr uint32_t SegmentDirtyWords(uint32_t slots) { return (slots + 63) / 64; }
+inline constexpr uint64_t SegmentBytes(uint32_t slots) {
+  return SegmentDirtyOffset(slots) + uint64_t{SegmentDirtyWords(slots)} * sizeof(uint64_t);
 }
 
 // Observation masses are fixed point: 1/65536 units, at most kMaxObservationMass.
@@ -52,6 +66,30 @@ inline bool AddObservation(BlockState* slot, float mass) {
   // Release: a daemon that sees the new count also sees the mass added before it.
   touches.store(touches.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   return true;
+}
+
+// Client side: marks slot i dirty. The OR is skipped when the bit is already
+// set, so a slot observed many times per tick pays for one atomic.
+inline void MarkDirty(uint64_t* dirty, uint32_t i) {
+  std::atomic_ref<uint64_t> word(dirty[i / 64]);
+  const uint64_t bit = uint64_t{1} << (i % 64);
+  if ((word.load(std::memory_order_relaxed) & bit) == 0)
+    word.fetch_or(bit, std::memory_order_release);
+}
+
+// Client side: AddObservation into slots[i], then MarkDirty.
+inline bool AddObservation(BlockState* slots, uint64_t* dirty, uint32_t i, float mass) {
+  if (!AddObservation(&slots[i], mass)) return false;
+  MarkDirty(dirty, i);
+  return true;
+}
+
+// Daemon side: takes (and clears) one word of the dirty bitmap.
+inline uint64_t TakeDirty(uint64_t* dirty, uint32_t word) {
+  std::atomic_ref<uint64_t> w(dirty[word]);
+  // A load first: most words are zero, and an exchange would dirty their line.
+  if (w.load(std::memory_order_relaxed) == 0) return 0;
+  return w.exchange(0, std::memory_order_acquire);
 }
 
 // Daemon side: what the client's running totals say now.

@@ -74,6 +74,25 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(e.message, "too many");
 }
 
+// The Report payload is copied in bulk: its bytes must still be the
+// documented little-endian layout (u32 count, then u32 slot, f32 mass each).
+TEST(Wire, ReportBytesAreTheDocumentedLayout) {
+  std::vector<uint8_t> out;
+  Encode(Report{{{0x01020304u, 1.0f}, {5, -2.0f}}}, 9, out);
+  ASSERT_EQ(out.size(), kHeaderBytes + 4 + 16);
+  const std::vector<uint8_t> payload(out.begin() + kHeaderBytes, out.end());
+  const std::vector<uint8_t> want = {2,    0,    0, 0, 0x04, 0x03, 0x02, 0x01, 0, 0,
+                                     0x80, 0x3f, 5, 0, 0,    0,    0,    0,    0, 0xc0};
+  EXPECT_EQ(payload, want);
+  Report back;
+  std::string why;
+  ASSERT_TRUE(Decode(payload, &back, &why)) << why;
+  EXPECT_EQ(back.observations.at(0).slot, 0x01020304u);
+  EXPECT_EQ(back.observations.at(1).mass, -2.0f);
+  // One byte short of the second observation: rejected before anything is copied.
+  EXPECT_FALSE(Decode(std::span(payload).first(payload.size() - 1), &back, &why));
+}
+
 TEST(Wire, HeaderChecks) {
   std::vector<uint8_t> buf;
   Encode(Stats{"x"}, 1, buf);
@@ -161,7 +180,26 @@ TEST(Segment, ObservationsAccumulateAndAreTaken) {
   EXPECT_EQ(ReadTotals(&s).touches - 0xffffffffu, 1u);
   WriteTier(&s, Tier::kSlow);
   EXPECT_EQ(ReadTier(&s), Tier::kSlow);
-  EXPECT_EQ(SegmentBytes(2), 4096u + 128u);
+  EXPECT_EQ(SegmentBytes(2), 4096u + 128u + 8u);
+  EXPECT_EQ(SegmentBytes(65), 4096u + 65u * 64u + 16u);
+}
+
+TEST(Segment, DirtyBitsMarkObservedSlotsUntilTaken) {
+  std::vector<BlockState> slots(130);
+  std::vector<uint64_t> dirty(SegmentDirtyWords(130));
+  ASSERT_EQ(dirty.size(), 3u);
+  EXPECT_TRUE(AddObservation(slots.data(), dirty.data(), 0, 1.0f));
+  EXPECT_TRUE(AddObservation(slots.data(), dirty.data(), 0, 1.0f));
+  EXPECT_TRUE(AddObservation(slots.data(), dirty.data(), 65, 1.0f));
+  EXPECT_TRUE(AddObservation(slots.data(), dirty.data(), 129, 1.0f));
+  // A rejected observation marks nothing.
+  EXPECT_FALSE(AddObservation(slots.data(), dirty.data(), 7, std::nanf("")));
+  EXPECT_EQ(TakeDirty(dirty.data(), 0), uint64_t{1});
+  EXPECT_EQ(TakeDirty(dirty.data(), 0), 0u);  // taken: cleared
+  EXPECT_EQ(TakeDirty(dirty.data(), 1), uint64_t{1} << 1);
+  EXPECT_EQ(TakeDirty(dirty.data(), 2), uint64_t{1} << 1);
+  EXPECT_EQ(ReadTotals(&slots[0]).touches, 2u);
+  EXPECT_EQ(ReadTotals(&slots[7]).touches, 0u);
 }
 
 }  // namespace
