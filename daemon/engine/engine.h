@@ -112,15 +112,18 @@ class Engine {
   // Plan() and complete every move at once (the simulator). Returns the moves made.
   size_t PlanAndApply();
 
-  // A hint that `slot` will be touched soon: starts loading its state line.
-  void Prefetch(Slot slot) const {
-    if (slot < states_.size()) __builtin_prefetch(&states_[slot], 1);
-  }
-
   bool IsLive(Slot slot) const {
     return slot < states_.size() && (states_[slot].flags & kFlagResident);
   }
   const BlockState& state(Slot slot) const { return states_[slot]; }
+  // A hint that slot s will be touched soon: starts loading its state line,
+  // its policy links and its planner-queue link.
+  void Prefetch(Slot s) const {
+    if (s >= states_.size()) return;
+    __builtin_prefetch(&states_[s], 1);
+    policy_->Prefetch(s);
+    queues_.Prefetch(s);
+  }
   const EngineCounters& counters() const { return counters_; }
   const EngineOptions& options() const { return options_; }
   const Policy& policy() const { return *policy_; }

@@ -87,6 +87,9 @@ class LfuPolicy final : public Policy {
   void Erase(Slot s) override {
     if (s < links_.size() && links_[s].member) Unlink(s);
   }
+  void Prefetch(Slot s) const override {
+    if (s < links_.size()) __builtin_prefetch(&links_[s], 1);
+  }
 
  private:
   struct Link {

@@ -50,6 +50,8 @@ class Policy {
 
   // A hint: about `n` slots will be used; allocate per-slot tables now.
   virtual void Reserve(size_t) {}
+  // A hint: the caller will touch slot s soon (a prefetch of its links).
+  virtual void Prefetch(Slot) const {}
 
   // True when MIN-style future knowledge is needed (simulator only).
   virtual bool NeedsFuture() const { return false; }

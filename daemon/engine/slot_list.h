@@ -21,6 +21,9 @@ class SlotLists {
 
   // Which list `s` is in, or kNoList.
   uint8_t ListOf(Slot s) const { return s < links_.size() ? links_[s].which : kNoList; }
+  void Prefetch(Slot s) const {
+    if (s < links_.size()) __builtin_prefetch(&links_[s], 1);
+  }
   bool Contains(int list, Slot s) const { return ListOf(s) == list; }
   size_t Size(int list) const { return sizes_[list]; }
   // Front = most recently pushed with PushFront (MRU / queue head).

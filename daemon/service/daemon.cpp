@@ -473,7 +473,7 @@ void Daemon::FoldBatch(Client& c) {
     __builtin_prefetch(&c.fold[i], 1);
     __builtin_prefetch(&c.slots[i], 1);
   }
-  for (uint32_t i : fold_batch_) __builtin_prefetch(&engine_->state(c.slots[i].engine_slot), 1);
+  for (uint32_t i : fold_batch_) engine_->Prefetch(c.slots[i].engine_slot);
   for (uint32_t i : fold_batch_) FoldSlot(c, i);
   fold_batch_.clear();
 }
