@@ -17,6 +17,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   // first touches; without the hint they grow by doubling.
   states_.resize(options.expected_blocks);
   moved_tick_.resize(options.expected_blocks, 0);
+  retry_.resize(options.expected_blocks);
   index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence);
   policy_->Reserve(options.expected_blocks);
@@ -53,6 +54,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed) {
     if (s == states_.size()) {
       states_.emplace_back();
       moved_tick_.push_back(0);
+      retry_.emplace_back();
     }
   }
   BlockState& st = states_[s];
@@ -72,6 +74,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed) {
   }
   st.flags |= kFlagResident;
   moved_tick_[s] = 0;
+  retry_[s] = Retry{};
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
     const bool fast = placed == Tier::kNone ? fast_blocks_ < capacity_ : placed == Tier::kFast;
@@ -185,7 +188,8 @@ void Engine::Release(Slot s) {
   ++counters_.releases;
 }
 
-bool Engine::HeldByHysteresis(Slot s) const {
+bool Engine::Held(Slot s) const {
+  if (tick_ < retry_[s].not_before) return true;
   return options_.hysteresis_ticks > 0 && moved_tick_[s] != 0 &&
          tick_ - moved_tick_[s] < options_.hysteresis_ticks;
 }
@@ -227,7 +231,7 @@ std::span<const Move> Engine::Plan() {
 
   Slot demote_cursor = queues_.Back(kDemoteQueue);
   auto next_demotable = [&] {
-    while (demote_cursor != kNoSlot && HeldByHysteresis(demote_cursor)) {
+    while (demote_cursor != kNoSlot && Held(demote_cursor)) {
       demote_cursor = queues_.Prev(demote_cursor);
     }
     return demote_cursor;
@@ -243,7 +247,7 @@ std::span<const Move> Engine::Plan() {
   }
   for (Slot p = queues_.Back(kPromoteQueue); p != kNoSlot;) {
     const Slot next = queues_.Prev(p);
-    if (HeldByHysteresis(p)) {
+    if (Held(p)) {
       p = next;
       continue;
     }
@@ -274,7 +278,16 @@ void Engine::Complete(const Move& m, bool done) {
   --(m.to == Tier::kFast ? inflight_promotions_ : inflight_demotions_);
   if (!done) {
     ++counters_.failed_moves;
+    // Back off: 1, 2, 4, ... x retry_min_ticks, at most retry_max_ticks.
+    Retry& r = retry_[m.slot];
+    const uint32_t shift = std::min<uint32_t>(r.failures, 31);
+    const uint64_t wait =
+        std::min<uint64_t>(uint64_t{options_.retry_min_ticks} << shift,
+                           std::max(options_.retry_max_ticks, options_.retry_min_ticks));
+    r.not_before = tick_ + wait;
+    if (r.failures < std::numeric_limits<uint32_t>::max()) ++r.failures;
   } else if (st.tier == m.from) {
+    retry_[m.slot] = Retry{};
     SetTier(m.slot, m.to);
     moved_tick_[m.slot] = tick_;
     if (m.to == Tier::kFast) {

@@ -28,7 +28,11 @@ struct EngineOptions {
   size_t ghost_capacity = 1u << 20;     // ghosts kept after release (persist only)
   uint64_t migrate_bytes_per_tick = 0;  // tick mode: byte budget of one Plan(); 0 = unlimited
   uint32_t hysteresis_ticks = 0;        // tick mode: ticks a moved block stays put
-  size_t expected_blocks = 0;           // blocks to allocate tables for up front (a hint)
+  // Tick mode: after a failed move the block waits retry_min_ticks before it
+  // is planned again, doubling with each failure in a row up to retry_max_ticks.
+  uint32_t retry_min_ticks = 1;
+  uint32_t retry_max_ticks = 64;
+  size_t expected_blocks = 0;  // blocks to allocate tables for up front (a hint)
 };
 
 struct EngineCounters {
@@ -145,7 +149,7 @@ class Engine {
   void SetTier(Slot s, Tier t);
   void LeaveSet(Slot victim);
   void Reclassify(Slot s);
-  bool HeldByHysteresis(Slot s) const;
+  bool Held(Slot s) const;  // by hysteresis or by a failed move's backoff
 
   EngineOptions options_;
   std::unique_ptr<Policy> policy_;
@@ -154,6 +158,11 @@ class Engine {
   std::vector<Slot> free_slots_;
   Slot next_slot_ = 0;                // slots [0, next_slot_) have been handed out at least once
   std::vector<uint64_t> moved_tick_;  // tick of the block's last completed move (0 = never)
+  struct Retry {
+    uint64_t not_before = 0;  // first tick the block may be planned again
+    uint32_t failures = 0;    // failed moves in a row
+  };
+  std::vector<Retry> retry_;  // by slot
   KeyIndex index_;
   GhostStore ghosts_;
   SlotLists queues_{2};  // tick mode: promotion and demotion candidates, oldest at the back

@@ -655,7 +655,8 @@ TEST(Engine, CompleteIgnoresStaleAndFailedMoves) {
   EXPECT_EQ(e.state(b).tier, Tier::kSlow);
   e.Touch(a, Touch{1, 1, kNever});
   e.Touch(b, Touch{1, 2, kNever});  // b enters the set, a leaves
-  std::vector<Move> moves(e.Plan().begin(), e.Plan().end());
+  const auto planned = e.Plan();
+  std::vector<Move> moves(planned.begin(), planned.end());
   ASSERT_EQ(moves.size(), 2u);
   EXPECT_EQ(moves[0].slot, a);
   EXPECT_EQ(moves[0].to, Tier::kSlow);
@@ -717,6 +718,35 @@ TEST(Engine, RestoredGhostComesBackOnAdmit) {
   EXPECT_FALSE(e.RestoreGhost(g));  // live now
   Engine r(Options(4, Persistence::kReset, Mode::kTick), P("lfu"));
   EXPECT_FALSE(r.RestoreGhost(g));
+}
+
+// A move that keeps failing is retried after 1, 2, 4, ... ticks (capped), and
+// a success clears the backoff.
+TEST(Engine, FailedMovesBackOffExponentially) {
+  EngineOptions o = Options(1, Persistence::kPersist, Mode::kTick);
+  o.retry_min_ticks = 1;
+  o.retry_max_ticks = 8;
+  Engine e(o, P("lru"));
+  const Slot a = e.Admit(K(1));  // fast
+  const Slot b = e.Admit(K(2));  // slow
+  e.Touch(a, Touch{1, 1, kNever});
+  e.Touch(b, Touch{1, 2, kNever});   // b wants tier 0, a must leave it
+  std::vector<uint64_t> planned_at;  // ticks at which b's promotion was planned
+  for (uint64_t tick = 1; tick <= 40; ++tick) {
+    const auto plan = e.Plan();
+    std::vector<Move> moves(plan.begin(), plan.end());
+    for (const Move& m : moves) {
+      if (m.slot == b) planned_at.push_back(tick);
+      // Every move fails until tick 30.
+      e.Complete(m, tick >= 30);
+    }
+  }
+  // Tries at 1, then after waits of 1, 2, 4, 8, 8, 8: ticks 2, 4, 8, 16, 24, 32
+  // (the one at 32 succeeds; nothing after).
+  EXPECT_EQ(planned_at, (std::vector<uint64_t>{1, 2, 4, 8, 16, 24, 32}));
+  EXPECT_EQ(e.state(b).tier, Tier::kFast);
+  EXPECT_EQ(e.state(a).tier, Tier::kSlow);
+  EXPECT_EQ(e.counters().failed_moves, 2u * 6u);  // a's demotion failed alongside
 }
 
 }  // namespace
