@@ -1,6 +1,6 @@
 # Conveniences over scripts/ (make itself is not needed: the README uses the scripts).
 BUILD_DIR ?= build
-.PHONY: run test build format format-check bench clean
+.PHONY: run test build format format-check bench fuzz clean
 
 run:
 	bash scripts/run.sh
@@ -16,5 +16,10 @@ format-check:
 bench: build
 	$(BUILD_DIR)/bin/cxltier-bench --summary=$(BUILD_DIR)/bench-summary.json
 
+# libFuzzer targets (clang), FUZZ_SECONDS each; the tests run them for 30 s.
+FUZZ_SECONDS ?= 600
+fuzz:
+	BUILD_DIR=$(abspath $(BUILD_DIR)) bash tests/fuzz/run.sh $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(BUILD_DIR)-address $(BUILD_DIR)-thread $(BUILD_DIR)-fuzz

@@ -134,6 +134,7 @@ class Reader {
       return Fail("element count " + std::to_string(n) + " does not fit the payload");
     }
     v.resize(n);
+    if (n == 0) return;  // memcpy into an empty vector's null data() is undefined
     std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
   }

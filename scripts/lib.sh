@@ -7,7 +7,7 @@ JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # Debian 12 packages the build and the tests need.
 CXLTIER_PACKAGES=(
-  build-essential cmake pkg-config git clang-format
+  build-essential cmake pkg-config git clang-format clang
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan+UBSan) and runs each for a
+# bounded time from its seed corpus, after replaying every saved regression.
+# Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET] (default 30; env BUILD_DIR, JOBS).
+# A crash leaves its input in $BUILD_DIR-fuzz/crashes/<target>/ and fails the run;
+# copy it to tests/fuzz/regressions/<target>/ once fixed.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build}
+FUZZ_DIR="$BUILD_DIR-fuzz"
+JOBS=${JOBS:-2}
+SECONDS_PER_TARGET=${1:-30}
+TARGETS=(fuzz_wire fuzz_fold fuzz_config fuzz_trace)
+
+CC=clang CXX=clang++ cmake -S "$ROOT" -B "$FUZZ_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCXLTIER_SANITIZE=fuzzer -DBUILD_TESTING=OFF >/dev/null
+cmake --build "$FUZZ_DIR" -j "$JOBS" --target "${TARGETS[@]}" >/dev/null
+
+status=0
+for t in "${TARGETS[@]}"; do
+  reg="$ROOT/tests/fuzz/regressions/$t"
+  if [ -d "$reg" ] && [ -n "$(ls -A "$reg")" ]; then
+    if ! "$FUZZ_DIR/bin/$t" "$reg"/* >"$FUZZ_DIR/$t-regressions.log" 2>&1; then
+      echo "fuzz: $t fails a saved regression:"; tail -30 "$FUZZ_DIR/$t-regressions.log"
+      status=1
+      continue
+    fi
+  fi
+  # Work on a copy: the seed corpus in the repository stays as committed.
+  work="$FUZZ_DIR/corpus/$t" crashes="$FUZZ_DIR/crashes/$t"
+  rm -rf "$work" && mkdir -p "$work" "$crashes"
+  cp "$ROOT/tests/fuzz/corpus/$t"/* "$work"/
+  if "$FUZZ_DIR/bin/$t" -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 \
+    -artifact_prefix="$crashes/" -timeout=10 -rss_limit_mb=2048 "$work" \
+    >"$FUZZ_DIR/$t.log" 2>&1; then
+    runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$FUZZ_DIR/$t.log")
+    echo "fuzz: $t: ${runs:-?} inputs in ${SECONDS_PER_TARGET} s, no crash (corpus $(ls "$work" | wc -l) inputs)"
+  else
+    echo "fuzz: $t FOUND A CRASH (inputs in $crashes):"; grep -E "ERROR|SUMMARY|runtime error" "$FUZZ_DIR/$t.log" | head -10
+    status=1
+  fi
+done
+exit $status
