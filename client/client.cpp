@@ -93,6 +93,17 @@ Status Client::DaemonStats(const std::string& socket_path, const std::string& wh
   return c.Stats(what, json);
 }
 
+Status Client::DaemonAdmin(const std::string& socket_path, wire::AdminOp op, const std::string& arg,
+                           std::string* text) {
+  Client c;
+  c.options_.socket_path = socket_path;
+  if (Status st = c.ConnectSocket(); !st.ok()) return st;
+  wire::AdminOk ok;
+  if (Status st = c.Call(wire::Admin{op, arg}, wire::MsgType::kAdminOk, &ok); !st.ok()) return st;
+  if (text) *text = ok.text;
+  return Status::Ok();
+}
+
 Status Client::ConnectSocket() {
   if (sock_ >= 0) close(sock_);
   sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

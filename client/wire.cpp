@@ -262,6 +262,20 @@ void Fields(Io& io, StatsOk& m) {
   io.Str(m.json, kMaxText * 16);
 }
 template <typename Io>
+void Fields(Io& io, Admin& m) {
+  uint8_t op = static_cast<uint8_t>(m.op);
+  io.Field(op);
+  if constexpr (Io::kReading) {
+    if (op < 1 || op > 3) io.Fail("unknown admin operation " + std::to_string(op));
+    m.op = static_cast<AdminOp>(op);
+  }
+  io.Str(m.arg, kMaxName);
+}
+template <typename Io>
+void Fields(Io& io, AdminOk& m) {
+  io.Str(m.text, kMaxText);
+}
+template <typename Io>
 void Fields(Io& io, Error& m) {
   uint32_t code = static_cast<uint32_t>(m.code);
   io.Field(code);
@@ -351,6 +365,8 @@ CXLTIER_WIRE_MESSAGE(QueryTiersOk, kQueryTiersOk)
 CXLTIER_WIRE_MESSAGE(Stats, kStats)
 CXLTIER_WIRE_MESSAGE(StatsOk, kStatsOk)
 CXLTIER_WIRE_MESSAGE(Error, kError)
+CXLTIER_WIRE_MESSAGE(Admin, kAdmin)
+CXLTIER_WIRE_MESSAGE(AdminOk, kAdminOk)
 #undef CXLTIER_WIRE_MESSAGE
 
 std::optional<Header> DecodeHeader(std::span<const uint8_t> bytes) {
@@ -375,7 +391,7 @@ std::optional<Error> CheckHeader(const Header& h, uint32_t max_payload) {
                                              std::to_string(kVersion)};
   }
   const uint16_t t = static_cast<uint16_t>(h.type);
-  if (t < static_cast<uint16_t>(MsgType::kHello) || t > static_cast<uint16_t>(MsgType::kError)) {
+  if (t < static_cast<uint16_t>(MsgType::kHello) || t > static_cast<uint16_t>(MsgType::kAdminOk)) {
     return Error{ErrorCode::kUnknownType, "unknown message type " + std::to_string(t)};
   }
   if (h.payload_bytes > max_payload) {

@@ -1,10 +1,13 @@
 // cxltierd: parse flags, load the configuration, wire the layers, run.
+#include <grp.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "numa/migrator.h"
@@ -119,7 +122,20 @@ int main(int argc, char** argv) {
     spdlog::critical("cannot listen: {}", err);
     return 1;
   }
-  spdlog::info("listening on {}; state in {}", config.socket_path, config.state_dir);
+  // Mode 0660: the owner (root) and the socket group (clients) may connect.
+  if (!config.socket_group.empty()) {
+    if (const group* g = getgrnam(config.socket_group.c_str())) {
+      if (chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+        spdlog::warn("{}: chown to group {}: {}", config.socket_path, config.socket_group,
+                     std::strerror(errno));
+      }
+    } else if (root) {
+      spdlog::warn("socket group '{}' does not exist: only root can connect to {}",
+                   config.socket_group, config.socket_path);
+    }
+  }
+  spdlog::info("listening on {} (mode 0660, group {}); state in {}", config.socket_path,
+               config.socket_group.empty() ? "unchanged" : config.socket_group, config.state_dir);
 
   boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   stop_signals.async_wait([&](const boost::system::error_code& e, int sig) {
@@ -129,20 +145,26 @@ int main(int argc, char** argv) {
     daemon.Stop();
     io.stop();
   });
+  // SIGHUP and `cxltierctl reload`: re-read the file; a bad one changes nothing.
+  auto reload = [&]() -> std::string {
+    DaemonConfig fresh;
+    if (!root) UserDefaults(&fresh);
+    std::string err =
+        config_file.empty() ? "" : cxltier::service::LoadConfigFile(config_file, &fresh);
+    if (err.empty()) err = fresh.Validate();
+    if (err.empty()) {
+      daemon.Reload(fresh);
+    } else {
+      spdlog::error("reload refused, keeping the running configuration: {}", err);
+    }
+    return err;
+  };
+  daemon.set_reload_hook(reload);
   boost::asio::signal_set hup(io, SIGHUP);
   std::function<void()> arm_hup = [&] {
     hup.async_wait([&](const boost::system::error_code& e, int) {
       if (e) return;
-      DaemonConfig fresh;
-      if (!root) UserDefaults(&fresh);
-      std::string err =
-          config_file.empty() ? "" : cxltier::service::LoadConfigFile(config_file, &fresh);
-      if (err.empty()) err = fresh.Validate();
-      if (err.empty()) {
-        daemon.Reload(fresh);
-      } else {
-        spdlog::error("reload refused, keeping the running configuration: {}", err);
-      }
+      reload();
       arm_hup();
     });
   };

@@ -303,6 +303,32 @@ void Engine::Complete(const Move& m, bool done) {
   Reclassify(m.slot);
 }
 
+void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
+  assert(policy && options_.mode == Mode::kTick);
+  policy_ = std::move(policy);
+  policy_->Bind(&states_, capacity_, options_.persistence);
+  policy_->Reserve(states_.size());
+  std::vector<Slot> live;
+  for (Slot s = 0; s < next_slot_; ++s) {
+    if (!IsLive(s)) continue;
+    states_[s].flags &= static_cast<uint8_t>(~kFlagInTarget);
+    if (states_[s].touch_count > 0) live.push_back(s);
+  }
+  std::sort(live.begin(), live.end(),
+            [this](Slot a, Slot b) { return states_[a].touch_seq < states_[b].touch_seq; });
+  if (capacity_ > 0) {
+    for (Slot s : live) {
+      BlockState& st = states_[s];
+      const Slot victim = policy_->OnMiss(s, engine::Touch{0, st.touch_time_ns, kNever});
+      st.flags |= kFlagInTarget;
+      if (victim != kNoSlot) states_[victim].flags &= static_cast<uint8_t>(~kFlagInTarget);
+    }
+  }
+  for (Slot s = 0; s < next_slot_; ++s) {
+    if (IsLive(s)) Reclassify(s);
+  }
+}
+
 void Engine::Relocated(Slot s, Tier tier) {
   if (!IsLive(s) || (states_[s].flags & kFlagMigrating) || states_[s].tier == tier) return;
   if (tier != Tier::kFast && tier != Tier::kSlow) return;

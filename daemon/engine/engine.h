@@ -113,6 +113,13 @@ class Engine {
   // Records it; not counted as a migration. Ignored while a move is in flight.
   void Relocated(Slot slot, Tier tier);
 
+  // Tick mode: replaces the policy at run time. The new policy's tier-0 set is
+  // rebuilt from the live blocks, offered in the order they were last touched
+  // (no touch is counted, nothing is evicted in the counters); blocks then in
+  // the wrong tier are queued for Plan(). Scores carry over as they are until
+  // each block's next touch re-scores it.
+  void SetPolicy(std::unique_ptr<Policy> policy);
+
   // Plan() and complete every move at once (the simulator). Returns the moves made.
   size_t PlanAndApply();
 

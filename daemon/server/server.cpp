@@ -157,6 +157,9 @@ class Session : public std::enable_shared_from_this<Session> {
       case wire::MsgType::kStats:
         return Handle<wire::Stats>(h, payload, "stats",
                                    [&](const wire::Stats& m) { return handler.OnStats(peer_, m); });
+      case wire::MsgType::kAdmin:
+        return Handle<wire::Admin>(h, payload, "admin",
+                                   [&](const wire::Admin& m) { return handler.OnAdmin(peer_, m); });
       default: {
         const std::string text = "message type " + std::to_string(static_cast<int>(h.type)) +
                                  " is a reply; clients may not send it";

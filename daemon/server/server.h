@@ -51,6 +51,7 @@ class Handler {
   virtual Answer<wire::ReportOk> OnReport(const Peer& peer, const wire::Report& m) = 0;
   virtual Answer<wire::QueryTiersOk> OnQueryTiers(const Peer& peer, const wire::QueryTiers& m) = 0;
   virtual Answer<wire::StatsOk> OnStats(const Peer& peer, const wire::Stats& m) = 0;
+  virtual Answer<wire::AdminOk> OnAdmin(const Peer& peer, const wire::Admin& m) = 0;
 };
 
 struct ServerOptions {

@@ -117,6 +117,8 @@ std::string Apply(const toml::table& root, DaemonConfig* c) {
   d.Str("log_level", &c->log_level);
   d.Int("tick_ms", &c->tick_ms);
   d.Int("checkpoint_interval_s", &c->checkpoint_interval_s);
+  d.Str("socket_group", &c->socket_group);
+  d.Str("admin_group", &c->admin_group);
   d.Finish();
   TableReader e(root, "engine", &error);
   e.Str("policy", &c->policy);
@@ -202,7 +204,9 @@ std::string ToToml(const DaemonConfig& c) {
                              {"state_dir", c.state_dir},
                              {"log_level", c.log_level},
                              {"tick_ms", c.tick_ms},
-                             {"checkpoint_interval_s", c.checkpoint_interval_s}}},
+                             {"checkpoint_interval_s", c.checkpoint_interval_s},
+                             {"socket_group", c.socket_group},
+                             {"admin_group", c.admin_group}}},
       {"engine", toml::table{{"policy", c.policy},
                              {"persist", c.persist},
                              {"tier0_budget", static_cast<int64_t>(c.tier0_budget_bytes)},

@@ -9,6 +9,10 @@
 #include <filesystem>
 #include <utility>
 
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
 #include "checkpoint.h"
 #include "cxltier/segment.h"
 
@@ -127,10 +131,80 @@ void Daemon::Reload(const DaemonConfig& config) {
   config_.log_level = config.log_level;
   config_.checkpoint_interval_s = config.checkpoint_interval_s;
   config_.max_pending_moves = config.max_pending_moves;
+  config_.admin_group = config.admin_group;
   mover_->set_rate(config_.migrate_rate_mib_s << 20);
+  if (config.policy != config_.policy) {
+    if (std::string err = SetPolicy(config.policy); !err.empty()) {
+      spdlog::error("reload: policy {} refused: {}", config.policy, err);
+    }
+  }
   spdlog::set_level(spdlog::level::from_str(config_.log_level));
   spdlog::info("configuration reloaded (tick {} ms, migration {} MiB/s)", config_.tick_ms,
                config_.migrate_rate_mib_s);
+}
+
+std::string Daemon::SetPolicy(const std::string& name) {
+  if (name == "min") return "policy min needs the future; it exists only in cxltier-sim";
+  std::string err;
+  auto policy = engine::MakePolicy(name, &err);
+  if (!policy) return err;
+  const std::string old = config_.policy;
+  config_.policy = name;
+  // No engine yet: the first client's hello builds it with the new policy.
+  if (engine_) engine_->SetPolicy(std::move(policy));
+  spdlog::info("policy {} -> {}", old, name);
+  return {};
+}
+
+bool Daemon::IsAdmin(const server::Peer& peer) const {
+  if (peer.uid == 0) return true;
+  if (config_.admin_group.empty()) return false;
+  std::vector<char> buf(16384);
+  group gr{};
+  group* g = nullptr;
+  if (getgrnam_r(config_.admin_group.c_str(), &gr, buf.data(), buf.size(), &g) != 0 || !g) {
+    return false;
+  }
+  if (peer.gid == g->gr_gid) return true;
+  // Supplementary groups of the peer's user, as the group database has them.
+  passwd pw{};
+  passwd* u = nullptr;
+  std::vector<char> pbuf(16384);
+  if (getpwuid_r(peer.uid, &pw, pbuf.data(), pbuf.size(), &u) != 0 || !u) return false;
+  int n = 64;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  if (getgrouplist(u->pw_name, u->pw_gid, groups.data(), &n) < 0) {
+    groups.resize(static_cast<size_t>(n));
+    if (getgrouplist(u->pw_name, u->pw_gid, groups.data(), &n) < 0) return false;
+  }
+  groups.resize(static_cast<size_t>(n));
+  return std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end();
+}
+
+server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wire::Admin& m) {
+  if (m.op == wire::AdminOp::kShowConfig) return wire::AdminOk{ToToml(config_)};
+  const char* what = m.op == wire::AdminOp::kReload ? "reload" : "policy set";
+  if (!IsAdmin(peer)) {
+    spdlog::warn("denied {} to pid {} uid {} gid {}: not root nor in group '{}'", what, peer.pid,
+                 peer.uid, peer.gid, config_.admin_group);
+    return Error{ErrorCode::kDenied, std::string(what) + " needs root or membership of group '" +
+                                         config_.admin_group + "'"};
+  }
+  spdlog::info("{} requested by pid {} uid {}", what, peer.pid, peer.uid);
+  if (m.op == wire::AdminOp::kSetPolicy) {
+    if (std::string err = SetPolicy(m.arg); !err.empty()) {
+      return Error{ErrorCode::kBadPayload, err};
+    }
+    return wire::AdminOk{"policy " + m.arg};
+  }
+  std::string err;
+  if (reload_hook_) {
+    err = reload_hook_();
+  } else {
+    Reload(config_);
+  }
+  if (!err.empty()) return Error{ErrorCode::kBadPayload, "reload refused: " + err};
+  return wire::AdminOk{"configuration reloaded"};
 }
 
 Daemon::Client* Daemon::Find(const server::Peer& peer) {

@@ -8,6 +8,7 @@
 
 #include <boost/asio.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -37,8 +38,16 @@ class Daemon final : public server::Handler {
   std::string Start();
   // Stops ticking and moving, turns every live block into a ghost, saves them.
   void Stop();
-  // Applies what can change at run time (tick, rate, log level, budgets of new engines).
+  // Applies what can change at run time: tick, rate, log level, checkpoint
+  // interval, pending-move limit, admin group, and the policy.
   void Reload(const DaemonConfig& config);
+  // Switches the placement policy of the running engine. Returns an error or "".
+  std::string SetPolicy(const std::string& policy);
+  // What an Admin kReload request runs (the daemon's main re-reads its config
+  // file); without one, kReload re-applies the running configuration.
+  void set_reload_hook(std::function<std::string()> hook) { reload_hook_ = std::move(hook); }
+  // Root, or a member of config().admin_group (primary or supplementary).
+  bool IsAdmin(const server::Peer& peer) const;
 
   const DaemonConfig& config() const { return config_; }
   nlohmann::json StatusJson() const;
@@ -58,6 +67,7 @@ class Daemon final : public server::Handler {
   server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer& peer,
                                                   const wire::QueryTiers& m) override;
   server::Answer<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
+  server::Answer<wire::AdminOk> OnAdmin(const server::Peer& peer, const wire::Admin& m) override;
 
   // One round: fold, plan, hand out moves, write back. Public for tests.
   void Tick();
@@ -131,6 +141,7 @@ class Daemon final : public server::Handler {
   std::map<uint64_t, Client> clients_;      // by session id
   std::vector<Owner> owners_;               // by engine slot
   std::vector<uint32_t> fold_batch_;        // Tick's scratch: segment slots to fold
+  std::function<std::string()> reload_hook_;
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
   uint64_t next_client_id_ = 1;

@@ -86,6 +86,10 @@ class Client {
   // Asks a daemon for stats without saying hello (operator tools).
   static Status DaemonStats(const std::string& socket_path, const std::string& what,
                             std::string* json);
+  // An operator request (reload, policy set, config show); *text is the answer.
+  // Reload and policy set need root or the daemon's admin group (kDenied).
+  static Status DaemonAdmin(const std::string& socket_path, wire::AdminOp op,
+                            const std::string& arg, std::string* text);
 
   // After the daemon restarted: connect again, say hello, register the same
   // pools and admit every key this client holds. Slots may change: use SlotOf.

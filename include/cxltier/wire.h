@@ -36,6 +36,8 @@ enum class MsgType : uint16_t {
   kStats = 13,
   kStatsOk = 14,
   kError = 15,
+  kAdmin = 16,
+  kAdminOk = 17,
 };
 
 enum class ErrorCode : uint32_t {
@@ -161,6 +163,22 @@ struct Error {
   std::string message;
 };
 
+// Operator requests: only root or members of the daemon's admin group.
+enum class AdminOp : uint8_t {
+  kReload = 1,      // re-read the configuration file (as SIGHUP does)
+  kSetPolicy = 2,   // arg: a policy name ("lfu", "ema:0.01", ...)
+  kShowConfig = 3,  // the effective configuration as TOML (no privilege needed)
+};
+
+struct Admin {
+  AdminOp op = AdminOp::kShowConfig;
+  std::string arg;
+};
+
+struct AdminOk {
+  std::string text;  // what was done, or the configuration
+};
+
 // ---- encoding: appends header + payload to `out` ----
 
 void Encode(const Hello& m, uint32_t request_id, std::vector<uint8_t>& out);
@@ -178,6 +196,8 @@ void Encode(const QueryTiersOk& m, uint32_t request_id, std::vector<uint8_t>& ou
 void Encode(const Stats& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const StatsOk& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const Error& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const Admin& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const AdminOk& m, uint32_t request_id, std::vector<uint8_t>& out);
 
 // ---- decoding ----
 
@@ -205,5 +225,7 @@ bool Decode(std::span<const uint8_t> p, QueryTiersOk* m, std::string* error);
 bool Decode(std::span<const uint8_t> p, Stats* m, std::string* error);
 bool Decode(std::span<const uint8_t> p, StatsOk* m, std::string* error);
 bool Decode(std::span<const uint8_t> p, Error* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, Admin* m, std::string* error);
+bool Decode(std::span<const uint8_t> p, AdminOk* m, std::string* error);
 
 }  // namespace cxltier::wire

@@ -749,5 +749,58 @@ TEST(Engine, FailedMovesBackOffExponentially) {
   EXPECT_EQ(e.counters().failed_moves, 2u * 6u);  // a's demotion failed alongside
 }
 
+// Switching policy at run time: LRU kept the recent blocks in tier 0; after
+// a switch to LFU its set is what a fresh LFU engine fed the same touches
+// holds, and the plan moves the blocks accordingly.
+TEST(Engine, SetPolicyRebuildsTheSetForTheNewPolicy) {
+  EngineOptions o = Options(4, Persistence::kPersist, Mode::kTick);
+  Engine e(o, P("lru"));
+  Engine fresh(o, P("lfu"));
+  std::vector<Slot> slots, fresh_slots;
+  for (uint64_t k = 0; k < 8; ++k) {
+    slots.push_back(e.Admit(K(k)));
+    fresh_slots.push_back(fresh.Admit(K(k)));
+  }
+  uint64_t now = 0;
+  auto touch = [&](uint64_t k) {
+    e.Touch(slots[k], Touch{1, ++now, kNever});
+    fresh.Touch(fresh_slots[k], Touch{1, now, kNever});
+  };
+  for (int round = 0; round < 5; ++round) {
+    for (uint64_t k = 0; k < 4; ++k) touch(k);  // 0-3: five touches each
+  }
+  for (uint64_t k = 4; k < 8; ++k) touch(k);  // 4-7: once, most recently
+  e.PlanAndApply();
+  for (uint64_t k = 0; k < 8; ++k) {
+    EXPECT_EQ(e.state(slots[k]).tier, k >= 4 ? Tier::kFast : Tier::kSlow) << "lru, block " << k;
+  }
+  e.SetPolicy(P("lfu"));
+  EXPECT_EQ(e.policy().Name(), "lfu");
+  for (uint64_t k = 0; k < 8; ++k) {
+    EXPECT_EQ(static_cast<bool>(e.state(slots[k]).flags & kFlagInTarget),
+              static_cast<bool>(fresh.state(fresh_slots[k]).flags & kFlagInTarget))
+        << "block " << k;
+  }
+  const uint64_t touches = e.counters().touches, evictions = e.counters().evictions;
+  e.PlanAndApply();
+  // LFU admits every miss, so the last block touched (7) took the place of
+  // one of the often-touched ones: {1, 2, 3, 7}, as the fresh engine has it.
+  for (uint64_t k = 0; k < 8; ++k) {
+    const bool in_set = (k >= 1 && k <= 3) || k == 7;
+    EXPECT_EQ(e.state(slots[k]).tier, in_set ? Tier::kFast : Tier::kSlow) << "lfu, block " << k;
+  }
+  EXPECT_EQ(e.counters().touches, touches);  // the switch counted no touch
+  EXPECT_EQ(e.counters().evictions, evictions);
+  // And the engine keeps working under the new policy.
+  touch(6);
+  touch(6);
+  touch(6);
+  touch(6);
+  touch(6);
+  touch(6);
+  e.PlanAndApply();
+  EXPECT_EQ(e.state(slots[6]).tier, Tier::kFast);
+}
+
 }  // namespace
 }  // namespace cxltier::engine

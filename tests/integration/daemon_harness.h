@@ -19,8 +19,10 @@ namespace cxltier::testing {
 
 class DaemonProcess {
  public:
-  // `extra_toml` is appended to a config with both tiers on node 0.
-  explicit DaemonProcess(const std::string& extra_toml = "", const std::string& dir = "") {
+  // `extra_toml` is appended to a config with both tiers on node 0;
+  // `daemon_keys` go into its [daemon] table.
+  explicit DaemonProcess(const std::string& extra_toml = "", const std::string& dir = "",
+                         const std::string& daemon_keys = "") {
     dir_ =
         dir.empty()
             ? std::filesystem::temp_directory_path() /
@@ -32,7 +34,7 @@ class DaemonProcess {
     std::ofstream(config_) << "[daemon]\nsocket = \"" << socket_ << "\"\nstate_dir = \""
                            << (dir_ / "state").string()
                            << "\"\ntick_ms = 20\nlog_level = \"info\"\n"
-                              "[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n"
+                           << daemon_keys << "\n[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n"
                            << extra_toml;
     Start();
   }
@@ -71,6 +73,7 @@ class DaemonProcess {
   }
 
   bool Alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
+  pid_t pid() const { return pid_; }
   const std::string& socket() const { return socket_; }
   std::string Log() const {
     std::ifstream in(log_);

@@ -1,7 +1,12 @@
 // The daemon's service layer without a socket: config, checkpoints, mover.
 #include <gtest/gtest.h>
 
+#include <sys/mount.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -105,6 +110,32 @@ TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
   l = LoadGhosts(path);
   EXPECT_EQ(l.error, "");
   EXPECT_EQ(l.ghosts.size(), 3u);
+  std::filesystem::remove_all(dir);
+}
+
+// A full disk: a 64 KiB tmpfs. The write of a bigger checkpoint fails with a
+// clear error, the previous checkpoint stays intact and loadable, and no
+// temporary file is left to fill the disk further.
+TEST(Checkpoint, FullDiskKeepsThePreviousCheckpoint) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  const auto dir = TempDir("full");
+  ASSERT_EQ(mount("cxltier-test", dir.c_str(), "tmpfs", 0, "size=64k"), 0) << std::strerror(errno);
+  const std::string path = (dir / "ghosts.bin").string();
+  std::vector<BlockState> small(3), big(20000);  // 192 bytes, 1.25 MiB
+  for (size_t i = 0; i < big.size(); ++i) big[i].key = BlockKey{1, i};
+  for (size_t i = 0; i < small.size(); ++i) small[i].key = BlockKey{2, i};
+  ASSERT_EQ(SaveGhosts(path, small), "");
+  const std::string err = SaveGhosts(path, big);
+  EXPECT_NE(err.find("No space left"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  LoadedGhosts l = LoadGhosts(path);
+  EXPECT_EQ(l.error, "");
+  ASSERT_EQ(l.ghosts.size(), 3u);
+  EXPECT_EQ(l.ghosts[1].key, (BlockKey{2, 1}));
+  // Space again: the next checkpoint goes through.
+  ASSERT_EQ(SaveGhosts(path, std::vector<BlockState>(big.begin(), big.begin() + 100)), "");
+  EXPECT_EQ(LoadGhosts(path).ghosts.size(), 100u);
+  EXPECT_EQ(umount(dir.c_str()), 0);
   std::filesystem::remove_all(dir);
 }
 

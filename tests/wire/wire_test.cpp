@@ -68,6 +68,17 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(RoundTrip(QueryTiersOk{{Tier::kFast, Tier::kNone}}, MsgType::kQueryTiersOk).tiers.at(1),
             Tier::kNone);
   EXPECT_EQ(RoundTrip(Stats{"status"}, MsgType::kStats).what, "status");
+  const Admin ad = RoundTrip(Admin{AdminOp::kSetPolicy, "ema:0.01"}, MsgType::kAdmin);
+  EXPECT_EQ(ad.op, AdminOp::kSetPolicy);
+  EXPECT_EQ(ad.arg, "ema:0.01");
+  EXPECT_EQ(RoundTrip(AdminOk{"done"}, MsgType::kAdminOk).text, "done");
+  {  // an unknown admin operation is refused with its number
+    Admin bad;
+    std::string why;
+    const std::vector<uint8_t> p = {9, 0, 0, 0, 0};
+    EXPECT_FALSE(Decode(p, &bad, &why));
+    EXPECT_NE(why.find("admin operation 9"), std::string::npos) << why;
+  }
   EXPECT_EQ(RoundTrip(StatsOk{"{\"a\":1}"}, MsgType::kStatsOk).json, "{\"a\":1}");
   const Error e = RoundTrip(Error{ErrorCode::kLimit, "too many"}, MsgType::kError);
   EXPECT_EQ(e.code, ErrorCode::kLimit);
@@ -89,6 +100,10 @@ TEST(Wire, ReportBytesAreTheDocumentedLayout) {
   ASSERT_TRUE(Decode(payload, &back, &why)) << why;
   EXPECT_EQ(back.observations.at(0).slot, 0x01020304u);
   EXPECT_EQ(back.observations.at(1).mass, -2.0f);
+  // An empty Report (fuzz_wire found a memcpy into the empty vector's null data()).
+  const std::vector<uint8_t> empty = {0, 0, 0, 0};
+  ASSERT_TRUE(Decode(empty, &back, &why)) << why;
+  EXPECT_TRUE(back.observations.empty());
   // One byte short of the second observation: rejected before anything is copied.
   EXPECT_FALSE(Decode(std::span(payload).first(payload.size() - 1), &back, &why));
 }

@@ -164,6 +164,23 @@ int RunStats(const std::string& socket, const std::string& what, bool json) {
   return 0;
 }
 
+int RunAdmin(const std::string& socket, cxltier::wire::AdminOp op, const std::string& arg,
+             const char* what, bool json) {
+  std::string text;
+  const cxltier::Status st = cxltier::Client::DaemonAdmin(socket, op, arg, &text);
+  if (!st.ok()) {
+    std::fprintf(stderr, "cxltierctl %s: %s\n", what, st.message.c_str());
+    return 1;
+  }
+  if (json) {
+    std::cout << nlohmann::json{{"ok", true}, {"result", text}}.dump(2) << "\n";
+  } else {
+    std::fputs(text.c_str(), stdout);
+    if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -195,12 +212,32 @@ int main(int argc, char** argv) {
     cmd->add_flag("--json", json, "print JSON");
     stats_cmds.push_back({cmd, what});
   }
+  // Operator commands: reload and policy set need root or the admin group.
+  CLI::App* reload_cmd = app.add_subcommand("reload", "re-read the daemon's configuration file");
+  reload_cmd->add_flag("--json", json, "print JSON");
+  CLI::App* policy_cmd = app.add_subcommand("policy", "the placement policy");
+  policy_cmd->require_subcommand(1);
+  std::string policy;
+  CLI::App* policy_set = policy_cmd->add_subcommand("set", "switch the running daemon's policy");
+  policy_set->add_option("name", policy, "lru, lfu, ema:<alpha>, arc, s3fifo, sieve, tinylfu")
+      ->required();
+  policy_set->add_flag("--json", json, "print JSON");
+  CLI::App* config_cmd = app.add_subcommand("config", "the daemon's configuration");
+  config_cmd->require_subcommand(1);
+  CLI::App* config_show =
+      config_cmd->add_subcommand("show", "print the effective configuration (TOML)");
+  config_show->add_flag("--json", json, "print JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (plan_cmd->parsed()) return RunPlan(plan);
+  using cxltier::wire::AdminOp;
+  if (reload_cmd->parsed()) return RunAdmin(socket, AdminOp::kReload, "", "reload", json);
+  if (policy_set->parsed())
+    return RunAdmin(socket, AdminOp::kSetPolicy, policy, "policy set", json);
+  if (config_show->parsed()) return RunAdmin(socket, AdminOp::kShowConfig, "", "config show", json);
   for (const auto& [cmd, what] : stats_cmds) {
     if (cmd->parsed()) return RunStats(socket, what, json);
   }
