@@ -287,7 +287,15 @@ Status Client::Stats(const std::string& what, std::string* json) {
   return Status::Ok();
 }
 
-Status Client::Reconnect() {
+bool Client::SlotOf(const BlockKey& key, uint32_t* slot) const {
+  auto it = held_.find(key);
+  if (it == held_.end()) return false;
+  *slot = it->second.slot;
+  return true;
+}
+
+Status Client::Reconnect(uint64_t* restored) {
+  if (restored) *restored = 0;
   if (Status st = Open(); !st.ok()) return st;
   std::vector<PoolRecord> old = std::move(pools_);
   pools_.clear();
@@ -306,7 +314,11 @@ Status Client::Reconnect() {
   for (uint32_t p = 0; p < by_pool.size(); ++p) {
     for (size_t i = 0; i < by_pool[p].size(); i += 4096) {
       const size_t n = std::min<size_t>(4096, by_pool[p].size() - i);
-      if (Status st = Admit(p, std::span(by_pool[p]).subspan(i, n), nullptr); !st.ok()) return st;
+      std::vector<wire::AdmitResult> results;
+      if (Status st = Admit(p, std::span(by_pool[p]).subspan(i, n), &results); !st.ok()) return st;
+      if (restored) {
+        for (const auto& r : results) *restored += r.restored;
+      }
     }
   }
   return Status::Ok();

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include <grp.h>
@@ -491,6 +494,13 @@ void Daemon::ScheduleTick() {
 }
 
 void Daemon::Tick() {
+  const auto t0 = std::chrono::steady_clock::now();
+  RunTick();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tick_seconds_.Add(s);
+}
+
+void Daemon::RunTick() {
   ++tick_;
   if (!engine_) return;
   // Fold: one touch per slot per tick with the mass observed since the last
@@ -631,14 +641,24 @@ std::vector<BlockState> Daemon::CollectGhosts() const {
 void Daemon::Checkpoint() {
   last_checkpoint_tick_ = tick_;
   if (!config_.persist) return;
-  const std::vector<BlockState> ghosts = CollectGhosts();
+  // The ghosts, and the live blocks' states too: after a crash (SIGKILL, no
+  // Stop), the live blocks of the last checkpoint come back as ghosts, and
+  // their clients' re-admissions restore them.
+  std::vector<BlockState> ghosts = CollectGhosts();
+  if (engine_) {
+    for (const auto& [id, c] : clients_) {
+      for (const SegSlot& s : c.slots) {
+        if (s.live) ghosts.push_back(engine_->state(s.engine_slot));
+      }
+    }
+  }
   if (std::string err = SaveGhosts(GhostPath(), ghosts); !err.empty()) {
     if (err != last_checkpoint_error_) spdlog::error("ghost checkpoint not written: {}", err);
     last_checkpoint_error_ = err;
     return;
   }
   last_checkpoint_error_.clear();
-  spdlog::debug("saved {} ghosts to {}", ghosts.size(), GhostPath());
+  spdlog::debug("saved {} block states (ghosts and live) to {}", ghosts.size(), GhostPath());
 }
 
 nlohmann::json Daemon::TiersJson() const {
@@ -689,6 +709,8 @@ nlohmann::json Daemon::StatusJson() const {
       {"block_bytes", engine_ ? engine_->options().block_bytes : 0},
       {"ticks", tick_},
       {"tick_ms", config_.tick_ms},
+      {"tick_seconds", tick_seconds_.Json()},
+      {"memory", MemoryJson()},
       {"touches", c.touches},
       {"hits", c.hits},
       {"hit_rate", c.touches ? static_cast<double>(c.hits) / c.touches : 0.0},
@@ -712,6 +734,58 @@ nlohmann::json Daemon::StatusJson() const {
            return e;
          }()}}},
   };
+}
+
+// The daemon's resident memory from /proc/self/status: in all, at its peak,
+// and split into its own (anonymous: heap, tables) and shared memory (the
+// state segments and the clients' memfd pools it maps to move them).
+nlohmann::json Daemon::MemoryJson() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  uint64_t rss = 0, peak = 0, anon = 0, shmem = 0;
+  while (std::getline(in, line)) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %llu kB", &kib) == 1) rss = kib * 1024;
+    if (std::sscanf(line.c_str(), "VmHWM: %llu kB", &kib) == 1) peak = kib * 1024;
+    if (std::sscanf(line.c_str(), "RssAnon: %llu kB", &kib) == 1) anon = kib * 1024;
+    if (std::sscanf(line.c_str(), "RssShmem: %llu kB", &kib) == 1) shmem = kib * 1024;
+  }
+  return {
+      {"rss_bytes", rss}, {"peak_rss_bytes", peak}, {"anon_bytes", anon}, {"shared_bytes", shmem}};
+}
+
+void TickTimes::Add(double seconds) {
+  ++count;
+  sum += seconds;
+  size_t b = 0;
+  while (b < kBounds.size() && seconds > kBounds[b]) ++b;
+  ++buckets[b];
+  recent[next++ % recent.size()] = seconds;
+}
+
+double TickTimes::Quantile(double q) const {
+  const size_t n = std::min<uint64_t>(count, recent.size());
+  if (n == 0) return 0;
+  std::vector<double> v(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(n));
+  const size_t k = std::min(n - 1, static_cast<size_t>(q * static_cast<double>(n)));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+nlohmann::json TickTimes::Json() const {
+  nlohmann::json b = nlohmann::json::array();
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    cumulative += buckets[i];
+    b.push_back({{"le", i < kBounds.size() ? nlohmann::json(kBounds[i]) : nlohmann::json("+Inf")},
+                 {"count", cumulative}});
+  }
+  return {{"count", count},
+          {"sum", sum},
+          {"p50", Quantile(0.50)},
+          {"p99", Quantile(0.99)},
+          {"max_recent", Quantile(1.0)},
+          {"buckets", b}};
 }
 
 nlohmann::json Daemon::ClientsJson() const {

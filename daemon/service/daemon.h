@@ -6,6 +6,7 @@
 
 #include <utility>  // before Asio: Boost 1.74 uses std::exchange without it
 
+#include <array>
 #include <boost/asio.hpp>
 #include <cstdint>
 #include <functional>
@@ -27,6 +28,22 @@
 #include "server.h"
 
 namespace cxltier::service {
+
+// Tick durations: a cumulative histogram (for metrics) and the most recent
+// 4096 (for quantiles).
+struct TickTimes {
+  static constexpr std::array<double, 11> kBounds = {50e-6, 100e-6, 250e-6, 500e-6, 1e-3,  2.5e-3,
+                                                     5e-3,  10e-3,  25e-3,  50e-3,  100e-3};
+  std::array<uint64_t, kBounds.size() + 1> buckets{};  // the last is +Inf
+  uint64_t count = 0;
+  double sum = 0;
+  std::array<double, 4096> recent{};
+  uint64_t next = 0;
+
+  void Add(double seconds);
+  double Quantile(double q) const;  // over the recent ones
+  nlohmann::json Json() const;
+};
 
 class Daemon final : public server::Handler {
  public:
@@ -120,6 +137,8 @@ class Daemon final : public server::Handler {
   void WriteBack(Client& c, uint32_t seg_slot);
   void FoldSlot(Client& c, uint32_t seg_slot);
   void FoldBatch(Client& c);
+  void RunTick();
+  static nlohmann::json MemoryJson();
   void OnMoveDone(MoveDone done);
   void ScheduleTick();
   void Checkpoint();
@@ -142,6 +161,7 @@ class Daemon final : public server::Handler {
   std::vector<Owner> owners_;               // by engine slot
   std::vector<uint32_t> fold_batch_;        // Tick's scratch: segment slots to fold
   std::function<std::string()> reload_hook_;
+  TickTimes tick_seconds_;
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
   uint64_t next_client_id_ = 1;

@@ -93,7 +93,9 @@ class Client {
 
   // After the daemon restarted: connect again, say hello, register the same
   // pools and admit every key this client holds. Slots may change: use SlotOf.
-  Status Reconnect();
+  Status Reconnect(uint64_t* restored = nullptr);
+  // The slot a held key has now (slots change across Reconnect); false if not held.
+  bool SlotOf(const BlockKey& key, uint32_t* slot) const;
 
   uint64_t client_id() const { return client_id_; }
   uint32_t slots() const { return slots_; }

@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -145,6 +147,80 @@ TEST(Daemon, MigratesOnOneNodeWithBothTiersAndKeepsEveryByte) {
   EXPECT_GT(st["migrations"]["pages_verified"].get<uint64_t>(), 0u);
   EXPECT_EQ(st["migrations"]["pages_absent"], 0) << st.dump();
   EXPECT_LE(st["tiers"][0]["blocks"].get<uint64_t>(), 8u);
+}
+
+size_t CountDaemonFds(pid_t pid) {
+  size_t n = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+// SIGKILL the daemon ten times at random moments while a loadgen runs, and
+// restart it each time: the loadgen reconnects (re-registers its pool and
+// re-admits its blocks), no byte of its pool changes, ghosts come back from
+// the last checkpoint, and neither side leaks fds or segments.
+TEST(Daemon, SigkillRestartLoopLosesNothing) {
+  DaemonProcess d("[engine]\ntier0_budget = \"4MiB\"\n", "", "checkpoint_interval_s = 1");
+  const std::string out_path = (d.dir() / "loadgen.json").string();
+  const pid_t loadgen = fork();
+  if (loadgen == 0) {
+    const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    execl(CXLTIER_LOADGEN_PATH, "cxltier-loadgen", "--socket", d.socket().c_str(), "--blocks", "48",
+          "--block-bytes", "256KiB", "--steps", "20000", "--step-ms", "2", "--seconds", "22",
+          "--reconnect", "--expect-no-leaks", "--expect-restored", "--json",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto wait_for_client = [&] {
+    for (int i = 0; i < 400; ++i) {
+      std::string text;
+      if (Client::DaemonStats(d.socket(), "status", &text).ok()) {
+        const auto j = nlohmann::json::parse(text, nullptr, false);
+        if (j.is_object() && j["clients"] == 1 && j["blocks"].get<uint64_t>() > 0) return j;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return nlohmann::json();
+  };
+  ASSERT_TRUE(wait_for_client().is_object()) << d.Log();
+  std::mt19937 rng(11);
+  std::vector<size_t> daemon_fds;
+  uint64_t loaded_ghosts = 0;
+  for (int round = 0; round < 10; ++round) {
+    // Random moments; now and then after a checkpoint (every second).
+    std::this_thread::sleep_for(std::chrono::milliseconds(400 + rng() % 800));
+    ASSERT_EQ(d.Stop(SIGKILL), -SIGKILL);
+    d.Start();
+    ASSERT_TRUE(d.Alive()) << d.Log();
+    const nlohmann::json st = wait_for_client();
+    ASSERT_TRUE(st.is_object()) << "the loadgen did not come back after kill " << round << "\n"
+                                << d.Log();
+    loaded_ghosts += st["ghosts_loaded_at_start"].get<uint64_t>();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    daemon_fds.push_back(CountDaemonFds(d.pid()));
+  }
+  int status = 0;
+  waitpid(loadgen, &status, 0);
+  std::ifstream in(out_path);
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out << d.Log();
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_EQ(j["corrupt_blocks"], 0);  // every byte of every block, after ten kills
+  EXPECT_EQ(j["blocks_verified"], 48);
+  EXPECT_EQ(j["reconnects"], 10);
+  EXPECT_EQ(j["fd_growth"], 0);
+  EXPECT_EQ(j["state_segments_mapped"], 1);
+  EXPECT_GT(j["restored_on_reconnect"].get<uint64_t>(), 0u);
+  EXPECT_GT(loaded_ghosts, 0u) << "no restart found ghosts in a checkpoint";
+  // Every restarted daemon, serving the same client, holds as many fds.
+  for (size_t fds : daemon_fds) EXPECT_EQ(fds, daemon_fds.front()) << "daemon fds differ";
 }
 
 TEST(Daemon, VerificationAsksTheKernel) {

@@ -14,6 +14,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <thread>
 #include <unordered_map>
@@ -44,6 +47,21 @@ uint64_t PgmigrateSuccess() {
   return found;
 }
 
+// Open file descriptors of this process, and mappings of state segments:
+// what a reconnect must not leak.
+size_t CountFds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+size_t CountSegmentMaps() {
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  size_t n = 0;
+  while (std::getline(in, line)) n += line.find("cxltier-state") != std::string::npos;
+  return n;
+}
+
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "cxltier-loadgen: %s\n", msg.c_str());
   return 2;
@@ -55,9 +73,11 @@ int main(int argc, char** argv) {
   CLI::App app{"cxltier-loadgen: drive cxltierd with a real pool and the attention workload"};
   std::string socket_path, pool_kind = "memfd", block_bytes_text = "2MiB", name = "loadgen";
   uint32_t blocks = 256, steps = 400, step_ms = 5, sessions = 4, batch = 2;
+  double max_seconds = 0;
   uint64_t seed = 1;
   bool json = false, check_placement = false, expect_moves = false, expect_restored = false;
-  bool expect_slow_tier = false, expect_kernel_migrations = false;
+  bool expect_slow_tier = false, expect_kernel_migrations = false, reconnect = false;
+  bool expect_no_leaks = false;
   app.add_option("--socket", socket_path, "cxltierd's socket")->required();
   app.add_option("--blocks", blocks, "blocks in the pool")->capture_default_str();
   app.add_option("--block-bytes", block_bytes_text, "bytes per block (a multiple of 8 KiB)")
@@ -66,11 +86,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--steps", steps, "decode steps")->capture_default_str();
   app.add_option("--step-ms", step_ms, "pause between steps")->capture_default_str();
+  app.add_option("--seconds", max_seconds, "stop the workload after this long (0: run every step)")
+      ->capture_default_str();
   app.add_option("--sessions", sessions, "conversations")->capture_default_str();
   app.add_option("--batch", batch, "sequences decoding per step")->capture_default_str();
   app.add_option("--seed", seed, "workload seed")->capture_default_str();
   app.add_option("--name", name, "client name shown by cxltierctl clients");
   app.add_flag("--json", json, "print a JSON summary");
+  app.add_flag("--reconnect", reconnect,
+               "when the daemon goes away, reconnect (re-register the pool, re-admit every block) "
+               "and carry on");
+  app.add_flag("--expect-no-leaks", expect_no_leaks,
+               "fail unless the file descriptors and mapped state segments at the end are what "
+               "they were after the first connect");
   app.add_flag("--check-placement", check_placement,
                "at the end, ask the kernel (move_pages) where every live block's pages are and "
                "fail if that disagrees with the tier the daemon published");
@@ -126,11 +154,36 @@ int main(int argc, char** argv) {
   st = pool_kind == "memfd" ? client->RegisterMemfdPool(memfd, length, stride, blocks, &pool_id)
                             : client->RegisterRangePool(pool, length, stride, blocks, &pool_id);
   if (!st.ok()) return Fail("register pool: " + st.message);
+  const size_t fds_at_start = CountFds(), segments_at_start = CountSegmentMaps();
+
+  // Every call to the daemon goes through here: with --reconnect, a failed
+  // call waits for the daemon to come back, reconnects and is tried again.
+  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> live;  // trace key -> (block, slot)
+  std::vector<BlockKey> trace_keys;                                  // filled once the trace exists
+  uint64_t reconnects = 0, restored_on_reconnect = 0;
+  auto call = [&](const std::function<Status()>& fn) -> Status {
+    Status s = fn();
+    if (s.ok() || !reconnect) return s;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < give_up) {
+      uint64_t restored_now = 0;
+      if (client->Reconnect(&restored_now).ok()) {
+        ++reconnects;
+        restored_on_reconnect += restored_now;
+        for (auto& [key, v] : live) client->SlotOf(trace_keys[key], &v.second);
+        return fn();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return s;
+  };
 
   // The daemon's migration totals before we start, to report our run's share.
-  auto migrations = [&client]() {
+  auto migrations = [&client, &call]() {
     std::string text;
-    if (!client->Stats("status", &text).ok()) return nlohmann::json::object();
+    if (!call([&] { return client->Stats("status", &text); }).ok()) {
+      return nlohmann::json::object();
+    }
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     return j.is_object() && j.contains("migrations") ? j["migrations"] : nlohmann::json::object();
   };
@@ -154,14 +207,19 @@ int main(int argc, char** argv) {
   p.user_tokens = p.block_tokens * 2;
   if (std::string err = p.Validate(); !err.empty()) return Fail("workload: " + err);
   const sim::Trace trace = sim::GenerateAttention(p);
+  trace_keys = trace.keys;
 
   std::vector<uint32_t> free_blocks;
   for (uint32_t b = blocks; b-- > 0;) free_blocks.push_back(b);
-  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> live;  // trace key -> (block, slot)
   uint64_t touches = 0, hits = 0, dropped = 0, admitted = 0, released = 0, restored = 0;
   size_t i = 0;
   const auto start = std::chrono::steady_clock::now();
   while (i < trace.events.size()) {
+    if (max_seconds > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
+            max_seconds) {
+      break;
+    }
     const uint32_t step = trace.events[i].step;
     size_t end = i;
     while (end < trace.events.size() && trace.events[end].step == step) ++end;
@@ -187,12 +245,14 @@ int main(int argc, char** argv) {
       }
     }
     if (!release.empty()) {
-      if (Status r = client->Release(release); !r.ok()) return Fail("release: " + r.message);
+      if (Status r = call([&] { return client->Release(release); }); !r.ok()) {
+        return Fail("release: " + r.message);
+      }
       released += release.size();
     }
     if (!admit.empty()) {
       std::vector<wire::AdmitResult> results;
-      if (Status a = client->Admit(pool_id, admit, &results); !a.ok()) {
+      if (Status a = call([&] { return client->Admit(pool_id, admit, &results); }); !a.ok()) {
         return Fail("admit: " + a.message);
       }
       for (size_t k = 0; k < admit.size(); ++k) {
@@ -214,6 +274,13 @@ int main(int argc, char** argv) {
       client->Observe(it->second.second, e.obs);
     }
     i = end;
+    // A heartbeat: notices a daemon that went away even in steps without calls.
+    if (reconnect && step % 25 == 0) {
+      std::string text;
+      if (Status h = call([&] { return client->Stats("status", &text); }); !h.ok()) {
+        return Fail("daemon gone: " + h.message);
+      }
+    }
     if (step_ms) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }
   // Let the daemon fold the last observations and finish its moves.
@@ -332,6 +399,10 @@ int main(int argc, char** argv) {
       {"demotions", delta("demotions")},
       {"migration_failures", delta("failed")},
       {"restored", restored},
+      {"reconnects", reconnects},
+      {"restored_on_reconnect", restored_on_reconnect},
+      {"fd_growth", static_cast<int64_t>(CountFds()) - static_cast<int64_t>(fds_at_start)},
+      {"state_segments_mapped", CountSegmentMaps()},
       {"placement_checked", placement_checked},
       {"placement_mismatches", placement_mismatches},
       {"kernel_blocks_fast", kernel_fast},
@@ -368,7 +439,14 @@ int main(int argc, char** argv) {
   if (expect_moves && (out["demotions"] == 0 || out["promotions"] == 0)) {
     failed.push_back("expected both demotions and promotions");
   }
-  if (expect_restored && restored == 0) failed.push_back("expected ghosts to be restored");
+  if (expect_restored && restored + restored_on_reconnect == 0) {
+    failed.push_back("expected ghosts to be restored");
+  }
+  if (expect_no_leaks && (out["fd_growth"] != 0 || CountSegmentMaps() != segments_at_start)) {
+    failed.push_back("leaked: " + out["fd_growth"].dump() + " more fds, " +
+                     std::to_string(CountSegmentMaps()) + " state segments mapped (" +
+                     std::to_string(segments_at_start) + " at start)");
+  }
   if (expect_slow_tier && slow_nodes.empty()) failed.push_back("the daemon reports no slow tier");
   if (expect_kernel_migrations && pgmigrate == 0) {
     failed.push_back("pgmigrate_success did not grow");
