@@ -1,6 +1,6 @@
 # Conveniences over scripts/ (make itself is not needed: the README uses the scripts).
 BUILD_DIR ?= build
-.PHONY: run test build format format-check bench fuzz clean
+.PHONY: run test build format format-check bench fuzz load clean
 
 run:
 	bash scripts/run.sh
@@ -15,6 +15,10 @@ format-check:
 # Every figure of docs/performance.md, with its baseline; JSON in build/bench-summary.json.
 bench: build
 	$(BUILD_DIR)/bin/cxltier-bench --summary=$(BUILD_DIR)/bench-summary.json
+
+# 256 clients x 1K blocks reporting for 60 s against one cxltierd (docs/security.md).
+load: build
+	BUILD_DIR=$(abspath $(BUILD_DIR)) bash scripts/load.sh 256 1024 60
 
 # libFuzzer targets (clang), FUZZ_SECONDS each; the tests run them for 30 s.
 FUZZ_SECONDS ?= 600

@@ -15,6 +15,7 @@
 #include "server.h"
 #include "service/config.h"
 #include "service/daemon.h"
+#include "systemd.h"
 
 namespace {
 
@@ -31,6 +32,17 @@ void UserDefaults(DaemonConfig* c) {
   c->state_dir = state && *state ? std::string(state) + "/cxltierd"
                  : home && *home ? std::string(home) + "/.local/state/cxltierd"
                                  : "/tmp/cxltierd-" + uid + "-state";
+}
+
+// Under systemd, StateDirectory= and RuntimeDirectory= say where (the file
+// and flags still override).
+void SystemdDefaults(DaemonConfig* c) {
+  if (const char* state = std::getenv("STATE_DIRECTORY"); state && *state) {
+    c->state_dir = std::string(state).substr(0, std::string(state).find(':'));
+  }
+  if (const char* run = std::getenv("RUNTIME_DIRECTORY"); run && *run) {
+    c->socket_path = std::string(run).substr(0, std::string(run).find(':')) + "/cxltierd.sock";
+  }
 }
 
 }  // namespace
@@ -53,6 +65,7 @@ int main(int argc, char** argv) {
   DaemonConfig config;
   const bool root = geteuid() == 0;
   if (!root) UserDefaults(&config);
+  SystemdDefaults(&config);
   if (!config_file.empty()) {
     if (std::string err = cxltier::service::LoadConfigFile(config_file, &config); !err.empty()) {
       std::fprintf(stderr, "cxltierd: %s\n", err.c_str());
@@ -71,7 +84,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   spdlog::set_level(spdlog::level::from_str(config.log_level));
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  if (cxltier::systemd::LoggingToJournal()) {
+    cxltier::systemd::UseJournalLogFormat();  // the journal adds the time
+  } else {
+    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  }
 
   const cxltier::numa::Topology topo = cxltier::numa::Discover();
   std::string tier_error;
@@ -116,39 +133,60 @@ int main(int argc, char** argv) {
     spdlog::warn("client pid {} uid {}: {}", p.pid, p.uid, what);
   };
   cxltier::server::Server server(io, daemon, sopts);
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(config.socket_path).parent_path(), ec);
-  if (std::string err = server.Listen(config.socket_path, 0660); !err.empty()) {
-    spdlog::critical("cannot listen: {}", err);
+  // Socket activation: systemd's socket (cxltierd.socket sets its mode and
+  // group); otherwise our own, mode 0660, group socket_group.
+  std::string activation_error;
+  const int listen_fd = cxltier::systemd::ListenFd(&activation_error);
+  if (!activation_error.empty()) {
+    spdlog::critical("socket activation: {}", activation_error);
     return 1;
   }
-  // Mode 0660: the owner (root) and the socket group (clients) may connect.
-  if (!config.socket_group.empty()) {
-    if (const group* g = getgrnam(config.socket_group.c_str())) {
-      if (chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-        spdlog::warn("{}: chown to group {}: {}", config.socket_path, config.socket_group,
-                     std::strerror(errno));
-      }
-    } else if (root) {
-      spdlog::warn("socket group '{}' does not exist: only root can connect to {}",
-                   config.socket_group, config.socket_path);
+  if (listen_fd >= 0) {
+    if (std::string err = server.Adopt(listen_fd); !err.empty()) {
+      spdlog::critical("cannot use systemd's socket: {}", err);
+      return 1;
     }
+    spdlog::info("listening on the socket systemd passed (fd {}); state in {}", listen_fd,
+                 config.state_dir);
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(config.socket_path).parent_path(),
+                                        ec);
+    if (std::string err = server.Listen(config.socket_path, 0660); !err.empty()) {
+      spdlog::critical("cannot listen: {}", err);
+      return 1;
+    }
+    if (!config.socket_group.empty()) {
+      if (const group* g = getgrnam(config.socket_group.c_str())) {
+        if (chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+          spdlog::warn("{}: chown to group {}: {}", config.socket_path, config.socket_group,
+                       std::strerror(errno));
+        }
+      } else if (root) {
+        spdlog::warn("socket group '{}' does not exist: only root can connect to {}",
+                     config.socket_group, config.socket_path);
+      }
+    }
+    spdlog::info("listening on {} (mode 0660, group {}); state in {}", config.socket_path,
+                 config.socket_group.empty() ? "unchanged" : config.socket_group, config.state_dir);
   }
-  spdlog::info("listening on {} (mode 0660, group {}); state in {}", config.socket_path,
-               config.socket_group.empty() ? "unchanged" : config.socket_group, config.state_dir);
+  cxltier::systemd::Notifier notifier(io);
 
   boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   stop_signals.async_wait([&](const boost::system::error_code& e, int sig) {
     if (e) return;
     spdlog::info("signal {}: stopping", sig);
+    notifier.Stopping();
     server.Stop();
     daemon.Stop();
     io.stop();
   });
   // SIGHUP and `cxltierctl reload`: re-read the file; a bad one changes nothing.
   auto reload = [&]() -> std::string {
+    notifier.Reloading();
     DaemonConfig fresh;
     if (!root) UserDefaults(&fresh);
+    SystemdDefaults(&fresh);
     std::string err =
         config_file.empty() ? "" : cxltier::service::LoadConfigFile(config_file, &fresh);
     if (err.empty()) err = fresh.Validate();
@@ -157,6 +195,7 @@ int main(int argc, char** argv) {
     } else {
       spdlog::error("reload refused, keeping the running configuration: {}", err);
     }
+    notifier.ReloadDone();
     return err;
   };
   daemon.set_reload_hook(reload);
@@ -169,6 +208,14 @@ int main(int argc, char** argv) {
     });
   };
   arm_hup();
+  // STATUS: one line for `systemctl status`.
+  notifier.Ready([&daemon] {
+    const nlohmann::json j = daemon.StatusJson();
+    return fmt::format("{} clients, {} blocks, hit rate {:.1f}%, tier 0 {} blocks, {} moves failed",
+                       j["clients"].get<uint64_t>(), j["blocks"].get<uint64_t>(),
+                       100.0 * j["hit_rate"].get<double>(), j["tiers"][0]["blocks"].get<uint64_t>(),
+                       j["migrations"]["failed"].get<uint64_t>());
+  });
   io.run();
   spdlog::info("stopped");
   return 0;

@@ -10,8 +10,8 @@ CXLTIER_PACKAGES=(
   build-essential cmake pkg-config git clang-format clang
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
-  libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev
-  qemu-system-x86 busybox-static cpio ndctl daxctl python3
+  libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev libsystemd-dev
+  qemu-system-x86 busybox-static cpio ndctl daxctl python3 systemd
 )
 
 log() { printf '[cxltier] %s\n' "$*"; }

@@ -37,6 +37,10 @@ stage asan-ubsan sanitized address model_test wire_test engine_test sim_test num
 stage tsan sanitized thread service_test daemon_test fault_test
 # libFuzzer (clang, ASan+UBSan): saved crashes replayed, then 30 s per target.
 stage fuzz env BUILD_DIR="$BUILD_DIR" JOBS="$JOBS" bash "$CXLTIER_ROOT/tests/fuzz/run.sh" 30
+# The .deb: contents, units verified, exposure <= 2.0, a consumer build.
+stage package bash "$CXLTIER_ROOT/scripts/package.sh"
+# 256 clients x 1K blocks reporting for 10 s (`make load`: 60 s).
+stage load bash "$CXLTIER_ROOT/scripts/load.sh" 256 1024 10
 # End to end in QEMU guests with a CPU-less second NUMA node (docs/testing.md).
 GUESTS_PASSED=0
 guest() {

@@ -161,6 +161,12 @@ std::string DaemonConfig::Validate() const {
     return "log_level must be trace, debug, info, warn or error";
   }
   if (migrate_rate_mib_s == 0) return "rate_mib_s must be positive (use enabled = false to stop)";
+  // Absurd sizes are refused, not wrapped: every value must also print back
+  // as a TOML integer (int64).
+  if (tier0_budget_bytes > (uint64_t{1} << 60)) return "tier0_budget must be at most 1 EiB";
+  if (block_bytes > (uint64_t{1} << 40)) return "block_bytes must be at most 1 TiB";
+  if (ghost_capacity > (uint64_t{1} << 32)) return "ghost_capacity must be at most 2^32";
+  if (migrate_rate_mib_s > (uint64_t{1} << 30)) return "rate_mib_s must be at most 2^30";
   if (max_clients == 0 || max_blocks_per_client == 0) return "limits must be positive";
   if (max_message_bytes < 4096 || max_message_bytes > (256u << 20)) {
     return "max_message_bytes must be between 4 KiB and 256 MiB";

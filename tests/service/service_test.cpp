@@ -59,6 +59,9 @@ TEST(Config, ErrorsNameTheProblem) {
            {"[tiers]\nfast_nodes = [0]\n", "both fast_nodes and slow_nodes"},
            {"[tiers]\nfast_nodes = [-1]\nslow_nodes=[0]\n", "node numbers"},
            {"[limits]\nmax_message_bytes = 10\n", "max_message_bytes"},
+           // Found by fuzz_config: a size past int64 was accepted, then could not print back.
+           {"[engine]\ntier0_budget = \"10000000000000000000K\"\n", "tier0_budget must be"},
+           {"[engine]\ntier0_budget = \"9000000000000000000\"\n", "at most 1 EiB"},
            {"[daemon\n", "t.toml:1"},
        }) {
     DaemonConfig c;
