@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -10,6 +11,13 @@
 
 namespace cxltier::service {
 namespace {
+
+// Integers only: toml++'s value<int64_t>() converts floats, and 1e100 is
+// undefined behaviour there (found by fuzz_config).
+std::optional<int64_t> IntOf(const toml::node& n) {
+  if (const auto* i = n.as_integer()) return i->get();
+  return std::nullopt;
+}
 
 // Reads one table's keys into fields; anything else in the table is an error.
 class TableReader {
@@ -43,7 +51,7 @@ class TableReader {
   template <typename T>
   void Int(const char* key, T* out) {
     if (const toml::node* n = Get(key)) {
-      auto v = n->value<int64_t>();
+      auto v = IntOf(*n);
       if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
         return Fail(key, "a non-negative integer in range");
       }
@@ -53,7 +61,7 @@ class TableReader {
   // A size: an integer (bytes) or a string like "32GiB".
   void Size(const char* key, uint64_t* out) {
     if (const toml::node* n = Get(key)) {
-      if (auto i = n->value<int64_t>(); i && *i >= 0) {
+      if (auto i = IntOf(*n); i && *i >= 0) {
         *out = static_cast<uint64_t>(*i);
       } else if (auto s = n->value<std::string>(); s && ParseSize(*s)) {
         *out = *ParseSize(*s);
@@ -68,7 +76,7 @@ class TableReader {
       if (!a) return Fail(key, "an array of node numbers");
       out->clear();
       for (const toml::node& e : *a) {
-        auto v = e.value<int64_t>();
+        auto v = IntOf(e);
         if (!v || *v < 0 || *v > 1023) return Fail(key, "an array of node numbers (0-1023)");
         out->push_back(static_cast<int>(*v));
       }

@@ -62,6 +62,9 @@ TEST(Config, ErrorsNameTheProblem) {
            // Found by fuzz_config: a size past int64 was accepted, then could not print back.
            {"[engine]\ntier0_budget = \"10000000000000000000K\"\n", "tier0_budget must be"},
            {"[engine]\ntier0_budget = \"9000000000000000000\"\n", "at most 1 EiB"},
+           // Found by fuzz_config: a float where an integer belongs (1e100 overflowed a cast).
+           {"[engine]\nghost_capacity = 1e100\n", "ghost_capacity must be"},
+           {"[daemon]\ntick_ms = 50.0\n", "tick_ms must be"},
            {"[daemon\n", "t.toml:1"},
        }) {
     DaemonConfig c;
