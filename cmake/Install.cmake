@@ -26,6 +26,7 @@ install(FILES ${CMAKE_BINARY_DIR}/cxltier.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}
 
 # systemd: the unit names the installed daemon's path.
 set(CXLTIER_UNIT_DIR lib/systemd/system)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/systemd/cxltierd.service)
 file(READ ${CMAKE_SOURCE_DIR}/systemd/cxltierd.service CXLTIER_SERVICE)
 string(REPLACE "/usr/bin/cxltierd" "${CMAKE_INSTALL_FULL_SBINDIR}/cxltierd" CXLTIER_SERVICE
                "${CXLTIER_SERVICE}")

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "http.h"
 #include "numa/migrator.h"
 #include "numa/topology.h"
 #include "server.h"
@@ -171,12 +172,23 @@ int main(int argc, char** argv) {
                  config.socket_group.empty() ? "unchanged" : config.socket_group, config.state_dir);
   }
   cxltier::systemd::Notifier notifier(io);
+  cxltier::server::MetricsServer metrics(io, [&daemon] { return daemon.MetricsText(); });
+  if (config.metrics_enabled) {
+    // Metrics are for operators: a taken port turns them off, not the daemon.
+    if (std::string err = metrics.Listen(config.metrics_listen); !err.empty()) {
+      spdlog::error("metrics off: {}", err);
+    } else {
+      daemon.set_metrics_endpoint(metrics.bound());
+      spdlog::info("metrics: http://{}/metrics", metrics.bound());
+    }
+  }
 
   boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   stop_signals.async_wait([&](const boost::system::error_code& e, int sig) {
     if (e) return;
     spdlog::info("signal {}: stopping", sig);
     notifier.Stopping();
+    metrics.Stop();
     server.Stop();
     daemon.Stop();
     io.stop();

@@ -11,7 +11,7 @@ CXLTIER_PACKAGES=(
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev libsystemd-dev
-  qemu-system-x86 busybox-static cpio ndctl daxctl python3 systemd
+  qemu-system-x86 busybox-static cpio ndctl daxctl python3 python3-prometheus-client systemd
 )
 
 log() { printf '[cxltier] %s\n' "$*"; }

@@ -19,6 +19,8 @@ fast_nodes = [0]
 slow_nodes = [0]
 [limits]
 max_clients = $((CLIENTS + 8))
+[metrics]
+listen = "127.0.0.1:0"
 TOML
 "$BIN/cxltierd" --config "$DIR/load.toml" >"$DIR/cxltierd.log" 2>&1 &
 DAEMON=$!

@@ -32,6 +32,11 @@ echo "== cxltierctl blocks (hottest three)"
 "$BIN/cxltierctl" --socket "$SOCK" blocks | sed -n '1,4p'
 wait $LOADGEN
 echo
+echo "== metrics (Prometheus text format, a few of them)"
+ENDPOINT=$("$BIN/cxltierctl" --socket "$SOCK" status --json | sed -nE 's/.*"metrics_endpoint": "([^"]+)".*/\1/p')
+/usr/bin/python3 -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())" \
+  "http://$ENDPOINT/metrics" | grep -E '^cxltier_(tier_blocks|hit_ratio|promotions_total|demotions_total|tick_duration_seconds_count)'
+echo
 kill -TERM $DAEMON
 wait $DAEMON || true
 echo "== cxltierd stopped (log: last lines)"

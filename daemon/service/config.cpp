@@ -8,6 +8,7 @@
 
 #include "cxltier/model.h"
 #include "engine/policy.h"
+#include "http.h"
 
 namespace cxltier::service {
 namespace {
@@ -115,7 +116,7 @@ std::string Apply(const toml::table& root, DaemonConfig* c) {
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (key != "daemon" && key != "engine" && key != "migration" && key != "tiers" &&
-        key != "limits") {
+        key != "limits" && key != "metrics") {
       return "unknown table or key '" + key + "'";
     }
   }
@@ -145,6 +146,10 @@ std::string Apply(const toml::table& root, DaemonConfig* c) {
   t.Nodes("fast_nodes", &c->fast_nodes);
   t.Nodes("slow_nodes", &c->slow_nodes);
   t.Finish();
+  TableReader x(root, "metrics", &error);
+  x.Bool("enabled", &c->metrics_enabled);
+  x.Str("listen", &c->metrics_listen);
+  x.Finish();
   TableReader l(root, "limits", &error);
   l.Int("max_clients", &c->max_clients);
   l.Int("max_blocks_per_client", &c->max_blocks_per_client);
@@ -178,6 +183,13 @@ std::string DaemonConfig::Validate() const {
   if (max_clients == 0 || max_blocks_per_client == 0) return "limits must be positive";
   if (max_message_bytes < 4096 || max_message_bytes > (256u << 20)) {
     return "max_message_bytes must be between 4 KiB and 256 MiB";
+  }
+  if (metrics_enabled) {
+    std::string host;
+    uint16_t port = 0;
+    if (!server::ParseHostPort(metrics_listen, &host, &port)) {
+      return "metrics listen must be host:port, e.g. \"127.0.0.1:9464\" or \"[::1]:9464\"";
+    }
   }
   if (fast_nodes.empty() != slow_nodes.empty()) {
     return "[tiers] needs both fast_nodes and slow_nodes, or neither";
@@ -231,6 +243,7 @@ std::string ToToml(const DaemonConfig& c) {
                                 {"rate_mib_s", static_cast<int64_t>(c.migrate_rate_mib_s)},
                                 {"max_pending_moves", c.max_pending_moves}}},
       {"tiers", toml::table{{"fast_nodes", fast}, {"slow_nodes", slow}}},
+      {"metrics", toml::table{{"enabled", c.metrics_enabled}, {"listen", c.metrics_listen}}},
       {"limits", toml::table{{"max_clients", c.max_clients},
                              {"max_blocks_per_client", c.max_blocks_per_client},
                              {"max_message_bytes", c.max_message_bytes},

@@ -31,6 +31,9 @@ struct DaemonConfig {
   // [tiers] (both empty: nodes with CPUs are tier 0, memory-only nodes tier 1)
   std::vector<int> fast_nodes;
   std::vector<int> slow_nodes;
+  // [metrics] (Prometheus text format over HTTP: GET /metrics)
+  bool metrics_enabled = true;
+  std::string metrics_listen = "127.0.0.1:9464";  // loopback by default; port 0: any free port
   // [limits]
   uint32_t max_clients = 64;
   uint32_t max_blocks_per_client = 1u << 20;

@@ -711,6 +711,7 @@ nlohmann::json Daemon::StatusJson() const {
       {"tick_ms", config_.tick_ms},
       {"tick_seconds", tick_seconds_.Json()},
       {"memory", MemoryJson()},
+      {"metrics_endpoint", metrics_endpoint_},
       {"touches", c.touches},
       {"hits", c.hits},
       {"hit_rate", c.touches ? static_cast<double>(c.hits) / c.touches : 0.0},

@@ -65,9 +65,13 @@ class Daemon final : public server::Handler {
   void set_reload_hook(std::function<std::string()> hook) { reload_hook_ = std::move(hook); }
   // Root, or a member of config().admin_group (primary or supplementary).
   bool IsAdmin(const server::Peer& peer) const;
+  // Where the metrics server listens (shown in status), or "".
+  void set_metrics_endpoint(std::string e) { metrics_endpoint_ = std::move(e); }
 
   const DaemonConfig& config() const { return config_; }
   nlohmann::json StatusJson() const;
+  // The Prometheus text exposition (metrics.cpp).
+  std::string MetricsText() const;
 
   // server::Handler
   std::optional<wire::Error> OnConnect(const server::Peer& peer) override;
@@ -162,6 +166,7 @@ class Daemon final : public server::Handler {
   std::vector<uint32_t> fold_batch_;        // Tick's scratch: segment slots to fold
   std::function<std::string()> reload_hook_;
   TickTimes tick_seconds_;
+  std::string metrics_endpoint_;
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
   uint64_t next_client_id_ = 1;

@@ -17,6 +17,8 @@ tier0_budget = "24MiB"
 hysteresis_ticks = 1
 [migration]
 rate_mib_s = 4096
+[metrics]
+enabled = false
 CONF
 
 start_daemon() {

@@ -34,7 +34,9 @@ class DaemonProcess {
     std::ofstream(config_) << "[daemon]\nsocket = \"" << socket_ << "\"\nstate_dir = \""
                            << (dir_ / "state").string()
                            << "\"\ntick_ms = 20\nlog_level = \"info\"\n"
-                           << daemon_keys << "\n[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n"
+                           << daemon_keys
+                           << "\n[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n"
+                              "[metrics]\nlisten = \"127.0.0.1:0\"\n"
                            << extra_toml;
     Start();
   }

@@ -223,6 +223,30 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
   for (size_t fds : daemon_fds) EXPECT_EQ(fds, daemon_fds.front()) << "daemon fds differ";
 }
 
+// The Prometheus endpoint, scraped after a real run and checked by
+// python3-prometheus-client's parser (tests/integration/check_metrics.py).
+TEST(Daemon, MetricsEndpointServesValidPrometheusText) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
+  const testing::ShellResult lg =
+      testing::Shell(std::string(CXLTIER_LOADGEN_PATH) + " --socket " + d.socket() +
+                     " --blocks 32 --block-bytes 8KiB --steps 150 --step-ms 2 --json");
+  ASSERT_EQ(lg.status, 0) << lg.out;
+  // A client holding blocks while the endpoint is scraped.
+  auto c = Connect(d, "held");
+  MemfdPool pool(8);
+  uint32_t pid = 0;
+  ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pid).ok());
+  std::vector<wire::AdmitResult> res;
+  ASSERT_TRUE(c->Admit(pid, std::vector<wire::AdmitEntry>{{K(1), 0}, {K(2), 1}}, &res).ok());
+  const std::string endpoint = StatusOf(d)["metrics_endpoint"];
+  ASSERT_FALSE(endpoint.empty()) << d.Log();
+  const testing::ShellResult r =
+      testing::Shell("/usr/bin/python3 " CXLTIER_TEST_SOURCE "/integration/check_metrics.py " +
+                     endpoint + " 2>&1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("0 checks failed"), std::string::npos) << r.out;
+}
+
 TEST(Daemon, VerificationAsksTheKernel) {
   // The pages of every block the daemon moved are where the kernel says; with
   // both tiers on node 0, that is node 0 for all of them.

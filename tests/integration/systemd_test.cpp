@@ -53,7 +53,8 @@ TEST(Systemd, SocketActivationNotifyWatchdogAndJournal) {
   const std::string log_path = (dir / "daemon.log").string();
   const std::string config = (dir / "c.toml").string();
   std::ofstream(config) << "[daemon]\nstate_dir = \"" << (dir / "state").string()
-                        << "\"\ntick_ms = 20\n[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n";
+                        << "\"\ntick_ms = 20\n[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n"
+                        << "[metrics]\nlisten = \"127.0.0.1:0\"\n";
 
   const int ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};

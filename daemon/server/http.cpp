@@ -1,0 +1,137 @@
+#include "http.h"
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <memory>
+
+namespace cxltier::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+bool ParseHostPort(const std::string& address, std::string* host, uint16_t* port) {
+  std::string h, p;
+  if (!address.empty() && address[0] == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return false;
+    }
+    h = address.substr(1, close - 1);
+    p = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) return false;
+    h = address.substr(0, colon);
+    p = address.substr(colon + 1);
+  }
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  const unsigned long v = std::stoul(p);
+  if (v > 65535) return false;
+  *host = h;
+  *port = static_cast<uint16_t>(v);
+  return true;
+}
+
+namespace {
+
+// One connection: read a request, answer it, close.
+class HttpSession : public std::enable_shared_from_this<HttpSession> {
+ public:
+  HttpSession(tcp::socket socket, const std::function<std::string()>& render)
+      : stream_(std::move(socket)), render_(render) {}
+
+  void Start() {
+    stream_.expires_after(std::chrono::seconds(10));  // a slow or silent peer is dropped
+    parser_.body_limit(64 * 1024);
+    parser_.header_limit(16 * 1024);
+    http::async_read(stream_, buffer_, parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (!ec) self->Answer();
+                     });
+  }
+
+ private:
+  void Answer() {
+    const auto& req = parser_.get();
+    auto res = std::make_shared<http::response<http::string_body>>();
+    res->version(req.version());
+    res->keep_alive(false);
+    res->set(http::field::server, "cxltierd");
+    const std::string target(req.target());
+    if (req.method() != http::verb::get && req.method() != http::verb::head) {
+      res->result(http::status::method_not_allowed);
+      res->set(http::field::allow, "GET, HEAD");
+      res->set(http::field::content_type, "text/plain");
+      res->body() = "only GET\n";
+    } else if (target != "/metrics" && target.rfind("/metrics?", 0) != 0) {
+      res->result(http::status::not_found);
+      res->set(http::field::content_type, "text/plain");
+      res->body() = "cxltierd serves /metrics\n";
+    } else {
+      res->result(http::status::ok);
+      res->set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      if (req.method() == http::verb::get) res->body() = render_();
+    }
+    res->prepare_payload();
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code, size_t) {
+      beast::error_code ignored;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    });
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  http::request_parser<http::empty_body> parser_;
+  std::function<std::string()> render_;
+};
+
+}  // namespace
+
+MetricsServer::MetricsServer(asio::io_context& io, std::function<std::string()> render)
+    : io_(io), render_(std::move(render)), acceptor_(io) {}
+
+MetricsServer::~MetricsServer() { Stop(); }
+
+std::string MetricsServer::Listen(const std::string& address) {
+  std::string host;
+  uint16_t port = 0;
+  if (!ParseHostPort(address, &host, &port)) {
+    return "metrics address '" + address + "' is not host:port";
+  }
+  boost::system::error_code ec;
+  tcp::resolver resolver(io_);
+  const auto results =
+      resolver.resolve(host, std::to_string(port), tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) return "metrics address '" + address + "': " + ec.message();
+  const tcp::endpoint ep = results.begin()->endpoint();
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return "metrics on " + address + ": " + ec.message();
+  const tcp::endpoint local = acceptor_.local_endpoint(ec);
+  bound_ = (local.address().is_v6() ? "[" + local.address().to_string() + "]"
+                                    : local.address().to_string()) +
+           ":" + std::to_string(local.port());
+  Accept();
+  return {};
+}
+
+void MetricsServer::Accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (!ec) std::make_shared<HttpSession>(std::move(socket), render_)->Start();
+    Accept();
+  });
+}
+
+void MetricsServer::Stop() {
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+}
+
+}  // namespace cxltier::server

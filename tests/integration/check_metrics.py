@@ -1,0 +1,60 @@
+#!/usr/bin/python3
+"""Scrapes cxltierd's /metrics and validates it with a real parser
+(python3-prometheus-client). Usage: check_metrics.py HOST:PORT
+Prints one line per failed check and exits 1 on any."""
+import sys
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+base = "http://" + sys.argv[1]
+failed = []
+with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+    ctype = r.headers.get("Content-Type", "")
+    text = r.read().decode()
+if not ctype.startswith("text/plain; version=0.0.4"):
+    failed.append("content type " + ctype)
+families = {f.name: f for f in text_string_to_metric_families(text)}
+want = {
+    "cxltier_tier_blocks": "gauge", "cxltier_tier_bytes": "gauge",
+    "cxltier_tier0_budget_bytes": "gauge", "cxltier_touches": "counter",
+    "cxltier_hits": "counter", "cxltier_hit_ratio": "gauge",
+    "cxltier_promotions": "counter", "cxltier_demotions": "counter",
+    "cxltier_promoted_bytes": "counter", "cxltier_demoted_bytes": "counter",
+    "cxltier_migration_failed_moves": "counter", "cxltier_migration_failures": "counter",
+    "cxltier_pages_wrong_node": "counter", "cxltier_tick_duration_seconds": "histogram",
+    "cxltier_clients": "gauge", "cxltier_ghosts": "gauge",
+    "cxltier_observations": "counter", "process_resident_memory_bytes": "gauge",
+}
+for name, kind in want.items():
+    f = families.get(name)
+    if f is None:
+        failed.append("missing family " + name)
+    elif f.type != kind:
+        failed.append("%s is a %s, not a %s" % (name, f.type, kind))
+def value(name, **labels):
+    for f in families.values():
+        for s in f.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+if (value("cxltier_touches_total") or 0) <= 0:
+    failed.append("no touches counted")
+if (value("cxltier_tick_duration_seconds_count") or 0) <= 0:
+    failed.append("no ticks in the histogram")
+if value("cxltier_tick_duration_seconds_bucket", le="+Inf") != value("cxltier_tick_duration_seconds_count"):
+    failed.append("+Inf bucket differs from the count")
+if (value("cxltier_tier_blocks", tier="0") or 0) + (value("cxltier_tier_blocks", tier="1") or 0) <= 0:
+    failed.append("no blocks in any tier")
+for path, method, code in (("/nothing", "GET", 404), ("/metrics", "POST", 405)):
+    try:
+        urllib.request.urlopen(urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None), timeout=10)
+        failed.append("%s %s answered 200" % (method, path))
+    except urllib.error.HTTPError as e:
+        if e.code != code:
+            failed.append("%s %s answered %d, not %d" % (method, path, e.code, code))
+for line in failed:
+    print("check_metrics: " + line)
+print("check_metrics: %d families parsed, %d checks failed" % (len(families), len(failed)))
+sys.exit(1 if failed else 0)
