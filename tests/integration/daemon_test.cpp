@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -245,6 +246,48 @@ TEST(Daemon, MetricsEndpointServesValidPrometheusText) {
                      endpoint + " 2>&1");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("0 checks failed"), std::string::npos) << r.out;
+}
+
+// The operator's commands against a live daemon: top, config show, policy set, reload.
+TEST(Daemon, CxltierctlTopConfigPolicyReload) {
+  DaemonProcess d;
+  auto c = Connect(d, "held");
+  MemfdPool pool(8);
+  uint32_t pid = 0;
+  ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pid).ok());
+  std::vector<wire::AdmitResult> res;
+  ASSERT_TRUE(c->Admit(pid, std::vector<wire::AdmitEntry>{{K(1), 0}, {K(2), 1}}, &res).ok());
+  c->Observe(res[0].slot, 1.0f);
+  WaitTicks(*c, 2);
+  const std::string ctl = std::string(CXLTIERCTL_PATH) + " --socket " + d.socket() + " ";
+  testing::ShellResult r = testing::Shell(ctl + "top --iterations 2 --interval 0.2 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  int frames = 0;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << line;
+    EXPECT_EQ(j["status"]["blocks"], 2);
+    EXPECT_GE(j["hottest"].size(), 2u);
+    EXPECT_TRUE(j.contains("promoted_bytes_per_s"));
+    ++frames;
+  }
+  EXPECT_EQ(frames, 2);
+  r = testing::Shell(ctl + "top --iterations 1");  // the terminal view
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("hottest blocks"), std::string::npos) << r.out;
+  r = testing::Shell(ctl + "config show");
+  EXPECT_NE(r.out.find("[engine]"), std::string::npos) << r.out;
+  r = testing::Shell(ctl + "policy set ema:0.5");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(StatusOf(d)["policy"], "ema:0.5");
+  r = testing::Shell(ctl + "policy set bogus 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("bogus"), std::string::npos) << r.out;
+  r = testing::Shell(ctl + "reload --json");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(StatusOf(d)["policy"], "lfu");  // the file's (default) policy again
 }
 
 TEST(Daemon, VerificationAsksTheKernel) {

@@ -3,10 +3,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -164,6 +166,85 @@ int RunStats(const std::string& socket, const std::string& what, bool json) {
   return 0;
 }
 
+// A live view: tiers, hit rate, migration rate and the hottest blocks,
+// redrawn every `interval` seconds (`iterations` 0: until interrupted).
+int RunTop(const std::string& socket, double interval, int iterations, bool json) {
+  nlohmann::json prev;
+  auto prev_time = std::chrono::steady_clock::now();
+  for (int i = 0; iterations == 0 || i < iterations; ++i) {
+    std::string status_text, blocks_text;
+    cxltier::Status st = cxltier::Client::DaemonStats(socket, "status", &status_text);
+    if (st.ok()) st = cxltier::Client::DaemonStats(socket, "blocks", &blocks_text);
+    if (!st.ok()) {
+      std::fprintf(stderr, "cxltierctl top: %s\n", st.message.c_str());
+      return 1;
+    }
+    const nlohmann::json s = nlohmann::json::parse(status_text, nullptr, false);
+    const nlohmann::json b = nlohmann::json::parse(blocks_text, nullptr, false);
+    if (s.is_discarded() || b.is_discarded()) {
+      std::fprintf(stderr, "cxltierctl top: the daemon sent bad JSON\n");
+      return 1;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(now - prev_time).count();
+    auto rate = [&](const char* k) {
+      if (!prev.is_object() || dt <= 0) return 0.0;
+      return static_cast<double>(s["migrations"][k].get<uint64_t>() -
+                                 prev["migrations"][k].get<uint64_t>()) /
+             dt;
+    };
+    auto touch_rate = [&](const char* k) {
+      if (!prev.is_object() || dt <= 0) return 0.0;
+      return static_cast<double>(s[k].get<uint64_t>() - prev[k].get<uint64_t>()) / dt;
+    };
+    const double touches = touch_rate("touches"), hits = touch_rate("hits");
+    if (json) {
+      std::cout << nlohmann::json{{"status", s},
+                                  {"hottest", b["hottest"]},
+                                  {"promoted_bytes_per_s", rate("promoted_bytes")},
+                                  {"demoted_bytes_per_s", rate("demoted_bytes")},
+                                  {"touches_per_s", touches},
+                                  {"hit_rate_now", touches > 0 ? hits / touches : 0.0}}
+                       .dump()
+                << "\n"
+                << std::flush;
+    } else {
+      std::printf("\033[H\033[2J");  // home, clear
+      std::printf("cxltierd  %llu clients  %llu blocks  %llu ghosts  policy %s  tick %llu ms\n",
+                  s["clients"].get<unsigned long long>(), s["blocks"].get<unsigned long long>(),
+                  s["ghosts"].get<unsigned long long>(), s["policy"].get<std::string>().c_str(),
+                  s["tick_ms"].get<unsigned long long>());
+      for (const auto& t : s["tiers"]) std::printf("%s\n", TierText(t).c_str());
+      std::printf("hit rate %.1f%% now (%.0f touches/s), %.1f%% since start\n",
+                  touches > 0 ? 100.0 * hits / touches : 0.0, touches,
+                  100.0 * s["hit_rate"].get<double>());
+      std::printf("migration: %s/s promoted, %s/s demoted, %llu pending, %llu failed\n",
+                  cxltier::FormatBytes(static_cast<uint64_t>(rate("promoted_bytes"))).c_str(),
+                  cxltier::FormatBytes(static_cast<uint64_t>(rate("demoted_bytes"))).c_str(),
+                  s["migrations"]["pending"].get<unsigned long long>(),
+                  s["migrations"]["failed"].get<unsigned long long>());
+      std::printf("tick p50 %.0f us, p99 %.0f us\n\n%-34s %8s %10s %8s %5s\n",
+                  s["tick_seconds"]["p50"].get<double>() * 1e6,
+                  s["tick_seconds"]["p99"].get<double>() * 1e6, "hottest blocks", "client", "score",
+                  "touches", "tier");
+      int n = 0;
+      for (const auto& h : b["hottest"]) {
+        if (n++ == 10) break;
+        std::printf("%-34s %8llu %10.4g %8llu %5s\n", h["key"].get<std::string>().c_str(),
+                    h["client"].get<unsigned long long>(), h["score"].get<double>(),
+                    h["touches"].get<unsigned long long>(), h["tier"].get<std::string>().c_str());
+      }
+      std::fflush(stdout);
+    }
+    prev = s;
+    prev_time = now;
+    if (iterations == 0 || i + 1 < iterations) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(interval));
+    }
+  }
+  return 0;
+}
+
 int RunAdmin(const std::string& socket, cxltier::wire::AdminOp op, const std::string& arg,
              const char* what, bool json) {
   std::string text;
@@ -212,6 +293,17 @@ int main(int argc, char** argv) {
     cmd->add_flag("--json", json, "print JSON");
     stats_cmds.push_back({cmd, what});
   }
+  double top_interval = 1.0;
+  int top_iterations = 0;
+  CLI::App* top_cmd =
+      app.add_subcommand("top", "a live view of tiers, hit rate, migration, hot blocks");
+  top_cmd->add_option("--interval", top_interval, "seconds between refreshes")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  top_cmd->add_option("--iterations", top_iterations, "refreshes, then exit (0: until Ctrl-C)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  top_cmd->add_flag("--json", json, "one JSON object per refresh");
   // Operator commands: reload and policy set need root or the admin group.
   CLI::App* reload_cmd = app.add_subcommand("reload", "re-read the daemon's configuration file");
   reload_cmd->add_flag("--json", json, "print JSON");
@@ -233,6 +325,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (plan_cmd->parsed()) return RunPlan(plan);
+  if (top_cmd->parsed()) return RunTop(socket, top_interval, top_iterations, json);
   using cxltier::wire::AdminOp;
   if (reload_cmd->parsed()) return RunAdmin(socket, AdminOp::kReload, "", "reload", json);
   if (policy_set->parsed())
