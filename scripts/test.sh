@@ -51,6 +51,13 @@ guest() {
 stage e2e-numa guest numa
 stage e2e-hmat guest hmat
 stage e2e-cxl guest cxl
+# A real systemd host: debootstrapped Debian 12 (cached), systemd as PID 1, our
+# .deb installed with dpkg -i, socket activation, sandboxed migration, watchdog.
+systemd_guest() {
+  bash "$CXLTIER_ROOT/tools/qemu/systemd-guest.sh" --cache "$BUILD_DIR/qemu-cache" \
+    --deb "$(ls "$BUILD_DIR"/package/cxltier_*_amd64.deb | tail -1)" && GUESTS_PASSED=$((GUESTS_PASSED + 1))
+}
+stage e2e-systemd systemd_guest
 log "all stages passed in $((SECONDS - t_start)) s"
 # ctest's summary plus the guests, as one plain closing line.
 sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests failed out of ([0-9]+)$/\2 \1/p' "$CTEST_LOG" |

@@ -56,25 +56,8 @@ need qemu-system-x86 busybox-static cpio
 [ "$SHAPE" = cxl ] && need ndctl daxctl
 
 # ---- the kernel, cached per version ----
-mkdir -p "$CACHE"
-KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-if [ -z "$KPKG" ]; then
-  apt-get update -qq >/dev/null 2>&1 || true
-  KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-fi
-[ -n "$KPKG" ] || die "cannot resolve linux-image-amd64 to a kernel package (no apt lists?)"
-KVER=${KPKG#linux-image-}
-KDIR="$CACHE/$KPKG"
-if [ ! -f "$KDIR/.unpacked" ]; then
-  rm -rf "$KDIR" && mkdir -p "$KDIR/dl"
-  ( cd "$KDIR/dl" && apt-get download "$KPKG" >/dev/null 2>&1 ) || die "apt-get download $KPKG failed"
-  dpkg -x "$KDIR"/dl/*.deb "$KDIR/root"
-  rm -rf "$KDIR/dl"
-  touch "$KDIR/.unpacked"
-fi
-VMLINUZ="$KDIR/root/boot/vmlinuz-$KVER"
-MODDIR="$KDIR/root/lib/modules/$KVER"
-[ -f "$VMLINUZ" ] || die "no kernel image in $KDIR"
+source "$ROOT/tools/qemu/kernel.sh"
+fetch_kernel "$CACHE"   # sets VMLINUZ, MODDIR
 
 # ---- the initramfs ----
 STAGE=$(mktemp -d)

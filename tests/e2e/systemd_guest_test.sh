@@ -1,0 +1,86 @@
+#!/bin/sh
+# Runs inside the systemd guest (tools/qemu/systemd-guest.sh) as a boot
+# service: installs our .deb, then checks socket activation, the journal,
+# migration under the unit's sandbox, the watchdog, and that a stop saves
+# block states that a start restores. Every line it prints starts with
+# "systemd-guest:"; the last one says CXLTIER-SYSTEMD-EXIT and the result.
+SOCK=/run/cxltierd/cxltierd.sock
+T0=$(date +%s)
+say() { echo "systemd-guest: [$(( $(date +%s) - T0 ))s] $*"; }
+finish() {
+  echo "systemd-guest: CXLTIER-SYSTEMD-EXIT $1"
+  sync
+  systemctl poweroff --force --force
+}
+fail() {
+  say "FAIL: $*"
+  journalctl -u cxltierd --no-pager -n 30 | sed 's/^/systemd-guest:   /'
+  finish 1
+  exit 1
+}
+wait_active() {  # wait_active STATE: the service reaches it within 30 s
+  i=0
+  while [ "$(systemctl is-active cxltierd.service)" != "$1" ]; do
+    i=$((i + 1)); [ $i -lt 150 ] || return 1; sleep 0.2
+  done
+}
+loadgen() { cxltier-loadgen --socket $SOCK --blocks 48 --block-bytes 1MiB --step-ms 2 "$@"; }
+
+say "systemd $(systemctl --version | head -1 | cut -d' ' -f2) is PID 1; nodes: $(ls -d /sys/devices/system/node/node* | wc -l)"
+dpkg -i /root/cxltier.deb >/tmp/dpkg.log 2>&1 || { cat /tmp/dpkg.log; fail "dpkg -i"; }
+getent passwd cxltier >/dev/null || fail "the package did not create user cxltier"
+getent group cxltier-admin >/dev/null || fail "the package did not create group cxltier-admin"
+say "installed $(dpkg-query -W -f='${Package} ${Version}' cxltier)"
+
+# A small tier 0 so that blocks must move; a short watchdog to keep the test quick.
+cat > /etc/cxltier/cxltierd.toml <<CONF
+[daemon]
+tick_ms = 50
+[engine]
+tier0_budget = "24MiB"
+hysteresis_ticks = 1
+[migration]
+rate_mib_s = 4096
+CONF
+mkdir -p /etc/systemd/system/cxltierd.service.d
+printf '[Service]\nWatchdogSec=4s\n' > /etc/systemd/system/cxltierd.service.d/test.conf
+systemctl daemon-reload
+systemctl enable --now cxltierd.socket >/dev/null 2>&1 || fail "enable cxltierd.socket"
+[ "$(systemctl is-active cxltierd.service)" = inactive ] || fail "the daemon ran before any client"
+[ "$(stat -c '%a %G' $SOCK)" = "660 cxltier" ] || fail "socket mode/group: $(stat -c '%a %G' $SOCK)"
+say "socket listening, daemon not started"
+
+cxltierctl --socket $SOCK status >/dev/null || fail "first connection"
+wait_active active || fail "the first connection did not start the daemon"
+say "first connection started the daemon: $(systemctl is-active cxltierd.service)"
+journalctl -u cxltierd --no-pager | grep -q "topology" || fail "no topology line in the journal"
+say "journal: $(journalctl -u cxltierd --no-pager -o cat | grep -m1 topology)"
+systemctl show -p StatusText --value cxltierd.service | grep -q clients || fail "no STATUS from sd_notify"
+
+out=$(loadgen --steps 300 --expect-moves --expect-slow-tier --check-placement --expect-kernel-migrations --json) ||
+  { echo "$out"; fail "loadgen under the sandbox"; }
+say "loadgen under the sandbox: $(echo "$out" | tr -d ' \n' | grep -o '"promotions":[0-9]*,\|"demotions":[0-9]*,\|"corrupt_blocks":[0-9]*,\|"placement_mismatches":[0-9]*,' | tr -d '\n')"
+
+# The watchdog: a stopped daemon stops pinging and is restarted.
+PID=$(systemctl show -p MainPID --value cxltierd.service)
+kill -STOP "$PID"
+i=0
+while [ "$(systemctl show -p MainPID --value cxltierd.service)" = "$PID" ] ||
+  [ "$(systemctl is-active cxltierd.service)" != active ]; do
+  i=$((i + 1)); [ $i -lt 150 ] || fail "the watchdog did not restart a SIGSTOPped daemon"; sleep 0.2
+done
+journalctl -u cxltierd --no-pager | grep -qi watchdog || fail "no watchdog line in the journal"
+say "watchdog: SIGSTOPped pid $PID was killed and replaced by $(systemctl show -p MainPID --value cxltierd.service)"
+
+# Stop saves block states; start restores them to the next client.
+loadgen --steps 200 --seed 7 >/dev/null || fail "loadgen before stop"
+systemctl stop cxltierd.service || fail "stop"
+[ -s /var/lib/cxltierd/ghosts.bin ] || fail "no checkpoint after stop"
+say "stop saved $(stat -c %s /var/lib/cxltierd/ghosts.bin) bytes of block states"
+systemctl start cxltierd.service || fail "start"
+wait_active active || fail "start"
+journalctl -u cxltierd --no-pager -o cat | grep -q "loaded [1-9][0-9]* ghosts" || fail "start loaded no ghosts"
+out=$(loadgen --steps 100 --seed 7 --expect-restored --json) || { echo "$out"; fail "ghosts not restored"; }
+say "start restored: $(journalctl -u cxltierd --no-pager -o cat | grep -o 'loaded [0-9]* ghosts' | tail -1); $(echo "$out" | tr -d ' \n' | grep -o '"restored":[0-9]*')"
+say "all checks passed"
+finish 0
