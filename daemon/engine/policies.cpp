@@ -60,8 +60,9 @@ class HeapPolicy : public Policy {
 // Score = touch count; ties go to the older touch. Blocks sit in one FIFO per
 // count ("frequency buckets"): a touch moves a block to the back of the next
 // count's bucket, so within a bucket blocks are in touch order, and the victim
-// is the front of the lowest bucket. A touch costs a map lookup over the
-// distinct counts in use (a handful), not a heap walk over every block.
+// is the front of the lowest bucket. Each block keeps its bucket's iterator,
+// and a touch's new bucket is the one right after its old one (or new, put
+// there by hint): a hit costs no search at all, only a miss looks its count up.
 class LfuPolicy final : public Policy {
  public:
   std::string Name() const override { return "lfu"; }
@@ -72,8 +73,8 @@ class LfuPolicy final : public Policy {
     if (n > links_.size()) links_.resize(n);
   }
   void OnHit(Slot s, const Touch&) override {
-    Unlink(s);
-    Append(s, state(s).touch_count);
+    const auto next = Unlink(s);
+    Append(s, state(s).touch_count, next);
   }
   Slot OnMiss(Slot s, const Touch&) override {
     Slot victim = kNoSlot;
@@ -81,7 +82,8 @@ class LfuPolicy final : public Policy {
       victim = buckets_.begin()->second.front;
       Unlink(victim);
     }
-    Append(s, state(s).touch_count);
+    const uint32_t count = state(s).touch_count;
+    Append(s, count, buckets_.lower_bound(count));
     return victim;
   }
   void Erase(Slot s) override {
@@ -92,26 +94,32 @@ class LfuPolicy final : public Policy {
   }
 
  private:
-  struct Link {
-    Slot prev = kNoSlot, next = kNoSlot;
-    uint32_t count = 0;
-    bool member = false;
-  };
   struct Bucket {
     Slot front = kNoSlot, back = kNoSlot;
   };
-  void Append(Slot s, uint32_t count) {
+  using Buckets = std::map<uint32_t, Bucket>;
+  struct Link {
+    Slot prev = kNoSlot, next = kNoSlot;
+    bool member = false;
+    Buckets::iterator bucket;  // valid while member
+  };
+  // `hint`: the first bucket whose count is not below `count` (or end()).
+  void Append(Slot s, uint32_t count, Buckets::iterator hint) {
     GrowFor(links_, s);
-    Bucket& b = buckets_[count];
-    links_[s] = Link{b.back, kNoSlot, count, true};
+    const auto it = hint != buckets_.end() && hint->first == count
+                        ? hint
+                        : buckets_.emplace_hint(hint, count, Bucket{});
+    Bucket& b = it->second;
+    links_[s] = Link{b.back, kNoSlot, true, it};
     if (b.back != kNoSlot) links_[b.back].next = s;
     b.back = s;
     if (b.front == kNoSlot) b.front = s;
     ++members_;
   }
-  void Unlink(Slot s) {
+  // Returns the bucket after s's (still valid if s's bucket was erased).
+  Buckets::iterator Unlink(Slot s) {
     Link& l = links_[s];
-    auto it = buckets_.find(l.count);
+    const auto it = l.bucket;
     Bucket& b = it->second;
     if (l.prev != kNoSlot)
       links_[l.prev].next = l.next;
@@ -121,13 +129,15 @@ class LfuPolicy final : public Policy {
       links_[l.next].prev = l.prev;
     else
       b.back = l.prev;
+    const auto next = std::next(it);
     if (b.front == kNoSlot) buckets_.erase(it);
     l = Link{};
     --members_;
+    return next;
   }
 
   std::vector<Link> links_;
-  std::map<uint32_t, Bucket> buckets_;
+  Buckets buckets_;
   size_t members_ = 0;
 };
 
