@@ -23,6 +23,11 @@ echo
 echo "== cxltier-loadgen: 256 blocks of 2 MiB in a memfd pool, attention workload, 64 MiB tier 0"
 "$BIN/cxltier-loadgen" --socket "$SOCK" --blocks 256 --block-bytes 2MiB --steps 400 --step-ms 5 &
 LOADGEN=$!
+# Wait for it to fill its pool and connect, then let it run a moment.
+for _ in $(seq 100); do
+  "$BIN/cxltierctl" --socket "$SOCK" status --json 2>/dev/null | grep -q '"clients": [1-9]' && break
+  sleep 0.1
+done
 sleep 1
 echo
 echo "== cxltierctl status (while it runs)"
@@ -30,12 +35,12 @@ echo "== cxltierctl status (while it runs)"
 echo
 echo "== cxltierctl blocks (hottest three)"
 "$BIN/cxltierctl" --socket "$SOCK" blocks | sed -n '1,4p'
-wait $LOADGEN
 echo
 echo "== metrics (Prometheus text format, a few of them)"
 ENDPOINT=$("$BIN/cxltierctl" --socket "$SOCK" status --json | sed -nE 's/.*"metrics_endpoint": "([^"]+)".*/\1/p')
 /usr/bin/python3 -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())" \
   "http://$ENDPOINT/metrics" | grep -E '^cxltier_(tier_blocks|hit_ratio|promotions_total|demotions_total|tick_duration_seconds_count)'
+wait $LOADGEN
 echo
 kill -TERM $DAEMON
 wait $DAEMON || true
