@@ -22,18 +22,6 @@ namespace {
 
 using namespace cxltier;
 
-class DoneMigrator : public numa::Migrator {
- public:
-  numa::MoveResult Move(const numa::PageRange& r, int) override {
-    numa::MoveResult res;
-    res.pages = res.on_target = r.length / 4096;
-    return res;
-  }
-  std::vector<int> Where(const numa::PageRange& r) override {
-    return std::vector<int>(r.length / 4096, 0);
-  }
-};
-
 constexpr uint32_t kSlots = 64;
 const ModelGeometry kModel{"fuzz", 1, 1, 1, 1024, 2, 16};  // 64 KiB blocks
 
@@ -52,7 +40,7 @@ struct Fixture {
     c.max_blocks_per_client = kSlots;
     daemon = std::make_unique<service::Daemon>(io, c, numa::Topology{},
                                                numa::TierAssignment{{0}, {0}, "fuzz"},
-                                               std::make_unique<DoneMigrator>(), true);
+                                               std::make_unique<numa::NullMigrator>(), true);
     daemon->OnConnect(peer);
     int fd = -1;
     auto hello = daemon->OnHello(peer, wire::Hello{kModel, kSlots, "fuzz"}, &fd);

@@ -224,6 +224,20 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
   for (size_t fds : daemon_fds) EXPECT_EQ(fds, daemon_fds.front()) << "daemon fds differ";
 }
 
+// A client holding K(1) and K(2) in a memfd pool of 8 blocks.
+struct HeldBlocks {
+  std::unique_ptr<Client> client;
+  MemfdPool pool{8};
+  std::vector<uint32_t> slots;
+  explicit HeldBlocks(const DaemonProcess& d) : client(Connect(d, "held")) {
+    uint32_t id = 0;
+    std::vector<wire::AdmitResult> res;
+    EXPECT_TRUE(client->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &id).ok());
+    EXPECT_TRUE(client->Admit(id, std::vector<wire::AdmitEntry>{{K(1), 0}, {K(2), 1}}, &res).ok());
+    for (const auto& r : res) slots.push_back(r.slot);
+  }
+};
+
 // The Prometheus endpoint, scraped after a real run and checked by
 // python3-prometheus-client's parser (tests/integration/check_metrics.py).
 TEST(Daemon, MetricsEndpointServesValidPrometheusText) {
@@ -233,12 +247,7 @@ TEST(Daemon, MetricsEndpointServesValidPrometheusText) {
                      " --blocks 32 --block-bytes 8KiB --steps 150 --step-ms 2 --json");
   ASSERT_EQ(lg.status, 0) << lg.out;
   // A client holding blocks while the endpoint is scraped.
-  auto c = Connect(d, "held");
-  MemfdPool pool(8);
-  uint32_t pid = 0;
-  ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pid).ok());
-  std::vector<wire::AdmitResult> res;
-  ASSERT_TRUE(c->Admit(pid, std::vector<wire::AdmitEntry>{{K(1), 0}, {K(2), 1}}, &res).ok());
+  HeldBlocks held(d);
   const std::string endpoint = StatusOf(d)["metrics_endpoint"];
   ASSERT_FALSE(endpoint.empty()) << d.Log();
   const testing::ShellResult r =
@@ -251,14 +260,9 @@ TEST(Daemon, MetricsEndpointServesValidPrometheusText) {
 // The operator's commands against a live daemon: top, config show, policy set, reload.
 TEST(Daemon, CxltierctlTopConfigPolicyReload) {
   DaemonProcess d;
-  auto c = Connect(d, "held");
-  MemfdPool pool(8);
-  uint32_t pid = 0;
-  ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pid).ok());
-  std::vector<wire::AdmitResult> res;
-  ASSERT_TRUE(c->Admit(pid, std::vector<wire::AdmitEntry>{{K(1), 0}, {K(2), 1}}, &res).ok());
-  c->Observe(res[0].slot, 1.0f);
-  WaitTicks(*c, 2);
+  HeldBlocks held(d);
+  held.client->Observe(held.slots[0], 1.0f);
+  WaitTicks(*held.client, 2);
   const std::string ctl = std::string(CXLTIERCTL_PATH) + " --socket " + d.socket() + " ";
   testing::ShellResult r = testing::Shell(ctl + "top --iterations 2 --interval 0.2 --json");
   ASSERT_EQ(r.status, 0) << r.out;

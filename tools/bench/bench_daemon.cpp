@@ -63,18 +63,6 @@ BENCHMARK(BM_IngestShm)->ArgsProduct({{8192, 1 << 20}, {0, 1}});
 
 // ---- an in-process daemon (no socket; the handler is called directly) ----
 
-class NullMigrator : public numa::Migrator {
- public:
-  numa::MoveResult Move(const numa::PageRange& r, int) override {
-    numa::MoveResult res;
-    res.pages = res.on_target = r.length / 4096;
-    return res;
-  }
-  std::vector<int> Where(const numa::PageRange& r) override {
-    return std::vector<int>(r.length / 4096, 0);
-  }
-};
-
 // A model with 64 KiB blocks: the pool is a sparse memfd, and admitting a
 // million blocks stays quick. The daemon's work per block does not depend on
 // the block size; the migration rate is scaled so that a tick moves as many
@@ -104,8 +92,8 @@ struct InProcessDaemon {
     c.max_blocks_per_client = blocks;
     numa::Topology topo = numa::Discover();
     numa::TierAssignment tiers{{0}, {0}, "bench"};
-    daemon = std::make_unique<service::Daemon>(io, c, topo, tiers, std::make_unique<NullMigrator>(),
-                                               true);
+    daemon = std::make_unique<service::Daemon>(io, c, topo, tiers,
+                                               std::make_unique<numa::NullMigrator>(), true);
     daemon->OnConnect(peer);
     int seg_fd = -1;
     auto hello = daemon->OnHello(peer, wire::Hello{model, blocks, "bench"}, &seg_fd);

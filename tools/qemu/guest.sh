@@ -56,7 +56,7 @@ need qemu-system-x86 busybox-static cpio
 [ "$SHAPE" = cxl ] && need ndctl daxctl
 
 # ---- the kernel, cached per version ----
-source "$ROOT/tools/qemu/kernel.sh"
+source "$ROOT/tools/qemu/lib.sh"
 fetch_kernel "$CACHE"   # sets VMLINUZ, MODDIR
 
 # ---- the initramfs ----
@@ -183,11 +183,4 @@ timeout "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | tr -d '\r' 
   sed -n '/CXLTIER-GUEST-START/,$p' | grep -v '^CXLTIER-GUEST-START'
 qemu_rc=${PIPESTATUS[0]}
 set -e
-rc=$(sed -n 's/.*CXLTIER-GUEST-EXIT \([0-9]*\).*/\1/p' "$LOG" | tail -n 1)
-echo "guest.sh: $SHAPE guest ran for $((SECONDS - start)) s" >&2
-if [ -z "$rc" ]; then
-  echo "guest.sh: the $SHAPE guest did not report a result (qemu exit $qemu_rc); console tail:" >&2
-  tail -n 30 "$LOG" >&2
-  exit 3
-fi
-exit "$rc"
+finish_guest "guest.sh: the $SHAPE guest (qemu exit $qemu_rc)" "$LOG" CXLTIER-GUEST-EXIT "$start"

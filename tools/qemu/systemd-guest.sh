@@ -36,7 +36,7 @@ for p in qemu-system-x86 debootstrap cpio busybox-static; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null
 done
-source "$ROOT/tools/qemu/kernel.sh"
+source "$ROOT/tools/qemu/lib.sh"
 fetch_kernel "$CACHE"
 
 # ---- the root filesystem: systemd + the .deb's dependencies, cached ----
@@ -122,11 +122,4 @@ timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -nographic -no-
   -append "console=ttyS0 panic=-1 loglevel=3 systemd.show_status=0" \
   </dev/null 2>&1 | tr -d '\r' | tee "$LOG" | grep --line-buffered '^systemd-guest:'
 set -e
-rc=$(sed -n 's/.*CXLTIER-SYSTEMD-EXIT \([0-9]*\).*/\1/p' "$LOG" | tail -n 1)
-echo "systemd-guest.sh: the systemd guest ran for $((SECONDS - start)) s" >&2
-if [ -z "$rc" ]; then
-  echo "systemd-guest.sh: no result from the guest; console tail:" >&2
-  tail -n 40 "$LOG" >&2
-  exit 3
-fi
-exit "$rc"
+finish_guest "systemd-guest.sh: the systemd guest" "$LOG" CXLTIER-SYSTEMD-EXIT "$start"

@@ -1,7 +1,9 @@
-# Sourced by the guest scripts: Debian's current amd64 kernel, fetched with
-# `apt-get download` (what linux-image-amd64 points to) and unpacked with
-# `dpkg -x` into the cache; never installed on the host.
-# fetch_kernel CACHE: sets VMLINUZ (the image) and MODDIR (its modules).
+# Sourced by the guest scripts (guest.sh, systemd-guest.sh).
+
+# fetch_kernel CACHE: Debian's current amd64 kernel, fetched with `apt-get
+# download` (what linux-image-amd64 points to) and unpacked with `dpkg -x`
+# into the cache, never installed on the host. Sets VMLINUZ (the image) and
+# MODDIR (its modules).
 fetch_kernel() {
   local cache=$1 kpkg kver kdir
   mkdir -p "$cache"
@@ -23,4 +25,19 @@ fetch_kernel() {
   VMLINUZ="$kdir/root/boot/vmlinuz-$kver"
   MODDIR="$kdir/root/lib/modules/$kver"
   [ -f "$VMLINUZ" ] || die "no kernel image in $kdir"
+}
+
+# finish_guest NAME LOG MARKER START: says how long the guest ran and exits
+# with the status the guest printed after MARKER on its console (3, with the
+# console's tail, when it printed none).
+finish_guest() {
+  local name=$1 log=$2 marker=$3 start=$4 rc
+  rc=$(sed -n "s/.*$marker \([0-9]*\).*/\1/p" "$log" | tail -n 1)
+  echo "$name ran for $((SECONDS - start)) s" >&2
+  if [ -z "$rc" ]; then
+    echo "$name reported no result; console tail:" >&2
+    tail -n 40 "$log" >&2
+    exit 3
+  fi
+  exit "$rc"
 }
