@@ -46,6 +46,14 @@ void SystemdDefaults(DaemonConfig* c) {
   }
 }
 
+// The defaults before any file or flag: built in, then per user, then systemd's.
+DaemonConfig Defaults(bool root) {
+  DaemonConfig c;
+  if (!root) UserDefaults(&c);
+  SystemdDefaults(&c);
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,10 +71,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
-  DaemonConfig config;
   const bool root = geteuid() == 0;
-  if (!root) UserDefaults(&config);
-  SystemdDefaults(&config);
+  DaemonConfig config = Defaults(root);
   if (!config_file.empty()) {
     if (std::string err = cxltier::service::LoadConfigFile(config_file, &config); !err.empty()) {
       std::fprintf(stderr, "cxltierd: %s\n", err.c_str());
@@ -196,9 +202,7 @@ int main(int argc, char** argv) {
   // SIGHUP and `cxltierctl reload`: re-read the file; a bad one changes nothing.
   auto reload = [&]() -> std::string {
     notifier.Reloading();
-    DaemonConfig fresh;
-    if (!root) UserDefaults(&fresh);
-    SystemdDefaults(&fresh);
+    DaemonConfig fresh = Defaults(root);
     std::string err =
         config_file.empty() ? "" : cxltier::service::LoadConfigFile(config_file, &fresh);
     if (err.empty()) err = fresh.Validate();
