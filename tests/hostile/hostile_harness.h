@@ -1,0 +1,380 @@
+// The hostile-client suite's harness: a real cxltierd whose socket a clients
+// group may use, an attacker uid and a well-behaved third uid (created here;
+// needs root), a good client that is served in the background while an attack
+// runs, and the daemon's memory and fds read from /proc.
+#pragma once
+
+#include <fcntl.h>
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <new>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cxltier/client.h"
+#include "cxltier/wire.h"
+#include "integration/daemon_harness.h"
+#include "shell.h"
+
+namespace cxltier::testing {
+
+inline constexpr const char* kHostileGroup = "cxltier-test-clients";
+inline constexpr const char* kEvil = "cxltier-test-evil";
+inline constexpr const char* kGood = "cxltier-test-good";
+// 2 KiB blocks: one page of pool stride each.
+inline const ModelGeometry kHostileModel{"tiny", 1, 1, 1, 64, 2, 16};
+inline constexpr uint64_t kHostileStride = 4096;
+// A request of the good client must be answered within this, however hard the
+// attacker tries (generous: the machines are shared and tests run in parallel).
+inline constexpr int kServedWithinMs = 5000;
+
+// Creates the clients group and the attacker and good users (idempotent).
+inline bool EnsureHostileUsers() {
+  const std::string cmd = std::string("set -e; getent group ") + kHostileGroup +
+                          " >/dev/null || groupadd --system " + kHostileGroup +
+                          "; for u in " + kEvil + " " + kGood +
+                          "; do getent passwd $u >/dev/null || useradd --system -M -N -g " +
+                          kHostileGroup + " -s /usr/sbin/nologin $u; done 2>&1";
+  const ShellResult r = Shell(cmd);
+  EXPECT_EQ(r.status, 0) << r.out;
+  return r.status == 0;
+}
+
+inline bool DropTo(const char* user) {
+  const passwd* pw = getpwnam(user);
+  if (!pw) return false;
+  return setgroups(0, nullptr) == 0 && setgid(pw->pw_gid) == 0 && setuid(pw->pw_uid) == 0;
+}
+
+inline uid_t UidOf(const char* user) {
+  const passwd* pw = getpwnam(user);
+  return pw ? pw->pw_uid : static_cast<uid_t>(-1);
+}
+
+// Runs `fn` in a forked child as `user`; returns what fn returned ("" = every
+// check passed), or why the child failed.
+inline std::string RunAs(const char* user, const std::function<std::string()>& fn) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::string out;
+    if (!DropTo(user)) {
+      out = std::string("dropping to ") + user + ": " + std::strerror(errno);
+    } else {
+      try {
+        out = fn();
+      } catch (const std::exception& e) {
+        out = std::string("exception: ") + e.what();
+      }
+    }
+    if (write(fds[1], out.data(), out.size()) < 0) _exit(3);
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) out += " (child exited badly)";
+  return out;
+}
+
+// Polls `done` every 20 ms until it holds or `timeout` passes.
+inline bool WaitFor(const std::function<bool()>& done,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+// A daemon whose socket (mode 0660, group kHostileGroup) the test users reach.
+class HostileDaemon : public DaemonProcess {
+ public:
+  explicit HostileDaemon(const std::string& extra_toml = "", const std::string& daemon_keys = "")
+      : DaemonProcess(extra_toml, "",
+                      std::string("socket_group = \"") + kHostileGroup + "\"\n" + daemon_keys) {
+    chmod(dir().c_str(), 0755);
+  }
+};
+
+// What the daemon costs, from /proc.
+struct DaemonUsage {
+  uint64_t rss_bytes = 0;
+  uint64_t anon_bytes = 0;
+  size_t fds = 0;
+};
+
+inline DaemonUsage Usage(pid_t pid) {
+  DaemonUsage u;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %llu kB", &kib) == 1) u.rss_bytes = kib * 1024;
+    if (std::sscanf(line.c_str(), "RssAnon: %llu kB", &kib) == 1) u.anon_bytes = kib * 1024;
+  }
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++u.fds;
+  }
+  return u;
+}
+
+// Total CPU time (user + system) of a process, in seconds, from /proc/<pid>/stat.
+inline double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close_paren = s.rfind(')');
+  if (close_paren == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close_paren + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// A raw connection to the daemon (no hello), or -1.
+inline int RawConnect(const std::string& socket_path) {
+  const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, socket_path.c_str(), sizeof(a.sun_path) - 1);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(s);
+    return -1;
+  }
+  return s;
+}
+
+// Writes all of `bytes` (blocking). False on error.
+inline bool WriteAll(int fd, const std::vector<uint8_t>& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// True once the peer closed `fd` (a read returns 0 or an error); reads and
+// drops whatever is pending. Waits at most `timeout`.
+inline bool ClosedByPeer(int fd, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+    if (n > 0) continue;
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// A memfd pool of `blocks` blocks, sealed against shrinking. -1 on failure.
+inline int SealedPool(uint32_t blocks, const char* name = "hostile-pool") {
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(blocks * kHostileStride)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// How the good client fared.
+struct GoodReport {
+  uint64_t rounds = 0;
+  uint64_t failures = 0;
+  int64_t max_round_ms = 0;
+  std::string error;  // the first failure
+};
+
+// A well-behaved client of a third uid (kGood), in its own process: it
+// connects, registers a sealed memfd pool, admits 8 blocks, then loops over
+// shared-memory observations, a socket Report, QueryTiers and Stats until
+// stopped. Every round's duration is recorded in shared memory, so a stuck
+// round shows even if the process never finishes it.
+class GoodClient {
+ public:
+  GoodClient() {
+    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    shared_ = p == MAP_FAILED ? nullptr : new (p) Shared();
+  }
+  ~GoodClient() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (shared_) munmap(shared_, sizeof(Shared));
+  }
+  GoodClient(const GoodClient&) = delete;
+  GoodClient& operator=(const GoodClient&) = delete;
+
+  // Starts the client and waits (bounded) until it has finished one round.
+  bool Start(const std::string& socket_path) {
+    if (!shared_) return false;
+    pid_ = fork();
+    if (pid_ == 0) _exit(Run(socket_path));
+    return WaitFor([this] { return shared_->rounds.load() > 0 || shared_->failures.load() > 0; });
+  }
+
+  GoodReport Stop() {
+    GoodReport r;
+    if (pid_ <= 0 || !shared_) {
+      r.failures = 1;
+      r.error = "not started";
+      return r;
+    }
+    shared_->stop = true;
+    const bool exited = WaitFor(
+        [this] {
+          int st = 0;
+          return waitpid(pid_, &st, WNOHANG) == pid_;
+        },
+        std::chrono::milliseconds(3 * kServedWithinMs));
+    r.rounds = shared_->rounds.load();
+    r.failures = shared_->failures.load();
+    r.max_round_ms = shared_->max_round_ms.load();
+    r.error = shared_->error;
+    if (!exited) {
+      const int64_t started = shared_->round_started_ms.load();
+      r.failures += 1;
+      if (r.error.empty()) {
+        r.error = "a round has not finished after " + std::to_string(NowMs() - started) + " ms";
+      }
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    pid_ = -1;
+    return r;
+  }
+
+ private:
+  struct Shared {
+    std::atomic<uint64_t> rounds{0};
+    std::atomic<uint64_t> failures{0};
+    std::atomic<int64_t> max_round_ms{0};
+    std::atomic<int64_t> round_started_ms{0};
+    std::atomic<bool> stop{false};
+    char error[256] = {};
+  };
+
+  static int64_t NowMs() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void Fail(const std::string& what) {
+    if (shared_->failures.fetch_add(1) == 0) {
+      std::snprintf(shared_->error, sizeof(shared_->error), "%s", what.c_str());
+    }
+  }
+
+  int Run(const std::string& socket_path) {
+    if (!DropTo(kGood)) {
+      Fail("cannot become the good user");
+      return 1;
+    }
+    Status st;
+    shared_->round_started_ms = NowMs();
+    auto c = Client::Connect({socket_path, kHostileModel, 64, "good"}, &st);
+    if (!c) {
+      Fail("connect: " + st.message);
+      return 1;
+    }
+    const int fd = SealedPool(8, "good-pool");
+    uint32_t pool = 0;
+    std::vector<wire::AdmitEntry> entries;
+    std::vector<BlockKey> keys;
+    for (uint32_t i = 0; i < 8; ++i) {
+      keys.push_back(BlockKey::FromSequence(4242, i));
+      entries.push_back({keys.back(), i});
+    }
+    std::vector<wire::AdmitResult> admitted;
+    if (fd < 0 || !(st = c->RegisterMemfdPool(fd, 8 * kHostileStride, kHostileStride, 8, &pool))
+                       .ok() ||
+        !(st = c->Admit(pool, entries, &admitted)).ok()) {
+      Fail("setup: " + st.message);
+      return 1;
+    }
+    while (!shared_->stop) {
+      const int64_t t0 = NowMs();
+      shared_->round_started_ms = t0;
+      for (const wire::AdmitResult& r : admitted) c->Observe(r.slot, 1.0f);
+      std::vector<wire::Observation> obs{{admitted[0].slot, 0.5f}};
+      std::vector<Tier> tiers;
+      std::string json;
+      if (!(st = c->Report(obs)).ok()) Fail("report: " + st.message);
+      if (!(st = c->QueryTiers(keys, &tiers)).ok() || tiers.size() != keys.size()) {
+        Fail("query-tiers: " + st.message);
+      }
+      for (Tier t : tiers) {
+        if (t == Tier::kNone) Fail("a held block reads as not resident");
+      }
+      if (!(st = c->Stats("status", &json)).ok()) Fail("stats: " + st.message);
+      const int64_t took = NowMs() - t0;
+      if (took > shared_->max_round_ms) shared_->max_round_ms = took;
+      if (took > kServedWithinMs) Fail("a round took " + std::to_string(took) + " ms");
+      shared_->rounds.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return 0;
+  }
+
+  Shared* shared_ = nullptr;
+  pid_t pid_ = -1;
+};
+
+// The three checks every attack test ends with: the daemon lives, the good
+// client was served throughout, and the daemon's memory and fds stayed bounded.
+inline void ExpectHealthy(HostileDaemon& d, GoodClient& good, uint64_t max_anon_bytes,
+                          size_t max_fds) {
+  EXPECT_TRUE(d.Alive()) << d.Log();
+  const DaemonUsage u = Usage(d.pid());
+  const GoodReport r = good.Stop();
+  EXPECT_GT(r.rounds, 0u) << r.error;
+  EXPECT_EQ(r.failures, 0u) << r.error;
+  EXPECT_LE(r.max_round_ms, kServedWithinMs);
+  EXPECT_LE(u.anon_bytes, max_anon_bytes) << "daemon's own memory";
+  EXPECT_LE(u.fds, max_fds) << "daemon's fds";
+}
+
+}  // namespace cxltier::testing
