@@ -155,6 +155,17 @@ std::string Apply(const toml::table& root, DaemonConfig* c) {
   l.Int("max_blocks_per_client", &c->max_blocks_per_client);
   l.Int("max_message_bytes", &c->max_message_bytes);
   l.Int("max_pools_per_client", &c->max_pools_per_client);
+  l.Int("max_connections_per_uid", &c->max_connections_per_uid);
+  l.Int("admin_reserved_connections", &c->admin_reserved_connections);
+  l.Int("max_blocks_per_uid", &c->max_blocks_per_uid);
+  l.Int("max_pools_per_uid", &c->max_pools_per_uid);
+  l.Size("max_segment_bytes_per_uid", &c->max_segment_bytes_per_uid);
+  l.Int("max_ghosts_per_uid", &c->max_ghosts_per_uid);
+  l.Size("max_reply_bytes", &c->max_reply_bytes);
+  l.Int("reply_stall_timeout_s", &c->reply_stall_timeout_s);
+  l.Size("max_input_bytes_per_uid", &c->max_input_bytes_per_uid);
+  l.Int("frame_timeout_s", &c->frame_timeout_s);
+  l.Int("idle_timeout_s", &c->idle_timeout_s);
   l.Finish();
   if (!error.empty()) return error;
   return c->Validate();
@@ -177,10 +188,23 @@ std::string DaemonConfig::Validate() const {
   // Absurd sizes are refused, not wrapped: every value must also print back
   // as a TOML integer (int64).
   if (tier0_budget_bytes > (uint64_t{1} << 60)) return "tier0_budget must be at most 1 EiB";
-  if (block_bytes > (uint64_t{1} << 40)) return "block_bytes must be at most 1 TiB";
   if (ghost_capacity > (uint64_t{1} << 32)) return "ghost_capacity must be at most 2^32";
   if (migrate_rate_mib_s > (uint64_t{1} << 30)) return "rate_mib_s must be at most 2^30";
-  if (max_clients == 0 || max_blocks_per_client == 0) return "limits must be positive";
+  if (max_clients == 0 || max_blocks_per_client == 0 || max_connections_per_uid == 0 ||
+      max_blocks_per_uid == 0 || max_pools_per_uid == 0 || max_segment_bytes_per_uid == 0 ||
+      max_reply_bytes == 0 || max_input_bytes_per_uid == 0) {
+    return "limits must be positive";
+  }
+  if (block_bytes > kMaxBlockBytes) {
+    return "block_bytes must be at most " + std::to_string(kMaxBlockBytes >> 20) + " MiB";
+  }
+  if (max_segment_bytes_per_uid > (uint64_t{1} << 40) || max_reply_bytes > (uint64_t{1} << 32) ||
+      max_input_bytes_per_uid > (uint64_t{1} << 40)) {
+    return "per-uid byte limits must be at most 1 TiB (max_reply_bytes at most 4 GiB)";
+  }
+  if (reply_stall_timeout_s == 0 || frame_timeout_s == 0 || idle_timeout_s == 0) {
+    return "timeouts must be at least 1 s";
+  }
   if (max_message_bytes < 4096 || max_message_bytes > (256u << 20)) {
     return "max_message_bytes must be between 4 KiB and 256 MiB";
   }
@@ -244,10 +268,22 @@ std::string ToToml(const DaemonConfig& c) {
                                 {"max_pending_moves", c.max_pending_moves}}},
       {"tiers", toml::table{{"fast_nodes", fast}, {"slow_nodes", slow}}},
       {"metrics", toml::table{{"enabled", c.metrics_enabled}, {"listen", c.metrics_listen}}},
-      {"limits", toml::table{{"max_clients", c.max_clients},
-                             {"max_blocks_per_client", c.max_blocks_per_client},
-                             {"max_message_bytes", c.max_message_bytes},
-                             {"max_pools_per_client", c.max_pools_per_client}}},
+      {"limits",
+       toml::table{{"max_clients", c.max_clients},
+                   {"max_blocks_per_client", c.max_blocks_per_client},
+                   {"max_message_bytes", c.max_message_bytes},
+                   {"max_pools_per_client", c.max_pools_per_client},
+                   {"max_connections_per_uid", c.max_connections_per_uid},
+                   {"admin_reserved_connections", c.admin_reserved_connections},
+                   {"max_blocks_per_uid", c.max_blocks_per_uid},
+                   {"max_pools_per_uid", c.max_pools_per_uid},
+                   {"max_segment_bytes_per_uid", static_cast<int64_t>(c.max_segment_bytes_per_uid)},
+                   {"max_ghosts_per_uid", c.max_ghosts_per_uid},
+                   {"max_reply_bytes", static_cast<int64_t>(c.max_reply_bytes)},
+                   {"reply_stall_timeout_s", c.reply_stall_timeout_s},
+                   {"max_input_bytes_per_uid", static_cast<int64_t>(c.max_input_bytes_per_uid)},
+                   {"frame_timeout_s", c.frame_timeout_s},
+                   {"idle_timeout_s", c.idle_timeout_s}}},
   };
   std::ostringstream out;
   out << t << "\n";

@@ -84,13 +84,26 @@ std::string Daemon::Start() {
 }
 
 std::string Daemon::EnsureEngine(uint64_t block_bytes) {
-  if (engine_) {
-    if (engine_->options().block_bytes != block_bytes) {
+  if (engine_ && engine_->options().block_bytes != block_bytes) {
+    // Without [engine] block_bytes, the first hello set the size, but only
+    // for as long as a client that said hello is connected: one client's
+    // first word must not decide it for everyone for good.
+    const bool in_use = std::any_of(clients_.begin(), clients_.end(),
+                                    [](const auto& kv) { return kv.second.hello; });
+    if (config_.block_bytes || in_use || moves_in_flight_ > 0) {
       return "this daemon places blocks of " + std::to_string(engine_->options().block_bytes) +
-             " bytes; the model's blocks are " + std::to_string(block_bytes) + " bytes";
+             " bytes; the model's blocks are " + std::to_string(block_bytes) + " bytes" +
+             (config_.block_bytes ? " ([engine] block_bytes)"
+                                  : " (set by a connected client; set [engine] block_bytes to "
+                                    "fix it for every client)");
     }
-    return {};
+    spdlog::info("block size {} -> {} bytes: no client holds blocks of the old size; ghosts kept",
+                 engine_->options().block_bytes, block_bytes);
+    pending_ghosts_ = CollectGhosts();
+    engine_.reset();
+    owners_.clear();
   }
+  if (engine_) return {};
   engine::EngineOptions o;
   o.block_bytes = block_bytes;
   o.tier0_budget_bytes = config_.tier0_budget_bytes;
@@ -188,8 +201,8 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
   if (m.op == wire::AdminOp::kShowConfig) return wire::AdminOk{ToToml(config_)};
   const char* what = m.op == wire::AdminOp::kReload ? "reload" : "policy set";
   if (!IsAdmin(peer)) {
-    spdlog::warn("denied {} to pid {} uid {} gid {}: not root nor in group '{}'", what, peer.pid,
-                 peer.uid, peer.gid, config_.admin_group);
+    ClientWarning(peer, fmt::format("denied {}: not root nor in group '{}' (gid {})", what,
+                                    config_.admin_group, peer.gid));
     return Error{ErrorCode::kDenied, std::string(what) + " needs root or membership of group '" +
                                          config_.admin_group + "'"};
   }
@@ -208,6 +221,43 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
   }
   if (!err.empty()) return Error{ErrorCode::kBadPayload, "reload refused: " + err};
   return wire::AdminOk{"configuration reloaded"};
+}
+
+bool WarnLimiter::Allow(uint64_t client, std::chrono::steady_clock::time_point now,
+                        uint64_t* suppressed) {
+  Window& w = windows_[client];
+  *suppressed = 0;
+  if (w.logged == 0 || now - w.start >= kWindow) {
+    *suppressed = w.held;
+    w = Window{now, 0, 0};
+  }
+  if (w.logged < kBurst) {
+    ++w.logged;
+    ++logged_;
+    return true;
+  }
+  ++w.held;
+  ++suppressed_total_;
+  return false;
+}
+
+uint64_t WarnLimiter::Forget(uint64_t client) {
+  auto it = windows_.find(client);
+  if (it == windows_.end()) return 0;
+  const uint64_t held = it->second.held;
+  windows_.erase(it);
+  return held;
+}
+
+void Daemon::ClientWarning(const server::Peer& peer, const std::string& what) {
+  uint64_t suppressed = 0;
+  const bool allow =
+      warnings_.Allow(peer.session_id, std::chrono::steady_clock::now(), &suppressed);
+  if (suppressed) {
+    spdlog::warn("client pid {} uid {}: {} more warnings were suppressed in the last {} s",
+                 peer.pid, peer.uid, suppressed, WarnLimiter::kWindow.count());
+  }
+  if (allow) spdlog::warn("client pid {} uid {}: {}", peer.pid, peer.uid, what);
 }
 
 Daemon::Client* Daemon::Find(const server::Peer& peer) {
@@ -239,16 +289,33 @@ Tier Daemon::WhereIs(const numa::PageRange& range) {
   return TierOfNode(node);
 }
 
-std::optional<Error> Daemon::OnConnect(const server::Peer& peer) {
-  if (clients_.size() >= config_.max_clients) {
-    spdlog::warn("refused client pid {} uid {}: {} clients already (limits.max_clients)", peer.pid,
-                 peer.uid, clients_.size());
+std::optional<Error> Daemon::CheckConnectionLimits(const server::Peer& peer, bool admin) const {
+  // Root and the admin group may always get in: max_clients counts everyone,
+  // but they have admin_reserved_connections more, and no per-uid cap.
+  const uint64_t cap = config_.max_clients + (admin ? config_.admin_reserved_connections : 0);
+  if (clients_.size() >= cap) {
     return Error{ErrorCode::kLimit,
                  "too many clients (limit " + std::to_string(config_.max_clients) + ")"};
+  }
+  if (admin) return std::nullopt;
+  auto it = uids_.find(peer.uid);
+  if (it != uids_.end() && it->second.connections >= config_.max_connections_per_uid) {
+    return Error{ErrorCode::kLimit, "too many connections of uid " + std::to_string(peer.uid) +
+                                        " (limit " +
+                                        std::to_string(config_.max_connections_per_uid) + ")"};
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> Daemon::OnConnect(const server::Peer& peer) {
+  if (auto refusal = CheckConnectionLimits(peer, IsAdmin(peer))) {
+    ClientWarning(peer, "connection refused: " + refusal->message);
+    return refusal;
   }
   Client& c = clients_[peer.session_id];
   c.peer = peer;
   c.id = next_client_id_++;
+  ++uids_[peer.uid].connections;
   spdlog::debug("client {} connected: pid {} uid {}", c.id, peer.pid, peer.uid);
   return std::nullopt;
 }
@@ -262,6 +329,14 @@ void Daemon::OnDisconnect(const server::Peer& peer) {
   }
   spdlog::info("client {} ({}, pid {}) left; {} blocks became ghosts", c->id, c->name, peer.pid,
                live);
+  if (const uint64_t held = warnings_.Forget(peer.session_id)) {
+    spdlog::warn("client pid {} uid {}: {} more warnings were suppressed", peer.pid, peer.uid,
+                 held);
+  }
+  UidUsage& u = uids_[peer.uid];
+  u.pools -= static_cast<uint32_t>(c->pools.size());
+  if (c->hello) u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c->slots.size()));
+  if (--u.connections == 0) uids_.erase(peer.uid);
   clients_.erase(peer.session_id);
 }
 
@@ -279,6 +354,20 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
                                         " exceeds the limit of " +
                                         std::to_string(config_.max_blocks_per_client)};
   }
+  if (m.model.block_bytes() > kMaxBlockBytes) {
+    return Error{ErrorCode::kGeometry, "blocks of " + std::to_string(m.model.block_bytes()) +
+                                           " bytes are larger than the " +
+                                           FormatBytes(kMaxBlockBytes) + " this daemon places"};
+  }
+  UidUsage& usage = uids_[peer.uid];
+  const uint64_t segment_bytes = SegmentBytes(m.max_blocks);
+  if (usage.segment_bytes + segment_bytes > config_.max_segment_bytes_per_uid) {
+    return Error{ErrorCode::kLimit, "a segment of " + std::to_string(m.max_blocks) + " slots (" +
+                                        FormatBytes(segment_bytes) + ") would take uid " +
+                                        std::to_string(peer.uid) + " past its " +
+                                        FormatBytes(config_.max_segment_bytes_per_uid) +
+                                        " of state segments (limits.max_segment_bytes_per_uid)"};
+  }
   if (std::string err = EnsureEngine(m.model.block_bytes()); !err.empty()) {
     return Error{ErrorCode::kGeometry, err};
   }
@@ -287,6 +376,7 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   }
   c->hello = true;
   c->model = m.model;
+  usage.segment_bytes += segment_bytes;
   // Counted against max_clients from here on too; the check at connect keeps
   // half-open connections bounded as well.
   c->name = m.client_name.substr(0, 64);
@@ -312,13 +402,19 @@ server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& 
     return Error{ErrorCode::kLimit,
                  "too many pools (limit " + std::to_string(config_.max_pools_per_client) + ")"};
   }
+  if (uids_[peer.uid].pools >= config_.max_pools_per_uid) {
+    return Error{ErrorCode::kLimit, "too many pools of uid " + std::to_string(peer.uid) +
+                                        " (limit " + std::to_string(config_.max_pools_per_uid) +
+                                        ")"};
+  }
   server::Pool pool;
   if (std::string err = pool.Open(m, std::move(memfd), peer.pid, engine_->options().block_bytes);
       !err.empty()) {
-    spdlog::warn("client {}: pool refused: {}", c->id, err);
+    ClientWarning(peer, "pool refused: " + err);
     return Error{ErrorCode::kBadPool, err};
   }
   c->pools.push_back(std::move(pool));
+  ++uids_[peer.uid].pools;
   const uint32_t id = static_cast<uint32_t>(c->pools.size() - 1);
   spdlog::info("client {}: pool {} ({}, {} blocks, {})", c->id, id,
                m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
@@ -354,6 +450,14 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
                                         " blocks needs more than the " +
                                         std::to_string(c->free_slots.size()) + " free slots"};
   }
+  UidUsage& usage = uids_[peer.uid];
+  if (usage.blocks + fresh > config_.max_blocks_per_uid) {
+    return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +
+                                        " blocks would take uid " + std::to_string(peer.uid) +
+                                        " past its limit of " +
+                                        std::to_string(config_.max_blocks_per_uid) +
+                                        " blocks (limits.max_blocks_per_uid)"};
+  }
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
   for (const wire::AdmitEntry& e : m.entries) {
@@ -373,6 +477,7 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
     c->fold[seg] = FoldState{};
     c->by_key[e.key] = seg;
     ++c->live;
+    ++usage.blocks;
     BlockState* slot = c->segment.slot(seg);
     *slot = BlockState{};
     slot->key = e.key;
@@ -412,6 +517,7 @@ void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
   *slot = BlockState{};
   c.free_slots.push_back(seg);
   --c.live;
+  --uids_[c.peer.uid].blocks;
 }
 
 server::Answer<wire::ReleaseOk> Daemon::OnRelease(const server::Peer& peer,
@@ -466,16 +572,22 @@ server::Answer<wire::QueryTiersOk> Daemon::OnQueryTiers(const server::Peer& peer
   return ok;
 }
 
-server::Answer<wire::StatsOk> Daemon::OnStats(const server::Peer&, const wire::Stats& m) {
+server::Answer<wire::StatsOk> Daemon::OnStats(const server::Peer& peer, const wire::Stats& m) {
   nlohmann::json j;
+  // Keys are often hashes of prompt prefixes: a peer sees only its own uid's
+  // clients and blocks; root and the admin group see everyone's.
+  const std::optional<uid_t> only =
+      m.what == "clients" || m.what == "blocks"
+          ? (IsAdmin(peer) ? std::nullopt : std::optional<uid_t>(peer.uid))
+          : std::nullopt;
   if (m.what == "status") {
     j = StatusJson();
   } else if (m.what == "tiers") {
     j = TiersJson();
   } else if (m.what == "clients") {
-    j = ClientsJson();
+    j = ClientsJson(only);
   } else if (m.what == "blocks") {
-    j = BlocksJson();
+    j = BlocksJson(only);
   } else {
     return Error{ErrorCode::kBadPayload,
                  "unknown stats '" + m.what + "'; known: status, tiers, clients, blocks"};
@@ -537,6 +649,7 @@ void Daemon::RunTick() {
       }
       const SegSlot& s = it->second.slots[o.seg_slot];
       const int node = mv.to == Tier::kFast ? tiers_.fast_nodes.front() : tiers_.slow_nodes.front();
+      ++moves_in_flight_;
       mover_->Submit(MoveJob{mv, it->second.pools[s.pool].Range(s.block), node, o.session,
                              o.seg_slot, s.pool, s.block});
     }
@@ -591,6 +704,7 @@ void Daemon::FoldSlot(Client& c, uint32_t i) {
 }
 
 void Daemon::OnMoveDone(MoveDone d) {
+  --moves_in_flight_;
   const bool done = d.result.done();
   pages_moved_ += d.result.on_target;
   pages_absent_ += d.result.absent;
@@ -789,10 +903,11 @@ nlohmann::json TickTimes::Json() const {
           {"buckets", b}};
 }
 
-nlohmann::json Daemon::ClientsJson() const {
+nlohmann::json Daemon::ClientsJson(std::optional<uid_t> only) const {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [session, c] : clients_) {
     if (!c.hello) continue;  // operator tools and clients still connecting
+    if (only && c.peer.uid != *only) continue;
     out.push_back({{"id", c.id},
                    {"name", c.name},
                    {"pid", c.peer.pid},
@@ -806,7 +921,7 @@ nlohmann::json Daemon::ClientsJson() const {
   return out;
 }
 
-nlohmann::json Daemon::BlocksJson() const {
+nlohmann::json Daemon::BlocksJson(std::optional<uid_t> only) const {
   struct Row {
     double score;
     const Client* c;
@@ -814,6 +929,7 @@ nlohmann::json Daemon::BlocksJson() const {
   };
   std::vector<Row> rows;
   for (const auto& [session, c] : clients_) {
+    if (only && c.peer.uid != *only) continue;
     for (uint32_t i = 0; i < c.slots.size(); ++i) {
       if (c.slots[i].live) rows.push_back({engine_->state(c.slots[i].engine_slot).score, &c, i});
     }

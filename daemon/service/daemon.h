@@ -8,6 +8,7 @@
 
 #include <array>
 #include <boost/asio.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -45,6 +46,32 @@ struct TickTimes {
   nlohmann::json Json() const;
 };
 
+// Warnings a client causes, at most kBurst per window each; the rest are
+// counted and summed up in one "suppressed" line, so one client cannot flood
+// the journal (which would rate-limit away everyone else's lines).
+class WarnLimiter {
+ public:
+  static constexpr uint32_t kBurst = 10;
+  static constexpr std::chrono::seconds kWindow{10};
+  // True when the caller may log a warning of `client` now. *suppressed is set
+  // to the count held back in the window that just ended (log it, then this).
+  bool Allow(uint64_t client, std::chrono::steady_clock::time_point now, uint64_t* suppressed);
+  // The count still held back for `client` (it is gone); forgets it.
+  uint64_t Forget(uint64_t client);
+  uint64_t logged() const { return logged_; }
+  uint64_t suppressed() const { return suppressed_total_; }
+
+ private:
+  struct Window {
+    std::chrono::steady_clock::time_point start;
+    uint32_t logged = 0;
+    uint64_t held = 0;
+  };
+  std::unordered_map<uint64_t, Window> windows_;
+  uint64_t logged_ = 0;
+  uint64_t suppressed_total_ = 0;
+};
+
 class Daemon final : public server::Handler {
  public:
   Daemon(boost::asio::io_context& io, DaemonConfig config, numa::Topology topology,
@@ -67,6 +94,10 @@ class Daemon final : public server::Handler {
   bool IsAdmin(const server::Peer& peer) const;
   // Where the metrics server listens (shown in status), or "".
   void set_metrics_endpoint(std::string e) { metrics_endpoint_ = std::move(e); }
+
+  // Logs a warning caused by a client, rate-limited per connection (protocol
+  // errors from the server come here too).
+  void ClientWarning(const server::Peer& peer, const std::string& what);
 
   const DaemonConfig& config() const { return config_; }
   nlohmann::json StatusJson() const;
@@ -127,12 +158,21 @@ class Daemon final : public server::Handler {
     uint64_t bad_observations = 0;
     uint64_t observations = 0;
   };
+  // What one uid holds, over all its connections (the per-uid limits).
+  struct UidUsage {
+    uint32_t connections = 0;
+    uint64_t blocks = 0;
+    uint32_t pools = 0;
+    uint64_t segment_bytes = 0;
+  };
   struct Owner {
     uint64_t session = 0;
     uint32_t seg_slot = 0;
   };
 
   Client* Find(const server::Peer& peer);
+  // The connection caps: max_clients (plus the admin reserve) and per uid.
+  std::optional<wire::Error> CheckConnectionLimits(const server::Peer& peer, bool admin) const;
   BlockKey EngineKey(const BlockKey& key, uid_t uid) const;
   std::string EnsureEngine(uint64_t block_bytes);
   Tier TierOfNode(int node) const;
@@ -149,8 +189,9 @@ class Daemon final : public server::Handler {
   std::vector<BlockState> CollectGhosts() const;
   std::string GhostPath() const;
   nlohmann::json TiersJson() const;
-  nlohmann::json ClientsJson() const;
-  nlohmann::json BlocksJson() const;
+  // Every client's (admins), or only those of uid `only`.
+  nlohmann::json ClientsJson(std::optional<uid_t> only) const;
+  nlohmann::json BlocksJson(std::optional<uid_t> only) const;
 
   boost::asio::io_context& io_;
   DaemonConfig config_;
@@ -160,15 +201,18 @@ class Daemon final : public server::Handler {
   std::unique_ptr<Mover> mover_;
   std::unique_ptr<numa::Migrator> probe_;  // Where() queries on the I/O thread
   std::unique_ptr<engine::Engine> engine_;
-  std::vector<BlockState> pending_ghosts_;  // loaded before the engine exists
-  std::map<uint64_t, Client> clients_;      // by session id
-  std::vector<Owner> owners_;               // by engine slot
-  std::vector<uint32_t> fold_batch_;        // Tick's scratch: segment slots to fold
+  std::vector<BlockState> pending_ghosts_;    // loaded before the engine exists
+  std::map<uint64_t, Client> clients_;        // by session id
+  std::unordered_map<uid_t, UidUsage> uids_;  // of the connected clients
+  WarnLimiter warnings_;
+  std::vector<Owner> owners_;         // by engine slot
+  std::vector<uint32_t> fold_batch_;  // Tick's scratch: segment slots to fold
   std::function<std::string()> reload_hook_;
   TickTimes tick_seconds_;
   std::string metrics_endpoint_;
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
+  uint64_t moves_in_flight_ = 0;  // submitted to the mover, OnMoveDone not yet run
   uint64_t next_client_id_ = 1;
   uint64_t last_checkpoint_tick_ = 0;
   bool stopped_ = false;

@@ -66,6 +66,10 @@ struct ModelGeometry {
   std::string Validate() const;
 };
 
+// The largest block the daemon places: 1 GiB, 262,144 pages of 4 KiB. Llama-3
+// 405B's 16-token block is 7.9 MiB; a block beyond this is not a real model's.
+inline constexpr uint64_t kMaxBlockBytes = uint64_t{1} << 30;
+
 // Built-in presets (public model configs; head_dim 128, fp16, 16-token blocks).
 inline constexpr ModelGeometry kLlama3_70B{"llama3-70b", 80, 64, 8, 128, 2, 16};
 inline constexpr ModelGeometry kLlama33_70B{"llama3.3-70b", 80, 64, 8, 128, 2, 16};

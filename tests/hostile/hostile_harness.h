@@ -50,8 +50,8 @@ inline constexpr int kServedWithinMs = 5000;
 // Creates the clients group and the attacker and good users (idempotent).
 inline bool EnsureHostileUsers() {
   const std::string cmd = std::string("set -e; getent group ") + kHostileGroup +
-                          " >/dev/null || groupadd --system " + kHostileGroup +
-                          "; for u in " + kEvil + " " + kGood +
+                          " >/dev/null || groupadd --system " + kHostileGroup + "; for u in " +
+                          kEvil + " " + kGood +
                           "; do getent passwd $u >/dev/null || useradd --system -M -N -g " +
                           kHostileGroup + " -s /usr/sbin/nologin $u; done 2>&1";
   const ShellResult r = Shell(cmd);
@@ -233,8 +233,8 @@ struct GoodReport {
 class GoodClient {
  public:
   GoodClient() {
-    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
+    void* p =
+        mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     shared_ = p == MAP_FAILED ? nullptr : new (p) Shared();
   }
   ~GoodClient() {
@@ -329,8 +329,8 @@ class GoodClient {
       entries.push_back({keys.back(), i});
     }
     std::vector<wire::AdmitResult> admitted;
-    if (fd < 0 || !(st = c->RegisterMemfdPool(fd, 8 * kHostileStride, kHostileStride, 8, &pool))
-                       .ok() ||
+    if (fd < 0 ||
+        !(st = c->RegisterMemfdPool(fd, 8 * kHostileStride, kHostileStride, 8, &pool)).ok() ||
         !(st = c->Admit(pool, entries, &admitted)).ok()) {
       Fail("setup: " + st.message);
       return 1;
