@@ -1,14 +1,23 @@
 #include "migrator.h"
 
+#include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
 
 namespace cxltier::numa {
 namespace {
@@ -36,23 +45,138 @@ std::vector<void*> PagesOf(const PageRange& r) {
 
 // move_pages works on this process's page tables: a page of a shared mapping
 // that we never touched is "not present" here even though the client wrote
-// it, and would be skipped (and look done). Fault the range in first.
-void Populate(const PageRange& r) {
-  if (madvise(reinterpret_cast<void*>(r.address), r.length, MADV_POPULATE_READ) == 0) return;
-  const size_t ps = PageSize();
-  for (uintptr_t a = r.address; a < r.address + r.length; a += ps) {
-    (void)*reinterpret_cast<const volatile char*>(a);
-  }
+// it, and would be skipped (and look done). Fault the range in first, with
+// the one call that cannot fault on us: where the client's file has no page
+// (shrunk, or a file that cannot back the range) it fails with EFAULT
+// instead of raising SIGBUS. Nothing here may ever read a byte of the range.
+// Returns 0 or its errno.
+int Populate(const PageRange& r) {
+  if (madvise(reinterpret_cast<void*>(r.address), r.length, MADV_POPULATE_READ) == 0) return 0;
+  return errno;
 }
+
+MoveResult Failed(MoveResult r, int e, const char* call) {
+  r.call_errno = e;
+  r.call = call;
+  return r;
+}
+
+// The four uids (real, effective, saved, filesystem) of /proc/<pid>/status.
+// 0 or an errno (ENOENT when the process is gone or hidden from us).
+int ReadUids(pid_t pid, std::array<uid_t, 4>* uids) {
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(pid));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  char buf[4096];
+  size_t len = 0;
+  for (;;) {
+    const ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    len += static_cast<size_t>(n);
+    if (len == sizeof buf - 1) break;  // Uid: is near the top, well inside 4 KiB
+  }
+  close(fd);
+  buf[len] = '\0';
+  const char* line = std::strstr(buf, "\nUid:");
+  if (!line) return EIO;
+  unsigned long v[4];
+  if (std::sscanf(line + 5, "%lu %lu %lu %lu", &v[0], &v[1], &v[2], &v[3]) != 4) return EIO;
+  for (int i = 0; i < 4; ++i) (*uids)[i] = static_cast<uid_t>(v[i]);
+  return 0;
+}
+
+}  // namespace
+
+std::shared_ptr<const ProcessHandle> ProcessHandle::Open(pid_t pid, uid_t uid, std::string* error) {
+  const std::string exited =
+      "the process that connected (pid " + std::to_string(pid) + ") has exited";
+  if (pid <= 0) {
+    *error = "peer pid unknown (SO_PEERCRED)";
+    return nullptr;
+  }
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) {
+    *error = errno == ESRCH ? exited : std::string("pidfd_open: ") + std::strerror(errno);
+    return nullptr;
+  }
+  std::shared_ptr<const ProcessHandle> h(new ProcessHandle(fd, pid, uid));
+  // The pidfd names one process from here on; /proc/<pid> names whoever has
+  // the pid. If the pidfd's process is still running after the read, they
+  // were the same one.
+  std::array<uid_t, 4> uids{};
+  const int e = ReadUids(pid, &uids);
+  if (!h->Alive()) {
+    *error = exited;
+    return nullptr;
+  }
+  if (e != 0) {
+    *error = "cannot read /proc/" + std::to_string(pid) + "/status (" + std::strerror(e) +
+             "): an address-range pool of another user's process needs CAP_SYS_PTRACE";
+    return nullptr;
+  }
+  for (uid_t u : uids) {
+    if (u != uid) {
+      *error = exited + " or no longer runs as uid " + std::to_string(uid) + " (its uids are " +
+               std::to_string(uids[0]) + "/" + std::to_string(uids[1]) + "/" +
+               std::to_string(uids[2]) + "/" + std::to_string(uids[3]) + ")";
+      return nullptr;
+    }
+  }
+  return h;
+}
+
+ProcessHandle::~ProcessHandle() { close(pidfd_); }
+
+bool ProcessHandle::Alive() const {
+  pollfd p{pidfd_, POLLIN, 0};
+  int n;
+  do {
+    n = poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  // POLLIN: the process has exited. An error says nothing good either.
+  return n == 0;
+}
+
+int ProcessHandle::Check() const {
+  if (!Alive()) return ESRCH;
+  std::array<uid_t, 4> uids{};
+  const int e = ReadUids(pid_, &uids);
+  if (!Alive()) return ESRCH;
+  if (e != 0) return e;
+  for (uid_t u : uids) {
+    if (u != uid_) return EPERM;
+  }
+  return 0;
+}
+
+std::shared_ptr<const Mapping> Mapping::Map(int fd, size_t length_bytes, std::string* error) {
+  void* p = mmap(nullptr, length_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    *error = std::string("mmap of the pool: ") + std::strerror(errno);
+    return nullptr;
+  }
+  return std::shared_ptr<const Mapping>(new Mapping(reinterpret_cast<uintptr_t>(p), length_bytes));
+}
+
+Mapping::~Mapping() { munmap(reinterpret_cast<void*>(address_), length_bytes_); }
+
+namespace {
 
 class LinuxMigrator final : public Migrator {
  public:
   MoveResult Move(const PageRange& range, int node) override {
     MoveResult r;
+    r.pages = range.length / PageSize();
+    if (range.process) {
+      if (const int e = range.process->Check(); e != 0) return Failed(std::move(r), e, "process");
+    }
+    if (range.pid == 0 && range.shared) {
+      if (const int e = Populate(range); e != 0) return Failed(std::move(r), e, "populate");
+      SetPolicy(range, node);
+    }
     std::vector<void*> pages = PagesOf(range);
-    r.pages = pages.size();
-    if (range.pid == 0 && range.shared) Populate(range);
-    if (range.pid == 0 && range.shared) SetPolicy(range, node);
     std::vector<int> nodes(kChunkPages, node), status(kChunkPages);
     const int flags = range.shared ? MPOL_MF_MOVE_ALL : MPOL_MF_MOVE;
     for (size_t i = 0; i < pages.size(); i += kChunkPages) {
@@ -61,6 +185,9 @@ class LinuxMigrator final : public Migrator {
         r.call_errno = errno;
         return r;
       }
+      // Died meanwhile: the pid may name someone else's process by now. Say
+      // so, and do not ask it anything more.
+      if (range.process && !range.process->Alive()) return Failed(std::move(r), ESRCH, "process");
     }
     // Never trust the return code: ask where every page is now.
     for (int where : Where(range)) {
@@ -81,6 +208,9 @@ class LinuxMigrator final : public Migrator {
 
   std::vector<int> Where(const PageRange& range) override {
     std::vector<void*> pages = PagesOf(range);
+    // Alive() only, not Check(): Where runs on the I/O thread for every
+    // admitted block, and a poll costs well under a microsecond.
+    if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
     std::vector<int> status(pages.size(), -1);
     for (size_t i = 0; i < pages.size(); i += kChunkPages) {
       const size_t n = std::min(kChunkPages, pages.size() - i);
@@ -89,6 +219,7 @@ class LinuxMigrator final : public Migrator {
         for (size_t j = i; j < i + n; ++j) status[j] = -e;
       }
     }
+    if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
     return status;
   }
 
@@ -113,7 +244,18 @@ std::string Summarize(const MoveResult& r) {
   if (r.busy) out << ", " << r.busy << " busy (pinned?)";
   if (r.elsewhere) out << ", " << r.elsewhere << " still on another node";
   for (auto [e, n] : r.errors) out << ", " << n << " " << std::strerror(e);
-  if (r.call_errno) out << ", move_pages failed: " << std::strerror(r.call_errno);
+  if (r.call_errno) {
+    const std::string call = r.call ? r.call : "move_pages";
+    if (call == "populate") {
+      out << ", faulting the pool in failed (its file shrank or has no page there?): ";
+    } else if (call == "process") {
+      out << ", the pool's process "
+          << (r.call_errno == ESRCH ? "has exited" : "cannot be moved (uid changed?)") << ": ";
+    } else {
+      out << ", " << call << " failed: ";
+    }
+    out << std::strerror(r.call_errno);
+  }
   return out.str();
 }
 

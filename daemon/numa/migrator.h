@@ -9,16 +9,85 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cxltier::numa {
 
+// Another process, pinned by a pidfd. A pid alone names whichever process
+// holds that number now: once the one that registered a pool exits, the
+// number may be reused by anyone's process. The pidfd keeps naming the
+// original, so every use of pid() is bracketed by Check() calls: if the
+// process is still running afterwards, the pid meant that process.
+// Thread-safe (const); shared by the pool and every move queued for it.
+class ProcessHandle {
+ public:
+  // Opens a pidfd for `pid` and checks that the process runs as `uid` (real,
+  // effective, saved and filesystem uid, from /proc/<pid>/status, read after
+  // the pidfd was opened and confirmed by the pidfd afterwards). nullptr and
+  // *error when it has exited, runs as someone else, or cannot be inspected.
+  static std::shared_ptr<const ProcessHandle> Open(pid_t pid, uid_t uid, std::string* error);
+  ~ProcessHandle();
+  ProcessHandle(const ProcessHandle&) = delete;
+  ProcessHandle& operator=(const ProcessHandle&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // False once the process has exited (the pidfd polls readable). One poll(2).
+  bool Alive() const;
+  // 0 while the process runs with the uid it had at Open; ESRCH once it has
+  // exited; EPERM when its uids changed (it ran a set-uid program).
+  int Check() const;
+
+ private:
+  ProcessHandle(int pidfd, pid_t pid, uid_t uid) : pidfd_(pidfd), pid_(pid), uid_(uid) {}
+  int pidfd_;
+  pid_t pid_;
+  uid_t uid_;
+};
+
+// This process's read-only shared mapping of a client's memfd, unmapped when
+// the last holder lets go: the pool, or a move queued or running for it. So a
+// move never runs on addresses that were unmapped and perhaps reused for
+// another client's pool. The fd is not kept: the mapping holds the file.
+class Mapping {
+ public:
+  static std::shared_ptr<const Mapping> Map(int fd, size_t length_bytes, std::string* error);
+  ~Mapping();
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  uintptr_t address() const { return address_; }
+  size_t length_bytes() const { return length_bytes_; }
+
+ private:
+  Mapping(uintptr_t address, size_t length_bytes)
+      : address_(address), length_bytes_(length_bytes) {}
+  uintptr_t address_;
+  size_t length_bytes_;
+};
+
 // A byte range of one process's address space.
 struct PageRange {
+  PageRange() = default;
+  // Spelled out so that {pid, address, length, shared} still reads as before.
+  PageRange(pid_t pid_, uintptr_t address_, size_t length_, bool shared_,
+            std::shared_ptr<const ProcessHandle> process_ = nullptr,
+            std::shared_ptr<const Mapping> mapping_ = nullptr)
+      : pid(pid_),
+        address(address_),
+        length(length_),
+        shared(shared_),
+        process(std::move(process_)),
+        mapping(std::move(mapping_)) {}
+
   pid_t pid = 0;          // 0 = this process
   uintptr_t address = 0;  // page-aligned
   size_t length = 0;      // bytes, a multiple of the page size
   bool shared = false;    // mapped by more than one process (a memfd pool): needs MOVE_ALL
+  // What keeps the addresses meaning what they meant when the range was made.
+  // Another process's range: its pidfd (a range without one trusts `pid` as is).
+  std::shared_ptr<const ProcessHandle> process;
+  // This process's mapping of a memfd pool (kept mapped while a move holds it).
+  std::shared_ptr<const Mapping> mapping;
 };
 
 struct MoveResult {
@@ -28,7 +97,12 @@ struct MoveResult {
   size_t busy = 0;               // pinned or under I/O (-EBUSY)
   size_t elsewhere = 0;          // present but still on another node
   std::map<int, size_t> errors;  // errno -> pages, for anything else
-  int call_errno = 0;            // the move_pages call itself failed
+  // The move failed as a whole, in `call`: "move_pages" (the default),
+  // "populate" (faulting a memfd pool in: the file shrank or cannot be read
+  // without a fault), or "process" (the pool's process exited or changed uid,
+  // before the call or during it).
+  int call_errno = 0;
+  const char* call = "move_pages";
   // Every present page is on the target node.
   bool done() const { return call_errno == 0 && on_target + absent == pages; }
 };
@@ -38,13 +112,19 @@ class Migrator {
   virtual ~Migrator() = default;
   // Moves the range's pages to `node` and verifies where they ended up.
   virtual MoveResult Move(const PageRange& range, int node) = 0;
-  // Node of every page (negative errno for pages that are not present).
+  // Node of every page (negative errno for pages that are not present; every
+  // page -ESRCH when the range's process has exited).
   virtual std::vector<int> Where(const PageRange& range) = 0;
 };
 
 // The real one: move_pages(2) in chunks, then move_pages with no node list to
-// verify. For this process's shared ranges it also sets the range's memory
-// policy (mbind, MPOL_PREFERRED) so pages faulted later land on the same node.
+// verify. For this process's shared ranges it first faults the range into
+// this process's page tables (MADV_POPULATE_READ, which fails instead of
+// raising SIGBUS where the file has no page; it never reads a byte) and sets
+// the range's memory policy (mbind, MPOL_PREFERRED) so pages faulted later
+// land on the same node. A range with a ProcessHandle is checked before and
+// after the calls: a process that exited fails the move with ESRCH, and no
+// move_pages call names its pid once it is known to be gone.
 std::unique_ptr<Migrator> MakeLinuxMigrator();
 
 // Moves nothing: every move is reported done and every page on node 0,
