@@ -11,12 +11,14 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
     : options_(options),
       policy_(std::move(policy)),
       capacity_(options.block_bytes ? options.tier0_budget_bytes / options.block_bytes : 0),
-      ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0) {
+      ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0,
+              options.ghost_capacity_per_owner) {
   assert(policy_ && options.block_bytes > 0);
   // Allocating (and so faulting in) the tables now keeps that cost out of the
   // first touches; without the hint they grow by doubling.
   states_.resize(options.expected_blocks);
   moved_tick_.resize(options.expected_blocks, 0);
+  owners_.resize(options.expected_blocks, 0);
   retry_.resize(options.expected_blocks);
   index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence);
@@ -25,26 +27,26 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
 
 Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
 
-Slot Engine::Admit(const BlockKey& key) { return AdmitAt(key, Tier::kNone); }
+Slot Engine::Admit(const BlockKey& key, uint32_t owner) { return AdmitAt(key, Tier::kNone, owner); }
 
-Slot Engine::Admit(const BlockKey& key, Tier placed) {
+Slot Engine::Admit(const BlockKey& key, Tier placed, uint32_t owner) {
   assert(options_.mode == Mode::kTick && placed != Tier::kNone);
-  return AdmitAt(key, placed);
+  return AdmitAt(key, placed, owner);
 }
 
-bool Engine::RestoreGhost(const BlockState& ghost) {
+bool Engine::RestoreGhost(const BlockState& ghost, uint32_t owner) {
   if (options_.persistence != Persistence::kPersist || Find(ghost.key) != kNoSlot) return false;
   BlockState g = ghost;
   g.tier = Tier::kNone;
   g.flags = 0;
   g.client_touches = g.client_mass_q16 = 0;
   seq_ = std::max(seq_, g.touch_seq);
-  if (ghosts_.Put(g.key, g)) ++counters_.ghosts_dropped;
+  if (ghosts_.Put(g.key, g, owner)) ++counters_.ghosts_dropped;
   return true;
 }
 
 // `placed` kNone: the engine decides (tick mode: tier 0 while it has room).
-Slot Engine::AdmitAt(const BlockKey& key, Tier placed) {
+Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   const Slot s = free_slots_.empty() ? next_slot_ : free_slots_.back();
   if (const Slot known = index_.Insert(key, s); known != s) return known;
   if (!free_slots_.empty()) {
@@ -54,6 +56,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed) {
     if (s == states_.size()) {
       states_.emplace_back();
       moved_tick_.push_back(0);
+      owners_.push_back(0);
       retry_.emplace_back();
     }
   }
@@ -74,6 +77,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed) {
   }
   st.flags |= kFlagResident;
   moved_tick_[s] = 0;
+  owners_[s] = owner;
   retry_[s] = Retry{};
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
@@ -179,7 +183,7 @@ void Engine::Release(Slot s) {
   if (options_.persistence == Persistence::kPersist) {
     BlockState ghost = st;
     ghost.flags = 0;
-    if (ghosts_.Put(st.key, ghost)) ++counters_.ghosts_dropped;
+    if (ghosts_.Put(st.key, ghost, owners_[s])) ++counters_.ghosts_dropped;
   }
   index_.Erase(st.key);
   st.flags = 0;

@@ -25,7 +25,10 @@ struct EngineOptions {
   uint64_t tier0_budget_bytes = 32ull << 30;  // bytes of tier 0 cxltier may fill
   Persistence persistence = Persistence::kPersist;
   Mode mode = Mode::kDemand;
-  size_t ghost_capacity = 1u << 20;     // ghosts kept after release (persist only)
+  size_t ghost_capacity = 1u << 20;  // ghosts kept after release (persist only)
+  // Ghosts one owner (Admit's opaque `owner`; the daemon's uid) may keep;
+  // 0 = no share of its own, the global capacity alone (the simulator).
+  size_t ghost_capacity_per_owner = 0;
   uint64_t migrate_bytes_per_tick = 0;  // tick mode: byte budget of one Plan(); 0 = unlimited
   uint32_t hysteresis_ticks = 0;        // tick mode: ticks a moved block stays put
   // Tick mode: after a failed move the block waits retry_min_ticks before it
@@ -41,7 +44,7 @@ struct EngineCounters {
   uint64_t admits = 0;
   uint64_t releases = 0;
   uint64_t ghost_restores = 0;  // admits that got a ghost's state back
-  uint64_t ghosts_dropped = 0;  // ghosts pushed out of the bounded store
+  uint64_t ghosts_dropped = 0;  // ghosts pushed out of the bounded store (by either bound)
   uint64_t evictions = 0;       // blocks the policy took out of its tier-0 set
   uint64_t placed_fast = 0;     // new blocks placed straight into tier 0
   uint64_t promotions = 0;      // tier 1 -> tier 0 moves
@@ -77,17 +80,19 @@ class Engine {
   // Admits `key` (idempotent: a known key returns its slot). With persist, a
   // ghost of the key restores its score, count and touch time. In tick mode the
   // block is placed in tier 0 while that has room, else in tier 1; in demand mode
-  // it is placed by its first touch.
-  Slot Admit(const BlockKey& key);
+  // it is placed by its first touch. `owner` is opaque to the engine: the
+  // block's ghost, once released, counts against that owner's ghost share
+  // (a ghost of the key is restored whoever owned it). A known key keeps its owner.
+  Slot Admit(const BlockKey& key, uint32_t owner = 0);
 
   // Tick mode, for the daemon: admits `key` whose pages already sit in `placed`
   // (kFast or kSlow). Tier 0 may then hold more than the budget; the next plans
   // demote the excess. REQUIRES: mode kTick.
-  Slot Admit(const BlockKey& key, Tier placed);
+  Slot Admit(const BlockKey& key, Tier placed, uint32_t owner = 0);
 
-  // Persist only: puts a ghost (from a checkpoint) into the ghost store, unless
-  // its key is live. Returns false when it was not kept.
-  bool RestoreGhost(const BlockState& ghost);
+  // Persist only: puts a ghost (from a checkpoint) into the ghost store as
+  // `owner`'s, unless its key is live. Returns false when it was not kept.
+  bool RestoreGhost(const BlockState& ghost, uint32_t owner = 0);
 
   // The slot of `key`, or kNoSlot.
   Slot Find(const BlockKey& key) const;
@@ -127,6 +132,8 @@ class Engine {
     return slot < states_.size() && (states_[slot].flags & kFlagResident);
   }
   const BlockState& state(Slot slot) const { return states_[slot]; }
+  // The owner the live block was admitted with.
+  uint32_t owner(Slot slot) const { return owners_[slot]; }
   // A hint that slot s will be touched soon: starts loading its state line,
   // its policy links and its planner-queue link.
   void Prefetch(Slot s) const {
@@ -152,7 +159,7 @@ class Engine {
   void Log(EngineEvent::Kind kind, Slot s) {
     if (__builtin_expect(log_ != nullptr, 0)) log_->push_back(EngineEvent{kind, states_[s].key});
   }
-  Slot AdmitAt(const BlockKey& key, Tier placed);
+  Slot AdmitAt(const BlockKey& key, Tier placed, uint32_t owner);
   void SetTier(Slot s, Tier t);
   void LeaveSet(Slot victim);
   void Reclassify(Slot s);
@@ -165,6 +172,7 @@ class Engine {
   std::vector<Slot> free_slots_;
   Slot next_slot_ = 0;                // slots [0, next_slot_) have been handed out at least once
   std::vector<uint64_t> moved_tick_;  // tick of the block's last completed move (0 = never)
+  std::vector<uint32_t> owners_;      // by slot: Admit's owner, the owner of its ghost
   struct Retry {
     uint64_t not_before = 0;  // first tick the block may be planned again
     uint32_t failures = 0;    // failed moves in a row

@@ -2,9 +2,11 @@
 // against exhaustive search, and the persistence effect on hand-worked cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <list>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -193,6 +195,168 @@ TEST(GhostStore, BoundedOldestFirst) {
   EXPECT_EQ(none.size(), 0u);
 }
 
+// The obvious model of the owners' shares: one vector, oldest first, searched
+// end to end on every operation.
+class NaiveGhosts {
+ public:
+  NaiveGhosts(size_t capacity, size_t per_owner) : capacity_(capacity), per_owner_(per_owner) {}
+
+  bool Put(const BlockKey& key, uint32_t count, uint32_t owner) {
+    if (capacity_ == 0) return false;
+    Take(key);
+    order_.push_back({key, owner, count});
+    if (per_owner_ && Count(owner) > per_owner_) {
+      EraseOldestOf(owner);
+      return true;
+    }
+    if (order_.size() > capacity_) {
+      // The owner with the most; of equals, the one whose oldest ghost comes first.
+      uint32_t worst = 0;
+      size_t most = 0;
+      for (const Entry& e : order_) {
+        const size_t c = Count(e.owner);
+        if (c > most) most = c, worst = e.owner;
+      }
+      EraseOldestOf(worst);
+      return true;
+    }
+    return false;
+  }
+  std::optional<uint32_t> Take(const BlockKey& key) {
+    for (auto it = order_.begin(); it != order_.end(); ++it) {
+      if (it->key == key) {
+        const uint32_t c = it->count;
+        order_.erase(it);
+        return c;
+      }
+    }
+    return std::nullopt;
+  }
+  size_t Count(uint32_t owner) const {
+    return std::count_if(order_.begin(), order_.end(),
+                         [owner](const Entry& e) { return e.owner == owner; });
+  }
+  struct Entry {
+    BlockKey key;
+    uint32_t owner;
+    uint32_t count;
+  };
+  const std::vector<Entry>& order() const { return order_; }
+
+ private:
+  void EraseOldestOf(uint32_t owner) {
+    order_.erase(std::find_if(order_.begin(), order_.end(),
+                              [owner](const Entry& e) { return e.owner == owner; }));
+  }
+  size_t capacity_, per_owner_;
+  std::vector<Entry> order_;
+};
+
+TEST(GhostStore, OwnersSharesMatchTheNaiveModelUnderRandomOperations) {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    const size_t capacity = rng() % 40;
+    const size_t per_owner = rng() % 3 == 0 ? 0 : rng() % 15;
+    const uint32_t owners = 1 + rng() % 5;
+    const uint64_t keys = 1 + rng() % 60;
+    GhostStore g(capacity, per_owner);
+    NaiveGhosts want(capacity, per_owner);
+    for (int op = 0; op < 400; ++op) {
+      const BlockKey key = K(rng() % keys);
+      if (rng() % 3 == 0) {
+        auto got = g.Take(key);
+        auto exp = want.Take(key);
+        ASSERT_EQ(got.has_value(), exp.has_value()) << round << " " << op;
+        if (got) {
+          EXPECT_EQ(got->touch_count, *exp);
+          EXPECT_EQ(got->key, key);
+        }
+      } else {
+        BlockState st;
+        st.touch_count = static_cast<uint32_t>(op);
+        const uint32_t owner = static_cast<uint32_t>(rng() % owners) * 1000;
+        ASSERT_EQ(g.Put(key, st, owner), want.Put(key, st.touch_count, owner))
+            << round << " " << op;
+      }
+      ASSERT_EQ(g.size(), want.order().size());
+      std::vector<NaiveGhosts::Entry> seen;
+      g.ForEach([&](const BlockState& s, uint32_t owner) {
+        seen.push_back({s.key, owner, s.touch_count});
+      });
+      ASSERT_EQ(seen.size(), want.order().size());
+      for (size_t i = 0; i < seen.size(); ++i) {
+        ASSERT_EQ(seen[i].key, want.order()[i].key) << round << " " << op << " at " << i;
+        ASSERT_EQ(seen[i].owner, want.order()[i].owner);
+        ASSERT_EQ(seen[i].count, want.order()[i].count);
+      }
+      for (uint32_t o = 0; o < owners; ++o) ASSERT_EQ(g.owner_size(o * 1000), want.Count(o * 1000));
+    }
+  }
+}
+
+// Owner A releases ten times its share: B's ghosts, within B's share, all stay.
+TEST(GhostStore, OneOwnerFloodingKeepsTheOthersShare) {
+  GhostStore g(100, 30);
+  BlockState st;
+  for (uint64_t i = 0; i < 30; ++i) EXPECT_FALSE(g.Put(BlockKey{2, i}, st, /*owner=*/2));
+  size_t dropped = 0;
+  for (uint64_t i = 0; i < 300; ++i) dropped += g.Put(BlockKey{1, i}, st, /*owner=*/1);
+  EXPECT_EQ(dropped, 270u);
+  EXPECT_EQ(g.dropped_by_owner_cap(), 270u);
+  EXPECT_EQ(g.owner_size(1), 30u);
+  EXPECT_EQ(g.owner_size(2), 30u);
+  for (uint64_t i = 0; i < 30; ++i) EXPECT_TRUE(g.Contains(BlockKey{2, i})) << i;
+  for (uint64_t i = 270; i < 300; ++i) EXPECT_TRUE(g.Contains(BlockKey{1, i})) << i;  // newest
+  EXPECT_FALSE(g.Contains(BlockKey{1, 269}));
+}
+
+// At the global capacity the largest owner pays, so the store stays bounded
+// and shared evenly, whatever the order of the puts.
+TEST(GhostStore, GlobalCapacityTakesFromTheLargestOwner) {
+  GhostStore g(12, 0);
+  BlockState st;
+  // Owner 1 fills the store alone (no share of its own), then 2 and 3 arrive.
+  for (uint64_t i = 0; i < 12; ++i) EXPECT_FALSE(g.Put(BlockKey{1, i}, st, 1));
+  for (uint64_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(g.Put(BlockKey{2, i}, st, 2));
+    EXPECT_TRUE(g.Put(BlockKey{3, i}, st, 3));
+    EXPECT_LE(g.size(), 12u);
+  }
+  EXPECT_EQ(g.size(), 12u);
+  EXPECT_EQ(g.owner_size(1), 4u);
+  EXPECT_EQ(g.owner_size(2), 4u);
+  EXPECT_EQ(g.owner_size(3), 4u);
+  EXPECT_EQ(g.dropped_by_owner_cap(), 0u);
+  // Owner 1 kept its newest; the others their newest too.
+  EXPECT_TRUE(g.Contains(BlockKey{1, 11}) && g.Contains(BlockKey{1, 8}));
+  EXPECT_FALSE(g.Contains(BlockKey{1, 7}));
+  EXPECT_TRUE(g.Contains(BlockKey{2, 4}) && !g.Contains(BlockKey{2, 3}));
+}
+
+// A key is one ghost whoever put it: Take finds it across owners, and a Put of
+// the same key by another owner moves it into that owner's share.
+TEST(GhostStore, TakeAndReplaceAcrossOwners) {
+  GhostStore g(10, 2);
+  BlockState st;
+  st.touch_count = 5;
+  EXPECT_FALSE(g.Put(K(1), st, 7));
+  EXPECT_FALSE(g.Put(K(2), st, 7));
+  EXPECT_EQ(g.owner_size(7), 2u);
+  st.touch_count = 6;
+  EXPECT_FALSE(g.Put(K(1), st, 8));  // moves: 7 keeps K(2) only
+  EXPECT_EQ(g.owner_size(7), 1u);
+  EXPECT_EQ(g.owner_size(8), 1u);
+  EXPECT_EQ(g.size(), 2u);
+  auto got = g.Take(K(1));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->touch_count, 6u);
+  EXPECT_EQ(g.owner_size(8), 0u);
+  EXPECT_EQ(g.owners(), 1u);
+  EXPECT_TRUE(g.Take(K(2)).has_value());
+  EXPECT_EQ(g.owners(), 0u);
+  EXPECT_EQ(g.size(), 0u);
+}
+
 TEST(MakePolicy, NamesAndErrors) {
   std::string err;
   for (const char* n :
@@ -290,6 +454,55 @@ TEST(Persistence, GhostStoreIsBounded) {
   EXPECT_EQ(e.counters().ghosts_dropped, 2u);
   EXPECT_EQ(e.state(e.Admit(K(0))).touch_count, 0u);  // dropped: starts new
   EXPECT_EQ(e.state(e.Admit(K(4))).touch_count, 1u);  // kept
+}
+
+// The engine passes Admit's owner to the ghost store: owner A releasing ten
+// times its share costs owner B none of its ghosts, and B's blocks all come
+// back restored; a checkpointed ghost keeps its owner's share too.
+TEST(Persistence, OwnersGhostSharesInTheEngine) {
+  EngineOptions o = Options(4, Persistence::kPersist, Mode::kTick);
+  o.ghost_capacity = 64;
+  o.ghost_capacity_per_owner = 16;
+  Engine e(o, P("lfu"));
+  constexpr uint32_t kA = 1000, kB = 1001;
+  for (uint64_t i = 0; i < 16; ++i) {
+    const Slot s = e.Admit(BlockKey{kB, i}, Tier::kSlow, kB);
+    EXPECT_EQ(e.owner(s), kB);
+    e.Touch(s, Touch{1, 1, kNever});
+    e.Release(s);
+  }
+  for (uint64_t i = 0; i < 160; ++i) e.Release(e.Admit(BlockKey{kA, i}, Tier::kSlow, kA));
+  EXPECT_EQ(e.counters().ghosts_dropped, 144u);
+  EXPECT_EQ(e.ghosts().owner_size(kA), 16u);
+  EXPECT_EQ(e.ghosts().owner_size(kB), 16u);
+  for (uint64_t i = 0; i < 16; ++i) {
+    const Slot s = e.Admit(BlockKey{kB, i}, Tier::kSlow, kB);
+    EXPECT_TRUE(e.state(s).flags & kFlagRestored) << i;
+    EXPECT_EQ(e.state(s).touch_count, 1u);
+  }
+  EXPECT_EQ(e.counters().ghost_restores, 16u);
+  // Restored ghosts count against the owner they are restored as.
+  BlockState g;
+  for (uint64_t i = 0; i < 20; ++i) {
+    g.key = BlockKey{7, i};
+    EXPECT_TRUE(e.RestoreGhost(g, 7));
+  }
+  EXPECT_EQ(e.ghosts().owner_size(7), 16u);
+  EXPECT_EQ(e.ghosts().owner_size(kA), 16u);
+  // The global capacity bounds the sum: with five owners of 16 each wanting
+  // room in 64, the largest pays each time, so the shares end up even.
+  for (uint32_t owner = 8; owner <= 10; ++owner) {
+    for (uint64_t i = 0; i < 16; ++i) {
+      g.key = BlockKey{owner, i};
+      e.RestoreGhost(g, owner);
+    }
+  }
+  EXPECT_EQ(e.ghosts().size(), 64u);
+  EXPECT_EQ(e.ghosts().owners(), 5u);
+  for (uint32_t owner : {kA, 7u, 8u, 9u, 10u}) {
+    EXPECT_GE(e.ghosts().owner_size(owner), 12u) << owner;
+    EXPECT_LE(e.ghosts().owner_size(owner), 13u) << owner;
+  }
 }
 
 TEST(Engine, EmaDecaysLazilyExactlyAsTheEagerDefinition) {
