@@ -10,7 +10,15 @@ SOCK="$DEMO/cxltierd.sock"
 "$BIN/cxltierd" --config "$CXLTIER_ROOT/scripts/demo.toml" --socket "$SOCK" \
   --state-dir "$DEMO/state" >"$DEMO/cxltierd.log" 2>&1 &
 DAEMON=$!
-trap 'kill $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null; rm -rf "$DEMO"' EXIT
+# The trap keeps the script's status: a daemon already stopped is no failure.
+cleanup() {
+  local rc=$?
+  kill "$DAEMON" 2>/dev/null || true
+  wait "$DAEMON" 2>/dev/null || true
+  rm -rf "$DEMO"
+  exit "$rc"
+}
+trap cleanup EXIT
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
 
 echo
@@ -43,6 +51,8 @@ ENDPOINT=$("$BIN/cxltierctl" --socket "$SOCK" status --json | sed -nE 's/.*"metr
 wait $LOADGEN
 echo
 kill -TERM $DAEMON
-wait $DAEMON || true
-echo "== cxltierd stopped (log: last lines)"
+daemon_rc=0
+wait $DAEMON || daemon_rc=$?
+echo "== cxltierd stopped with status $daemon_rc (log: last lines)"
 tail -n 3 "$DEMO/cxltierd.log"
+[ "$daemon_rc" -eq 0 ]

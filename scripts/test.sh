@@ -21,6 +21,8 @@ bench_smoke() {
 }
 stage bench-smoke bench_smoke
 stage unit unit_tests
+# The README's main command, once: it must exit 0 when it worked.
+stage main-job bash "$CXLTIER_ROOT/scripts/run.sh"
 # The same tests under ASan+UBSan, and the threaded parts (daemon, mover) under
 # TSan; a sanitizer report stops the process, so it fails the test.
 sanitized() {
