@@ -43,7 +43,7 @@ std::string Daemon::MetricsText() const {
   Exposition x;
   uint64_t clients = 0, blocks = 0, observations = 0, bad = 0;
   for (const auto& [id, cl] : clients_) {
-    clients += cl.hello;
+    clients += cl.hello && !cl.leaving;
     blocks += cl.live;
     observations += cl.observations;
     bad += cl.bad_observations;
@@ -117,6 +117,14 @@ std::string Daemon::MetricsText() const {
   x.Metric("cxltier_bad_observations_total", "counter",
            "Observations refused or folded as nothing (NaN, negative, implausible totals).",
            static_cast<double>(bad));
+  x.Metric("cxltier_client_warnings_total", "counter",
+           "Warnings clients caused that were logged (at most 10 per client per 10 s).",
+           static_cast<double>(warnings_.logged()));
+  x.Metric("cxltier_client_warnings_suppressed_total", "counter",
+           "Warnings clients caused beyond the per-client rate, counted instead of logged.",
+           static_cast<double>(warnings_.suppressed()));
+  x.Metric("cxltier_connections", "gauge", "Connected sessions, operator tools included.",
+           static_cast<double>(connections_));
   const nlohmann::json mem = MemoryJson();
   x.Metric("process_resident_memory_bytes", "gauge", "Resident memory of cxltierd.",
            static_cast<double>(mem["rss_bytes"].get<uint64_t>()));

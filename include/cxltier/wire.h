@@ -19,6 +19,10 @@ inline constexpr uint32_t kMagic = 0x544c5843;  // "CXLT" as little-endian bytes
 inline constexpr uint16_t kVersion = 1;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
+// Entries of one Admit or Release at most: each costs the daemon's I/O thread
+// a few microseconds, so one request stays short for everyone else. The client
+// library splits longer lists.
+inline constexpr uint32_t kMaxEntriesPerMessage = 16384;
 
 enum class MsgType : uint16_t {
   kHello = 1,

@@ -1,6 +1,9 @@
-// Attacks on the daemon's own bookkeeping: the block size, per-uid limits,
-// what Stats shows, and log flooding (docs/security.md, "Hostile clients").
+// Attacks on the daemon's own bookkeeping: the block size, what Stats shows,
+// connection slots, memory per uid and log flooding (docs/security.md). The
+// attacker is another uid; a good client of a third uid runs throughout.
 #include <gtest/gtest.h>
+
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -9,14 +12,430 @@
 namespace cxltier::testing {
 namespace {
 
-TEST(Hostile, HarnessServesTheGoodClient) {
-  if (geteuid() != 0) GTEST_SKIP() << "creating users needs root";
-  ASSERT_TRUE(EnsureHostileUsers());
+#define NEED_ROOT()                                                \
+  if (geteuid() != 0) GTEST_SKIP() << "creating users needs root"; \
+  ASSERT_TRUE(EnsureHostileUsers())
+
+// The good client's blocks: the daemon's block size must be kHostileModel's.
+const std::string kFixedBlockSize = "[engine]\nblock_bytes = 4096\n";
+
+BlockKey EvilKey(uint64_t i) { return BlockKey::FromSequence(666, i); }
+
+// The error a raw Hello gets, or "" when it was accepted.
+std::string RawHello(int fd, const ModelGeometry& model, uint32_t max_blocks) {
+  std::vector<uint8_t> out;
+  wire::Encode(wire::Hello{model, max_blocks, "raw"}, 1, out);
+  if (!WriteAll(fd, out)) return "write failed";
+  uint8_t header[wire::kHeaderBytes];
+  if (::recv(fd, header, sizeof(header), MSG_WAITALL) != static_cast<ssize_t>(sizeof(header))) {
+    return "no answer";
+  }
+  const wire::Header h = *wire::DecodeHeader(header);
+  std::vector<uint8_t> payload(h.payload_bytes);
+  if (h.payload_bytes && ::recv(fd, payload.data(), payload.size(), MSG_WAITALL) !=
+                             static_cast<ssize_t>(h.payload_bytes)) {
+    return "short answer";
+  }
+  if (h.type != wire::MsgType::kError) return "";
+  wire::Error e;
+  std::string why;
+  if (!wire::Decode(payload, &e, &why)) return "undecodable error: " + why;
+  return std::string(wire::ErrorName(e.code)) + ": " + e.message;
+}
+
+int CountLines(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size()) {
+    ++n;
+  }
+  return n;
+}
+
+// A 2^46-byte block (the attack that once aborted the daemon) and a sane but
+// different one.
+const ModelGeometry kHuge{"huge", 16384, 1, 1, 1u << 20, 8, 256};
+const ModelGeometry kOther{"other", 2, 1, 1, 64, 2, 16};  // 8 KiB blocks
+
+TEST(HostileBlockSize, AHugeBlockIsRefusedAndTheDaemonStays) {
+  NEED_ROOT();
+  ASSERT_EQ(kHuge.block_bytes(), uint64_t{1} << 46);
   HostileDaemon d;
   ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  // The attacker is first: without [engine] block_bytes its hello would set
+  // the size for everyone.
+  EXPECT_EQ(RunAs(kEvil,
+                  [&]() -> std::string {
+                    const int fd = RawConnect(socket);
+                    if (fd < 0) return "cannot connect";
+                    const std::string err = RawHello(fd, kHuge, 16);
+                    close(fd);
+                    if (err.find("geometry") != 0 || err.find("larger than") == std::string::npos) {
+                      return "a 2^46-byte block got: '" + err + "'";
+                    }
+                    return "";
+                  }),
+            "");
   GoodClient good;
-  ASSERT_TRUE(good.Start(d.socket()));
-  ASSERT_TRUE(WaitFor([&] { return true; }));
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileBlockSize, TheFirstHelloDecidesOnlyWhileItsClientStays) {
+  NEED_ROOT();
+  HostileDaemon d;
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  // The attacker says hello with 8 KiB blocks and stays; the good client's
+  // 4 KiB blocks are refused with an error that says what to configure.
+  int to_attacker[2], from_attacker[2];
+  ASSERT_EQ(pipe(to_attacker), 0);
+  ASSERT_EQ(pipe(from_attacker), 0);
+  const pid_t attacker = fork();
+  if (attacker == 0) {
+    char c = 0;
+    if (!DropTo(kEvil)) _exit(1);
+    const int fd = RawConnect(socket);
+    const std::string err = fd < 0 ? "cannot connect" : RawHello(fd, kOther, 16);
+    c = err.empty() ? 'y' : 'n';
+    if (write(from_attacker[1], &c, 1) != 1) _exit(1);
+    if (read(to_attacker[0], &c, 1) < 0) _exit(1);  // hold the connection until told
+    _exit(0);
+  }
+  char said = 0;
+  ASSERT_EQ(read(from_attacker[0], &said, 1), 1);
+  ASSERT_EQ(said, 'y');
+  const std::string refused = RunAs(kGood, [&]() -> std::string {
+    Status st;
+    auto c = Client::Connect({socket, kHostileModel, 8, "good"}, &st);
+    if (c) return "a second block size was accepted while the first client holds the engine";
+    if (st.code != wire::ErrorCode::kGeometry ||
+        st.message.find("block_bytes") == std::string::npos) {
+      return "unclear refusal: " + st.message;
+    }
+    return "";
+  });
+  EXPECT_EQ(refused, "");
+  // The attacker leaves: the size is free again.
+  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
+  waitpid(attacker, nullptr, 0);
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileBlockSize, AConfiguredBlockSizeIsNotTheAttackersToChoose) {
+  NEED_ROOT();
+  HostileDaemon d(kFixedBlockSize);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  EXPECT_EQ(RunAs(kEvil,
+                  [&]() -> std::string {
+                    const int fd = RawConnect(socket);
+                    const std::string err = RawHello(fd, kOther, 16);
+                    close(fd);
+                    return err.find("geometry") == 0 ? "" : "other size got: '" + err + "'";
+                  }),
+            "");
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileStats, APeerSeesOnlyItsOwnClientsAndBlocks) {
+  NEED_ROOT();
+  HostileDaemon d(kFixedBlockSize);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  // Root holds a block too.
+  Status st;
+  auto root = Client::Connect({socket, kHostileModel, 8, "root-client"}, &st);
+  ASSERT_TRUE(root) << st.message;
+  const int fd = SealedPool(2);
+  uint32_t pool = 0;
+  ASSERT_TRUE(root->RegisterMemfdPool(fd, 2 * kHostileStride, kHostileStride, 2, &pool).ok());
+  ASSERT_TRUE(root->Admit(pool, std::vector<wire::AdmitEntry>{{EvilKey(999), 0}}, nullptr).ok());
+  const std::string root_key = EvilKey(999).ToString();
+
+  const std::string evil = RunAs(kEvil, [&]() -> std::string {
+    std::string fail, json;
+    // Without a hello, as the attack was made.
+    if (!Client::DaemonStats(socket, "blocks", &json).ok()) return "stats blocks refused";
+    const auto blocks = nlohmann::json::parse(json);
+    if (blocks["blocks"] != 0 || json.find(root_key) != std::string::npos) {
+      fail += "the attacker sees others' blocks: " + json + "; ";
+    }
+    if (!Client::DaemonStats(socket, "clients", &json).ok()) return "stats clients refused";
+    if (!nlohmann::json::parse(json).empty()) fail += "the attacker sees others' clients; ";
+    // Aggregates stay visible.
+    if (!Client::DaemonStats(socket, "status", &json).ok() ||
+        nlohmann::json::parse(json)["blocks"].get<uint64_t>() < 9) {
+      fail += "status lost its totals; ";
+    }
+    return fail;
+  });
+  EXPECT_EQ(evil, "");
+  const uid_t good_uid = UidOf(kGood);
+  const std::string good_view = RunAs(kGood, [&]() -> std::string {
+    std::string json;
+    if (!Client::DaemonStats(socket, "clients", &json).ok()) return "stats clients refused";
+    const auto clients = nlohmann::json::parse(json);
+    if (clients.size() != 1 || clients[0]["uid"] != good_uid) return "good sees: " + json;
+    if (!Client::DaemonStats(socket, "blocks", &json).ok()) return "stats blocks refused";
+    if (nlohmann::json::parse(json)["blocks"] != 8 || json.find(root_key) != std::string::npos) {
+      return "good sees other blocks: " + json;
+    }
+    return "";
+  });
+  EXPECT_EQ(good_view, "");
+  // Root sees everyone.
+  std::string json;
+  ASSERT_TRUE(Client::DaemonStats(socket, "clients", &json).ok());
+  EXPECT_EQ(nlohmann::json::parse(json).size(), 2u) << json;
+  ASSERT_TRUE(Client::DaemonStats(socket, "blocks", &json).ok());
+  EXPECT_EQ(nlohmann::json::parse(json)["blocks"], 9) << json;
+  close(fd);
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileConnections, OneUidCannotTakeEveryConnectionSlot) {
+  NEED_ROOT();
+  HostileDaemon d(kFixedBlockSize + "[limits]\nmax_connections_per_uid = 4\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  // 64 idle connections from the attacker (the old max_clients): four are
+  // kept, the rest are refused with `limit` and closed.
+  int to_attacker[2], from_attacker[2];
+  ASSERT_EQ(pipe(to_attacker), 0);
+  ASSERT_EQ(pipe(from_attacker), 0);
+  const pid_t attacker = fork();
+  if (attacker == 0) {
+    if (!DropTo(kEvil)) _exit(1);
+    std::vector<int> fds;
+    int open_ones = 0;
+    for (int i = 0; i < 64; ++i) fds.push_back(RawConnect(socket));
+    for (int fd : fds) {
+      if (fd >= 0 && !ClosedByPeer(fd, std::chrono::milliseconds(200))) ++open_ones;
+    }
+    const char c = static_cast<char>(open_ones);
+    if (write(from_attacker[1], &c, 1) != 1) _exit(1);
+    char x;
+    if (read(to_attacker[0], &x, 1) < 0) _exit(1);
+    _exit(0);
+  }
+  char kept = 0;
+  ASSERT_EQ(read(from_attacker[0], &kept, 1), 1);
+  EXPECT_LE(kept, 4);
+  // Root's status and a fresh connection of the good user are served.
+  std::string json;
+  EXPECT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+  EXPECT_EQ(RunAs(kGood,
+                  [&]() -> std::string {
+                    std::string j;
+                    const Status st = Client::DaemonStats(socket, "status", &j);
+                    return st.ok() ? "" : "good user refused: " + st.message;
+                  }),
+            "");
+  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
+  waitpid(attacker, nullptr, 0);
+  EXPECT_NE(d.Log().find("too many connections of uid " + std::to_string(UidOf(kEvil))),
+            std::string::npos);
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileConnections, RootAndAdminsKeepRoomWhenEveryoneElseIsFull) {
+  NEED_ROOT();
+  HostileDaemon d(kFixedBlockSize + "[limits]\nmax_clients = 6\nmax_connections_per_uid = 16\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  int to_attacker[2], from_attacker[2];
+  ASSERT_EQ(pipe(to_attacker), 0);
+  ASSERT_EQ(pipe(from_attacker), 0);
+  const pid_t attacker = fork();
+  if (attacker == 0) {
+    if (!DropTo(kEvil)) _exit(1);
+    std::vector<int> fds;
+    for (int i = 0; i < 32; ++i) fds.push_back(RawConnect(socket));
+    const char c = 'y';
+    if (write(from_attacker[1], &c, 1) != 1) _exit(1);
+    char x;
+    if (read(to_attacker[0], &x, 1) < 0) _exit(1);
+    _exit(0);
+  }
+  char ready = 0;
+  ASSERT_EQ(read(from_attacker[0], &ready, 1), 1);
+  // Every non-admin slot is taken; root still gets in, several times.
+  for (int i = 0; i < 4; ++i) {
+    std::string json;
+    const Status st = Client::DaemonStats(socket, "status", &json);
+    EXPECT_TRUE(st.ok()) << st.message;
+  }
+  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
+  waitpid(attacker, nullptr, 0);
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileMemory, SegmentsBlocksAndPoolsAreBoundedPerUid) {
+  NEED_ROOT();
+  HostileDaemon d(kFixedBlockSize +
+                  "[limits]\nmax_segment_bytes_per_uid = \"16MiB\"\n"
+                  "max_blocks_per_uid = 50000\nmax_pools_per_uid = 3\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  const DaemonUsage before = Usage(d.pid());
+  const std::string evil = RunAs(kEvil, [&]() -> std::string {
+    std::string fail;
+    Status st;
+    // 1M slots (64 MiB of segment) at once: refused.
+    if (Client::Connect({socket, kHostileModel, 1u << 20, "evil"}, &st) ||
+        st.code != wire::ErrorCode::kLimit) {
+      fail += "a 1M-slot hello was not refused: " + st.message + "; ";
+    }
+    // 100K slots (6.1 MiB) twice fits, the third not.
+    std::vector<std::unique_ptr<Client>> held;
+    for (int i = 0; i < 3; ++i) {
+      auto c = Client::Connect({socket, kHostileModel, 100000, "evil"}, &st);
+      if (c) held.push_back(std::move(c));
+    }
+    if (held.size() != 2) fail += "uid segment bytes not bounded: " + st.message + "; ";
+    if (held.empty()) return fail;
+    // Pools: three in all, for the uid.
+    // Address space of its own, never touched (range pools cost it nothing).
+    void* base = mmap(nullptr, 60000 * kHostileStride, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return "mmap";
+    uint32_t pools = 0, pool = 0;
+    for (int i = 0; i < 4; ++i) {
+      Client& c = *held[static_cast<size_t>(i % held.size())];
+      if (c.RegisterRangePool(base, 60000 * kHostileStride, kHostileStride, 60000, &pool).ok()) {
+        ++pools;
+      }
+    }
+    if (pools != 3) fail += "uid pools not bounded (" + std::to_string(pools) + "); ";
+    // Blocks: 50,000 for the uid, over all its connections.
+    std::vector<wire::AdmitEntry> many;
+    for (uint32_t i = 0; i < 60000; ++i) many.push_back({EvilKey(i), i});
+    std::vector<wire::AdmitResult> res;
+    st = held[0]->Admit(0, std::span(many).subspan(0, 45000), &res);
+    if (!st.ok()) fail += "admitting 45,000 blocks failed: " + st.message + "; ";
+    st = held[1]->Admit(0, std::span(many).subspan(45000, 10000), &res);
+    if (st.ok() || st.code != wire::ErrorCode::kLimit) {
+      fail += "uid blocks not bounded: " + st.message + "; ";
+    }
+    return fail;
+  });
+  EXPECT_EQ(evil, "");
+  // The attacker's 45,000 blocks were released when it left, a chunk at a
+  // time, while the good client kept being served.
+  EXPECT_TRUE(WaitFor([&] {
+    std::string json;
+    return Client::DaemonStats(socket, "status", &json).ok() &&
+           nlohmann::json::parse(json)["blocks"] == 8;
+  })) << d.Log();
+  const DaemonUsage after = Usage(d.pid());
+  EXPECT_LT(after.anon_bytes, before.anon_bytes + (128ull << 20));
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileMemory, OneAdmitNamesAtMostSixteenThousandBlocks) {
+  NEED_ROOT();
+  HostileDaemon d(kFixedBlockSize);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  const std::string evil = RunAs(kEvil, [&]() -> std::string {
+    const int fd = RawConnect(socket);
+    if (fd < 0 || !RawHello(fd, kHostileModel, 32768).empty()) return "hello failed";
+    // The segment fd came with HelloOk; we do not need it.
+    std::vector<uint8_t> out;
+    wire::Encode(wire::RegisterPool{wire::PoolKind::kRange, 1u << 30, 32768 * kHostileStride,
+                                    kHostileStride, 32768},
+                 2, out);
+    std::vector<wire::AdmitEntry> entries;
+    for (uint32_t i = 0; i < wire::kMaxEntriesPerMessage + 1; ++i) {
+      entries.push_back({EvilKey(i), i});
+    }
+    wire::Encode(wire::Admit{0, entries}, 3, out);
+    if (!WriteAll(fd, out)) return "write failed";
+    // Two answers: the pool, then the admit's refusal.
+    std::string last;
+    for (int i = 0; i < 2; ++i) {
+      uint8_t header[wire::kHeaderBytes];
+      if (::recv(fd, header, sizeof(header), MSG_WAITALL) != static_cast<ssize_t>(sizeof(header))) {
+        return "no answer";
+      }
+      const wire::Header h = *wire::DecodeHeader(header);
+      std::vector<uint8_t> payload(h.payload_bytes);
+      if (h.payload_bytes) ::recv(fd, payload.data(), payload.size(), MSG_WAITALL);
+      wire::Error e;
+      std::string why;
+      last = h.type == wire::MsgType::kError && wire::Decode(payload, &e, &why)
+                 ? std::string(wire::ErrorName(e.code)) + ": " + e.message
+                 : "ok";
+    }
+    close(fd);
+    return last.find("split it") != std::string::npos ? "" : "a huge admit got: " + last;
+  });
+  EXPECT_EQ(evil, "");
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+TEST(HostileLog, WarningsAreRateLimitedPerClient) {
+  NEED_ROOT();
+  HostileDaemon d(kFixedBlockSize);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  constexpr int kRequests = 20000;
+  const std::string evil = RunAs(kEvil, [&]() -> std::string {
+    const int fd = RawConnect(socket);
+    if (fd < 0) return "cannot connect";
+    // Non-admin reloads (each one a denial) and unknown frame types, read back
+    // as we go so replies do not pile up.
+    std::thread reader([fd] {
+      char buf[65536];
+      while (::recv(fd, buf, sizeof(buf), 0) > 0) {
+      }
+    });
+    std::vector<uint8_t> out;
+    for (int i = 0; i < kRequests; ++i) {
+      wire::Encode(wire::Admin{wire::AdminOp::kReload, ""}, static_cast<uint32_t>(i), out);
+      wire::Header h;
+      h.type = static_cast<wire::MsgType>(999);
+      h.request_id = static_cast<uint32_t>(i);
+      uint8_t raw[wire::kHeaderBytes] = {};
+      std::memcpy(raw, &h.magic, 4);
+      std::memcpy(raw + 4, &h.version, 2);
+      const uint16_t type = 999;
+      std::memcpy(raw + 6, &type, 2);
+      std::memcpy(raw + 12, &h.request_id, 4);
+      out.insert(out.end(), raw, raw + sizeof(raw));
+    }
+    const bool ok = WriteAll(fd, out);
+    shutdown(fd, SHUT_WR);
+    reader.join();
+    close(fd);
+    return ok ? "" : "write failed";
+  });
+  EXPECT_EQ(evil, "");
+  // 40,000 bad requests: a handful of lines, and a count of the rest.
+  const std::string log = d.Log();
+  const std::string who = "uid " + std::to_string(UidOf(kEvil)) + ":";
+  EXPECT_LT(CountLines(log, who), 200) << "warning lines of the attacker";
+  EXPECT_NE(log.find("more warnings were suppressed"), std::string::npos);
+  std::string json;
+  ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+  EXPECT_GT(nlohmann::json::parse(json)["warnings"]["suppressed"].get<uint64_t>(), 1000u) << json;
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
