@@ -1,13 +1,16 @@
 // cxltierd: parse flags, load the configuration, wire the layers, run.
 #include <grp.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 
 #include "http.h"
@@ -54,6 +57,44 @@ DaemonConfig Defaults(bool root) {
   return c;
 }
 
+// Every client holds a socket, and a memfd pool's fd until it is mapped: the
+// usual soft limit of 1024 runs out long before the hard limit that the
+// administrator (or LimitNOFILE=) chose for us.
+void RaiseFdLimit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) {
+    spdlog::warn("file descriptors: getrlimit: {}", std::strerror(errno));
+    return;
+  }
+  if (r.rlim_cur >= r.rlim_max) {
+    spdlog::info("file descriptors: limit {}", r.rlim_cur);
+    return;
+  }
+  const rlim_t soft = r.rlim_cur;
+  r.rlim_cur = r.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &r) != 0) {
+    spdlog::warn("file descriptors: raising the soft limit {} to {}: {}", soft, r.rlim_max,
+                 std::strerror(errno));
+    return;
+  }
+  spdlog::info("file descriptors: soft limit raised from {} to the hard limit {}", soft,
+               r.rlim_cur);
+}
+
+spdlog::level::level_enum SpdlogLevel(cxltier::server::LogLevel level) {
+  switch (level) {
+    case cxltier::server::LogLevel::kDebug:
+      return spdlog::level::debug;
+    case cxltier::server::LogLevel::kInfo:
+      return spdlog::level::info;
+    case cxltier::server::LogLevel::kWarn:
+      return spdlog::level::warn;
+    case cxltier::server::LogLevel::kError:
+      return spdlog::level::err;
+  }
+  return spdlog::level::err;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,6 +137,7 @@ int main(int argc, char** argv) {
   } else {
     spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
   }
+  RaiseFdLimit();
 
   const cxltier::numa::Topology topo = cxltier::numa::Discover();
   std::string tier_error;
@@ -136,8 +178,18 @@ int main(int argc, char** argv) {
   }
   cxltier::server::ServerOptions sopts;
   sopts.max_message_bytes = config.max_message_bytes;
-  sopts.on_protocol_error = [](const cxltier::server::Peer& p, const std::string& what) {
-    spdlog::warn("client pid {} uid {}: {}", p.pid, p.uid, what);
+  sopts.max_reply_bytes = config.max_reply_bytes;
+  sopts.reply_stall_timeout = std::chrono::seconds(config.reply_stall_timeout_s);
+  sopts.max_input_bytes_per_uid = config.max_input_bytes_per_uid;
+  sopts.frame_timeout = std::chrono::seconds(config.frame_timeout_s);
+  sopts.idle_timeout = std::chrono::seconds(config.idle_timeout_s);
+  // Rate-limited per connection there: a client repeating a bad frame must
+  // not flood the journal.
+  sopts.on_protocol_error = [&daemon](const cxltier::server::Peer& p, const std::string& what) {
+    daemon.ClientWarning(p, what);
+  };
+  sopts.log = [](cxltier::server::LogLevel level, const std::string& what) {
+    spdlog::log(SpdlogLevel(level), "{}", what);
   };
   cxltier::server::Server server(io, daemon, sopts);
   // Socket activation: systemd's socket (cxltierd.socket sets its mode and
@@ -232,7 +284,18 @@ int main(int argc, char** argv) {
                        100.0 * j["hit_rate"].get<double>(), j["tiers"][0]["blocks"].get<uint64_t>(),
                        j["migrations"]["failed"].get<uint64_t>());
   });
-  io.run();
+  // Handlers catch what they expect; anything else must not take every
+  // client down with it: log it and keep serving.
+  for (;;) {
+    try {
+      io.run();
+      break;
+    } catch (const std::exception& e) {
+      spdlog::critical("uncaught exception in the I/O loop (serving on): {}", e.what());
+    } catch (...) {
+      spdlog::critical("uncaught non-standard exception in the I/O loop (serving on)");
+    }
+  }
   spdlog::info("stopped");
   return 0;
 }

@@ -5,32 +5,133 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <span>
+#include <type_traits>
 
 namespace cxltier::server {
 
 namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Every connection may hold one read chunk of input whatever its uid holds,
+// so hello, stats and reports are never held back by another connection's
+// big frame; only a frame larger than this competes for the uid's room.
+constexpr size_t kChunkBytes = 64 * 1024;
+// One turn of a session (a readable event, or its continuation) dispatches at
+// most this many frames and payload bytes and reads at most this much; then
+// it yields to the other sessions, so a deep pipeline cannot starve them.
+constexpr size_t kMaxFramesPerTurn = 64;
+constexpr size_t kMaxPayloadPerTurn = 1u << 20;
+constexpr size_t kMaxReadPerTurn = 1u << 20;
+// Accept back-off: out of fds, the listening socket stays readable and an
+// immediate retry spins on a core while answering no one.
+constexpr std::chrono::milliseconds kFirstBackoff{100};
+constexpr std::chrono::milliseconds kMaxBackoff{1000};
+// Lines the server logs about what clients made it do (closed connections,
+// handler exceptions), at most this many per window; the rest are counted.
+constexpr uint32_t kLogBurst = 20;
+constexpr std::chrono::seconds kLogWindow{10};
+
+std::string Mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+std::string Seconds(Clock::duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+// Errors after which accepting again at once is right: the failure belonged
+// to one connection, not to the daemon.
+bool TransientAcceptError(const boost::system::error_code& ec) {
+  return ec == asio::error::connection_aborted || ec == asio::error::interrupted ||
+         ec == asio::error::would_block || ec == asio::error::try_again;
+}
+
+// Input bytes not yet framed. Unlike std::vector it neither zero-fills nor
+// grows by doubling: the pages of a large frame's buffer are touched only as
+// its bytes arrive, and its capacity is exactly what the server accounts for.
+class InputBuffer {
+ public:
+  std::span<const uint8_t> bytes() const { return {data_.get(), size_}; }
+  uint8_t* end() { return data_.get() + size_; }
+  size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  void Added(size_t n) { size_ += n; }
+  void Consume(size_t n) {
+    if (n == 0) return;
+    std::memmove(data_.get(), data_.get() + n, size_ - n);
+    size_ -= n;
+  }
+  // REQUIRES: capacity >= size(). Throws std::bad_alloc before changing anything.
+  void Reallocate(size_t capacity) {
+    if (capacity == capacity_) return;
+    std::unique_ptr<uint8_t[]> fresh;
+    if (capacity) fresh.reset(new uint8_t[capacity]);  // not value-initialized: no page touched
+    if (size_) std::memcpy(fresh.get(), data_.get(), size_);
+    data_ = std::move(fresh);
+    capacity_ = capacity;
+  }
+  void Free() {
+    data_.reset();
+    size_ = capacity_ = 0;
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
+}  // namespace
 
 // One client connection. Reads with recvmsg so SCM_RIGHTS fds arrive with the
 // bytes; frames are parsed from an input buffer; answers are queued.
+//
+// Back-pressure: the session reads only while its input holds no complete
+// frame it could not dispatch, its queued replies are within max_reply_bytes,
+// and the room its input needs fits its uid's share. Paused, it leaves the
+// bytes in the kernel, whose socket buffer then blocks the client.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(Server& server, stream::socket socket, Peer peer)
-      : server_(server), socket_(std::move(socket)), peer_(peer) {}
+      : server_(server), socket_(std::move(socket)), peer_(peer), last_request_(Clock::now()) {}
 
   const Peer& peer() const { return peer_; }
 
   void Start() {
-    if (auto refusal = server_.handler_.OnConnect(peer_)) {
-      connected_ = false;
-      Send(*refusal, 0);
-      close_after_write_ = true;
-      return;
+    try {
+      std::optional<wire::Error> refusal;
+      try {
+        refusal = server_.handler_.OnConnect(peer_);
+        connected_ = !refusal;
+      } catch (const std::exception& e) {
+        connected_ = true;  // the handler may hold part of it: OnDisconnect cleans up
+        HandlerThrew("connect", e.what());
+        refusal =
+            wire::Error{wire::ErrorCode::kInternal, "the daemon failed to take the connection"};
+      }
+      if (refusal) {
+        Send(*refusal, 0);
+        close_after_write_ = true;
+        return;
+      }
+    } catch (const std::exception& e) {
+      HandlerThrew("connect", e.what());
+      return Close();
     }
-    connected_ = true;
-    ArmRead();
+    Pump();
   }
 
   void Close() {
@@ -38,95 +139,286 @@ class Session : public std::enable_shared_from_this<Session> {
     closed_ = true;
     boost::system::error_code ec;
     socket_.close(ec);
-    if (connected_) server_.handler_.OnDisconnect(peer_);
+    out_.clear();
+    fds_.clear();
+    DropInput();
+    if (connected_) {
+      try {
+        server_.handler_.OnDisconnect(peer_);
+      } catch (const std::exception& e) {
+        HandlerThrew("disconnect", e.what());
+      }
+    }
     server_.Forget(this);
+  }
+
+  // The uid's input shrank: try again to get the room this session waits for.
+  void ResumeInput() {
+    if (closed_ || !waiting_input_) return;
+    waiting_input_ = false;
+    Pump();
+  }
+
+  // Closes the session if one of its timeouts passed.
+  void CheckTimeouts(Clock::time_point now) {
+    if (closed_) return;
+    const ServerOptions& o = server_.options_;
+    if (stall_since_ && now - *stall_since_ >= o.reply_stall_timeout) {
+      ++server_.counters_.stalled_closed;
+      server_.LogLimited(LogLevel::kWarn, Who() + ": closed: " + Mib(out_bytes_) +
+                                              " of replies not read for " +
+                                              Seconds(now - *stall_since_));
+      return Close();
+    }
+    // A stalled session is not read, so its frame cannot progress: only the
+    // stall counts then (the frame's clock restarts when reading resumes).
+    if (frame_since_ && !stall_since_ && now - *frame_since_ >= o.frame_timeout) {
+      ++server_.counters_.frame_timeouts;
+      server_.LogLimited(LogLevel::kWarn, Who() + ": closed: a frame started " +
+                                              Seconds(now - *frame_since_) +
+                                              " ago is incomplete (" + std::to_string(in_.size()) +
+                                              " bytes of it arrived)");
+      return Close();
+    }
+    if (!hello_ok_ && now - last_request_ >= o.idle_timeout) {
+      ++server_.counters_.idle_closed;
+      server_.LogLimited(LogLevel::kInfo, Who() + ": closed: no hello and no request for " +
+                                              Seconds(now - last_request_));
+      return Close();
+    }
   }
 
  private:
   static constexpr size_t kMaxQueuedFds = 4;
 
-  void ArmRead() {
-    socket_.async_wait(
-        stream::socket::wait_read,
-        [self = shared_from_this()](const boost::system::error_code& ec) { self->OnReadable(ec); });
+  struct Turn {
+    size_t frames = 0;
+    size_t payload_bytes = 0;
+    size_t read_bytes = 0;
+  };
+  enum class Read { kData, kAgain, kNoRoom, kClosed };
+
+  std::string Who() const {
+    return "client pid " + std::to_string(peer_.pid) + " uid " + std::to_string(peer_.uid);
   }
 
-  void OnReadable(const boost::system::error_code& ec) {
+  bool Stalled() const { return out_bytes_ > server_.options_.max_reply_bytes; }
+
+  // Bytes of the frame at the head of the input, once its header is in.
+  size_t HeadFrameBytes() const {
+    if (in_.size() < wire::kHeaderBytes) return 0;
+    const wire::Header h = *wire::DecodeHeader(in_.bytes());
+    // Process refused larger ones; the bound keeps this honest regardless.
+    return wire::kHeaderBytes + std::min(h.payload_bytes, server_.options_.max_message_bytes);
+  }
+  bool HeadFrameComplete() const {
+    const size_t frame = HeadFrameBytes();
+    return frame && in_.size() >= frame;
+  }
+
+  void ArmRead() {
+    socket_.async_wait(stream::socket::wait_read,
+                       [self = shared_from_this()](const boost::system::error_code& ec) {
+                         if (self->closed_) return;
+                         if (ec) return self->Close();
+                         self->Pump();
+                       });
+  }
+
+  void Yield() {
+    asio::post(server_.io_, [self = shared_from_this()] { self->Pump(); });
+  }
+
+  // Reads and dispatches until the socket is drained, the turn is used up or
+  // back-pressure pauses the session. Exactly one way back is left armed: a
+  // read wait, a posted continuation, the uid's wake-up, or (stalled) the
+  // writer.
+  void Pump() {
     if (closed_) return;
-    if (ec) return Close();
-    uint8_t buf[64 * 1024];
+    try {
+      RunTurn();
+    } catch (const std::exception& e) {
+      HandlerThrew("session", e.what());
+      Close();
+    }
+  }
+
+  void RunTurn() {
+    const Clock::time_point now = Clock::now();
+    Turn turn;
     for (;;) {
-      const ssize_t n = detail::RecvWithFds(socket_.native_handle(), buf, sizeof(buf), MSG_DONTWAIT,
-                                            [this](int fd) {
-                                              fds_.emplace_back(fd);
-                                              // Stray fds beyond a few are closed.
-                                              if (fds_.size() > kMaxQueuedFds) fds_.pop_front();
-                                            });
+      Process(&turn, now);
+      if (closed_) return;
+      if (close_after_write_) return DropInput();  // nothing more is read; the writer closes
+      if (Stalled()) {
+        paused_for_replies_ = true;
+        return TrimInput();
+      }
+      if (HeadFrameComplete()) return Yield();  // frames left over: the others go first
+      if (in_.size() == 0) {
+        frame_since_.reset();
+      } else if (!frame_since_) {
+        frame_since_ = now;
+      }
+      if (turn.read_bytes >= kMaxReadPerTurn) return Yield();
+      switch (ReadOnce(&turn)) {
+        case Read::kData:
+          continue;
+        case Read::kAgain:
+          TrimInput();
+          return ArmRead();
+        case Read::kNoRoom:
+          waiting_input_ = true;
+          return server_.WaitForInput(peer_.uid, weak_from_this());
+        case Read::kClosed:
+          return Close();
+      }
+    }
+  }
+
+  // One recvmsg into the input, after making room for the head frame (or one
+  // chunk) if the uid's share allows it.
+  Read ReadOnce(Turn* turn) {
+    const size_t want = std::max(kChunkBytes, HeadFrameBytes());
+    if (in_.capacity() < want) {
+      if (!server_.InputFits(peer_.uid, in_.capacity(), want)) return Read::kNoRoom;
+      SetInputCapacity(want);
+    }
+    const size_t room = std::min(in_.capacity() - in_.size(), kMaxReadPerTurn - turn->read_bytes);
+    for (;;) {
+      bool dropped = false;
+      const ssize_t n = detail::RecvWithFds(
+          socket_.native_handle(), in_.end(), room, MSG_DONTWAIT,
+          [this](int fd) {
+            fds_.emplace_back(fd);
+            // Stray fds beyond a few are closed.
+            if (fds_.size() > kMaxQueuedFds) fds_.pop_front();
+          },
+          &dropped);
+      if (dropped) {
+        fds_dropped_ = true;
+        ++server_.counters_.fds_dropped;
+      }
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        return Close();
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Read::kAgain;
+        return Read::kClosed;
       }
-      if (n == 0) return Close();
-      in_.insert(in_.end(), buf, buf + n);
-      if (static_cast<size_t>(n) < sizeof(buf)) break;
+      if (n == 0) return Read::kClosed;
+      in_.Added(static_cast<size_t>(n));
+      turn->read_bytes += static_cast<size_t>(n);
+      return Read::kData;
     }
-    Process();
-    if (!closed_ && !close_after_write_) ArmRead();
+  }
+
+  void SetInputCapacity(size_t capacity) {
+    const size_t old = in_.capacity();
+    in_.Reallocate(capacity);
+    server_.AccountInput(peer_.uid, old, capacity);
+  }
+  void DropInput() {
+    const size_t old = in_.capacity();
+    in_.Free();
+    server_.AccountInput(peer_.uid, old, 0);
+  }
+  // Gives back what the input no longer needs: all of it when empty, the rest
+  // of a large frame's room once that frame is gone.
+  void TrimInput() {
+    if (in_.size() == 0) return DropInput();
+    const size_t keep = std::max({kChunkBytes, HeadFrameBytes(), in_.size()});
+    if (in_.capacity() > keep) SetInputCapacity(keep);
   }
 
   void ProtocolError(const std::string& what) {
     if (server_.options_.on_protocol_error) server_.options_.on_protocol_error(peer_, what);
   }
 
-  void Process() {
-    size_t pos = 0;
-    while (!close_after_write_ && in_.size() - pos >= wire::kHeaderBytes) {
-      const wire::Header h = *wire::DecodeHeader(std::span(in_).subspan(pos));
-      if (auto err = wire::CheckHeader(h, server_.options_.max_message_bytes)) {
-        ProtocolError(err->message);
-        Send(*err, h.request_id);
-        if (err->code != wire::ErrorCode::kUnknownType) {
-          close_after_write_ = true;  // the stream cannot be trusted past this point
-          break;
-        }
-        if (in_.size() - pos < wire::kHeaderBytes + h.payload_bytes) break;
-        pos += wire::kHeaderBytes + h.payload_bytes;  // skip the unknown message whole
-        continue;
-      }
-      if (in_.size() - pos < wire::kHeaderBytes + h.payload_bytes) break;
-      Dispatch(h, std::span(in_).subspan(pos + wire::kHeaderBytes, h.payload_bytes));
-      pos += wire::kHeaderBytes + h.payload_bytes;
-    }
-    in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(pos));
+  void HandlerThrew(const char* what, const char* why) {
+    ++server_.counters_.handler_exceptions;
+    server_.LogLimited(LogLevel::kError, Who() + ": " + what + " threw: " + why);
   }
 
-  template <typename M, typename Fn>
-  void Handle(const wire::Header& h, std::span<const uint8_t> payload, const char* name, Fn&& fn) {
-    M m;
-    std::string why;
-    if (!wire::Decode(payload, &m, &why)) {
-      const std::string text = std::string(name) + ": " + why;
-      ProtocolError(text);
-      return Send(wire::Error{wire::ErrorCode::kBadPayload, text}, h.request_id);
+  // Dispatches complete frames from the head of the input while the turn and
+  // the reply bound allow, then drops what it consumed.
+  void Process(Turn* turn, Clock::time_point now) {
+    const uint32_t max_payload = server_.options_.max_message_bytes;
+    size_t pos = 0;
+    while (!close_after_write_ && !Stalled() && turn->frames < kMaxFramesPerTurn &&
+           turn->payload_bytes < kMaxPayloadPerTurn) {
+      const std::span<const uint8_t> rest = in_.bytes().subspan(pos);
+      if (rest.size() < wire::kHeaderBytes) break;
+      const wire::Header h = *wire::DecodeHeader(rest);
+      std::optional<wire::Error> err = wire::CheckHeader(h, max_payload);
+      // An unknown message is skipped whole, so its size must be bounded too.
+      if (err && err->code == wire::ErrorCode::kUnknownType && h.payload_bytes > max_payload) {
+        err = wire::Error{wire::ErrorCode::kTooLarge,
+                          err->message + " with a payload of " + std::to_string(h.payload_bytes) +
+                              " bytes, over the limit of " + std::to_string(max_payload)};
+      }
+      if (err && err->code != wire::ErrorCode::kUnknownType) {
+        ProtocolError(err->message);
+        Send(*err, h.request_id);
+        close_after_write_ = true;  // the stream cannot be trusted past this point
+        break;
+      }
+      const size_t frame = wire::kHeaderBytes + h.payload_bytes;
+      if (rest.size() < frame) break;
+      if (err) {
+        ProtocolError(err->message);
+        Send(*err, h.request_id);
+      } else {
+        Dispatch(h, rest.subspan(wire::kHeaderBytes, h.payload_bytes));
+      }
+      pos += frame;
+      ++turn->frames;
+      turn->payload_bytes += h.payload_bytes;
+      last_request_ = now;
+      frame_since_.reset();
     }
-    auto answer = fn(m);
-    std::visit([&](const auto& a) { Send(a, h.request_id); }, answer);
+    in_.Consume(pos);
+  }
+
+  // Decodes one request, runs `fn` and queues its answer. A handler that
+  // throws gets kInternal; unless `read_only`, the connection is then closed.
+  template <typename M, typename Fn>
+  void Handle(const wire::Header& h, std::span<const uint8_t> payload, const char* name,
+              bool read_only, Fn&& fn) {
+    try {
+      M m;
+      std::string why;
+      if (!wire::Decode(payload, &m, &why)) {
+        const std::string text = std::string(name) + ": " + why;
+        ProtocolError(text);
+        return Send(wire::Error{wire::ErrorCode::kBadPayload, text}, h.request_id);
+      }
+      auto answer = fn(m);
+      std::visit([&](const auto& a) { Send(a, h.request_id); }, answer);
+    } catch (const std::exception& e) {
+      HandlerThrew(name, e.what());
+      Send(wire::Error{wire::ErrorCode::kInternal,
+                       std::string(name) + " failed inside the daemon (" + e.what() + ")" +
+                           (read_only ? "; try again" : "; the connection is closed")},
+           h.request_id);
+      if (!read_only) close_after_write_ = true;  // its state may be half changed
+    }
   }
 
   void Dispatch(const wire::Header& h, std::span<const uint8_t> payload) {
     Handler& handler = server_.handler_;
     switch (h.type) {
       case wire::MsgType::kHello:
-        return Handle<wire::Hello>(h, payload, "hello", [&](const wire::Hello& m) {
+        return Handle<wire::Hello>(h, payload, "hello", false, [&](const wire::Hello& m) {
           int fd = -1;
           auto a = handler.OnHello(peer_, m, &fd);
-          if (std::holds_alternative<wire::HelloOk>(a)) pending_fd_ = fd;
+          if (std::holds_alternative<wire::HelloOk>(a)) {
+            pending_fd_ = fd;
+            hello_ok_ = true;
+          }
           return a;
         });
       case wire::MsgType::kRegisterPool:
         return Handle<wire::RegisterPool>(
-            h, payload, "register-pool",
+            h, payload, "register-pool", false,
             [&](const wire::RegisterPool& m) -> Answer<wire::RegisterPoolOk> {
               UniqueFd fd;
               if (!fds_.empty()) {
@@ -134,31 +426,37 @@ class Session : public std::enable_shared_from_this<Session> {
                 fds_.pop_front();
               }
               if (m.kind == wire::PoolKind::kMemfd && !fd.valid()) {
+                if (std::exchange(fds_dropped_, false)) {
+                  return wire::Error{wire::ErrorCode::kLimit,
+                                     "the daemon could not receive the fd (out of file "
+                                     "descriptors or too many fds in one message)"};
+                }
                 return wire::Error{wire::ErrorCode::kBadPool,
                                    "a memfd pool needs its fd passed with SCM_RIGHTS"};
               }
               return handler.OnRegisterPool(peer_, m, std::move(fd));
             });
       case wire::MsgType::kAdmit:
-        return Handle<wire::Admit>(h, payload, "admit",
+        return Handle<wire::Admit>(h, payload, "admit", false,
                                    [&](const wire::Admit& m) { return handler.OnAdmit(peer_, m); });
       case wire::MsgType::kRelease:
-        return Handle<wire::Release>(h, payload, "release", [&](const wire::Release& m) {
+        return Handle<wire::Release>(h, payload, "release", false, [&](const wire::Release& m) {
           return handler.OnRelease(peer_, m);
         });
       case wire::MsgType::kReport:
-        return Handle<wire::Report>(h, payload, "report", [&](const wire::Report& m) {
+        return Handle<wire::Report>(h, payload, "report", false, [&](const wire::Report& m) {
           return handler.OnReport(peer_, m);
         });
       case wire::MsgType::kQueryTiers:
-        return Handle<wire::QueryTiers>(h, payload, "query-tiers", [&](const wire::QueryTiers& m) {
-          return handler.OnQueryTiers(peer_, m);
-        });
+        return Handle<wire::QueryTiers>(
+            h, payload, "query-tiers", true,
+            [&](const wire::QueryTiers& m) { return handler.OnQueryTiers(peer_, m); });
       case wire::MsgType::kStats:
-        return Handle<wire::Stats>(h, payload, "stats",
+        return Handle<wire::Stats>(h, payload, "stats", true,
                                    [&](const wire::Stats& m) { return handler.OnStats(peer_, m); });
       case wire::MsgType::kAdmin:
-        return Handle<wire::Admin>(h, payload, "admin",
+        // What an admin request changes is the daemon's, not this connection's.
+        return Handle<wire::Admin>(h, payload, "admin", true,
                                    [&](const wire::Admin& m) { return handler.OnAdmin(peer_, m); });
       default: {
         const std::string text = "message type " + std::to_string(static_cast<int>(h.type)) +
@@ -174,7 +472,10 @@ class Session : public std::enable_shared_from_this<Session> {
     Out out;
     wire::Encode(m, request_id, out.bytes);
     if constexpr (std::is_same_v<M, wire::HelloOk>) out.fd = std::exchange(pending_fd_, -1);
+    const bool was_stalled = Stalled();
+    out_bytes_ += out.bytes.size();
     out_.push_back(std::move(out));
+    if (!was_stalled && Stalled()) stall_since_ = Clock::now();
     if (!writing_) WriteNext();
   }
 
@@ -200,37 +501,63 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnWritable(const boost::system::error_code& ec) {
     if (closed_) return;
     if (ec) return Close();
-    Out& o = out_.front();
-    while (o.sent < o.bytes.size()) {
+    while (!out_.empty()) {
+      Out& o = out_.front();
       const ssize_t n = detail::SendWithFd(socket_.native_handle(), o.bytes.data() + o.sent,
                                            o.bytes.size() - o.sent, o.sent == 0 ? o.fd : -1,
                                            MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return WriteNext();
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         return Close();
       }
       o.sent += static_cast<size_t>(n);
+      out_bytes_ -= static_cast<size_t>(n);
+      if (o.sent == o.bytes.size()) out_.pop_front();
     }
-    out_.pop_front();
+    if (stall_since_ && !Stalled()) {
+      stall_since_.reset();
+      if (frame_since_) frame_since_ = Clock::now();  // it could not progress while paused
+    }
+    if (paused_for_replies_ && !Stalled()) {
+      paused_for_replies_ = false;
+      Pump();  // its replies queue behind ours; the wait below covers them
+      if (closed_) return;
+    }
     WriteNext();
   }
 
   Server& server_;
   stream::socket socket_;
   Peer peer_;
-  std::vector<uint8_t> in_;
+  InputBuffer in_;
   std::deque<UniqueFd> fds_;
   std::deque<Out> out_;
+  uint64_t out_bytes_ = 0;  // queued reply bytes not yet sent
   int pending_fd_ = -1;
+  Clock::time_point last_request_;                // connected, or the last complete frame
+  std::optional<Clock::time_point> frame_since_;  // an incomplete frame's first byte
+  std::optional<Clock::time_point> stall_since_;  // out_bytes_ went over the bound
   bool writing_ = false;
   bool connected_ = false;
   bool closed_ = false;
   bool close_after_write_ = false;
+  bool hello_ok_ = false;
+  bool fds_dropped_ = false;  // the kernel dropped fds sent to us (MSG_CTRUNC)
+  bool paused_for_replies_ = false;
+  bool waiting_input_ = false;
 };
 
 Server::Server(asio::io_context& io, Handler& handler, ServerOptions options)
-    : io_(io), handler_(handler), options_(std::move(options)), acceptor_(io) {}
+    : io_(io),
+      handler_(handler),
+      options_(std::move(options)),
+      input_limit_bytes_(std::max<uint64_t>(
+          options_.max_input_bytes_per_uid,
+          wire::kHeaderBytes + uint64_t{options_.max_message_bytes} + kChunkBytes)),
+      acceptor_(io),
+      sweep_timer_(io),
+      backoff_timer_(io) {}
 
 Server::~Server() { Stop(); }
 
@@ -256,22 +583,60 @@ std::string Server::Adopt(int listen_fd) {
 }
 
 void Server::Accept() {
+  if (stopped_ || !acceptor_.is_open()) return;
   acceptor_.async_accept([this](const boost::system::error_code& ec, stream::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec && !TransientAcceptError(ec)) return BackOff(ec);
     if (!ec) {
-      Peer peer;
-      peer.session_id = next_session_id_++;
-      ucred cred{};
-      socklen_t len = sizeof(cred);
-      if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-        peer.pid = cred.pid;
-        peer.uid = cred.uid;
-        peer.gid = cred.gid;
+      if (backoff_burst_failures_) {
+        Log(LogLevel::kWarn, "accept works again after " + std::to_string(backoff_burst_failures_) +
+                                 " failures over " + Seconds(Clock::now() - backoff_burst_start_));
+        backoff_burst_failures_ = 0;
       }
-      auto s = std::make_shared<Session>(*this, std::move(socket), peer);
-      sessions_.insert(s);
-      s->Start();
+      try {
+        OnAccepted(std::move(socket));
+      } catch (const std::exception& e) {
+        ++counters_.handler_exceptions;
+        LogLimited(LogLevel::kError, std::string("accepting a connection threw: ") + e.what());
+      }
     }
+    Accept();
+  });
+}
+
+void Server::OnAccepted(stream::socket socket) {
+  Peer peer;
+  peer.session_id = next_session_id_++;
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    peer.pid = cred.pid;
+    peer.uid = cred.uid;
+    peer.gid = cred.gid;
+  }
+  auto s = std::make_shared<Session>(*this, std::move(socket), peer);
+  sessions_.insert(s);
+  ArmSweep();
+  s->Start();
+}
+
+// Out of fds (EMFILE, ENFILE) or memory (ENOBUFS, ENOMEM): the pending
+// connection stays queued and the listening socket readable, so retrying at
+// once would spin. Wait instead, longer each time, and log once per burst.
+void Server::BackOff(const boost::system::error_code& ec) {
+  ++counters_.accept_backoffs;
+  if (backoff_burst_failures_++ == 0) {
+    backoff_burst_start_ = Clock::now();
+    backoff_ = kFirstBackoff;
+    Log(LogLevel::kWarn, "accept: " + ec.message() +
+                             "; retrying after 100 ms, doubling up to 1 s, until it works (out "
+                             "of file descriptors? see LimitNOFILE and [limits])");
+  } else {
+    backoff_ = std::min(backoff_ * 2, kMaxBackoff);
+  }
+  backoff_timer_.expires_after(backoff_);
+  backoff_timer_.async_wait([this](const boost::system::error_code& e) {
+    if (e == asio::error::operation_aborted || stopped_) return;
     Accept();
   });
 }
@@ -287,9 +652,87 @@ void Server::Forget(Session* s) {
   }
 }
 
+void Server::ArmSweep() {
+  if (sweep_armed_ || stopped_) return;
+  sweep_armed_ = true;
+  // A quarter of the shortest timeout: a session is closed at most that late.
+  const auto shortest =
+      std::min({options_.reply_stall_timeout, options_.frame_timeout, options_.idle_timeout});
+  const auto period = std::clamp<std::chrono::milliseconds>(
+      shortest / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+  sweep_timer_.expires_after(period);
+  sweep_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec == asio::error::operation_aborted) return;
+    sweep_armed_ = false;
+    Sweep();
+    if (!sessions_.empty()) ArmSweep();
+  });
+}
+
+void Server::Sweep() {
+  const Clock::time_point now = Clock::now();
+  const std::vector<std::shared_ptr<Session>> all(sessions_.begin(), sessions_.end());
+  for (const auto& s : all) s->CheckTimeouts(now);
+}
+
+uint64_t Server::input_bytes(uid_t uid) const {
+  const auto it = input_by_uid_.find(uid);
+  return it == input_by_uid_.end() ? 0 : it->second.bytes;
+}
+
+bool Server::InputFits(uid_t uid, size_t own_bytes, size_t new_bytes) const {
+  if (new_bytes <= kChunkBytes) return true;
+  return input_bytes(uid) - own_bytes + new_bytes <= input_limit_bytes_;
+}
+
+void Server::AccountInput(uid_t uid, size_t old_bytes, size_t new_bytes) {
+  if (old_bytes == new_bytes) return;
+  UidInput& u = input_by_uid_[uid];
+  u.bytes = u.bytes - old_bytes + new_bytes;
+  if (new_bytes < old_bytes && !u.waiting.empty()) {
+    // Every waiter tries again; those that still do not fit wait again.
+    for (const std::weak_ptr<Session>& w : std::exchange(u.waiting, {})) {
+      asio::post(io_, [w] {
+        if (auto s = w.lock()) s->ResumeInput();
+      });
+    }
+  }
+  if (u.bytes == 0 && u.waiting.empty()) input_by_uid_.erase(uid);
+}
+
+void Server::WaitForInput(uid_t uid, std::weak_ptr<Session> s) {
+  input_by_uid_[uid].waiting.push_back(std::move(s));
+}
+
+void Server::Log(LogLevel level, const std::string& what) const {
+  if (options_.log) options_.log(level, what);
+}
+
+void Server::LogLimited(LogLevel level, const std::string& what) {
+  const Clock::time_point now = Clock::now();
+  if (now - log_window_start_ >= kLogWindow) {
+    if (log_suppressed_) {
+      Log(LogLevel::kWarn, std::to_string(log_suppressed_) + " more lines about clients in " +
+                               Seconds(now - log_window_start_) + " were suppressed");
+    }
+    log_window_start_ = now;
+    log_lines_ = 0;
+    log_suppressed_ = 0;
+  }
+  if (log_lines_ >= kLogBurst) {
+    ++log_suppressed_;
+    return;
+  }
+  ++log_lines_;
+  Log(level, what);
+}
+
 void Server::Stop() {
+  stopped_ = true;
   boost::system::error_code ec;
   acceptor_.close(ec);
+  sweep_timer_.cancel();
+  backoff_timer_.cancel();
   if (!path_.empty()) ::unlink(path_.c_str());
   path_.clear();
   auto all = sessions_;

@@ -8,6 +8,7 @@
 #include <utility>  // Boost 1.74 Asio uses std::exchange without including it
 
 #include <boost/asio.hpp>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -34,7 +36,11 @@ struct Peer {
 template <typename T>
 using Answer = std::variant<T, wire::Error>;
 
-// Called on the I/O thread only.
+// Called on the I/O thread only. A handler may throw (std::bad_alloc most
+// likely): the server answers that request with kInternal and, unless the
+// request only read state, closes the connection, since the handler may have
+// changed part of what it keeps for it. OnDisconnect is called for every
+// connection whose OnConnect was called, even one that threw.
 class Handler {
  public:
   virtual ~Handler() = default;
@@ -54,10 +60,42 @@ class Handler {
   virtual Answer<wire::AdminOk> OnAdmin(const Peer& peer, const wire::Admin& m) = 0;
 };
 
+enum class LogLevel { kDebug, kInfo, kWarn, kError };
+
+// Every bound here is what one hostile local user can make the daemon hold or
+// do; the defaults match DaemonConfig's [limits].
 struct ServerOptions {
   uint32_t max_message_bytes = wire::kDefaultMaxPayload;
+  // Queued reply bytes of one connection above which its requests are no
+  // longer dispatched nor its socket read (one larger reply is still sent).
+  uint64_t max_reply_bytes = 4ull << 20;
+  // A connection over max_reply_bytes this long is closed.
+  std::chrono::milliseconds reply_stall_timeout{30000};
+  // Unprocessed input held for one uid, over all its connections. Every
+  // connection may hold one 64 KiB read chunk besides; a larger frame waits
+  // for room. Raised to one largest frame plus a chunk if set lower.
+  uint64_t max_input_bytes_per_uid = 32ull << 20;
+  // A frame whose first byte arrived this long ago and that is still
+  // incomplete closes its connection.
+  std::chrono::milliseconds frame_timeout{10000};
+  // A connection that never said hello and sent no complete request for this
+  // long is closed (cxltierctl sends no hello, but a request every second).
+  std::chrono::milliseconds idle_timeout{60000};
   // Called with a one-line description of every protocol error a client caused.
   std::function<void(const Peer&, const std::string&)> on_protocol_error;
+  // The server's own events: accept back-offs, closed connections, handler
+  // exceptions. Rate-limited by the server where an attacker could repeat them.
+  std::function<void(LogLevel, const std::string&)> log;
+};
+
+// What the server did to protect itself, since it started.
+struct ServerCounters {
+  uint64_t stalled_closed = 0;      // closed: replies not read within reply_stall_timeout
+  uint64_t frame_timeouts = 0;      // closed: a frame not complete within frame_timeout
+  uint64_t idle_closed = 0;         // closed: no hello and no request within idle_timeout
+  uint64_t accept_backoffs = 0;     // accept failed (out of fds or memory): waited before retrying
+  uint64_t fds_dropped = 0;         // messages whose fds the kernel dropped (MSG_CTRUNC)
+  uint64_t handler_exceptions = 0;  // exceptions caught around the handler or a session
 };
 
 class Session;
@@ -75,19 +113,55 @@ class Server {
   // Stops accepting and closes every session.
   void Stop();
   size_t sessions() const { return sessions_.size(); }
+  const ServerCounters& counters() const { return counters_; }
+  // Unprocessed input bytes (buffer capacity) held for `uid` now.
+  uint64_t input_bytes(uid_t uid) const;
 
  private:
   friend class Session;
+  // Input held for one uid, and its sessions waiting for room.
+  struct UidInput {
+    uint64_t bytes = 0;
+    std::vector<std::weak_ptr<Session>> waiting;
+  };
+
   void Accept();
+  void OnAccepted(boost::asio::local::stream_protocol::socket socket);
+  void BackOff(const boost::system::error_code& ec);
   void Forget(Session* s);
+  void ArmSweep();
+  void Sweep();
+  // Whether a session of `uid` holding `own_bytes` may grow its input to `new_bytes`.
+  bool InputFits(uid_t uid, size_t own_bytes, size_t new_bytes) const;
+  void AccountInput(uid_t uid, size_t old_bytes, size_t new_bytes);
+  void WaitForInput(uid_t uid, std::weak_ptr<Session> s);
+  void Log(LogLevel level, const std::string& what) const;
+  // For lines a client can repeat at will: at most a burst per window.
+  void LogLimited(LogLevel level, const std::string& what);
 
   boost::asio::io_context& io_;
   Handler& handler_;
   ServerOptions options_;
+  uint64_t input_limit_bytes_;  // options_.max_input_bytes_per_uid, at least one frame
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::set<std::shared_ptr<Session>> sessions_;
+  std::unordered_map<uid_t, UidInput> input_by_uid_;
   uint64_t next_session_id_ = 1;
   std::string path_;
+  bool stopped_ = false;
+  ServerCounters counters_;
+  // The sweep closes sessions past their timeouts; it runs while there are any.
+  boost::asio::steady_timer sweep_timer_;
+  bool sweep_armed_ = false;
+  // Accept back-off: one burst of failures, the wait doubling up to 1 s.
+  boost::asio::steady_timer backoff_timer_;
+  std::chrono::milliseconds backoff_{0};
+  uint64_t backoff_burst_failures_ = 0;
+  std::chrono::steady_clock::time_point backoff_burst_start_;
+  // LogLimited's window.
+  std::chrono::steady_clock::time_point log_window_start_;
+  uint32_t log_lines_ = 0;
+  uint64_t log_suppressed_ = 0;
 };
 
 }  // namespace cxltier::server

@@ -30,9 +30,13 @@ inline ssize_t SendWithFd(int sock, const void* data, size_t n, int fd, int flag
 }
 
 // recvmsg of up to `n` bytes; `on_fd(int)` takes ownership of every fd that
-// came with them. Returns recvmsg's result.
+// came with them. Returns recvmsg's result. *fds_dropped (if given) is set
+// when the kernel dropped fds that came with these bytes (MSG_CTRUNC): the
+// receiver is out of fds, or more than 8 came in one message. The sender
+// cannot tell, so the receiver must say so when it misses one.
 template <typename OnFd>
-ssize_t RecvWithFds(int sock, void* data, size_t n, int flags, OnFd&& on_fd) {
+ssize_t RecvWithFds(int sock, void* data, size_t n, int flags, OnFd&& on_fd,
+                    bool* fds_dropped = nullptr) {
   iovec iov{data, n};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -42,6 +46,7 @@ ssize_t RecvWithFds(int sock, void* data, size_t n, int flags, OnFd&& on_fd) {
   msg.msg_controllen = sizeof(control);
   const ssize_t r = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
   if (r < 0) return r;
+  if (fds_dropped) *fds_dropped = (msg.msg_flags & MSG_CTRUNC) != 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
