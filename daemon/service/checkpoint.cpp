@@ -1,20 +1,28 @@
 #include "checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <memory>
 
 namespace cxltier::service {
 namespace {
 
+// Layout (little-endian, as the machine writes it):
+//   magic "CXLGHOST" 8 | version u32 | entry bytes u32 (64) | count u64
+//   count x BlockState (64 B)
+//   version 2 only: count x owner u32
+//   XXH64 (seed 0) of everything before it, u64
 constexpr char kMagic[8] = {'C', 'X', 'L', 'G', 'H', 'O', 'S', 'T'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersionStatesOnly = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeader = 24;
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -33,24 +41,71 @@ bool WriteAll(int fd, const void* data, size_t n) {
   return true;
 }
 
+bool ReadAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+struct HashFree {
+  void operator()(XXH64_state_t* s) const { XXH64_freeState(s); }
+};
+using Hash = std::unique_ptr<XXH64_state_t, HashFree>;
+
+Hash NewHash() {
+  Hash h(XXH64_createState());
+  if (h) XXH64_reset(h.get(), 0);
+  return h;
+}
+
+// Writes `n` bytes and folds them into the checksum.
+bool Emit(int fd, XXH64_state_t* h, const void* data, size_t n) {
+  XXH64_update(h, data, n);
+  return WriteAll(fd, data, n);
+}
+
 }  // namespace
 
-std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts) {
-  std::string buf(kHeader, '\0');
-  std::memcpy(buf.data(), kMagic, 8);
+std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
+                       const std::vector<uint32_t>& owners) {
+  if (!owners.empty() && owners.size() != ghosts.size()) {
+    return "checkpoint: " + std::to_string(owners.size()) + " owners for " +
+           std::to_string(ghosts.size()) + " states";
+  }
+  Hash h = NewHash();
+  if (!h) return "checkpoint: out of memory";
+  char header[kHeader];
   const uint32_t entry = sizeof(BlockState);
   const uint64_t count = ghosts.size();
-  std::memcpy(buf.data() + 8, &kVersion, 4);
-  std::memcpy(buf.data() + 12, &entry, 4);
-  std::memcpy(buf.data() + 16, &count, 8);
-  buf.append(reinterpret_cast<const char*>(ghosts.data()), ghosts.size() * sizeof(BlockState));
-  const uint64_t sum = XXH64(buf.data(), buf.size(), 0);
-  buf.append(reinterpret_cast<const char*>(&sum), 8);
+  std::memcpy(header, kMagic, 8);
+  std::memcpy(header + 8, &kVersion, 4);
+  std::memcpy(header + 12, &entry, 4);
+  std::memcpy(header + 16, &count, 8);
 
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Errno(tmp);
-  if (!WriteAll(fd, buf.data(), buf.size()) || ::fsync(fd) != 0) {
+  // Written straight from the caller's arrays: no second copy of a million states.
+  bool ok = Emit(fd, h.get(), header, kHeader) &&
+            Emit(fd, h.get(), ghosts.data(), ghosts.size() * sizeof(BlockState));
+  if (ok && owners.empty()) {
+    const std::vector<uint32_t> unknown(std::min<size_t>(ghosts.size(), 1u << 16), kUnknownOwner);
+    for (size_t left = ghosts.size(); ok && left > 0;) {
+      const size_t n = std::min(left, unknown.size());
+      ok = Emit(fd, h.get(), unknown.data(), n * sizeof(uint32_t));
+      left -= n;
+    }
+  } else if (ok) {
+    ok = Emit(fd, h.get(), owners.data(), owners.size() * sizeof(uint32_t));
+  }
+  const uint64_t sum = XXH64_digest(h.get());
+  if (!ok || !WriteAll(fd, &sum, 8) || ::fsync(fd) != 0) {
     const std::string err = Errno("writing " + tmp);
     ::close(fd);
     ::unlink(tmp.c_str());  // the previous checkpoint stays as it was
@@ -73,40 +128,163 @@ std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& g
 
 LoadedGhosts LoadGhosts(const std::string& path) {
   LoadedGhosts out;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) {
+      out.found = true;
+      out.error = Errno(path);
+    }
+    return out;
+  }
   out.found = true;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } closer{fd};
+  auto set_aside = [&](const std::string& why) {
+    const std::string aside = path + ".corrupt";
+    out.ghosts.clear();
+    out.owners.clear();
+    std::error_code ec;
+    std::filesystem::rename(path, aside, ec);
+    out.error =
+        path + ": " + why +
+        (ec ? "; could not set it aside (" + ec.message() + ")" : "; set aside as " + aside) +
+        ", starting without ghosts";
+    return out;
+  };
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
     out.error = Errno(path);
     return out;
   }
-  const std::string buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto set_aside = [&](const std::string& why) {
-    const std::string aside = path + ".corrupt";
-    std::filesystem::rename(path, aside);
-    out.error = path + ": " + why + "; set aside as " + aside + ", starting without ghosts";
-    return out;
-  };
-  if (buf.size() < kHeader + 8 || std::memcmp(buf.data(), kMagic, 8) != 0) {
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  char header[kHeader];
+  if (size < kHeader + 8 || !ReadAll(fd, header, kHeader) || std::memcmp(header, kMagic, 8) != 0) {
     return set_aside("not a ghost checkpoint (bad magic or too short)");
   }
   uint32_t version, entry;
   uint64_t count;
-  std::memcpy(&version, buf.data() + 8, 4);
-  std::memcpy(&entry, buf.data() + 12, 4);
-  std::memcpy(&count, buf.data() + 16, 8);
-  if (version != kVersion || entry != sizeof(BlockState)) return set_aside("unknown version");
-  if (count > (buf.size() - kHeader - 8) / sizeof(BlockState) ||
-      buf.size() != kHeader + count * sizeof(BlockState) + 8) {
+  std::memcpy(&version, header + 8, 4);
+  std::memcpy(&entry, header + 12, 4);
+  std::memcpy(&count, header + 16, 8);
+  if ((version != kVersion && version != kVersionStatesOnly) || entry != sizeof(BlockState)) {
+    return set_aside("unknown version");
+  }
+  const uint64_t per_state = sizeof(BlockState) + (version == kVersion ? sizeof(uint32_t) : 0);
+  if (count > (size - kHeader - 8) / per_state || size != kHeader + count * per_state + 8) {
     return set_aside("truncated or padded (size does not match the count)");
   }
-  uint64_t sum;
-  std::memcpy(&sum, buf.data() + buf.size() - 8, 8);
-  if (XXH64(buf.data(), buf.size() - 8, 0) != sum) return set_aside("checksum mismatch");
+  Hash h = NewHash();
+  if (!h) {
+    out.error = path + ": out of memory";
+    return out;
+  }
+  XXH64_update(h.get(), header, kHeader);
   out.ghosts.resize(count);
-  std::memcpy(out.ghosts.data(), buf.data() + kHeader, count * sizeof(BlockState));
+  if (!ReadAll(fd, out.ghosts.data(), count * sizeof(BlockState))) {
+    return set_aside("truncated while reading");
+  }
+  XXH64_update(h.get(), out.ghosts.data(), count * sizeof(BlockState));
+  if (version == kVersion) {
+    out.owners.resize(count);
+    if (!ReadAll(fd, out.owners.data(), count * sizeof(uint32_t))) {
+      return set_aside("truncated while reading");
+    }
+    XXH64_update(h.get(), out.owners.data(), count * sizeof(uint32_t));
+  } else {
+    out.owners.assign(count, kUnknownOwner);
+  }
+  uint64_t sum;
+  if (!ReadAll(fd, &sum, 8)) return set_aside("truncated while reading");
+  if (XXH64_digest(h.get()) != sum) return set_aside("checksum mismatch");
+  out.version = version;
   return out;
+}
+
+CheckpointWriter::CheckpointWriter(Done done, Sink sink)
+    : done_(std::move(done)),
+      sink_(sink ? std::move(sink) : Sink([](const std::string& path, const GhostSnapshot& s) {
+        return SaveGhosts(path, s);
+      })),
+      thread_([this] { Run(); }) {}
+
+CheckpointWriter::~CheckpointWriter() { Stop(); }
+
+bool CheckpointWriter::Submit(std::string path, GhostSnapshot snapshot) {
+  std::optional<Job> old;  // freed outside the lock
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return false;
+    old = std::move(pending_);
+    if (old) ++replaced_;
+    pending_ = Job{std::move(path), std::move(snapshot)};
+  }
+  cv_.notify_all();
+  return !old;
+}
+
+void CheckpointWriter::Stop() {
+  std::optional<Job> dropped;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    dropped = std::move(pending_);
+    pending_.reset();
+  }
+  cv_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+bool CheckpointWriter::stopped() const {
+  std::lock_guard lock(mu_);
+  return stop_;
+}
+
+uint64_t CheckpointWriter::written() const {
+  std::lock_guard lock(mu_);
+  return written_;
+}
+
+uint64_t CheckpointWriter::replaced() const {
+  std::lock_guard lock(mu_);
+  return replaced_;
+}
+
+bool CheckpointWriter::busy() const {
+  std::lock_guard lock(mu_);
+  return writing_ || pending_.has_value();
+}
+
+void CheckpointWriter::Run() {
+  for (;;) {
+    std::optional<Job> job;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || pending_.has_value(); });
+      if (stop_) return;
+      job = std::move(pending_);
+      pending_.reset();
+      writing_ = true;
+    }
+    std::string err;
+    try {
+      err = sink_(job->path, job->snapshot);
+    } catch (const std::exception& e) {  // bad_alloc: nothing may leave this thread
+      err = std::string("checkpoint: ") + e.what();
+    }
+    job.reset();
+    {
+      std::lock_guard lock(mu_);
+      writing_ = false;
+      ++written_;
+    }
+    cv_.notify_all();
+    try {
+      if (done_) done_(err);
+    } catch (const std::exception&) {  // a report that could not be posted is lost, not fatal
+    }
+  }
 }
 
 }  // namespace cxltier::service

@@ -6,11 +6,15 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <thread>
+
+#include <xxhash.h>
 
 #include "service/checkpoint.h"
 #include "service/config.h"
@@ -142,6 +146,230 @@ TEST(Checkpoint, FullDiskKeepsThePreviousCheckpoint) {
   ASSERT_EQ(SaveGhosts(path, std::vector<BlockState>(big.begin(), big.begin() + 100)), "");
   EXPECT_EQ(LoadGhosts(path).ghosts.size(), 100u);
   EXPECT_EQ(umount(dir.c_str()), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Version 2 keeps each state's owner; a file of version 1 (states only, as
+// daemons before owners wrote it) still loads, its states owned by nobody known.
+TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
+  const auto dir = TempDir("owners");
+  const std::string path = (dir / "ghosts.bin").string();
+  GhostSnapshot snap;
+  for (uint32_t i = 0; i < 5; ++i) {
+    BlockState st;
+    st.key = BlockKey{3, i};
+    st.touch_count = 100 + i;
+    snap.states.push_back(st);
+    snap.owners.push_back(i % 2 ? 1000 + i : 0);
+  }
+  ASSERT_EQ(SaveGhosts(path, snap), "");
+  LoadedGhosts l = LoadGhosts(path);
+  ASSERT_EQ(l.error, "");
+  EXPECT_EQ(l.version, 2u);
+  ASSERT_EQ(l.ghosts.size(), 5u);
+  EXPECT_EQ(l.owners, snap.owners);
+  EXPECT_EQ(l.ghosts[4].touch_count, 104u);
+  EXPECT_EQ(l.ghosts[3].key, (BlockKey{3, 3}));
+
+  // A flipped owner byte is caught by the checksum too.
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(24 + 5 * 64 + 2);
+    f.put('\x7f');
+  }
+  l = LoadGhosts(path);
+  EXPECT_NE(l.error.find("checksum"), std::string::npos) << l.error;
+  EXPECT_TRUE(l.ghosts.empty() && l.owners.empty());
+
+  // States without owners are written as owned by nobody known; owners that do
+  // not match the states are refused.
+  ASSERT_EQ(SaveGhosts(path, snap.states), "");
+  l = LoadGhosts(path);
+  EXPECT_EQ(l.owners, std::vector<uint32_t>(5, kUnknownOwner));
+  EXPECT_NE(SaveGhosts(path, snap.states, std::vector<uint32_t>(4, 1)).find("owners"),
+            std::string::npos);
+
+  // A version-1 file, byte for byte as the old daemon wrote it.
+  std::string v1(24, '\0');
+  const uint32_t version = 1, entry = 64;
+  const uint64_t count = snap.states.size();
+  std::memcpy(v1.data(), "CXLGHOST", 8);
+  std::memcpy(v1.data() + 8, &version, 4);
+  std::memcpy(v1.data() + 12, &entry, 4);
+  std::memcpy(v1.data() + 16, &count, 8);
+  v1.append(reinterpret_cast<const char*>(snap.states.data()), count * 64);
+  const uint64_t sum = XXH64(v1.data(), v1.size(), 0);
+  v1.append(reinterpret_cast<const char*>(&sum), 8);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << v1;
+  l = LoadGhosts(path);
+  ASSERT_EQ(l.error, "");
+  EXPECT_EQ(l.version, 1u);
+  ASSERT_EQ(l.ghosts.size(), 5u);
+  EXPECT_EQ(l.ghosts[2].touch_count, 102u);
+  EXPECT_EQ(l.owners, std::vector<uint32_t>(5, kUnknownOwner));
+  // An unknown version is set aside, not guessed at.
+  const uint32_t v9 = 9;
+  std::memcpy(v1.data() + 8, &v9, 4);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << v1;
+  l = LoadGhosts(path);
+  EXPECT_NE(l.error.find("unknown version"), std::string::npos) << l.error;
+  std::filesystem::remove_all(dir);
+}
+
+// A sink that blocks until the test lets it go: a disk as slow as the test wants.
+class GatedSink {
+ public:
+  std::string Write(const std::string&, const GhostSnapshot& s) {
+    std::unique_lock lock(mu_);
+    sizes_.push_back(s.states.size());
+    ++entered_;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return open_; });
+    ++finished_;
+    cv_.notify_all();
+    return fail_ ? "disk on fire" : "";
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Generous bounds: these wait for events, never for time to pass.
+  bool WaitEntered(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return entered_ >= n; });
+  }
+  int finished() {
+    std::lock_guard lock(mu_);
+    return finished_;
+  }
+  std::vector<size_t> sizes() {
+    std::lock_guard lock(mu_);
+    return sizes_;
+  }
+  bool fail_ = false;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int entered_ = 0, finished_ = 0;
+  std::vector<size_t> sizes_;
+};
+
+GhostSnapshot Snapshot(size_t n) {
+  GhostSnapshot s;
+  s.states.resize(n);
+  s.owners.resize(n, 7);
+  return s;
+}
+
+// The I/O thread never waits for the disk: while a write hangs, Submit returns
+// at once, and of the snapshots handed in meanwhile only the newest is kept.
+TEST(CheckpointWriter, SubmitNeverWaitsForAWriteInProgress) {
+  GatedSink sink;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> reports;
+  CheckpointWriter w(
+      [&](const std::string& err) {
+        std::lock_guard lock(mu);
+        reports.push_back(err);
+        cv.notify_all();
+      },
+      [&](const std::string& p, const GhostSnapshot& s) { return sink.Write(p, s); });
+  // The submits run on a thread of their own, the I/O thread: if one waited
+  // for a write, it could never return before the sink is opened below.
+  std::promise<std::vector<bool>> submitted;
+  std::thread io([&] {
+    std::vector<bool> fresh;
+    fresh.push_back(w.Submit("x", Snapshot(1)));
+    sink.WaitEntered(1);  // the writer is now stuck in the first write
+    fresh.push_back(w.Submit("x", Snapshot(2)));
+    fresh.push_back(w.Submit("x", Snapshot(3)));  // replaces the waiting 2
+    submitted.set_value(fresh);
+  });
+  auto f = submitted.get_future();
+  const bool returned = f.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "Submit waited for the write in progress";
+  EXPECT_EQ(sink.finished(), 0);  // returned while the write was still stuck
+  EXPECT_EQ(w.written(), 0u);
+  EXPECT_TRUE(w.busy());
+  EXPECT_EQ(w.replaced(), 1u);
+  sink.Open();
+  io.join();
+  if (returned) {
+    EXPECT_EQ(f.get(), (std::vector<bool>{true, true, false}));  // 3 replaced 2
+  }
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return reports.size() >= 2; }));
+    EXPECT_EQ(reports, (std::vector<std::string>{"", ""}));
+  }
+  w.Stop();
+  EXPECT_EQ(sink.sizes(), (std::vector<size_t>{1, 3}));  // 2 was never written
+  EXPECT_EQ(w.written(), 2u);
+}
+
+// Stop waits for the write in flight (so the final checkpoint, written after
+// it by the caller, is the one that stays), drops a waiting snapshot, and
+// makes later submits no-ops. Errors reach the callback.
+TEST(CheckpointWriter, StopFinishesTheWriteInFlightFirst) {
+  GatedSink sink;
+  sink.fail_ = true;
+  std::atomic<int> errors{0};
+  CheckpointWriter w(
+      [&](const std::string& err) { errors += err == "disk on fire"; },
+      [&](const std::string& p, const GhostSnapshot& s) { return sink.Write(p, s); });
+  w.Submit("x", Snapshot(1));
+  ASSERT_TRUE(sink.WaitEntered(1));
+  w.Submit("x", Snapshot(2));
+  std::atomic<int> finished_when_stopped{-1};
+  std::thread stopper([&] {
+    w.Stop();
+    finished_when_stopped = sink.finished();
+  });
+  // Open the sink only once Stop has begun, so snapshot 2 cannot slip in first.
+  for (int i = 0; i < 600000 && !w.stopped(); ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  EXPECT_TRUE(w.stopped());
+  sink.Open();
+  stopper.join();
+  EXPECT_EQ(finished_when_stopped.load(), 1);  // Stop returned only after the write ended
+  EXPECT_EQ(errors.load(), 1);                 // reported before Stop returned
+  EXPECT_FALSE(w.Submit("x", Snapshot(3)));
+  w.Stop();  // twice is fine
+  EXPECT_EQ(sink.sizes(), std::vector<size_t>{1});
+  EXPECT_EQ(w.written(), 1u);
+}
+
+// The real sink: the file on disk is the newest snapshot once the writer is idle.
+TEST(CheckpointWriter, WritesCheckpointsThatLoad) {
+  const auto dir = TempDir("writer");
+  const std::string path = (dir / "ghosts.bin").string();
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  CheckpointWriter w([&](const std::string& err) {
+    EXPECT_EQ(err, "");
+    std::lock_guard lock(mu);
+    ++done;
+    cv.notify_all();
+  });
+  GhostSnapshot s = Snapshot(1000);
+  for (size_t i = 0; i < s.states.size(); ++i) s.states[i].key = BlockKey{9, i};
+  w.Submit(path, s);
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return done >= 1; }));
+  }
+  w.Stop();
+  LoadedGhosts l = LoadGhosts(path);
+  ASSERT_EQ(l.error, "");
+  ASSERT_EQ(l.ghosts.size(), 1000u);
+  EXPECT_EQ(l.ghosts[999].key, (BlockKey{9, 999}));
+  EXPECT_EQ(l.owners, std::vector<uint32_t>(1000, 7));
   std::filesystem::remove_all(dir);
 }
 
