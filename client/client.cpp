@@ -193,6 +193,10 @@ Status Client::RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_
 
 Status Client::RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, uint32_t blocks,
                                  uint32_t* pool_id) {
+  // The daemon takes only memfds that cannot shrink under its mapping. If
+  // this fails (no MFD_ALLOW_SEALING, or F_SEAL_SEAL), the daemon's refusal
+  // says how to fix it.
+  (void)fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK);
   const wire::RegisterPool m{wire::PoolKind::kMemfd, 0, length, stride, blocks};
   if (Status st = RegisterPool(m, memfd, pool_id); !st.ok()) return st;
   pools_.resize(std::max<size_t>(pools_.size(), *pool_id + 1));

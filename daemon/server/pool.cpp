@@ -1,7 +1,6 @@
 #include "pool.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,32 +15,8 @@ uint64_t PageSize() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
 
 }  // namespace
 
-Pool::Pool(Pool&& o) noexcept { *this = std::move(o); }
-
-Pool& Pool::operator=(Pool&& o) noexcept {
-  if (this != &o) {
-    Unmap();
-    kind_ = o.kind_;
-    fd_ = std::move(o.fd_);
-    pid_ = o.pid_;
-    base_ = o.base_;
-    length_ = o.length_;
-    stride_ = o.stride_;
-    block_bytes_ = o.block_bytes_;
-    blocks_ = o.blocks_;
-    mapped_ = std::exchange(o.mapped_, false);
-  }
-  return *this;
-}
-
-Pool::~Pool() { Unmap(); }
-
-void Pool::Unmap() {
-  if (mapped_) munmap(reinterpret_cast<void*>(base_), length_);
-  mapped_ = false;
-}
-
-std::string Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uint64_t block_bytes) {
+std::string Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid,
+                       uint64_t block_bytes) {
   const uint64_t page = PageSize();
   if (m.blocks == 0) return "a pool needs at least one block";
   if (m.stride < block_bytes) {
@@ -62,34 +37,49 @@ std::string Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uint
   if (m.kind == wire::PoolKind::kRange) {
     if (fd.valid()) return "an address-range pool takes no fd";
     if (m.address % page != 0 || m.address == 0) return "pool address must be page-aligned";
-    if (pid <= 0) return "peer pid unknown (SO_PEERCRED)";
-    pid_ = pid;
+    if (m.address + m.length < m.address) return "pool range wraps around the address space";
+    std::string err;
+    process_ = numa::ProcessHandle::Open(pid, uid, &err);
+    if (!process_) return err;
     base_ = m.address;
     return {};
   }
+  if (!fd.valid()) return "a memfd pool needs its memfd (SCM_RIGHTS)";
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return std::string("fstat: ") + std::strerror(errno);
   if (!S_ISREG(st.st_mode)) return "the pool fd is not a memfd (not a regular file)";
   // Only shmem files (memfd, tmpfs) support seals: a cheap way to refuse disk files.
-  if (fcntl(fd.get(), F_GET_SEALS) < 0) return "the pool fd is not a memfd or other shmem file";
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) return "the pool fd is not a memfd or other shmem file";
+  // Without the seal the client (or a file system it mounted) can take pages
+  // from under our mapping at any moment, and touching them would be SIGBUS.
+  // A tmpfs file opened with open(2) carries F_SEAL_SEAL and can never get it.
+  if (!(seals & F_SEAL_SHRINK)) {
+    return "the pool memfd is not sealed against shrinking: seal it with "
+           "fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK); create it with MFD_ALLOW_SEALING";
+  }
   if (static_cast<uint64_t>(st.st_size) < m.length) {
     return "the memfd holds " + std::to_string(st.st_size) + " bytes, less than the pool's " +
            std::to_string(m.length);
   }
-  void* p = mmap(nullptr, m.length, PROT_READ, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return std::string("mmap of the pool: ") + std::strerror(errno);
-  fd_ = std::move(fd);
-  base_ = reinterpret_cast<uintptr_t>(p);
-  mapped_ = true;
-  pid_ = 0;
-  return {};
+  std::string err;
+  mapping_ = numa::Mapping::Map(fd.get(), m.length, &err);
+  if (!mapping_) return err;
+  base_ = mapping_->address();
+  return {};  // `fd` closes here: the mapping holds the file
 }
 
 numa::PageRange Pool::Range(uint32_t index) const {
   const uint64_t page = PageSize();
   const uint64_t len = (block_bytes_ + page - 1) / page * page;
-  return numa::PageRange{pid_, base_ + uint64_t{index} * stride_, len,
-                         kind_ == wire::PoolKind::kMemfd};
+  numa::PageRange r;
+  r.pid = process_ ? process_->pid() : 0;
+  r.address = base_ + uint64_t{index} * stride_;
+  r.length = len;
+  r.shared = kind_ == wire::PoolKind::kMemfd;
+  r.process = process_;
+  r.mapping = mapping_;
+  return r;
 }
 
 }  // namespace cxltier::server

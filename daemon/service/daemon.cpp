@@ -408,7 +408,8 @@ server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& 
                                         ")"};
   }
   server::Pool pool;
-  if (std::string err = pool.Open(m, std::move(memfd), peer.pid, engine_->options().block_bytes);
+  if (std::string err =
+          pool.Open(m, std::move(memfd), peer.pid, peer.uid, engine_->options().block_bytes);
       !err.empty()) {
     ClientWarning(peer, "pool refused: " + err);
     return Error{ErrorCode::kBadPool, err};
@@ -429,6 +430,10 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
     return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
   }
   const server::Pool& pool = c->pools[m.pool_id];
+  if (pool.dead()) {
+    return Error{ErrorCode::kBadPool, "the process that registered pool " +
+                                          std::to_string(m.pool_id) + " has exited"};
+  }
   // Validate the whole batch before changing anything.
   size_t fresh = 0;
   for (const wire::AdmitEntry& e : m.entries) {
@@ -615,6 +620,7 @@ void Daemon::Tick() {
 void Daemon::RunTick() {
   ++tick_;
   if (!engine_) return;
+  DropGonePools();
   // Fold: one touch per slot per tick with the mass observed since the last
   // one, for the slots the client (dirty bitmap) or a socket report marked;
   // every kFullFoldTicks ticks, every live slot (see segment.h).
@@ -701,6 +707,29 @@ void Daemon::FoldSlot(Client& c, uint32_t i) {
   c.observations += touches;
   engine_->Touch(s.engine_slot, engine::Touch{mass, tick_, engine::kNever});
   WriteBack(c, i);
+}
+
+// An address-range pool names its process by pid; once that process has
+// exited the pid may be anyone's, so the pool's blocks become ghosts (as on
+// disconnect) and the pool takes no more admits. The pidfd tells, one poll each.
+void Daemon::DropGonePools() {
+  for (auto& [id, c] : clients_) {
+    for (uint32_t p = 0; p < c.pools.size(); ++p) {
+      server::Pool& pool = c.pools[p];
+      if (pool.dead() || !pool.ProcessGone()) continue;
+      uint64_t released = 0;
+      for (uint32_t i = 0; i < c.slots.size(); ++i) {
+        if (!c.slots[i].live || c.slots[i].pool != p) continue;
+        ReleaseSlot(c, i);
+        ++released;
+      }
+      pool.MarkDead();
+      spdlog::warn(
+          "client {} (pid {} uid {}): the process that registered pool {} has exited; pool "
+          "dropped, its {} blocks became ghosts",
+          c.id, c.peer.pid, c.peer.uid, p, released);
+    }
+  }
 }
 
 void Daemon::OnMoveDone(MoveDone d) {

@@ -182,6 +182,7 @@ class Daemon final : public server::Handler {
   void FoldSlot(Client& c, uint32_t seg_slot);
   void FoldBatch(Client& c);
   void RunTick();
+  void DropGonePools();
   static nlohmann::json MemoryJson();
   void OnMoveDone(MoveDone done);
   void ScheduleTick();

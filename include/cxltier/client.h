@@ -53,7 +53,13 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // A pool whose bytes live in `memfd` (the daemon maps it too; the library keeps a
-  // duplicate of the fd to register again after a reconnect).
+  // duplicate of the fd to register again after a reconnect). The daemon takes
+  // only a memfd sealed against shrinking, so this first adds F_SEAL_SHRINK to
+  // `memfd` itself (fcntl F_ADD_SEALS; a side effect on the caller's file: it
+  // can grow but never shrink again). Create it with
+  // memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING); without
+  // MFD_ALLOW_SEALING the seal cannot be added and the daemon refuses the pool
+  // (kBadPool).
   Status RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, uint32_t blocks,
                            uint32_t* pool_id);
   // A pool in this process's own address space.

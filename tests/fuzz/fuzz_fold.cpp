@@ -3,6 +3,7 @@
 // client can write), the daemon ticks, and then must still hold every block,
 // publish finite scores, and answer stats. One in-process daemon (no socket,
 // moves reported done without moving) serves every input.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -50,8 +51,9 @@ struct Fixture {
     close(fd);
     if (segment == MAP_FAILED) std::abort();
     const uint64_t stride = kModel.block_bytes();
-    const int pool = memfd_create("fuzz-pool", MFD_CLOEXEC);
+    const int pool = memfd_create("fuzz-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (ftruncate(pool, static_cast<off_t>(stride * kSlots)) != 0) std::abort();
+    if (fcntl(pool, F_ADD_SEALS, F_SEAL_SHRINK) != 0) std::abort();  // the daemon requires it
     auto reg = daemon->OnRegisterPool(
         peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kSlots, stride, kSlots},
         server::UniqueFd(pool));

@@ -37,7 +37,7 @@ struct MemfdPool {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   explicit MemfdPool(uint32_t blocks) : bytes(blocks * kBlock) {
-    fd = memfd_create("test-pool", MFD_CLOEXEC);
+    fd = memfd_create("test-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
     base = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     for (uint64_t i = 0; i < bytes; ++i) base[i] = static_cast<uint8_t>(i * 13);

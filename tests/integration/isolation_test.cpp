@@ -101,7 +101,7 @@ TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
   Status st;
   auto a = Client::Connect({d.socket(), kTiny, 16, "a"}, &st);
   ASSERT_TRUE(a) << st.message;
-  const int memfd = memfd_create("iso-pool", MFD_CLOEXEC);
+  const int memfd = memfd_create("iso-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(memfd, 16 * kBlock), 0);
   uint32_t pool = 0;
   ASSERT_TRUE(a->RegisterMemfdPool(memfd, 16 * kBlock, kBlock, 16, &pool).ok());
@@ -129,7 +129,7 @@ TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
       fail += "b released a's block; ";
     }
     // b may use the same key for its own block: a different block.
-    const int fd = memfd_create("b-pool", MFD_CLOEXEC);
+    const int fd = memfd_create("b-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (ftruncate(fd, 4 * kBlock) != 0) return "ftruncate";
     uint32_t bp = 0;
     std::vector<wire::AdmitResult> r;

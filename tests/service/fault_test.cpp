@@ -4,6 +4,7 @@
 // partial moves. Checks that a block's tier is written only after a verified
 // move, that failures back off, that no KV byte changes, and that the daemon
 // keeps serving.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -58,11 +59,14 @@ class FaultMigrator : public numa::Migrator {
         res.pages = pages;
         res.call_errno = EFAULT;
         break;
-      case Fault::kPartial:  // the first half moved for real, the rest did not
-        res = real_->Move(numa::PageRange{r.pid, r.address, r.length / 2, r.shared}, node);
+      case Fault::kPartial: {      // the first half moved for real, the rest did not
+        numa::PageRange half = r;  // keeps the mapping (or process) the range holds
+        half.length = r.length / 2;
+        res = real_->Move(half, node);
         res.pages = pages;
         res.elsewhere = pages - res.on_target - res.absent;
         break;
+      }
     }
     std::lock_guard lock(mu_);
     if (res.done()) ++done_[r.address];
@@ -138,8 +142,9 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
 
   // A memfd pool with a known pattern, mapped here as the engine would.
   const uint64_t stride = kModel.block_bytes();
-  const int memfd = memfd_create("fault-pool", MFD_CLOEXEC);
+  const int memfd = memfd_create("fault-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(memfd, static_cast<off_t>(stride * kBlocks)), 0);
+  ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the daemon requires it
   auto* kv = static_cast<uint8_t*>(
       mmap(nullptr, stride * kBlocks, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
   ASSERT_NE(kv, MAP_FAILED);

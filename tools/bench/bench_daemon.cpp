@@ -1,6 +1,7 @@
 // Figures 1, 3 and 4 of docs/performance.md: observation ingest through shared
 // memory, the daemon's tick (fold + plan) and the seeds' serving scenario.
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -102,8 +103,9 @@ struct InProcessDaemon {
     slots = reinterpret_cast<BlockState*>(static_cast<char*>(p) + kSegmentSlotOffset);
     dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(p) + SegmentDirtyOffset(blocks));
     const uint64_t stride = (model.block_bytes() + 4095) / 4096 * 4096;
-    memfd = memfd_create("bench-pool", MFD_CLOEXEC);
+    memfd = memfd_create("bench-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (ftruncate(memfd, static_cast<off_t>(stride * blocks)) != 0) std::abort();
+    if (fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) std::abort();  // the daemon requires it
     auto pool = daemon->OnRegisterPool(
         peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * blocks, stride, blocks},
         server::UniqueFd(dup(memfd)));

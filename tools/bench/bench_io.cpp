@@ -53,7 +53,7 @@ struct SocketDaemon {
     Status st;
     client = Client::Connect({c.socket_path, kReportModel, kReportSlots, "bench"}, &st);
     if (!client) std::abort();
-    memfd = memfd_create("bench-pool", MFD_CLOEXEC);
+    memfd = memfd_create("bench-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     const uint64_t bytes = uint64_t{kReportSlots} * kReportModel.block_bytes();
     if (ftruncate(memfd, static_cast<off_t>(bytes)) != 0) std::abort();
     uint32_t pool = 0;

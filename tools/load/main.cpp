@@ -56,7 +56,7 @@ void RunClient(const std::string& socket, uint32_t index, uint32_t blocks, Clock
     if (!c) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (!c) return fail("connect: " + st.message);
-  const int fd = memfd_create("cxltier-load", MFD_CLOEXEC);
+  const int fd = memfd_create("cxltier-load", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(kStride * blocks)) != 0) {
     return fail("memfd");
   }

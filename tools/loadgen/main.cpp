@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   int memfd = -1;
   void* pool = MAP_FAILED;
   if (pool_kind == "memfd") {
-    memfd = memfd_create("cxltier-loadgen-pool", MFD_CLOEXEC);
+    memfd = memfd_create("cxltier-loadgen-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (memfd < 0 || ftruncate(memfd, static_cast<off_t>(length)) != 0) return Fail("memfd");
     pool = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   } else {
