@@ -73,8 +73,30 @@ std::string Daemon::Start() {
     if (loaded.found && loaded.error.empty()) {
       spdlog::info("loaded {} ghosts from {}", loaded.ghosts.size(), GhostPath());
     }
+    if (loaded.version == 1 && !loaded.ghosts.empty()) {
+      spdlog::info("checkpoint of version 1: its {} ghosts share one owner's ghost share",
+                   loaded.ghosts.size());
+    }
     pending_ghosts_ = std::move(loaded.ghosts);
+    pending_ghost_owners_ = std::move(loaded.owners);
     restored_from_checkpoint_ = pending_ghosts_.size();
+    // Periodic checkpoints are written on a thread of their own: a million
+    // states are 64 MiB to write and fsync, which must not stall the clients.
+    try {
+      checkpoint_writer_ = std::make_unique<CheckpointWriter>([this](const std::string& err) {
+        asio::post(io_, [this, err] {
+          if (err.empty()) {
+            last_checkpoint_error_.clear();
+          } else if (err != last_checkpoint_error_) {
+            spdlog::error("ghost checkpoint not written: {}", err);
+            last_checkpoint_error_ = err;
+          }
+        });
+      });
+    } catch (const std::exception& e) {  // no thread: checkpoints are written inline
+      spdlog::warn("checkpoint writer thread not started ({}): writing checkpoints inline",
+                   e.what());
+    }
   }
   if (config_.block_bytes) {
     if (std::string err = EnsureEngine(config_.block_bytes); !err.empty()) return err;
@@ -99,7 +121,9 @@ std::string Daemon::EnsureEngine(uint64_t block_bytes) {
     }
     spdlog::info("block size {} -> {} bytes: no client holds blocks of the old size; ghosts kept",
                  engine_->options().block_bytes, block_bytes);
-    pending_ghosts_ = CollectGhosts();
+    GhostSnapshot kept = CollectGhosts();
+    pending_ghosts_ = std::move(kept.states);
+    pending_ghost_owners_ = std::move(kept.owners);
     engine_.reset();
     owners_.clear();
   }
@@ -110,6 +134,8 @@ std::string Daemon::EnsureEngine(uint64_t block_bytes) {
   o.persistence = config_.persist ? engine::Persistence::kPersist : engine::Persistence::kReset;
   o.mode = engine::Mode::kTick;
   o.ghost_capacity = config_.ghost_capacity;
+  // Every uid, root and admins too, gets the same share of the ghost store.
+  o.ghost_capacity_per_owner = config_.max_ghosts_per_uid;
   // Plan no more per tick than the mover may move in one: the planner's view
   // then stays close to what the kernel has done.
   o.migrate_bytes_per_tick =
@@ -119,8 +145,13 @@ std::string Daemon::EnsureEngine(uint64_t block_bytes) {
   auto policy = engine::MakePolicy(config_.policy, &err);
   if (!policy) return err;
   engine_ = std::make_unique<engine::Engine>(o, std::move(policy));
-  for (const BlockState& g : pending_ghosts_) engine_->RestoreGhost(g);
+  for (size_t i = 0; i < pending_ghosts_.size(); ++i) {
+    engine_->RestoreGhost(pending_ghosts_[i], i < pending_ghost_owners_.size()
+                                                  ? pending_ghost_owners_[i]
+                                                  : kUnknownOwner);
+  }
   pending_ghosts_.clear();
+  pending_ghost_owners_.clear();
   spdlog::info("engine: policy {}, {}, block {} bytes, tier-0 budget {} ({} blocks)",
                config_.policy, config_.persist ? "persist" : "reset", block_bytes,
                FormatBytes(config_.tier0_budget_bytes), engine_->capacity_blocks());
@@ -474,7 +505,7 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
     const uint32_t seg = c->free_slots.back();
     c->free_slots.pop_back();
     const Tier where = WhereIs(pool.Range(e.block_index));
-    const engine::Slot es = engine_->Admit(EngineKey(e.key, peer.uid), where);
+    const engine::Slot es = engine_->Admit(EngineKey(e.key, peer.uid), where, peer.uid);
     if (owners_.size() <= es) owners_.resize(es + 1);
     owners_[es] = Owner{peer.session_id, seg};
     c->slots[seg] = SegSlot{true, es, m.pool_id, e.block_index, e.key};
@@ -774,10 +805,22 @@ void Daemon::OnMoveDone(MoveDone d) {
   }
 }
 
-std::vector<BlockState> Daemon::CollectGhosts() const {
-  std::vector<BlockState> out;
-  if (!engine_) return pending_ghosts_;
-  engine_->ghosts().ForEach([&out](const BlockState& g) { out.push_back(g); });
+GhostSnapshot Daemon::CollectGhosts() const {
+  GhostSnapshot out;
+  if (!engine_) {
+    out.states = pending_ghosts_;
+    out.owners = pending_ghost_owners_;
+    out.owners.resize(out.states.size(), kUnknownOwner);
+    return out;
+  }
+  // Room for the live states Checkpoint() appends: one allocation, one copy.
+  const size_t n = engine_->ghosts().size() + engine_->live_blocks();
+  out.states.reserve(n);
+  out.owners.reserve(n);
+  engine_->ghosts().ForEach([&out](const BlockState& g, uint32_t owner) {
+    out.states.push_back(g);
+    out.owners.push_back(owner);
+  });
   return out;
 }
 
@@ -787,21 +830,35 @@ void Daemon::Checkpoint() {
   // The ghosts, and the live blocks' states too: after a crash (SIGKILL, no
   // Stop), the live blocks of the last checkpoint come back as ghosts, and
   // their clients' re-admissions restore them.
-  std::vector<BlockState> ghosts = CollectGhosts();
+  GhostSnapshot snap = CollectGhosts();
   if (engine_) {
     for (const auto& [id, c] : clients_) {
       for (const SegSlot& s : c.slots) {
-        if (s.live) ghosts.push_back(engine_->state(s.engine_slot));
+        if (!s.live) continue;
+        snap.states.push_back(engine_->state(s.engine_slot));
+        snap.owners.push_back(engine_->owner(s.engine_slot));
       }
     }
   }
-  if (std::string err = SaveGhosts(GhostPath(), ghosts); !err.empty()) {
+  const size_t n = snap.states.size();
+  if (checkpoint_writer_ && !stopped_) {
+    // The I/O thread only copied the states; the writer thread writes them.
+    if (!checkpoint_writer_->Submit(GhostPath(), std::move(snap))) {
+      spdlog::debug("the previous checkpoint was still waiting for the disk: replaced");
+    }
+    spdlog::debug("{} block states (ghosts and live) handed to the checkpoint writer", n);
+    return;
+  }
+  // Stop: the final checkpoint is written here, after the writer's last write
+  // (which must not land after it), so a restart loses nothing.
+  if (checkpoint_writer_) checkpoint_writer_->Stop();
+  if (std::string err = SaveGhosts(GhostPath(), snap); !err.empty()) {
     if (err != last_checkpoint_error_) spdlog::error("ghost checkpoint not written: {}", err);
     last_checkpoint_error_ = err;
     return;
   }
   last_checkpoint_error_.clear();
-  spdlog::debug("saved {} block states (ghosts and live) to {}", ghosts.size(), GhostPath());
+  spdlog::debug("saved {} block states (ghosts and live) to {}", n, GhostPath());
 }
 
 nlohmann::json Daemon::TiersJson() const {

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint.h"
 #include "config.h"
 #include "engine/engine.h"
 #include "mover.h"
@@ -187,7 +188,7 @@ class Daemon final : public server::Handler {
   void OnMoveDone(MoveDone done);
   void ScheduleTick();
   void Checkpoint();
-  std::vector<BlockState> CollectGhosts() const;
+  GhostSnapshot CollectGhosts() const;
   std::string GhostPath() const;
   nlohmann::json TiersJson() const;
   // Every client's (admins), or only those of uid `only`.
@@ -203,6 +204,8 @@ class Daemon final : public server::Handler {
   std::unique_ptr<numa::Migrator> probe_;  // Where() queries on the I/O thread
   std::unique_ptr<engine::Engine> engine_;
   std::vector<BlockState> pending_ghosts_;    // loaded before the engine exists
+  std::vector<uint32_t> pending_ghost_owners_;  // the uid of each (kUnknownOwner: not known)
+  std::unique_ptr<CheckpointWriter> checkpoint_writer_;  // null: checkpoints written inline
   std::map<uint64_t, Client> clients_;        // by session id
   std::unordered_map<uid_t, UidUsage> uids_;  // of the connected clients
   WarnLimiter warnings_;
