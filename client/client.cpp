@@ -216,25 +216,44 @@ Status Client::RegisterRangePool(const void* address, uint64_t length, uint64_t 
 
 Status Client::Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries,
                      std::vector<wire::AdmitResult>* results) {
-  wire::Admit m{pool_id, std::vector<wire::AdmitEntry>(entries.begin(), entries.end())};
-  wire::AdmitOk ok;
-  if (Status st = Call(m, wire::MsgType::kAdmitOk, &ok); !st.ok()) return st;
-  if (ok.results.size() != entries.size()) {
-    return Status::Fail(ErrorCode::kBadPayload, "admit answered for a different number of keys");
+  std::vector<wire::AdmitResult> all;
+  all.reserve(entries.size());
+  // The daemon takes at most kMaxEntriesPerMessage per request.
+  for (size_t at = 0; at < entries.size() || (at == 0 && entries.empty());
+       at += wire::kMaxEntriesPerMessage) {
+    const auto part =
+        entries.subspan(at, std::min(entries.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+    wire::Admit m{pool_id, std::vector<wire::AdmitEntry>(part.begin(), part.end())};
+    wire::AdmitOk ok;
+    if (Status st = Call(m, wire::MsgType::kAdmitOk, &ok); !st.ok()) return st;
+    if (ok.results.size() != part.size()) {
+      return Status::Fail(ErrorCode::kBadPayload, "admit answered for a different number of keys");
+    }
+    for (size_t i = 0; i < part.size(); ++i) {
+      held_[part[i].key] = Held{pool_id, part[i].block_index, ok.results[i].slot};
+    }
+    all.insert(all.end(), ok.results.begin(), ok.results.end());
+    if (entries.empty()) break;
   }
-  for (size_t i = 0; i < entries.size(); ++i) {
-    held_[entries[i].key] = Held{pool_id, entries[i].block_index, ok.results[i].slot};
-  }
-  if (results) *results = std::move(ok.results);
+  if (results) *results = std::move(all);
   return Status::Ok();
 }
 
 Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) {
-  wire::Release m{std::vector<BlockKey>(keys.begin(), keys.end())};
-  wire::ReleaseOk ok;
-  if (Status st = Call(m, wire::MsgType::kReleaseOk, &ok); !st.ok()) return st;
-  for (const BlockKey& k : keys) held_.erase(k);
-  if (result) *result = ok;
+  wire::ReleaseOk total;
+  for (size_t at = 0; at < keys.size() || (at == 0 && keys.empty());
+       at += wire::kMaxEntriesPerMessage) {
+    const auto part =
+        keys.subspan(at, std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+    wire::Release m{std::vector<BlockKey>(part.begin(), part.end())};
+    wire::ReleaseOk ok;
+    if (Status st = Call(m, wire::MsgType::kReleaseOk, &ok); !st.ok()) return st;
+    for (const BlockKey& k : part) held_.erase(k);
+    total.released += ok.released;
+    total.unknown += ok.unknown;
+    if (keys.empty()) break;
+  }
+  if (result) *result = total;
   return Status::Ok();
 }
 

@@ -32,6 +32,8 @@ constexpr uint64_t kMaxTouchesPerTick = 1u << 20;
 // Every this many ticks the fold reads every live slot, not only the dirty
 // ones: the bound on how long a dirty-bit race can leave totals unfolded.
 constexpr uint64_t kFullFoldTicks = 10;
+// Slots of a client that left released in one go on the I/O thread.
+constexpr uint32_t kReleaseChunk = 16384;
 // Slots folded together, their cache lines prefetched first.
 constexpr size_t kFoldBatch = 32;
 
@@ -324,7 +326,7 @@ std::optional<Error> Daemon::CheckConnectionLimits(const server::Peer& peer, boo
   // Root and the admin group may always get in: max_clients counts everyone,
   // but they have admin_reserved_connections more, and no per-uid cap.
   const uint64_t cap = config_.max_clients + (admin ? config_.admin_reserved_connections : 0);
-  if (clients_.size() >= cap) {
+  if (connections_ >= cap) {
     return Error{ErrorCode::kLimit,
                  "too many clients (limit " + std::to_string(config_.max_clients) + ")"};
   }
@@ -347,28 +349,47 @@ std::optional<Error> Daemon::OnConnect(const server::Peer& peer) {
   c.peer = peer;
   c.id = next_client_id_++;
   ++uids_[peer.uid].connections;
+  ++connections_;
   spdlog::debug("client {} connected: pid {} uid {}", c.id, peer.pid, peer.uid);
   return std::nullopt;
 }
 
 void Daemon::OnDisconnect(const server::Peer& peer) {
   Client* c = Find(peer);
-  if (!c) return;
-  const uint64_t live = c->live;
-  for (uint32_t i = 0; i < c->slots.size(); ++i) {
-    if (c->slots[i].live) ReleaseSlot(*c, i);
-  }
-  spdlog::info("client {} ({}, pid {}) left; {} blocks became ghosts", c->id, c->name, peer.pid,
-               live);
+  if (!c || c->leaving) return;
+  c->leaving = true;
+  --connections_;
+  --uids_[peer.uid].connections;
+  spdlog::info("client {} ({}, pid {}) left; its {} blocks become ghosts", c->id, c->name,
+               peer.pid, c->live);
   if (const uint64_t held = warnings_.Forget(peer.session_id)) {
     spdlog::warn("client pid {} uid {}: {} more warnings were suppressed", peer.pid, peer.uid,
                  held);
   }
-  UidUsage& u = uids_[peer.uid];
-  u.pools -= static_cast<uint32_t>(c->pools.size());
-  if (c->hello) u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c->slots.size()));
-  if (--u.connections == 0) uids_.erase(peer.uid);
-  clients_.erase(peer.session_id);
+  ReleaseLeaving(peer.session_id);
+}
+
+// A client that left is released kReleaseChunk slots at a time, the I/O
+// thread serving other requests in between: a million blocks take seconds.
+void Daemon::ReleaseLeaving(uint64_t session) {
+  auto it = clients_.find(session);
+  if (it == clients_.end()) return;
+  Client& c = it->second;
+  for (uint32_t n = 0; c.release_cursor < c.slots.size() && n < kReleaseChunk; ++n) {
+    const uint32_t i = c.release_cursor++;
+    if (c.slots[i].live) ReleaseSlot(c, i);
+  }
+  if (c.release_cursor < c.slots.size()) {
+    asio::post(io_, [this, session] { ReleaseLeaving(session); });
+    return;
+  }
+  UidUsage& u = uids_[c.peer.uid];
+  u.pools -= static_cast<uint32_t>(c.pools.size());
+  if (c.hello) u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c.slots.size()));
+  if (u.connections == 0 && u.blocks == 0 && u.pools == 0 && u.segment_bytes == 0) {
+    uids_.erase(c.peer.uid);
+  }
+  clients_.erase(it);
 }
 
 server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wire::Hello& m,
@@ -459,6 +480,11 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
   if (m.pool_id >= c->pools.size()) {
     return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
+  }
+  if (m.entries.size() > wire::kMaxEntriesPerMessage) {
+    return Error{ErrorCode::kLimit, "an admit may name at most " +
+                                        std::to_string(wire::kMaxEntriesPerMessage) +
+                                        " blocks; split it"};
   }
   const server::Pool& pool = c->pools[m.pool_id];
   if (pool.dead()) {
@@ -560,6 +586,11 @@ server::Answer<wire::ReleaseOk> Daemon::OnRelease(const server::Peer& peer,
                                                   const wire::Release& m) {
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (m.keys.size() > wire::kMaxEntriesPerMessage) {
+    return Error{ErrorCode::kLimit, "a release may name at most " +
+                                        std::to_string(wire::kMaxEntriesPerMessage) +
+                                        " blocks; split it"};
+  }
   wire::ReleaseOk ok;
   for (const BlockKey& k : m.keys) {
     auto it = c->by_key.find(k);
@@ -657,7 +688,7 @@ void Daemon::RunTick() {
   // every kFullFoldTicks ticks, every live slot (see segment.h).
   const bool full = tick_ % kFullFoldTicks == 0;
   for (auto& [id, c] : clients_) {
-    if (!c.hello) continue;
+    if (!c.hello || c.leaving) continue;
     const uint32_t n = static_cast<uint32_t>(c.slots.size());
     uint64_t* dirty = c.segment.dirty();
     fold_batch_.clear();
@@ -895,11 +926,11 @@ nlohmann::json Daemon::StatusJson() const {
   uint64_t blocks = 0, hellos = 0;
   for (const auto& [id, cl] : clients_) {
     blocks += cl.live;
-    hellos += cl.hello;
+    hellos += cl.hello && !cl.leaving;
   }
   return {
       {"clients", hellos},
-      {"connections", clients_.size()},
+      {"connections", connections_},
       {"blocks", blocks},
       {"ghosts", engine_ ? engine_->ghosts().size() : pending_ghosts_.size()},
       {"ghosts_loaded_at_start", restored_from_checkpoint_},
@@ -908,6 +939,7 @@ nlohmann::json Daemon::StatusJson() const {
       {"persist", config_.persist},
       {"block_bytes", engine_ ? engine_->options().block_bytes : 0},
       {"ticks", tick_},
+      {"warnings", {{"logged", warnings_.logged()}, {"suppressed", warnings_.suppressed()}}},
       {"tick_ms", config_.tick_ms},
       {"tick_seconds", tick_seconds_.Json()},
       {"memory", MemoryJson()},
@@ -992,7 +1024,7 @@ nlohmann::json TickTimes::Json() const {
 nlohmann::json Daemon::ClientsJson(std::optional<uid_t> only) const {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [session, c] : clients_) {
-    if (!c.hello) continue;  // operator tools and clients still connecting
+    if (!c.hello || c.leaving) continue;  // operator tools, clients connecting or gone
     if (only && c.peer.uid != *only) continue;
     out.push_back({{"id", c.id},
                    {"name", c.name},

@@ -156,6 +156,8 @@ class Daemon final : public server::Handler {
     std::vector<uint32_t> free_slots;
     std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
     uint64_t live = 0;
+    bool leaving = false;          // disconnected; its slots are being released
+    uint32_t release_cursor = 0;   // slots before it are released
     uint64_t bad_observations = 0;
     uint64_t observations = 0;
   };
@@ -179,6 +181,7 @@ class Daemon final : public server::Handler {
   Tier TierOfNode(int node) const;
   Tier WhereIs(const numa::PageRange& range);
   void ReleaseSlot(Client& c, uint32_t seg_slot);
+  void ReleaseLeaving(uint64_t session);
   void WriteBack(Client& c, uint32_t seg_slot);
   void FoldSlot(Client& c, uint32_t seg_slot);
   void FoldBatch(Client& c);
@@ -216,7 +219,8 @@ class Daemon final : public server::Handler {
   std::string metrics_endpoint_;
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
-  uint64_t moves_in_flight_ = 0;  // submitted to the mover, OnMoveDone not yet run
+  uint64_t moves_in_flight_ = 0;
+  uint64_t connections_ = 0;  // connected sessions (clients_ also holds ones leaving)  // submitted to the mover, OnMoveDone not yet run
   uint64_t next_client_id_ = 1;
   uint64_t last_checkpoint_tick_ = 0;
   bool stopped_ = false;
