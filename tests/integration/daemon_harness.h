@@ -57,9 +57,15 @@ class DaemonProcess {
       execl(CXLTIERD_PATH, "cxltierd", "--config", config_.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
-    // Wait until the socket accepts.
-    for (int i = 0; i < 500; ++i) {
-      if (Connectable()) return;
+    // Wait until the socket accepts (up to 60 s: a loaded machine may be slow to
+    // start it), or the daemon exits (pid_ is then -1: Alive() is false).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!Connectable() && std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }

@@ -4,6 +4,7 @@
 // verifies every byte of every block.
 #include <numa.h>
 #include <numaif.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -67,6 +68,10 @@ int Fail(const std::string& msg) {
   return 2;
 }
 
+// Set by SIGUSR1 with --until-signal: the workload ends, the checks still run.
+volatile sig_atomic_t g_stop_requested = 0;
+void RequestStop(int) { g_stop_requested = 1; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,7 +82,8 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   bool json = false, check_placement = false, expect_moves = false, expect_restored = false;
   bool expect_slow_tier = false, expect_kernel_migrations = false, reconnect = false;
-  bool expect_no_leaks = false;
+  bool expect_no_leaks = false, until_signal = false;
+  uint64_t until_moves = 0;
   app.add_option("--socket", socket_path, "cxltierd's socket")->required();
   app.add_option("--blocks", blocks, "blocks in the pool")->capture_default_str();
   app.add_option("--block-bytes", block_bytes_text, "bytes per block (a multiple of 8 KiB)")
@@ -86,8 +92,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--steps", steps, "decode steps")->capture_default_str();
   app.add_option("--step-ms", step_ms, "pause between steps")->capture_default_str();
-  app.add_option("--seconds", max_seconds, "stop the workload after this long (0: run every step)")
+  app.add_option("--seconds", max_seconds,
+                 "stop the workload after this long (0: run every step; with --until-moves or "
+                 "--until-signal: 120)")
       ->capture_default_str();
+  app.add_option("--until-moves", until_moves,
+                 "after the --steps, replay the workload (fresh keys each pass) until this run saw "
+                 "at least N promotions and N demotions, or --seconds pass; a test that expects "
+                 "moves waits for them instead of hoping for them in a fixed number of steps");
+  app.add_flag("--until-signal", until_signal,
+               "replay the workload (fresh keys each pass) until SIGUSR1 arrives or --seconds "
+               "pass, then run the checks and print the summary");
   app.add_option("--sessions", sessions, "conversations")->capture_default_str();
   app.add_option("--batch", batch, "sequences decoding per step")->capture_default_str();
   app.add_option("--seed", seed, "workload seed")->capture_default_str();
@@ -102,7 +117,9 @@ int main(int argc, char** argv) {
   app.add_flag("--check-placement", check_placement,
                "at the end, ask the kernel (move_pages) where every live block's pages are and "
                "fail if that disagrees with the tier the daemon published");
-  app.add_flag("--expect-moves", expect_moves, "fail unless blocks were both demoted and promoted");
+  app.add_flag("--expect-moves", expect_moves,
+               "fail unless blocks were both demoted and promoted (at least --until-moves of each "
+               "when given)");
   app.add_flag("--expect-restored", expect_restored,
                "fail unless some admitted keys got their ghost state back");
   app.add_flag("--expect-slow-tier", expect_slow_tier,
@@ -121,6 +138,15 @@ int main(int argc, char** argv) {
   if (pool_kind != "memfd" && pool_kind != "range") return Fail("--pool must be memfd or range");
   if (blocks < 8 || sessions == 0 || batch == 0)
     return Fail("need --blocks >= 8 and sessions, batch >= 1");
+  if ((until_moves > 0 || until_signal) && max_seconds <= 0) max_seconds = 120;
+  if (until_signal) {
+    // SA_RESTART, and the library retries on EINTR: the signal never fails a call.
+    struct sigaction sa {};
+    sa.sa_handler = RequestStop;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, nullptr);
+  }
 
   // A geometry whose block is exactly --block-bytes: one KV head of dim 128, fp16.
   ModelGeometry model{"loadgen", static_cast<uint32_t>(*bb / 8192), 1, 1, 128, 2, 16};
@@ -188,6 +214,15 @@ int main(int argc, char** argv) {
     return j.is_object() && j.contains("migrations") ? j["migrations"] : nlohmann::json::object();
   };
   const nlohmann::json mig_before = migrations();
+  // This run's share of a daemon counter (other clients may share the daemon).
+  auto moved = [&mig_before](const nlohmann::json& now, const char* k) -> uint64_t {
+    return now.value(k, uint64_t{0}) -
+           std::min(now.value(k, uint64_t{0}), mig_before.value(k, uint64_t{0}));
+  };
+  auto moves_seen = [&] {
+    const nlohmann::json now = migrations();
+    return moved(now, "promotions") >= until_moves && moved(now, "demotions") >= until_moves;
+  };
   const uint64_t pgmigrate_before = PgmigrateSuccess();
 
   // The attention workload, sized so every live key fits the pool.
@@ -208,19 +243,50 @@ int main(int argc, char** argv) {
   if (std::string err = p.Validate(); !err.empty()) return Fail("workload: " + err);
   const sim::Trace trace = sim::GenerateAttention(p);
   trace_keys = trace.keys;
+  if (trace.events.empty()) return Fail("workload: the trace is empty");
 
   std::vector<uint32_t> free_blocks;
   for (uint32_t b = blocks; b-- > 0;) free_blocks.push_back(b);
   uint64_t touches = 0, hits = 0, dropped = 0, admitted = 0, released = 0, restored = 0;
   size_t i = 0;
+  uint64_t passes = 1;
   const auto start = std::chrono::steady_clock::now();
-  while (i < trace.events.size()) {
+  for (;;) {
+    if (i == trace.events.size()) {
+      // The trace is done. Replay it while a --until-* condition is not met:
+      // release every live block and give the next pass fresh keys (no ghost
+      // of this run comes back, as in a pass of new conversations).
+      const bool replay = until_signal ? !g_stop_requested : until_moves > 0 && !moves_seen();
+      if (!replay) break;
+      std::vector<BlockKey> all;
+      for (const auto& [key, v] : live) {
+        all.push_back(trace_keys[key]);
+        free_blocks.push_back(v.first);
+      }
+      live.clear();
+      for (size_t from = 0; from < all.size(); from += 256) {
+        const std::vector<BlockKey> part(all.begin() + from,
+                                         all.begin() + std::min(all.size(), from + 256));
+        if (Status r = call([&] { return client->Release(part); }); !r.ok()) {
+          return Fail("release: " + r.message);
+        }
+      }
+      released += all.size();
+      for (size_t k = 0; k < trace_keys.size(); ++k) {
+        trace_keys[k] = trace.keys[k];
+        trace_keys[k].hi ^= passes << 40;  // sequence ids of the trace stay far below 2^40
+      }
+      ++passes;
+      i = 0;
+    }
+    if (g_stop_requested) break;
     if (max_seconds > 0 &&
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
             max_seconds) {
       break;
     }
     const uint32_t step = trace.events[i].step;
+    if (until_moves > 0 && passes > 1 && step % 25 == 0 && moves_seen()) break;
     size_t end = i;
     while (end < trace.events.size() && trace.events[end].step == step) ++end;
     // Admit this step's new keys in one batch, release the released ones.
@@ -232,14 +298,14 @@ int main(int argc, char** argv) {
       auto it = live.find(e.key);
       if (e.kind == sim::EventKind::kRelease) {
         if (it != live.end()) {
-          release.push_back(trace.keys[e.key]);
+          release.push_back(trace_keys[e.key]);
           free_blocks.push_back(it->second.first);
           live.erase(it);
         }
       } else if (it == live.end() &&
                  std::find(admit_keys.begin(), admit_keys.end(), e.key) == admit_keys.end()) {
         if (free_blocks.empty()) continue;
-        admit.push_back({trace.keys[e.key], free_blocks.back()});
+        admit.push_back({trace_keys[e.key], free_blocks.back()});
         admit_keys.push_back(e.key);
         free_blocks.pop_back();
       }
@@ -382,10 +448,7 @@ int main(int argc, char** argv) {
     }
   }
   const nlohmann::json mig_after = migrations();
-  auto delta = [&](const char* k) -> uint64_t {
-    return mig_after.value(k, uint64_t{0}) -
-           std::min(mig_after.value(k, uint64_t{0}), mig_before.value(k, uint64_t{0}));
-  };
+  auto delta = [&](const char* k) { return moved(mig_after, k); };
   nlohmann::json out = {
       {"touches", touches},
       {"hits", hits},
@@ -416,6 +479,7 @@ int main(int argc, char** argv) {
       {"block_bytes", *bb},
       {"pool", pool_kind},
       {"seconds", seconds},
+      {"passes", passes},
   };
   if (json) {
     std::cout << out.dump(2) << "\n";
@@ -436,8 +500,14 @@ int main(int argc, char** argv) {
   if (check_placement && placement_mismatches) {
     failed.push_back(std::to_string(placement_mismatches) + " blocks not where the daemon says");
   }
-  if (expect_moves && (out["demotions"] == 0 || out["promotions"] == 0)) {
-    failed.push_back("expected both demotions and promotions");
+  const uint64_t want_moves = std::max<uint64_t>(1, until_moves);
+  if (expect_moves && (out["demotions"].get<uint64_t>() < want_moves ||
+                       out["promotions"].get<uint64_t>() < want_moves)) {
+    failed.push_back(
+        fmt::format("expected at least {} demotions and {} promotions, saw {} and {} "
+                    "in {:.1f} s ({} passes)",
+                    want_moves, want_moves, out["demotions"].get<uint64_t>(),
+                    out["promotions"].get<uint64_t>(), seconds, passes));
   }
   if (expect_restored && restored + restored_on_reconnect == 0) {
     failed.push_back("expected ghosts to be restored");
