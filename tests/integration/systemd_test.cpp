@@ -26,8 +26,10 @@ namespace {
 
 const ModelGeometry kTiny{"tiny", 1, 1, 1, 64, 2, 16};
 
-// Collects notification datagrams until one contains `want` or time runs out.
-std::string WaitFor(int sock, const std::string& want, std::string* all, int ms = 10000) {
+// Collects notification datagrams until one contains `want` or time runs out
+// (60 s by default: a bound for a daemon that never sends it, not a deadline
+// the daemon must meet on a loaded machine).
+std::string WaitFor(int sock, const std::string& want, std::string* all, int ms = 60000) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   while (std::chrono::steady_clock::now() < end) {
     char buf[4096];
@@ -77,14 +79,14 @@ TEST(Systemd, SocketActivationNotifyWatchdogAndJournal) {
     _exit(127);
   }
   close(log_fd);
-  // systemd-socket-activate starts the daemon at the first connection.
-  for (int i = 0; i < 200 && !std::filesystem::exists(sock_path); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  // systemd-socket-activate starts the daemon at the first connection; the
+  // socket appears once it has started (up to 60 s).
+  const auto connect_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   Status s;
   std::unique_ptr<Client> c;
-  for (int i = 0; i < 100 && !c; ++i) {
-    c = Client::Connect({sock_path, kTiny, 8, "activated"}, &s);
+  while (!c && std::chrono::steady_clock::now() < connect_by) {
+    if (std::filesystem::exists(sock_path))
+      c = Client::Connect({sock_path, kTiny, 8, "activated"}, &s);
     if (!c) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::string all;
@@ -92,12 +94,11 @@ TEST(Systemd, SocketActivationNotifyWatchdogAndJournal) {
   ASSERT_TRUE(c) << s.message;
   ASSERT_NE(ready, "") << all;
   EXPECT_NE(ready.find("STATUS="), std::string::npos) << ready;
-  // Pings at half the watchdog period: several within a second.
+  // The daemon keeps pinging the watchdog (at half its 400 ms period): wait
+  // for three pings. Their rate is the scheduler's on a loaded machine, so it
+  // is not asserted; each ping must come within 60 s.
   int pings = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (std::chrono::steady_clock::now() < end) {
-    if (WaitFor(ns, "WATCHDOG=1", &all, 300) != "") ++pings;
-  }
+  while (pings < 3 && WaitFor(ns, "WATCHDOG=1", &all) != "") ++pings;
   EXPECT_GE(pings, 3) << all;
   // The client works through the activated socket.
   std::string text;

@@ -180,10 +180,12 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
     for (uint32_t i = kBlocks / 2; i < kBlocks; ++i)
       AddObservation(slots, dirty, seg_slot[i], 1.0f);
     d.Tick();
-    // Let the mover finish what was handed out and deliver the results.
-    for (int spin = 0; spin < 200 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
+    // Let the mover finish what was handed out and deliver the results (up to
+    // 60 s: its thread may get little CPU on a loaded machine).
+    for (int spin = 0; spin < 60000 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
       usleep(1000);
     }
+    EXPECT_EQ(d.StatusJson()["migrations"]["pending"], 0) << "tick " << tick;
     io.poll();
     io.restart();
     int done_now = 0;

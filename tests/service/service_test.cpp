@@ -374,11 +374,17 @@ TEST(CheckpointWriter, WritesCheckpointsThatLoad) {
 }
 
 // A migrator that records calls and can be slowed down (fault injection).
+// With hold_first, the first Move() waits inside until Release(): the test then
+// knows that every later job is still queued, however slow the machine is.
 class FakeMigrator : public numa::Migrator {
  public:
+  explicit FakeMigrator(bool hold_first = false) : holding_(hold_first) {}
   numa::MoveResult Move(const numa::PageRange& r, int node) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    std::lock_guard lock(mu);
+    std::unique_lock lock(mu);
+    ++calls_;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return !holding_; });
     moved.push_back({r.address, node});
     numa::MoveResult res;
     res.pages = res.on_target = r.length / 4096;
@@ -387,12 +393,37 @@ class FakeMigrator : public numa::Migrator {
   std::vector<int> Where(const numa::PageRange& r) override {
     return std::vector<int>(r.length / 4096, 0);
   }
+  // Waits (up to 60 s) until Move() was entered `n` times in all.
+  bool WaitForCalls(int n) {
+    std::unique_lock lock(mu);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return calls_ >= n; });
+  }
+  void Release() {
+    std::lock_guard lock(mu);
+    holding_ = false;
+    cv_.notify_all();
+  }
   std::mutex mu;
   std::vector<std::pair<uintptr_t, int>> moved;
+
+ private:
+  std::condition_variable cv_;
+  bool holding_;
+  int calls_ = 0;
 };
 
+// Waits (up to 60 s) until the mover has nothing queued or running.
+bool WaitIdle(const Mover& m) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (m.pending() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 TEST(Mover, RateLimitsCancelsAndReportsEveryJob) {
-  auto fake = std::make_unique<FakeMigrator>();
+  auto fake = std::make_unique<FakeMigrator>(/*hold_first=*/true);
   FakeMigrator* f = fake.get();
   std::mutex mu;
   std::vector<MoveDone> done;
@@ -408,15 +439,16 @@ TEST(Mover, RateLimitsCancelsAndReportsEveryJob) {
     j.node = 1;
     m.Submit(j);
   }
-  // Cancel jobs while the mover waits on its rate limit.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Cancel jobs while the first one is being moved: the others are all queued.
+  if (!f->WaitForCalls(1)) {
+    f->Release();
+    FAIL() << "the mover did not start the first job in 60 s";
+  }
   m.Cancel(3, 1);
   m.Cancel(5, 1);
   m.Cancel(4, 99);  // wrong generation: not cancelled
-  const auto start = std::chrono::steady_clock::now();
-  while (m.pending() > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  f->Release();
+  EXPECT_TRUE(WaitIdle(m)) << m.pending() << " jobs still pending after 60 s";
   m.Stop();
   std::lock_guard lock(mu);
   ASSERT_EQ(done.size(), 6u);  // every job is reported, moved or cancelled
@@ -432,34 +464,53 @@ TEST(Mover, RateLimitsCancelsAndReportsEveryJob) {
 }
 
 TEST(Mover, CancellingTheOnlyWaitingJobIsSafe) {
-  // The second job waits for the rate limit with the lock released; cancelling
-  // it leaves the queue empty when the wait ends.
-  for (int round = 0; round < 20; ++round) {
+  // The second job waits for the rate limit (64 KiB at 1 MiB/s: 62 ms) with the
+  // lock released; cancelling it leaves the queue empty when the wait ends.
+  // Whether the cancel lands inside that wait depends on the scheduler, so a
+  // round counts only when the cancel caught the job (it was reported
+  // cancelled); rounds go on until 20 counted, or 60 s.
+  int counted = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int round = 0; counted < 20 && std::chrono::steady_clock::now() < deadline; ++round) {
     auto fake = std::make_unique<FakeMigrator>();
     FakeMigrator* f = fake.get();
-    std::atomic<int> reported{0};
-    Mover m(std::move(fake), 4 << 20, [&](MoveDone) { ++reported; });
+    std::atomic<int> reported{0}, cancelled{0};
+    Mover m(std::move(fake), 1 << 20, [&](MoveDone d) {
+      ++reported;
+      cancelled += d.result.call_errno == ECANCELED;
+    });
     for (uint32_t i = 0; i < 2; ++i) {
       MoveJob j;
       j.move = engine::Move{i, 1, Tier::kFast, Tier::kSlow};
       j.range = numa::PageRange{0, 0x100000, 0x10000, false};
       m.Submit(j);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // Once the first job is reported, the worker goes on to wait for the second.
+    const auto first_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (reported.load() == 0 && std::chrono::steady_clock::now() < first_deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(reported.load(), 0) << "round " << round << ": the first job took 60 s";
     m.Cancel(1, 1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    // Let the rate-limit wait end by itself (it does not need to, for the checks).
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));
     m.Stop();
-    EXPECT_EQ(reported.load(), 2);
+    EXPECT_EQ(reported.load(), 2) << "round " << round;  // every job reported, moved or not
     std::lock_guard lock(f->mu);
-    ASSERT_LE(f->moved.size(), 1u);
     for (const auto& [addr, node] : f->moved) EXPECT_EQ(addr, 0x100000u);
+    if (cancelled.load() == 0) continue;  // the job had started: this round proves nothing
+    ++counted;
+    ASSERT_EQ(f->moved.size(), 1u) << "round " << round << ": a cancelled job was moved";
   }
+  EXPECT_GT(counted, 0) << "no cancel caught the waiting job in 60 s of rounds";
 }
 
 TEST(Mover, StopDropsTheQueueAndReportsIt) {
   auto fake = std::make_unique<FakeMigrator>();
   std::atomic<int> reported{0}, cancelled{0};
-  Mover m(std::move(fake), 1 << 16, [&](MoveDone d) {
+  // 1 KiB/s: after the first, each 64 KiB job waits 64 s, so Stop() finds the
+  // queue full however slowly this thread gets to it (Stop ends the wait).
+  Mover m(std::move(fake), 1 << 10, [&](MoveDone d) {
     ++reported;
     cancelled += d.result.call_errno == ECANCELED;
   });
@@ -472,7 +523,7 @@ TEST(Mover, StopDropsTheQueueAndReportsIt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   m.Stop();
   EXPECT_EQ(reported.load(), 20);
-  EXPECT_GE(cancelled.load(), 15);
+  EXPECT_GE(cancelled.load(), 19);  // at most the first job ran
 }
 
 }  // namespace
