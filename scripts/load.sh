@@ -18,14 +18,18 @@ tier0_budget = "128MiB"
 fast_nodes = [0]
 slow_nodes = [0]
 [limits]
+# Every client is this uid: room for all of them under the per-uid limits too.
 max_clients = $((CLIENTS + 8))
+max_connections_per_uid = $((CLIENTS + 8))
+max_pools_per_uid = $((CLIENTS + 8))
 [metrics]
 listen = "127.0.0.1:0"
 TOML
 "$BIN/cxltierd" --config "$DIR/load.toml" >"$DIR/cxltierd.log" 2>&1 &
 DAEMON=$!
 trap 'kill $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null; rm -rf "$DIR"' EXIT
-for _ in $(seq 200); do [ -S "$DIR/cxltierd.sock" ] && break; sleep 0.05; done
+# Its socket, up to 60 s while it lives (a loaded machine may be slow to start it).
+for _ in $(seq 600); do [ -S "$DIR/cxltierd.sock" ] || ! kill -0 $DAEMON 2>/dev/null && break; sleep 0.1; done
 rc=0
 "$BIN/cxltier-load" --socket "$DIR/cxltierd.sock" --clients "$CLIENTS" --blocks "$BLOCKS" \
   --seconds "$SECONDS_RUN" --json >"$DIR/load.json" || rc=$?

@@ -19,7 +19,8 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+# Its socket, up to 60 s while it lives (a loaded machine may be slow to start it).
+for _ in $(seq 600); do [ -S "$SOCK" ] || ! kill -0 "$DAEMON" 2>/dev/null && break; sleep 0.1; done
 
 echo
 echo "== cxltier plan for the default model"
@@ -31,8 +32,8 @@ echo
 echo "== cxltier-loadgen: 256 blocks of 2 MiB in a memfd pool, attention workload, 64 MiB tier 0"
 "$BIN/cxltier-loadgen" --socket "$SOCK" --blocks 256 --block-bytes 2MiB --steps 400 --step-ms 5 &
 LOADGEN=$!
-# Wait for it to fill its pool and connect, then let it run a moment.
-for _ in $(seq 100); do
+# Wait for it to fill its pool and connect (up to 60 s), then let it run a moment.
+for _ in $(seq 600); do
   "$BIN/cxltierctl" --socket "$SOCK" status --json 2>/dev/null | grep -q '"clients": [1-9]' && break
   sleep 0.1
 done

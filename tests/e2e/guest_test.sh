@@ -21,11 +21,14 @@ rate_mib_s = 4096
 enabled = false
 CONF
 
+# Every wait is for an event, bounded generously (TCG is slow, and slower still
+# on a loaded host): it ends as soon as the event happens.
 start_daemon() {
+  rm -f "$SOCK"
   cxltierd --config /etc/cxltierd.toml >>/tmp/cxltierd.log 2>&1 &
   DAEMON=$!
-  i=0
-  while [ ! -S "$SOCK" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+  i=0  # up to 120 s, while the daemon is alive
+  while [ ! -S "$SOCK" ] && [ $i -lt 1200 ] && kill -0 $DAEMON 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
   [ -S "$SOCK" ] || { echo "E2E FAIL: cxltierd did not start"; cat /tmp/cxltierd.log; exit 1; }
 }
 fail() { echo "E2E FAIL: $*"; echo "--- cxltierd log"; cat /tmp/cxltierd.log; exit 1; }
@@ -62,8 +65,10 @@ fi
 CHECKS="--check-placement --expect-moves --expect-slow-tier --expect-kernel-migrations"
 for pool in memfd range; do
   echo "== loadgen, $pool pool"
+  # 300 steps at least, then on until blocks were both demoted and promoted (up to 180 s).
   cxltier-loadgen --socket "$SOCK" --pool $pool --blocks 96 --block-bytes 1MiB --steps 300 \
-    --step-ms 2 --seed 7 $CHECKS --json > /tmp/lg-$pool.json || { cat /tmp/lg-$pool.json; fail "loadgen ($pool)"; }
+    --until-moves 1 --seconds 180 --step-ms 2 --seed 7 $CHECKS --json > /tmp/lg-$pool.json ||
+    { cat /tmp/lg-$pool.json; fail "loadgen ($pool)"; }
   cat /tmp/lg-$pool.json
 done
 

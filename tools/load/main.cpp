@@ -43,15 +43,34 @@ struct ClientResult {
   std::string first_error;
 };
 
-void RunClient(const std::string& socket, uint32_t index, uint32_t blocks, Clock::time_point start,
-               Clock::time_point deadline, ClientResult* out) {
+// Reporting starts for every client together, once all of them are set up
+// (connected, pool registered, blocks admitted) or have failed to: however long
+// set-up takes on a loaded machine, no client starts late and looks starved.
+struct StartGate {
+  std::atomic<uint32_t> settled{0};  // clients set up or failed
+  std::atomic<bool> open{false};     // `deadline` is set before this turns true
+  Clock::time_point deadline;
+};
+
+void RunClient(const std::string& socket, uint32_t index, uint32_t blocks, StartGate* gate,
+               ClientResult* out) {
   auto fail = [out](const std::string& what) {
     if (out->errors++ == 0) out->first_error = what;
   };
+  struct Settle {  // counts this client as settled once, on every path out of set-up
+    StartGate* gate;
+    bool done = false;
+    void operator()() {
+      if (!done) gate->settled.fetch_add(1);
+      done = true;
+    }
+    ~Settle() { (*this)(); }
+  } settle{gate};
   Status st;
   std::unique_ptr<Client> c;
-  // Every client connects at once: retry while the daemon's backlog is full.
-  for (int attempt = 0; attempt < 50 && !c; ++attempt) {
+  // Every client connects at once: retry (up to 60 s) while the daemon's backlog is full.
+  const auto connect_by = Clock::now() + std::chrono::seconds(60);
+  while (!c && Clock::now() < connect_by) {
     c = Client::Connect({socket, kLoadModel, blocks, "load-" + std::to_string(index)}, &st);
     if (!c) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -76,7 +95,9 @@ void RunClient(const std::string& socket, uint32_t index, uint32_t blocks, Clock
   }
   std::mt19937 rng(index);
   std::vector<wire::Observation> batch(kObservationsPerRound);
-  std::this_thread::sleep_until(start);
+  settle();
+  gate->open.wait(false, std::memory_order_acquire);
+  const Clock::time_point deadline = gate->deadline;
   while (Clock::now() < deadline) {
     // A skewed pattern: a few hot blocks, a long tail.
     for (auto& o : batch) {
@@ -128,14 +149,22 @@ int main(int argc, char** argv) {
   std::vector<ClientResult> results(clients);
   std::vector<std::thread> threads;
   // Connecting and admitting 256K blocks takes a moment: reporting starts for
-  // everyone together, after a set-up allowance of 50 ms per client.
-  const auto start =
-      Clock::now() + std::chrono::milliseconds(500 + 50 * static_cast<int64_t>(clients));
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  // everyone together once every client is set up (a bound of 60 s plus 1 s
+  // per client only keeps a hung set-up from hanging the run; the clients not
+  // set up by then start late and are counted starved).
+  StartGate gate;
   for (uint32_t i = 0; i < clients; ++i) {
-    threads.emplace_back(RunClient, socket, i, blocks, start, deadline, &results[i]);
+    threads.emplace_back(RunClient, socket, i, blocks, &gate, &results[i]);
   }
+  const auto setup_bound = Clock::now() + std::chrono::seconds(60 + clients);
+  while (gate.settled.load() < clients && Clock::now() < setup_bound) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  gate.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(seconds));
+  const Clock::time_point deadline = gate.deadline;
+  gate.open.store(true, std::memory_order_release);
+  gate.open.notify_all();
   // Sample the daemon once a second while the clients run.
   uint64_t peak_rss = 0, peak_anon = 0, samples = 0, live_blocks_max = 0;
   nlohmann::json last;
