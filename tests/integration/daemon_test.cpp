@@ -653,9 +653,11 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
 }
 
 TEST(Daemon, TooManyClientsIsAClearError) {
-  DaemonProcess d("[limits]\nmax_clients = 2\n");
+  // Root (this test) has the admin reserve beyond max_clients: 2 + 1.
+  DaemonProcess d("[limits]\nmax_clients = 2\nadmin_reserved_connections = 1\n");
   auto a = Connect(d, "a");
   auto b = Connect(d, "b");
+  auto reserve = Connect(d, "reserve");
   Status st;
   EXPECT_FALSE(Client::Connect({d.socket(), kTiny, 4, "c"}, &st));
   EXPECT_EQ(st.code, wire::ErrorCode::kLimit);
