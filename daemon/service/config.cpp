@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -192,7 +193,7 @@ std::string DaemonConfig::Validate() const {
   if (migrate_rate_mib_s > (uint64_t{1} << 30)) return "rate_mib_s must be at most 2^30";
   if (max_clients == 0 || max_blocks_per_client == 0 || max_connections_per_uid == 0 ||
       max_blocks_per_uid == 0 || max_pools_per_uid == 0 || max_segment_bytes_per_uid == 0 ||
-      max_reply_bytes == 0 || max_input_bytes_per_uid == 0) {
+      max_reply_bytes == 0 || max_input_bytes_per_uid == 0 || max_ghosts_per_uid == 0) {
     return "limits must be positive";
   }
   if (block_bytes > kMaxBlockBytes) {
@@ -288,6 +289,10 @@ std::string ToToml(const DaemonConfig& c) {
   std::ostringstream out;
   out << t << "\n";
   return out.str();
+}
+
+uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes) {
+  return std::max<uint64_t>(block_bytes, (config.migrate_rate_mib_s << 20) / 1000 * config.tick_ms);
 }
 
 }  // namespace cxltier::service
