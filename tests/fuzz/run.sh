@@ -10,7 +10,7 @@ BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 FUZZ_DIR="$BUILD_DIR-fuzz"
 JOBS=${JOBS:-2}
 SECONDS_PER_TARGET=${1:-30}
-TARGETS=(fuzz_wire fuzz_fold fuzz_config fuzz_trace)
+TARGETS=(fuzz_wire fuzz_fold fuzz_config fuzz_trace fuzz_hostile)
 
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$FUZZ_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCXLTIER_SANITIZE=fuzzer -DBUILD_TESTING=OFF >/dev/null
