@@ -144,6 +144,9 @@ class Engine {
   }
   const EngineCounters& counters() const { return counters_; }
   const EngineOptions& options() const { return options_; }
+  // Tick mode: the byte budget of the next Plan() calls (0 = unlimited). The
+  // daemon's reload changes its tick and migration rate, so the budget too.
+  void set_migrate_bytes_per_tick(uint64_t bytes) { options_.migrate_bytes_per_tick = bytes; }
   const Policy& policy() const { return *policy_; }
   size_t capacity_blocks() const { return capacity_; }
   size_t live_blocks() const { return index_.size(); }

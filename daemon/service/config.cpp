@@ -292,7 +292,8 @@ std::string ToToml(const DaemonConfig& c) {
 }
 
 uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes) {
-  return std::max<uint64_t>(block_bytes, (config.migrate_rate_mib_s << 20) / 1000 * config.tick_ms);
+  return std::max<uint64_t>(2 * block_bytes,
+                            (config.migrate_rate_mib_s << 20) / 1000 * config.tick_ms);
 }
 
 }  // namespace cxltier::service

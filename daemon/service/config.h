@@ -68,4 +68,12 @@ std::string LoadConfigText(const std::string& text, const std::string& name, Dae
 // The effective configuration as TOML.
 std::string ToToml(const DaemonConfig& config);
 
+// The planner's byte budget of one tick: no more than the mover may move in
+// one tick at the migration rate (the planner's view then stays close to what
+// the kernel has done), and at least two blocks: with tier 0 full a promotion
+// is planned only with the demotion that makes room for it, so a budget of
+// one block would never swap anything.
+// Start-up and reload both use it, so a reload's tick and rate reach the planner.
+uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes);
+
 }  // namespace cxltier::service

@@ -138,10 +138,7 @@ std::string Daemon::EnsureEngine(uint64_t block_bytes) {
   o.ghost_capacity = config_.ghost_capacity;
   // Every uid, root and admins too, gets the same share of the ghost store.
   o.ghost_capacity_per_owner = config_.max_ghosts_per_uid;
-  // Plan no more per tick than the mover may move in one: the planner's view
-  // then stays close to what the kernel has done.
-  o.migrate_bytes_per_tick =
-      std::max<uint64_t>(block_bytes, (config_.migrate_rate_mib_s << 20) / 1000 * config_.tick_ms);
+  o.migrate_bytes_per_tick = MigrateBytesPerTick(config_, block_bytes);
   o.hysteresis_ticks = config_.hysteresis_ticks;
   std::string err;
   auto policy = engine::MakePolicy(config_.policy, &err);
@@ -182,6 +179,12 @@ void Daemon::Reload(const DaemonConfig& config) {
   config_.max_pending_moves = config.max_pending_moves;
   config_.admin_group = config.admin_group;
   mover_->set_rate(config_.migrate_rate_mib_s << 20);
+  // The planner's budget follows the new tick and rate (no engine yet: the
+  // first hello builds it from config_).
+  if (engine_) {
+    engine_->set_migrate_bytes_per_tick(
+        MigrateBytesPerTick(config_, engine_->options().block_bytes));
+  }
   if (config.policy != config_.policy) {
     if (std::string err = SetPolicy(config.policy); !err.empty()) {
       spdlog::error("reload: policy {} refused: {}", config.policy, err);
@@ -956,6 +959,7 @@ nlohmann::json Daemon::StatusJson() const {
         {"demoted_bytes", c.demoted_bytes},
         {"failed", moves_failed_},
         {"pending", mover_->pending()},
+        {"budget_bytes_per_tick", engine_ ? engine_->options().migrate_bytes_per_tick : 0},
         {"pages_verified", pages_moved_},
         {"pages_absent", pages_absent_},
         {"pages_busy", pages_busy_},

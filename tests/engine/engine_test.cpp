@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
 
 #include "engine/count_min.h"
 #include "engine/engine.h"
@@ -856,6 +857,42 @@ TEST(Modes, TickRespectsMigrationBudgetAndHysteresis) {
           }
         });
     EXPECT_GT(e.counters().promotions, 0u);
+  }
+}
+
+// The daemon's reload changes the budget of a running engine: the next Plan()
+// holds to the new one.
+TEST(Modes, TickBudgetCanChangeBetweenPlans) {
+  EngineOptions o = Options(10, Persistence::kPersist, Mode::kTick);
+  o.migrate_bytes_per_tick = 2 * kBlock;
+  Engine e(o, P("lfu"));
+  std::vector<Slot> slots;
+  for (uint64_t i = 0; i < 20; ++i) slots.push_back(e.Admit(K(i)));
+  // The ten placed slow are the hot ones: ten demotions and ten promotions wanted.
+  uint64_t now = 1;
+  for (int round = 0; round < 5; ++round) {
+    for (size_t i = 10; i < 20; ++i) e.Touch(slots[i], Touch{1, now++, kNever});
+  }
+  auto plan = [&] {
+    const std::span<const Move> planned = e.Plan();
+    const std::vector<Move> moves(planned.begin(), planned.end());
+    for (const Move& m : moves) e.Complete(m, true);
+    return moves.size();
+  };
+  EXPECT_EQ(plan(), 2u);
+  e.set_migrate_bytes_per_tick(6 * kBlock);
+  EXPECT_EQ(e.options().migrate_bytes_per_tick, 6 * kBlock);
+  EXPECT_EQ(plan(), 6u);
+  // Tier 0 is full: each promotion needs its demotion in the same budget, so
+  // three blocks' worth plan one pair, and one block's worth nothing.
+  e.set_migrate_bytes_per_tick(3 * kBlock);
+  EXPECT_EQ(plan(), 2u);
+  e.set_migrate_bytes_per_tick(kBlock);
+  EXPECT_EQ(plan(), 0u);
+  e.set_migrate_bytes_per_tick(0);  // unlimited: the rest at once
+  EXPECT_EQ(plan(), 10u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(e.state(slots[i]).tier, i >= 10 ? Tier::kFast : Tier::kSlow) << i;
   }
 }
 

@@ -1,4 +1,5 @@
-// The daemon's service layer without a socket: config, checkpoints, mover.
+// The daemon's service layer without a socket: config, checkpoints, mover,
+// and an in-process Daemon's reload.
 #include <gtest/gtest.h>
 
 #include <sys/mount.h>
@@ -18,6 +19,7 @@
 
 #include "service/checkpoint.h"
 #include "service/config.h"
+#include "service/daemon.h"
 #include "service/mover.h"
 
 namespace cxltier::service {
@@ -524,6 +526,61 @@ TEST(Mover, StopDropsTheQueueAndReportsIt) {
   m.Stop();
   EXPECT_EQ(reported.load(), 20);
   EXPECT_GE(cancelled.load(), 19);  // at most the first job ran
+}
+
+// A reload's tick and rate reach the planner: its bytes per tick is the larger
+// of two blocks and rate x tick, at start, after a reload, and in an engine built
+// by a hello after the reload.
+TEST(Daemon, ReloadRecomputesThePlannersBudget) {
+  const std::filesystem::path dir = TempDir("reload");
+  const numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0"};
+  auto budget = [](const Daemon& d) {
+    return d.StatusJson()["migrations"]["budget_bytes_per_tick"].get<uint64_t>();
+  };
+  DaemonConfig c;
+  c.state_dir = dir.string();
+  c.persist = false;
+  c.tick_ms = 100;
+  c.migrate_rate_mib_s = 64;
+  {
+    boost::asio::io_context io;
+    DaemonConfig fixed = c;
+    fixed.block_bytes = 64 << 10;  // the engine exists from the start
+    Daemon d(io, fixed, numa::Discover(), tiers, std::make_unique<FakeMigrator>(), true);
+    ASSERT_EQ(d.Start(), "");
+    EXPECT_EQ(budget(d), (uint64_t{64} << 20) / 1000 * 100);
+    DaemonConfig next = fixed;
+    next.tick_ms = 1000;
+    next.migrate_rate_mib_s = 2;
+    d.Reload(next);
+    EXPECT_EQ(budget(d), (uint64_t{2} << 20) / 1000 * 1000);
+    next.tick_ms = 10;
+    next.migrate_rate_mib_s = 1;  // 10,480 bytes a tick: one swap (two blocks) at least
+    d.Reload(next);
+    EXPECT_EQ(budget(d), uint64_t{128} << 10);
+    d.Stop();
+  }
+  {
+    boost::asio::io_context io;
+    Daemon d(io, c, numa::Discover(), tiers, std::make_unique<FakeMigrator>(), true);
+    ASSERT_EQ(d.Start(), "");
+    EXPECT_EQ(budget(d), 0u);  // no engine before the first hello
+    DaemonConfig next = c;
+    next.tick_ms = 500;
+    next.migrate_rate_mib_s = 8;
+    d.Reload(next);
+    const server::Peer peer{1, getpid(), getuid(), getgid()};
+    d.OnConnect(peer);
+    int seg_fd = -1;
+    const ModelGeometry model{"reload", 1, 1, 1, 1024, 2, 16};  // 64 KiB blocks
+    auto hello = d.OnHello(peer, wire::Hello{model, 16, "reload"}, &seg_fd);
+    ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
+    close(seg_fd);
+    EXPECT_EQ(budget(d), (uint64_t{8} << 20) / 1000 * 500);
+    d.OnDisconnect(peer);
+    d.Stop();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
