@@ -13,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 
+#include "cxltier/socket_path.h"
 #include "http.h"
 #include "numa/migrator.h"
 #include "numa/topology.h"
@@ -27,10 +28,8 @@ using cxltier::service::DaemonConfig;
 
 // Where a daemon started by an ordinary user keeps its socket and state.
 void UserDefaults(DaemonConfig* c) {
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
   const std::string uid = std::to_string(getuid());
-  c->socket_path = runtime && *runtime ? std::string(runtime) + "/cxltierd.sock"
-                                       : "/tmp/cxltierd-" + uid + ".sock";
+  c->socket_path = cxltier::UserSocketPath();
   const char* state = std::getenv("XDG_STATE_HOME");
   const char* home = std::getenv("HOME");
   c->state_dir = state && *state ? std::string(state) + "/cxltierd"
@@ -45,7 +44,8 @@ void SystemdDefaults(DaemonConfig* c) {
     c->state_dir = std::string(state).substr(0, std::string(state).find(':'));
   }
   if (const char* run = std::getenv("RUNTIME_DIRECTORY"); run && *run) {
-    c->socket_path = std::string(run).substr(0, std::string(run).find(':')) + "/cxltierd.sock";
+    c->socket_path =
+        std::string(run).substr(0, std::string(run).find(':')) + "/" + cxltier::kSocketFileName;
   }
 }
 
@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
     return err;
   };
   daemon.set_reload_hook(reload);
+  daemon.set_server_counters([&server] { return server.counters(); });
   boost::asio::signal_set hup(io, SIGHUP);
   std::function<void()> arm_hup = [&] {
     hup.async_wait([&](const boost::system::error_code& e, int) {

@@ -41,6 +41,23 @@ const char* TierName(Tier t) {
   return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
 }
 
+// The tick a restart resumes at when `config`'s periodic checkpoint taken at
+// `tick` is the last one on disk. After a SIGKILL the clock had run on past
+// it, up to the tick the next periodic one was due at (the crash came before
+// that one was on disk), and clients saw those ticks in daemon_ticks and in
+// their slots. Resuming at `tick` would repeat them, an old block's time
+// could then be ahead of now, and restored blocks would decay less than they
+// really did; resuming where the next checkpoint was due keeps the clock
+// monotonic and counts at most one interval of decay that did not happen,
+// the same for every restored block, so their order among themselves holds.
+// (A write still in flight at the crash, or one that failed, leaves the file
+// older; its states are still in the past, only the clock repeats some ticks.)
+uint64_t ResumeTickAfterCrash(const DaemonConfig& config, uint64_t tick) {
+  if (config.checkpoint_interval_s == 0 || config.tick_ms == 0) return tick;
+  const uint64_t interval_ms = config.checkpoint_interval_s * 1000ull;
+  return tick + (interval_ms + config.tick_ms - 1) / config.tick_ms;
+}
+
 }  // namespace
 
 Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topology,
@@ -82,6 +99,14 @@ std::string Daemon::Start() {
     pending_ghosts_ = std::move(loaded.ghosts);
     pending_ghost_owners_ = std::move(loaded.owners);
     restored_from_checkpoint_ = pending_ghosts_.size();
+    // The states' touch times are ticks of the previous run's clock: this
+    // run's continues it, so that they are in the past (EMA decays by the
+    // ticks since; recency orders see them as older than what comes next).
+    tick_ = last_checkpoint_tick_ = loaded.clock.resume_tick;
+    if (loaded.found && loaded.error.empty()) {
+      spdlog::info("clock resumes at tick {} (checkpoint taken at tick {})", tick_,
+                   loaded.clock.tick);
+    }
     // Periodic checkpoints are written on a thread of their own: a million
     // states are 64 MiB to write and fsync, which must not stall the clients.
     try {
@@ -363,8 +388,8 @@ void Daemon::OnDisconnect(const server::Peer& peer) {
   c->leaving = true;
   --connections_;
   --uids_[peer.uid].connections;
-  spdlog::info("client {} ({}, pid {}) left; its {} blocks become ghosts", c->id, c->name,
-               peer.pid, c->live);
+  spdlog::info("client {} ({}, pid {}) left; its {} blocks become ghosts", c->id, c->name, peer.pid,
+               c->live);
   if (const uint64_t held = warnings_.Forget(peer.session_id)) {
     spdlog::warn("client pid {} uid {}: {} more warnings were suppressed", peer.pid, peer.uid,
                  held);
@@ -491,8 +516,8 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
   }
   const server::Pool& pool = c->pools[m.pool_id];
   if (pool.dead()) {
-    return Error{ErrorCode::kBadPool, "the process that registered pool " +
-                                          std::to_string(m.pool_id) + " has exited"};
+    return Error{ErrorCode::kBadPool,
+                 "the process that registered pool " + std::to_string(m.pool_id) + " has exited"};
   }
   // Validate the whole batch before changing anything.
   size_t fresh = 0;
@@ -560,7 +585,7 @@ void Daemon::WriteBack(Client& c, uint32_t seg) {
   BlockState* slot = c.segment.slot(seg);
   const BlockState& st = engine_->state(s.engine_slot);
   slot->score = st.score;
-  slot->touch_time_ns = st.touch_time_ns;
+  slot->touch_time = st.touch_time;
   slot->touch_count = st.touch_count;
   slot->touch_seq = st.touch_seq;
   slot->flags = st.flags;
@@ -811,7 +836,15 @@ void Daemon::OnMoveDone(MoveDone d) {
     pages_elsewhere_ += d.result.elsewhere;
     for (auto [e, n] : d.result.errors) move_errors_[e] += n;
     if (d.result.call_errno) ++move_errors_[d.result.call_errno];
-    spdlog::warn("move to node {} not done: {}", d.job.node, numa::Summarize(d.result));
+    // A client's own pool can fail every move (unmapped, pinned): its
+    // warnings count against its rate, not everyone's journal.
+    const std::string what =
+        fmt::format("move to node {} not done: {}", d.job.node, numa::Summarize(d.result));
+    if (auto owner = clients_.find(d.job.client_id); owner != clients_.end()) {
+      ClientWarning(owner->second.peer, what);
+    } else {
+      spdlog::debug("{} (its client left)", what);
+    }
   }
   if (!engine_) return;
   engine_->Complete(d.job.move, done);
@@ -865,6 +898,8 @@ void Daemon::Checkpoint() {
   // Stop), the live blocks of the last checkpoint come back as ghosts, and
   // their clients' re-admissions restore them.
   GhostSnapshot snap = CollectGhosts();
+  // Stop's final checkpoint: the clock stops here and resumes here.
+  snap.clock = {tick_, stopped_ ? tick_ : ResumeTickAfterCrash(config_, tick_)};
   if (engine_) {
     for (const auto& [id, c] : clients_) {
       for (const SegSlot& s : c.slots) {
@@ -943,6 +978,17 @@ nlohmann::json Daemon::StatusJson() const {
       {"block_bytes", engine_ ? engine_->options().block_bytes : 0},
       {"ticks", tick_},
       {"warnings", {{"logged", warnings_.logged()}, {"suppressed", warnings_.suppressed()}}},
+      {"server",
+       [this] {
+         const server::ServerCounters sc =
+             server_counters_ ? server_counters_() : server::ServerCounters{};
+         return nlohmann::json{{"closed_stalled_replies", sc.stalled_closed},
+                               {"closed_frame_timeouts", sc.frame_timeouts},
+                               {"closed_idle", sc.idle_closed},
+                               {"accept_backoffs", sc.accept_backoffs},
+                               {"fds_dropped", sc.fds_dropped},
+                               {"handler_exceptions", sc.handler_exceptions}};
+       }()},
       {"tick_ms", config_.tick_ms},
       {"tick_seconds", tick_seconds_.Json()},
       {"memory", MemoryJson()},

@@ -93,6 +93,11 @@ class Daemon final : public server::Handler {
   void set_reload_hook(std::function<std::string()> hook) { reload_hook_ = std::move(hook); }
   // Root, or a member of config().admin_group (primary or supplementary).
   bool IsAdmin(const server::Peer& peer) const;
+  // The server's counters (connections it closed, accept back-offs...), for
+  // status and metrics.
+  void set_server_counters(std::function<server::ServerCounters()> f) {
+    server_counters_ = std::move(f);
+  }
   // Where the metrics server listens (shown in status), or "".
   void set_metrics_endpoint(std::string e) { metrics_endpoint_ = std::move(e); }
 
@@ -156,8 +161,8 @@ class Daemon final : public server::Handler {
     std::vector<uint32_t> free_slots;
     std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
     uint64_t live = 0;
-    bool leaving = false;          // disconnected; its slots are being released
-    uint32_t release_cursor = 0;   // slots before it are released
+    bool leaving = false;         // disconnected; its slots are being released
+    uint32_t release_cursor = 0;  // slots before it are released
     uint64_t bad_observations = 0;
     uint64_t observations = 0;
   };
@@ -206,21 +211,23 @@ class Daemon final : public server::Handler {
   std::unique_ptr<Mover> mover_;
   std::unique_ptr<numa::Migrator> probe_;  // Where() queries on the I/O thread
   std::unique_ptr<engine::Engine> engine_;
-  std::vector<BlockState> pending_ghosts_;    // loaded before the engine exists
+  std::vector<BlockState> pending_ghosts_;      // loaded before the engine exists
   std::vector<uint32_t> pending_ghost_owners_;  // the uid of each (kUnknownOwner: not known)
   std::unique_ptr<CheckpointWriter> checkpoint_writer_;  // null: checkpoints written inline
-  std::map<uint64_t, Client> clients_;        // by session id
-  std::unordered_map<uid_t, UidUsage> uids_;  // of the connected clients
+  std::map<uint64_t, Client> clients_;                   // by session id
+  std::unordered_map<uid_t, UidUsage> uids_;             // of the connected clients
   WarnLimiter warnings_;
   std::vector<Owner> owners_;         // by engine slot
   std::vector<uint32_t> fold_batch_;  // Tick's scratch: segment slots to fold
   std::function<std::string()> reload_hook_;
+  std::function<server::ServerCounters()> server_counters_;
   TickTimes tick_seconds_;
   std::string metrics_endpoint_;
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
   uint64_t moves_in_flight_ = 0;
-  uint64_t connections_ = 0;  // connected sessions (clients_ also holds ones leaving)  // submitted to the mover, OnMoveDone not yet run
+  uint64_t connections_ = 0;  // connected sessions (clients_ also holds ones leaving)  // submitted
+                              // to the mover, OnMoveDone not yet run
   uint64_t next_client_id_ = 1;
   uint64_t last_checkpoint_tick_ = 0;
   bool stopped_ = false;

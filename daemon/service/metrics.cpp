@@ -123,6 +123,26 @@ std::string Daemon::MetricsText() const {
   x.Metric("cxltier_client_warnings_suppressed_total", "counter",
            "Warnings clients caused beyond the per-client rate, counted instead of logged.",
            static_cast<double>(warnings_.suppressed()));
+  const server::ServerCounters sc =
+      server_counters_ ? server_counters_() : server::ServerCounters{};
+  x.Family("cxltier_connections_closed_total", "counter",
+           "Connections the daemon closed: replies left unread, a frame too slow, idle "
+           "without hello.");
+  x.Sample("cxltier_connections_closed_total", static_cast<double>(sc.stalled_closed),
+           "reason=\"stalled_replies\"");
+  x.Sample("cxltier_connections_closed_total", static_cast<double>(sc.frame_timeouts),
+           "reason=\"frame_timeout\"");
+  x.Sample("cxltier_connections_closed_total", static_cast<double>(sc.idle_closed),
+           "reason=\"idle\"");
+  x.Metric("cxltier_accept_backoffs_total", "counter",
+           "Accepts that failed for want of fds or memory, followed by a back-off.",
+           static_cast<double>(sc.accept_backoffs));
+  x.Metric("cxltier_fds_dropped_total", "counter",
+           "Messages whose passed fds the kernel dropped (the daemon out of fds).",
+           static_cast<double>(sc.fds_dropped));
+  x.Metric("cxltier_handler_exceptions_total", "counter",
+           "Exceptions caught around a request (answered internal).",
+           static_cast<double>(sc.handler_exceptions));
   x.Metric("cxltier_connections", "gauge", "Connected sessions, operator tools included.",
            static_cast<double>(connections_));
   const nlohmann::json mem = MemoryJson();

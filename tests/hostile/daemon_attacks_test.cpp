@@ -439,5 +439,55 @@ TEST(HostileLog, WarningsAreRateLimitedPerClient) {
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
+TEST(HostileLog, MovesThatAlwaysFailDoNotFloodTheLog) {
+  NEED_ROOT();
+  // 8 MiB of tier 0: most of the attacker's 8,192 blocks must be demoted, and
+  // every move of its pool (unmapped addresses of its own) fails.
+  HostileDaemon d(kFixedBlockSize + "tier0_budget = \"8MiB\"\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  int to_attacker[2], from_attacker[2];
+  ASSERT_EQ(pipe(to_attacker), 0);
+  ASSERT_EQ(pipe(from_attacker), 0);
+  const pid_t attacker = fork();
+  if (attacker == 0) {
+    if (!DropTo(kEvil)) _exit(1);
+    Status st;
+    auto c = Client::Connect({socket, kHostileModel, 8192, "evil"}, &st);
+    // Reserved, never mapped: every page is a bad address.
+    void* base = mmap(nullptr, 8192 * kHostileStride, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    uint32_t pool = 0;
+    char ok = 'n';
+    if (c && base != MAP_FAILED && munmap(base, 8192 * kHostileStride) == 0 &&
+        c->RegisterRangePool(base, 8192 * kHostileStride, kHostileStride, 8192, &pool).ok()) {
+      std::vector<wire::AdmitEntry> entries;
+      for (uint32_t i = 0; i < 8192; ++i) entries.push_back({EvilKey(i), i});
+      if (c->Admit(pool, entries, nullptr).ok()) ok = 'y';
+    }
+    if (write(from_attacker[1], &ok, 1) != 1) _exit(1);
+    char x;
+    if (read(to_attacker[0], &x, 1) < 0) _exit(1);
+    _exit(0);
+  }
+  char ready = 0;
+  ASSERT_EQ(read(from_attacker[0], &ready, 1), 1);
+  ASSERT_EQ(ready, 'y');
+  // Wait until many moves have failed.
+  EXPECT_TRUE(WaitFor([&] {
+    std::string json;
+    return Client::DaemonStats(socket, "status", &json).ok() &&
+           nlohmann::json::parse(json)["migrations"]["failed"].get<uint64_t>() >= 500;
+  })) << d.Log();
+  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
+  waitpid(attacker, nullptr, 0);
+  const std::string log = d.Log();
+  EXPECT_LT(CountLines(log, "uid " + std::to_string(UidOf(kEvil)) + ": move to node"), 100);
+  EXPECT_NE(log.find("more warnings were suppressed"), std::string::npos);
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
 }  // namespace
 }  // namespace cxltier::testing
