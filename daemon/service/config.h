@@ -6,17 +6,19 @@
 #include <string>
 #include <vector>
 
+#include "cxltier/socket_path.h"
+
 namespace cxltier::service {
 
 struct DaemonConfig {
   // [daemon]
-  std::string socket_path = "/run/cxltierd/cxltierd.sock";  // client socket
-  std::string state_dir = "/var/lib/cxltierd";              // ghost checkpoints
-  std::string log_level = "info";                           // trace, debug, info, warn, error
-  uint32_t tick_ms = 100;                                   // one fold + plan + migrate round
-  uint32_t checkpoint_interval_s = 60;        // ghosts saved this often (0 = only at stop)
-  std::string socket_group = "cxltier";       // group of the socket (mode 0660): clients
-  std::string admin_group = "cxltier-admin";  // may change policy and reload (and root)
+  std::string socket_path = kDefaultSocketPath;  // client socket
+  std::string state_dir = "/var/lib/cxltierd";   // ghost checkpoints
+  std::string log_level = "info";                // trace, debug, info, warn, error
+  uint32_t tick_ms = 100;                        // one fold + plan + migrate round
+  uint32_t checkpoint_interval_s = 60;           // ghosts saved this often (0 = only at stop)
+  std::string socket_group = "cxltier";          // group of the socket (mode 0660): clients
+  std::string admin_group = "cxltier-admin";     // may change policy and reload (and root)
   // [engine]
   std::string policy = "lfu";                 // any cxltier-sim policy but min
   bool persist = true;                        // keep state across eviction and release

@@ -1,6 +1,6 @@
 // libcxltier: what a serving engine links to talk to cxltierd.
 //
-//   Client::Options o{.socket_path = "/run/cxltierd/cxltierd.sock", .model = kLlama3_70B,
+//   Client::Options o{.socket_path = DefaultSocketPath(), .model = kLlama3_70B,
 //                     .max_blocks = 8192, .name = "engine-0"};
 //   Status st;
 //   auto c = Client::Connect(o, &st);                 // hello; maps the state segment
@@ -22,6 +22,7 @@
 
 #include "cxltier/block.h"
 #include "cxltier/model.h"
+#include "cxltier/socket_path.h"  // DefaultSocketPath(): where the daemon listens
 #include "cxltier/wire.h"
 
 namespace cxltier {

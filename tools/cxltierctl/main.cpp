@@ -15,6 +15,7 @@
 
 #include "cxltier/client.h"
 #include "cxltier/model.h"
+#include "cxltier/socket_path.h"
 #include "plan.h"
 
 namespace {
@@ -81,13 +82,6 @@ int RunPlan(const PlanFlags& f) {
     std::cout << cxltier::ctl::PlanTable(*model, *tokens);
   }
   return 0;
-}
-
-std::string DefaultSocket() {
-  if (geteuid() == 0) return "/run/cxltierd/cxltierd.sock";
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  return runtime && *runtime ? std::string(runtime) + "/cxltierd.sock"
-                             : "/tmp/cxltierd-" + std::to_string(getuid()) + ".sock";
 }
 
 std::string TierText(const nlohmann::json& t) {
@@ -284,7 +278,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--dtype-bytes", plan.dtype_bytes, "override: bytes per element");
   plan_cmd->add_option("--block-tokens", plan.block_tokens, "override: tokens per block");
 
-  std::string socket = DefaultSocket();
+  std::string socket = cxltier::DefaultSocketPath();
   bool json = false;
   app.add_option("--socket", socket, "cxltierd's socket")->capture_default_str();
   std::vector<std::pair<CLI::App*, std::string>> stats_cmds;
