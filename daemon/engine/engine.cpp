@@ -68,7 +68,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   if (options_.persistence == Persistence::kPersist) {
     if (auto ghost = ghosts_.Take(key)) {
       st.score = ghost->score;
-      st.touch_time_ns = ghost->touch_time_ns;
+      st.touch_time = ghost->touch_time;
       st.touch_count = ghost->touch_count;
       st.touch_seq = ghost->touch_seq;
       st.flags |= kFlagRestored;
@@ -107,7 +107,7 @@ void Engine::LeaveSet(Slot victim) {
   if (options_.persistence == Persistence::kReset) {
     v.score = 0;
     v.touch_count = 0;
-    v.touch_time_ns = 0;
+    v.touch_time = 0;
     v.flags &= static_cast<uint8_t>(~kFlagRestored);
   }
 }
@@ -125,10 +125,10 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   if (hit) ++counters_.hits;
 
   const double prev_score = st.score;
-  const uint64_t prev_time = st.touch_time_ns;
+  const uint64_t prev_time = st.touch_time;
   const bool fresh = st.touch_count == 0;
   if (st.touch_count != std::numeric_limits<uint32_t>::max()) ++st.touch_count;
-  st.touch_time_ns = t.now;
+  st.touch_time = t.now;
   st.touch_seq = ++seq_;
   st.score = policy_->Score(st, prev_score, prev_time, fresh, t);
 
@@ -195,7 +195,7 @@ void Engine::Release(Slot s) {
 bool Engine::Held(Slot s) const {
   if (tick_ < retry_[s].not_before) return true;
   return options_.hysteresis_ticks > 0 && moved_tick_[s] != 0 &&
-         tick_ - moved_tick_[s] < options_.hysteresis_ticks;
+         Elapsed(tick_, moved_tick_[s]) < options_.hysteresis_ticks;
 }
 
 void Engine::Reclassify(Slot s) {
@@ -323,7 +323,7 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   if (capacity_ > 0) {
     for (Slot s : live) {
       BlockState& st = states_[s];
-      const Slot victim = policy_->OnMiss(s, engine::Touch{0, st.touch_time_ns, kNever});
+      const Slot victim = policy_->OnMiss(s, engine::Touch{0, st.touch_time, kNever});
       st.flags |= kFlagInTarget;
       if (victim != kNoSlot) states_[victim].flags &= static_cast<uint8_t>(~kFlagInTarget);
     }

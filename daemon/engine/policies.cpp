@@ -148,14 +148,16 @@ class EmaPolicy final : public HeapPolicy {
   std::string Name() const override { return name_; }
   double Score(const BlockState&, double prev_score, uint64_t prev_time, bool fresh,
                const Touch& t) const override {
+    // A previous touch ahead of now decays nothing (Elapsed is 0), not (1-alpha)^(~2^64) = 0.
     const double decayed =
-        fresh ? 0.0 : prev_score * std::pow(1.0 - alpha_, static_cast<double>(t.now - prev_time));
+        fresh ? 0.0
+              : prev_score * std::pow(1.0 - alpha_, static_cast<double>(Elapsed(t.now, prev_time)));
     return decayed + alpha_ * t.obs;
   }
 
  private:
   double Key(Slot s, const Touch&) const override {
-    return EmaOrderKey(state(s).score, state(s).touch_time_ns, alpha_);
+    return EmaOrderKey(state(s).score, state(s).touch_time, alpha_);
   }
   double alpha_;
   std::string name_;

@@ -33,7 +33,7 @@ class Policy {
   }
 
   // The block's new score after a touch. The engine has already advanced
-  // st.touch_count, st.touch_time_ns (= t.now) and st.touch_seq; `prev_score` and
+  // st.touch_count, st.touch_time (= t.now) and st.touch_seq; `prev_score` and
   // `prev_time` are the values before this touch, `fresh` says it had none.
   virtual double Score(const BlockState& st, double prev_score, uint64_t prev_time, bool fresh,
                        const Touch& t) const = 0;

@@ -30,10 +30,16 @@ enum class Mode {
   kTick,    // touches only score; a planner migrates every N steps (daemon semantics)
 };
 
+// Clock units from `then` to `now`, 0 when `then` is ahead of `now`. Every
+// difference of the engine's clock against a stored time goes through it: a
+// stored time can be ahead (a checkpoint of a clock that restarted, a state
+// from another clock), and the unsigned difference would wrap to ~2^64.
+constexpr uint64_t Elapsed(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
+
 // One touch of one block, as the engine sees it.
 struct Touch {
   double obs = 1.0;            // aggregated observation (attention mass); finite, >= 0
-  uint64_t now = 0;            // workload clock (steps in the simulator, ns in the daemon)
+  uint64_t now = 0;            // the engine's clock: the daemon's tick, the simulator's step
   uint64_t next_use = kNever;  // clock of the block's next touch; only MIN reads it
 };
 

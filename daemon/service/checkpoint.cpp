@@ -17,13 +17,16 @@ namespace {
 
 // Layout (little-endian, as the machine writes it):
 //   magic "CXLGHOST" 8 | version u32 | entry bytes u32 (64) | count u64
+//   version 3: clock tick u64 | resume tick u64
 //   count x BlockState (64 B)
-//   version 2 only: count x owner u32
+//   versions 2 and 3: count x owner u32
 //   XXH64 (seed 0) of everything before it, u64
 constexpr char kMagic[8] = {'C', 'X', 'L', 'G', 'H', 'O', 'S', 'T'};
 constexpr uint32_t kVersionStatesOnly = 1;
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersionOwners = 2;
+constexpr uint32_t kVersion = 3;
 constexpr size_t kHeader = 24;
+constexpr size_t kClockBytes = 16;  // version 3, right after the header
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -73,26 +76,29 @@ bool Emit(int fd, XXH64_state_t* h, const void* data, size_t n) {
 }  // namespace
 
 std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
-                       const std::vector<uint32_t>& owners) {
+                       const std::vector<uint32_t>& owners, CheckpointClock clock) {
   if (!owners.empty() && owners.size() != ghosts.size()) {
     return "checkpoint: " + std::to_string(owners.size()) + " owners for " +
            std::to_string(ghosts.size()) + " states";
   }
   Hash h = NewHash();
   if (!h) return "checkpoint: out of memory";
-  char header[kHeader];
+  char header[kHeader + kClockBytes];
   const uint32_t entry = sizeof(BlockState);
   const uint64_t count = ghosts.size();
+  clock.resume_tick = std::max(clock.resume_tick, clock.tick);
   std::memcpy(header, kMagic, 8);
   std::memcpy(header + 8, &kVersion, 4);
   std::memcpy(header + 12, &entry, 4);
   std::memcpy(header + 16, &count, 8);
+  std::memcpy(header + kHeader, &clock.tick, 8);
+  std::memcpy(header + kHeader + 8, &clock.resume_tick, 8);
 
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Errno(tmp);
   // Written straight from the caller's arrays: no second copy of a million states.
-  bool ok = Emit(fd, h.get(), header, kHeader) &&
+  bool ok = Emit(fd, h.get(), header, sizeof(header)) &&
             Emit(fd, h.get(), ghosts.data(), ghosts.size() * sizeof(BlockState));
   if (ok && owners.empty()) {
     const std::vector<uint32_t> unknown(std::min<size_t>(ghosts.size(), 1u << 16), kUnknownOwner);
@@ -168,11 +174,15 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   std::memcpy(&version, header + 8, 4);
   std::memcpy(&entry, header + 12, 4);
   std::memcpy(&count, header + 16, 8);
-  if ((version != kVersion && version != kVersionStatesOnly) || entry != sizeof(BlockState)) {
+  if ((version != kVersion && version != kVersionOwners && version != kVersionStatesOnly) ||
+      entry != sizeof(BlockState)) {
     return set_aside("unknown version");
   }
-  const uint64_t per_state = sizeof(BlockState) + (version == kVersion ? sizeof(uint32_t) : 0);
-  if (count > (size - kHeader - 8) / per_state || size != kHeader + count * per_state + 8) {
+  const bool has_owners = version >= kVersionOwners;
+  const uint64_t head = kHeader + (version >= kVersion ? kClockBytes : 0);
+  const uint64_t per_state = sizeof(BlockState) + (has_owners ? sizeof(uint32_t) : 0);
+  if (size < head + 8 || count > (size - head - 8) / per_state ||
+      size != head + count * per_state + 8) {
     return set_aside("truncated or padded (size does not match the count)");
   }
   Hash h = NewHash();
@@ -181,12 +191,20 @@ LoadedGhosts LoadGhosts(const std::string& path) {
     return out;
   }
   XXH64_update(h.get(), header, kHeader);
+  CheckpointClock clock;
+  if (version >= kVersion) {
+    char bytes[kClockBytes];
+    if (!ReadAll(fd, bytes, kClockBytes)) return set_aside("truncated while reading");
+    XXH64_update(h.get(), bytes, kClockBytes);
+    std::memcpy(&clock.tick, bytes, 8);
+    std::memcpy(&clock.resume_tick, bytes + 8, 8);
+  }
   out.ghosts.resize(count);
   if (!ReadAll(fd, out.ghosts.data(), count * sizeof(BlockState))) {
     return set_aside("truncated while reading");
   }
   XXH64_update(h.get(), out.ghosts.data(), count * sizeof(BlockState));
-  if (version == kVersion) {
+  if (has_owners) {
     out.owners.resize(count);
     if (!ReadAll(fd, out.owners.data(), count * sizeof(uint32_t))) {
       return set_aside("truncated while reading");
@@ -198,6 +216,13 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   uint64_t sum;
   if (!ReadAll(fd, &sum, 8)) return set_aside("truncated while reading");
   if (XXH64_digest(h.get()) != sum) return set_aside("checksum mismatch");
+  // No state may be ahead of the clock the next daemon starts at: a file
+  // without a clock (versions 1 and 2) resumes at its latest touch.
+  uint64_t latest = 0;
+  for (const BlockState& g : out.ghosts) latest = std::max(latest, g.touch_time);
+  if (version < kVersion) clock.tick = latest;
+  clock.resume_tick = std::max({clock.resume_tick, clock.tick, latest});
+  out.clock = clock;
   out.version = version;
   return out;
 }

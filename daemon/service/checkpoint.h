@@ -1,6 +1,7 @@
 // Ghost checkpoints: the ghost store (and the live blocks' states) written to
 // the state directory so a restart keeps them, each state with its owner (the
-// uid whose ghost share it counts against). Written to a temporary file,
+// uid whose ghost share it counts against) and the daemon's clock (states'
+// touch times are its ticks, so a restart continues it). Written to a temporary file,
 // fsynced, renamed; checked with XXH64 when read back. A CheckpointWriter does
 // the writing on a thread of its own, so the I/O thread only copies the states.
 #pragma once
@@ -23,31 +24,45 @@ namespace cxltier::service {
 // real uid, so those states share one owner's ghost share.
 inline constexpr uint32_t kUnknownOwner = 0xffffffffu;
 
+// The daemon's clock as a checkpoint keeps it. Every state's touch_time is a
+// tick of this clock; a daemon that loads the file starts its clock at
+// resume_tick, so that every restored time is in the past.
+struct CheckpointClock {
+  uint64_t tick = 0;         // the daemon's tick when the states were copied
+  uint64_t resume_tick = 0;  // where the next daemon's clock starts (>= tick)
+};
+
 // Block states with the owner of each, as two flat arrays (a million states
-// copy as two memcpys on the I/O thread).
+// copy as two memcpys on the I/O thread), and the clock they were taken at.
 struct GhostSnapshot {
   std::vector<BlockState> states;
   std::vector<uint32_t> owners;  // owners[i] owns states[i]; same length
+  CheckpointClock clock;
 };
 
-// Writes a version-2 checkpoint. `owners` must be empty (every state then
+// Writes a version-3 checkpoint. `owners` must be empty (every state then
 // gets kUnknownOwner) or as long as `ghosts`. Returns an error message or "".
 std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
-                       const std::vector<uint32_t>& owners = {});
+                       const std::vector<uint32_t>& owners = {}, CheckpointClock clock = {});
 inline std::string SaveGhosts(const std::string& path, const GhostSnapshot& snapshot) {
-  return SaveGhosts(path, snapshot.states, snapshot.owners);
+  return SaveGhosts(path, snapshot.states, snapshot.owners, snapshot.clock);
 }
 
 struct LoadedGhosts {
   std::vector<BlockState> ghosts;
   std::vector<uint32_t> owners;  // same length as ghosts; kUnknownOwner from a version-1 file
-  uint32_t version = 0;          // of the file read (1 or 2)
-  bool found = false;            // a file was there
-  std::string error;             // it was there but corrupt or unreadable (then it was set aside)
+  // Version 3: the file's clock. Versions 1 and 2 did not keep one: both
+  // ticks are then the latest touch_time in the file. Either way resume_tick
+  // is at least every state's touch_time, so no restored state is ahead of it.
+  CheckpointClock clock;
+  uint32_t version = 0;  // of the file read (1, 2 or 3)
+  bool found = false;    // a file was there
+  std::string error;     // it was there but corrupt or unreadable (then it was set aside)
 };
 
-// Reads a checkpoint of version 1 (states only) or 2 (states and owners). A
-// corrupt or truncated file is renamed to PATH.corrupt and reported, never loaded.
+// Reads a checkpoint of version 1 (states only), 2 (states and owners) or 3
+// (the clock, states and owners). A corrupt or truncated file is renamed to
+// PATH.corrupt and reported, never loaded.
 LoadedGhosts LoadGhosts(const std::string& path);
 
 // Writes checkpoints on its own thread. At most one snapshot waits while one

@@ -85,7 +85,7 @@ enum BlockFlags : uint8_t {
 //   field            bytes  writer
 //   key              0-15   client at admit (the daemon keeps its own copy)
 //   score            16-23  daemon (policy value: LFU count, EMA, last touch)
-//   touch_time_ns    24-31  daemon (workload clock of the last folded touch)
+//   touch_time       24-31  daemon (the engine's clock at the last folded touch)
 //   touch_count      32-35  daemon (touches folded so far)
 //   tier             36     daemon (Tier, written after a move is verified)
 //   flags            37     daemon (BlockFlags)
@@ -98,7 +98,10 @@ enum BlockFlags : uint8_t {
 struct alignas(64) BlockState {
   BlockKey key;
   double score = 0.0;
-  uint64_t touch_time_ns = 0;
+  // The engine's clock at the last folded touch, not a wall time: the daemon's
+  // tick count (which continues across restarts: checkpoints carry it), the
+  // simulator's workload step. Differences are in those units.
+  uint64_t touch_time = 0;
   uint32_t touch_count = 0;
   Tier tier = Tier::kNone;
   uint8_t flags = 0;
@@ -114,7 +117,7 @@ static_assert(sizeof(BlockState) == 64, "BlockState must be exactly one cache li
 static_assert(alignof(BlockState) == 64, "BlockState must be cache-line aligned");
 static_assert(offsetof(BlockState, key) == 0);
 static_assert(offsetof(BlockState, score) == 16);
-static_assert(offsetof(BlockState, touch_time_ns) == 24);
+static_assert(offsetof(BlockState, touch_time) == 24);
 static_assert(offsetof(BlockState, touch_count) == 32);
 static_assert(offsetof(BlockState, tier) == 36);
 static_assert(offsetof(BlockState, flags) == 37);

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <list>
 #include <map>
 #include <optional>
@@ -426,7 +428,7 @@ TEST(Persistence, GhostRestoresStateAfterRelease) {
   s = e.Admit(K(9));
   EXPECT_EQ(e.state(s).touch_count, 2u);
   EXPECT_DOUBLE_EQ(e.state(s).score, before.score);
-  EXPECT_EQ(e.state(s).touch_time_ns, 11u);
+  EXPECT_EQ(e.state(s).touch_time, 11u);
   EXPECT_TRUE(e.state(s).flags & kFlagRestored);
   EXPECT_EQ(e.counters().ghost_restores, 1u);
   // EMA: 0.5 * 2 = 1 at t=10; 1 * 0.5 + 1 = 1.5 at t=11; at t=13: 1.5 * 0.25 + 0.5 * 2.
@@ -527,8 +529,8 @@ TEST(Engine, EmaDecaysLazilyExactlyAsTheEagerDefinition) {
     for (int b = 0; b < 8; ++b) {
       const Slot sa = e.Find(K(a)), sb = e.Find(K(b));
       if (sa == kNoSlot || sb == kNoSlot || std::abs(eager[a] - eager[b]) < 1e-12) continue;
-      const double ka = EmaOrderKey(e.state(sa).score, e.state(sa).touch_time_ns, alpha);
-      const double kb = EmaOrderKey(e.state(sb).score, e.state(sb).touch_time_ns, alpha);
+      const double ka = EmaOrderKey(e.state(sa).score, e.state(sa).touch_time, alpha);
+      const double kb = EmaOrderKey(e.state(sb).score, e.state(sb).touch_time, alpha);
       EXPECT_EQ(ka < kb, eager[a] < eager[b]);
     }
   }
@@ -968,6 +970,97 @@ TEST(Engine, RestoredGhostComesBackOnAdmit) {
   EXPECT_FALSE(e.RestoreGhost(g));  // live now
   Engine r(Options(4, Persistence::kReset, Mode::kTick), P("lfu"));
   EXPECT_FALSE(r.RestoreGhost(g));
+}
+
+// Issue 13: a checkpointed EMA state restored as the daemon does it
+// (RestoreGhost, Admit where its pages are, then the fold's Touch) keeps its
+// score decayed by the clock units since its touch, 5.0 x 0.99^elapsed.
+// Before the fix the clock restarted and `now - prev` wrapped: pow gave 0 and
+// 5.0 became 0.01 x obs.
+TEST(Engine, RestoredEmaScoreDecaysByTheTicksSinceItsTouch) {
+  constexpr double kAlpha = 0.01;
+  auto restored = [](uint64_t time) {
+    BlockState g;
+    g.key = K(7);
+    g.score = 5.0;
+    g.touch_time = time;
+    g.touch_count = 3;
+    g.touch_seq = 50;
+    return g;
+  };
+  {  // the clock continued: 100,000 -> 100,010
+    Engine e(Options(4, Persistence::kPersist, Mode::kTick), P("ema:0.01"));
+    ASSERT_TRUE(e.RestoreGhost(restored(100000)));
+    const Slot s = e.Admit(K(7), Tier::kSlow);
+    EXPECT_DOUBLE_EQ(e.state(s).score, 5.0);
+    EXPECT_EQ(e.state(s).touch_time, 100000u);
+    e.Touch(s, Touch{1.0, 100010, kNever});
+    EXPECT_NEAR(e.state(s).score, 5.0 * std::pow(1 - kAlpha, 10) + kAlpha * 1.0, 1e-12);
+    EXPECT_EQ(e.state(s).touch_time, 100010u);
+    EXPECT_EQ(e.state(s).touch_count, 4u);
+  }
+  {  // a state from the future (a clock that restarted): no decay, never a wrap
+    Engine e(Options(4, Persistence::kPersist, Mode::kTick), P("ema:0.01"));
+    ASSERT_TRUE(e.RestoreGhost(restored(100000)));
+    const Slot s = e.Admit(K(7), Tier::kSlow);
+    e.Touch(s, Touch{1.0, 10, kNever});
+    EXPECT_NEAR(e.state(s).score, 5.0 + kAlpha * 1.0, 1e-12);
+    // The touch takes now as its time: from here it decays like any block.
+    EXPECT_EQ(e.state(s).touch_time, 10u);
+    e.Touch(s, Touch{0.0, 30, kNever});
+    EXPECT_NEAR(e.state(s).score, (5.0 + kAlpha) * std::pow(1 - kAlpha, 20), 1e-12);
+  }
+  {  // the other clock-reading policy, LRU, keeps the restored order (touch_seq)
+    Engine e(Options(4, Persistence::kPersist, Mode::kTick), P("lru"));
+    ASSERT_TRUE(e.RestoreGhost(restored(100000)));
+    const Slot s = e.Admit(K(7), Tier::kSlow);
+    const Slot fresh = e.Admit(K(8), Tier::kSlow);
+    e.Touch(fresh, Touch{1.0, 5, kNever});
+    e.Touch(s, Touch{1.0, 6, kNever});
+    EXPECT_GT(e.state(s).touch_seq, e.state(fresh).touch_seq);
+    EXPECT_GT(e.state(s).score, e.state(fresh).score);
+    EXPECT_EQ(e.state(s).touch_time, 6u);
+  }
+}
+
+// A state from the future, touched once, does not hold tier 0 forever: blocks
+// touched after it win it back, under every policy. One tier-0 block (demand
+// mode); the future block is touched at 10, then another block every step.
+TEST(Engine, StateFromTheFutureNeitherWrapsNorLooksNewestForever) {
+  for (const char* name :
+       {"lru", "lfu", "ema:0.01", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
+    SCOPED_TRACE(name);
+    Engine e(Options(1, Persistence::kPersist, Mode::kDemand), P(name));
+    BlockState g;
+    g.key = K(1);
+    g.score = 5.0;
+    g.touch_time = uint64_t{1} << 40;
+    g.touch_count = 3;
+    g.touch_seq = 1;
+    ASSERT_TRUE(e.RestoreGhost(g));
+    const Slot future = e.Admit(K(1));
+    const Slot other = e.Admit(K(2));
+    e.Touch(future, Touch{1.0, 10, kNever});
+    EXPECT_TRUE(std::isfinite(e.state(future).score));
+    EXPECT_GE(e.state(future).score, 1.0);  // not wrapped to ~0
+    EXPECT_EQ(e.state(future).touch_time, 10u);
+    EXPECT_EQ(e.state(future).tier, Tier::kFast);
+    uint64_t now = 11;
+    for (; now < 5000 && e.state(other).tier != Tier::kFast; ++now) {
+      e.Touch(other, Touch{1.0, now, kNever});
+    }
+    EXPECT_EQ(e.state(other).tier, Tier::kFast) << "still not in tier 0 at step " << now;
+    EXPECT_EQ(e.state(future).tier, Tier::kSlow);
+  }
+}
+
+// The clock helper every stored-time difference goes through.
+TEST(Engine, ElapsedIsZeroWhenThenIsAhead) {
+  EXPECT_EQ(Elapsed(10, 3), 7u);
+  EXPECT_EQ(Elapsed(10, 10), 0u);
+  EXPECT_EQ(Elapsed(3, 10), 0u);
+  EXPECT_EQ(Elapsed(0, std::numeric_limits<uint64_t>::max()), 0u);
+  EXPECT_EQ(Elapsed(std::numeric_limits<uint64_t>::max(), 0), std::numeric_limits<uint64_t>::max());
 }
 
 // A move that keeps failing is retried after 1, 2, 4, ... ticks (capped), and

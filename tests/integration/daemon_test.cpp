@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -306,6 +307,227 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
   EXPECT_GT(j["restored_on_reconnect"].get<uint64_t>(), 0u);
   EXPECT_GT(loaded_ghosts, 0u) << "no restart found ghosts in a checkpoint";
 }
+
+// A version-3 checkpoint as the daemon wrote it (docs/operations.md): the
+// clock, then the states. Only what the restart tests read.
+struct CheckpointOnDisk {
+  uint64_t tick = 0;
+  uint64_t resume_tick = 0;
+  std::vector<BlockState> states;
+};
+bool ReadCheckpoint(const std::filesystem::path& path, CheckpointOnDisk* out) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string f((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint32_t version = 0;
+  uint64_t count = 0;
+  if (f.size() < 48 || f.compare(0, 8, "CXLGHOST") != 0) return false;
+  std::memcpy(&version, f.data() + 8, 4);
+  std::memcpy(&count, f.data() + 16, 8);
+  if (version != 3 || f.size() != 40 + count * (64 + 4) + 8) return false;
+  std::memcpy(&out->tick, f.data() + 24, 8);
+  std::memcpy(&out->resume_tick, f.data() + 32, 8);
+  out->states.resize(count);
+  std::memcpy(out->states.data(), f.data() + 40, count * 64);
+  return true;
+}
+
+// Issue 13: the daemon's clock (a state's touch_time is its tick) survives a
+// restart, so restored scores keep their value and decay only by the ticks
+// that passed. A client holds six blocks with known observations, the daemon
+// restarts (SIGTERM: the final checkpoint; SIGKILL: the last periodic one),
+// the client reconnects, and
+//  - every restored state is in its slot as it was (score, touch time,
+//    count, order) and the clock is past it: SIGTERM continues from the
+//    final checkpoint's tick (at least the last daemon_ticks seen), SIGKILL
+//    from where the next periodic checkpoint was due (the file's tick plus
+//    one interval, 50 ticks);
+//  - a touch without mass then decays each score by exactly the ticks since
+//    its touch, (1 - alpha)^(now - then) for EMA, none for LRU (its score is
+//    its order, touch_seq), with now between the daemon_ticks seen before and
+//    after the touch; the order of the blocks by score or recency is the one
+//    from before the restart, and a block touched after the restart is newer.
+// Before the fix the clock restarted at 0: the restored times were ahead of
+// it, EMA's decay wrapped (pow gave 0: 5 x 0.01 became 0.01 x obs) and LRU's
+// new touches were older than the restored ones.
+void RestartKeepsScoresAndOrder(const std::string& policy, int sig) {
+  SCOPED_TRACE(policy + (sig == SIGKILL ? " SIGKILL" : " SIGTERM"));
+  constexpr uint64_t kTicksPerCheckpoint = 50;  // checkpoint_interval_s = 1, tick_ms = 20
+  const bool ema = policy.starts_with("ema:");
+  const double alpha = ema ? std::stod(policy.substr(4)) : 0.0;
+  DaemonProcess d("[engine]\npolicy = \"" + policy + "\"\ntier0_budget = \"64KiB\"\n", "",
+                  sig == SIGKILL ? "checkpoint_interval_s = 1" : "");
+  MemfdPool pool(8);
+  auto c = Connect(d, "restart");
+  ASSERT_TRUE(c);
+  uint32_t pool_id = 0;
+  ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pool_id).ok());
+  auto key = [](uint64_t i) { return BlockKey::FromSequence(1313, i); };
+  constexpr size_t kBlocks = 6;
+  std::vector<wire::AdmitEntry> entries;
+  for (uint32_t i = 0; i < kBlocks; ++i) entries.push_back({key(i), i});
+  std::vector<wire::AdmitResult> res;
+  ASSERT_TRUE(c->Admit(pool_id, entries, &res).ok());
+  // The first run's clock is well ahead of where a restarted one would be
+  // when the client is back (a few ticks), so a clock that restarts fails.
+  EXPECT_TRUE(WaitFor([&] { return c->daemon_ticks() >= 150; })) << d.Log();
+  // Known observations, one block per tick, in an order that is not the
+  // order of their masses: recency and EMA order differ.
+  const float masses[kBlocks] = {6, 1, 5, 2, 4, 3};
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    ASSERT_TRUE(c->Observe(res[i].slot, masses[i]));
+    ASSERT_TRUE(WaitFor([&] { return c->SlotState(res[i].slot)->touch_count == 1; }))
+        << "block " << i << " not folded in 60 s";
+  }
+  std::vector<BlockState> before(kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    before[i] = *c->SlotState(res[i].slot);
+    if (ema) {
+      EXPECT_DOUBLE_EQ(before[i].score, alpha * masses[i]);  // a fresh block's first touch
+    } else {
+      EXPECT_EQ(before[i].score, static_cast<double>(before[i].touch_seq));
+    }
+  }
+  // The blocks ordered best first: EMA by value at one common time (decay is
+  // the same factor for all), LRU by recency.
+  auto order = [&](const std::vector<BlockState>& states) {
+    uint64_t common = 0;
+    for (const BlockState& st : states) common = std::max(common, st.touch_time);
+    auto value = [&](const BlockState& st) {
+      return ema ? st.score * std::pow(1 - alpha, static_cast<double>(common - st.touch_time))
+                 : static_cast<double>(st.touch_seq);
+    };
+    std::vector<size_t> idx(states.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return value(states[a]) != value(states[b]) ? value(states[a]) > value(states[b])
+                                                  : states[a].touch_seq > states[b].touch_seq;
+    });
+    return idx;
+  };
+  const std::vector<size_t> order_before = order(before);
+  uint64_t latest_touch = 0;
+  for (const BlockState& st : before) latest_touch = std::max(latest_touch, st.touch_time);
+
+  const std::filesystem::path ghosts = d.dir() / "state" / "ghosts.bin";
+  CheckpointOnDisk on_disk;
+  if (sig == SIGKILL) {
+    // No final checkpoint: wait for a periodic one that holds every block as
+    // the client saw it last.
+    ASSERT_TRUE(WaitFor([&] {
+      CheckpointOnDisk ck;
+      if (!ReadCheckpoint(ghosts, &ck)) return false;
+      size_t found = 0;
+      for (const BlockState& st : ck.states) {
+        for (const BlockState& b : before) {
+          if (st.key.lo == b.key.lo && st.touch_count == b.touch_count &&
+              st.touch_time == b.touch_time && st.score == b.score) {
+            ++found;
+          }
+        }
+      }
+      on_disk = ck;
+      return found == kBlocks;
+    })) << "no checkpoint with the blocks in 60 s\n"
+        << d.Log();
+    EXPECT_GE(on_disk.tick, latest_touch);
+    EXPECT_EQ(on_disk.resume_tick, on_disk.tick + kTicksPerCheckpoint);
+  }
+  const uint64_t ticks_before = c->daemon_ticks();  // D1
+  ASSERT_EQ(d.Stop(sig), sig == SIGKILL ? -SIGKILL : 0);
+  if (sig == SIGTERM) {
+    ASSERT_TRUE(ReadCheckpoint(ghosts, &on_disk));
+    EXPECT_GE(on_disk.tick, ticks_before);
+    EXPECT_EQ(on_disk.resume_tick, on_disk.tick);  // a stop: the clock resumes where it stopped
+  }
+  d.Start();
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  uint64_t restored = 0;
+  ASSERT_TRUE(c->Reconnect(&restored).ok()) << d.Log();
+  EXPECT_EQ(restored, kBlocks);
+  ASSERT_TRUE(WaitFor([&] { return c->daemon_ticks() > 0; })) << d.Log();
+  const uint64_t ticks_back = c->daemon_ticks();  // D2: the restarted clock
+  // The clock continued: every restored time is in its past.
+  EXPECT_GT(ticks_back, latest_touch) << "the clock restarted behind the restored states";
+  if (sig == SIGTERM) {
+    EXPECT_GT(ticks_back, ticks_before);  // it continues where it stopped
+  } else {
+    EXPECT_GT(ticks_back, on_disk.tick + kTicksPerCheckpoint);
+  }
+  std::vector<uint32_t> slots(kBlocks);
+  std::vector<BlockState> back(kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    ASSERT_TRUE(c->SlotOf(key(i), &slots[i]));
+    back[i] = *c->SlotState(slots[i]);
+    EXPECT_TRUE(back[i].flags & kFlagRestored) << i;
+    EXPECT_EQ(back[i].score, before[i].score) << i;
+    EXPECT_EQ(back[i].touch_time, before[i].touch_time) << i;
+    EXPECT_EQ(back[i].touch_count, before[i].touch_count) << i;
+    EXPECT_EQ(back[i].touch_seq, before[i].touch_seq) << i;
+  }
+  EXPECT_EQ(order(back), order_before);
+
+  // One touch without mass each: the score is the restored one minus the
+  // decay of the ticks since its touch.
+  for (uint32_t i = 0; i < kBlocks; ++i) ASSERT_TRUE(c->Observe(slots[i], 0.0f));
+  ASSERT_TRUE(WaitFor([&] {
+    for (uint32_t i = 0; i < kBlocks; ++i) {
+      if (c->SlotState(slots[i])->touch_count != before[i].touch_count + 1) return false;
+    }
+    return true;
+  })) << "touches after the restart not folded in 60 s";
+  const uint64_t ticks_after = c->daemon_ticks();  // D3
+  std::vector<BlockState> touched(kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    touched[i] = *c->SlotState(slots[i]);
+    const uint64_t now = touched[i].touch_time;
+    EXPECT_GE(now, ticks_back) << i;
+    EXPECT_LE(now, ticks_after) << i;
+    EXPECT_GT(now, before[i].touch_time) << i << ": touched before its restored touch";
+    if (ema) {
+      // Ticks as signed differences: a clock that went back shows as growth.
+      auto decay_since = [&](uint64_t then, uint64_t t) {
+        return std::pow(1 - alpha, static_cast<double>(t) - static_cast<double>(then));
+      };
+      const double want = before[i].score * decay_since(before[i].touch_time, now);
+      EXPECT_NEAR(touched[i].score, want, want * 1e-12) << i;
+      // The bound the clock allows: at least the decay of the ticks up to D2,
+      // at most up to D3.
+      EXPECT_LE(touched[i].score,
+                before[i].score * decay_since(before[i].touch_time, ticks_back) * (1 + 1e-12))
+          << i;
+      EXPECT_GE(touched[i].score,
+                before[i].score * decay_since(before[i].touch_time, ticks_after) * (1 - 1e-12))
+          << i;
+    } else {
+      EXPECT_GT(touched[i].touch_seq, before[i].touch_seq) << i;
+      EXPECT_EQ(touched[i].score, static_cast<double>(touched[i].touch_seq)) << i;
+    }
+  }
+  if (ema) {
+    EXPECT_EQ(order(touched), order_before);
+  }
+
+  // A block admitted after the restart and touched now is newer than every
+  // restored one, by clock and by recency.
+  std::vector<wire::AdmitResult> fresh;
+  ASSERT_TRUE(c->Admit(pool_id, std::vector<wire::AdmitEntry>{{key(100), 7}}, &fresh).ok());
+  ASSERT_TRUE(c->Observe(fresh[0].slot, 1.0f));
+  ASSERT_TRUE(WaitFor([&] { return c->SlotState(fresh[0].slot)->touch_count == 1; }));
+  const BlockState newest = *c->SlotState(fresh[0].slot);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    EXPECT_GT(newest.touch_time, before[i].touch_time) << i;
+    EXPECT_GT(newest.touch_seq, before[i].touch_seq) << i;
+  }
+}
+
+TEST(Daemon, SigtermRestartKeepsEmaScoresAndOrder) {
+  RestartKeepsScoresAndOrder("ema:0.01", SIGTERM);
+}
+TEST(Daemon, SigkillRestartKeepsEmaScoresAndOrder) {
+  RestartKeepsScoresAndOrder("ema:0.01", SIGKILL);
+}
+TEST(Daemon, SigtermRestartKeepsLruScoresAndOrder) { RestartKeepsScoresAndOrder("lru", SIGTERM); }
+TEST(Daemon, SigkillRestartKeepsLruScoresAndOrder) { RestartKeepsScoresAndOrder("lru", SIGKILL); }
 
 // A client holding K(1) and K(2) in a memfd pool of 8 blocks.
 struct HeldBlocks {

@@ -167,7 +167,7 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
   ASSERT_EQ(SaveGhosts(path, snap), "");
   LoadedGhosts l = LoadGhosts(path);
   ASSERT_EQ(l.error, "");
-  EXPECT_EQ(l.version, 2u);
+  EXPECT_EQ(l.version, 3u);
   ASSERT_EQ(l.ghosts.size(), 5u);
   EXPECT_EQ(l.owners, snap.owners);
   EXPECT_EQ(l.ghosts[4].touch_count, 104u);
@@ -176,7 +176,7 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
   // A flipped owner byte is caught by the checksum too.
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(24 + 5 * 64 + 2);
+    f.seekp(24 + 16 + 5 * 64 + 2);
     f.put('\x7f');
   }
   l = LoadGhosts(path);
@@ -215,6 +215,95 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << v1;
   l = LoadGhosts(path);
   EXPECT_NE(l.error.find("unknown version"), std::string::npos) << l.error;
+  std::filesystem::remove_all(dir);
+}
+
+// A file of `version` (1 or 2), byte for byte as the daemons before the clock
+// (version 3) wrote it.
+std::string OldCheckpoint(uint32_t version, const std::vector<BlockState>& states) {
+  std::string f(24, '\0');
+  const uint32_t entry = 64;
+  const uint64_t count = states.size();
+  std::memcpy(f.data(), "CXLGHOST", 8);
+  std::memcpy(f.data() + 8, &version, 4);
+  std::memcpy(f.data() + 12, &entry, 4);
+  std::memcpy(f.data() + 16, &count, 8);
+  f.append(reinterpret_cast<const char*>(states.data()), count * 64);
+  if (version == 2) {
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint32_t owner = 1000;
+      f.append(reinterpret_cast<const char*>(&owner), 4);
+    }
+  }
+  const uint64_t sum = XXH64(f.data(), f.size(), 0);
+  f.append(reinterpret_cast<const char*>(&sum), 8);
+  return f;
+}
+
+// Version 3 keeps the daemon's clock (states' touch times are its ticks): the
+// tick the states were taken at and the tick the next daemon resumes at. No
+// state is ever ahead of the resume tick; files of versions 1 and 2 (no
+// clock) resume at their latest touch time.
+TEST(Checkpoint, KeepsTheClockAndOlderVersionsResumeAtTheirLatestTouch) {
+  const auto dir = TempDir("clock");
+  const std::string path = (dir / "ghosts.bin").string();
+  GhostSnapshot snap;
+  for (uint32_t i = 0; i < 4; ++i) {
+    BlockState st;
+    st.key = BlockKey{5, i};
+    st.touch_time = 900 + i;
+    snap.states.push_back(st);
+    snap.owners.push_back(1000);
+  }
+  snap.clock = {1000, 1050};
+  ASSERT_EQ(SaveGhosts(path, snap), "");
+  EXPECT_EQ(std::filesystem::file_size(path), 24u + 16 + 4 * (64 + 4) + 8);
+  LoadedGhosts l = LoadGhosts(path);
+  ASSERT_EQ(l.error, "");
+  EXPECT_EQ(l.version, 3u);
+  EXPECT_EQ(l.clock.tick, 1000u);
+  EXPECT_EQ(l.clock.resume_tick, 1050u);
+  EXPECT_EQ(l.ghosts[3].touch_time, 903u);
+  EXPECT_EQ(l.owners, snap.owners);
+
+  // A state touched after the clock's tick (not something a daemon writes)
+  // still resumes behind no state.
+  snap.states[2].touch_time = 5000;
+  ASSERT_EQ(SaveGhosts(path, snap), "");
+  l = LoadGhosts(path);
+  EXPECT_EQ(l.clock.tick, 1000u);
+  EXPECT_EQ(l.clock.resume_tick, 5000u);
+  snap.states[2].touch_time = 902;
+
+  // The clock is under the checksum.
+  ASSERT_EQ(SaveGhosts(path, snap), "");
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(24 + 9);
+    f.put('\x7f');
+  }
+  l = LoadGhosts(path);
+  EXPECT_NE(l.error.find("checksum"), std::string::npos) << l.error;
+
+  // Versions 1 and 2 still load; their clock is their latest touch time.
+  for (uint32_t version : {1u, 2u}) {
+    SCOPED_TRACE(version);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << OldCheckpoint(version, snap.states);
+    l = LoadGhosts(path);
+    ASSERT_EQ(l.error, "");
+    EXPECT_EQ(l.version, version);
+    ASSERT_EQ(l.ghosts.size(), 4u);
+    EXPECT_EQ(l.clock.tick, 903u);
+    EXPECT_EQ(l.clock.resume_tick, 903u);
+    EXPECT_EQ(l.owners, std::vector<uint32_t>(4, version == 2 ? 1000 : kUnknownOwner));
+  }
+  // A version-3 header cut before its clock is truncated, not misread.
+  std::string cut = OldCheckpoint(2, {});
+  const uint32_t v3 = 3;
+  std::memcpy(cut.data() + 8, &v3, 4);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << cut;
+  l = LoadGhosts(path);
+  EXPECT_NE(l.error.find("truncated"), std::string::npos) << l.error;
   std::filesystem::remove_all(dir);
 }
 
