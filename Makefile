@@ -1,11 +1,15 @@
 # Conveniences over scripts/ (make itself is not needed: the README uses the scripts).
 BUILD_DIR ?= build
-.PHONY: run test build format format-check bench fuzz load clean
+.PHONY: run test check build format format-check bench fuzz load clean
 
 run:
 	bash scripts/run.sh
 test:
 	bash scripts/test.sh
+# The everyday loop: build, then only the tests labelled unit (seconds; the
+# labels are in docs/testing.md).
+check: build
+	ctest --test-dir $(BUILD_DIR) -L unit -j 2 --output-on-failure
 build:
 	bash -c 'source scripts/lib.sh && build'
 format:
