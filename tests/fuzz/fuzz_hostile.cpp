@@ -35,6 +35,7 @@ using namespace cxltier;
 
 constexpr uint32_t kSlots = 64;
 constexpr uint32_t kPoolBlocks = 16;
+constexpr int kMaxTicks = 12;
 const ModelGeometry kModel{"fuzz", 1, 1, 1, 1024, 2, 16};  // 64 KiB blocks
 const uint64_t kStride = kModel.block_bytes();
 const uint64_t kPoolBytes = kStride * kPoolBlocks;
@@ -153,6 +154,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<BlockKey> admitted;
   std::vector<uint32_t> slots;
 
+  int ticks = 0;
   for (int op = 0; op < 64 && in.n > 0; ++op) {
     const uint8_t what = in.Byte() % 16;
     const uint8_t arg = in.Byte();
@@ -301,7 +303,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 14:
       default:  // ticks, moves with the real migrator
-        for (int t = 0; t < arg % 4 + 1; ++t) {
+        // At most kMaxTicks per input: each waits for real moves.
+        for (int t = 0; t < arg % 4 + 1 && ticks < kMaxTicks; ++t, ++ticks) {
           f->daemon->Tick();
           f->Drain();
         }
