@@ -43,12 +43,12 @@ struct DaemonConfig {
   uint32_t max_pools_per_client = 16;
   // Per uid (root and members of admin_group are exempt from the connection
   // caps, and get admin_reserved_connections beyond max_clients).
-  uint32_t max_connections_per_uid = 16;              // connections of one uid at once
-  uint32_t admin_reserved_connections = 8;            // room kept for root and the admin group
-  uint32_t max_blocks_per_uid = 1u << 20;             // live blocks of one uid, all connections
-  uint32_t max_pools_per_uid = 64;                    // pools of one uid, all connections
+  uint32_t max_connections_per_uid = 16;             // connections of one uid at once
+  uint32_t admin_reserved_connections = 8;           // room kept for root and the admin group
+  uint32_t max_blocks_per_uid = 1u << 20;            // live blocks of one uid, all connections
+  uint32_t max_pools_per_uid = 64;                   // pools of one uid, all connections
   uint64_t max_segment_bytes_per_uid = 80ull << 20;  // state segments of one uid (1.3M slots)
-  uint32_t max_ghosts_per_uid = 1u << 18;             // one uid's share of the ghost store
+  uint32_t max_ghosts_per_uid = 1u << 18;            // one uid's share of the ghost store
   // Per connection (the server).
   uint64_t max_reply_bytes = 4ull << 20;           // queued replies before reading stops
   uint32_t reply_stall_timeout_s = 30;             // replies not read this long: closed

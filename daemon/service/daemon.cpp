@@ -68,10 +68,10 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
       topology_(std::move(topology)),
       tiers_(std::move(tiers)),
       can_migrate_(can_migrate && config_.migrate && tiers_.has_slow()),
-      probe_(numa::MakeLinuxMigrator()),
+      migrator_(std::move(migrator)),
       timer_(io) {
-  mover_ = std::make_unique<Mover>(
-      std::move(migrator), config_.migrate_rate_mib_s << 20, [this](MoveDone done) {
+  mover_ =
+      std::make_unique<Mover>(migrator_, config_.migrate_rate_mib_s << 20, [this](MoveDone done) {
         asio::post(io_, [this, d = std::move(done)]() mutable { OnMoveDone(std::move(d)); });
       });
 }
@@ -340,7 +340,7 @@ Tier Daemon::TierOfNode(int node) const {
 
 Tier Daemon::WhereIs(const numa::PageRange& range) {
   std::map<int, size_t> count;
-  for (int n : probe_->Where(range)) {
+  for (int n : migrator_->Where(range)) {
     if (n >= 0) ++count[n];
   }
   if (count.empty()) return Tier::kFast;  // not faulted in yet: it will be, locally

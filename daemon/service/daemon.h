@@ -209,7 +209,8 @@ class Daemon final : public server::Handler {
   numa::TierAssignment tiers_;
   bool can_migrate_;
   std::unique_ptr<Mover> mover_;
-  std::unique_ptr<numa::Migrator> probe_;  // Where() queries on the I/O thread
+  // The mover moves with it on its thread; the I/O thread asks it Where().
+  std::shared_ptr<numa::Migrator> migrator_;
   std::unique_ptr<engine::Engine> engine_;
   std::vector<BlockState> pending_ghosts_;      // loaded before the engine exists
   std::vector<uint32_t> pending_ghost_owners_;  // the uid of each (kUnknownOwner: not known)

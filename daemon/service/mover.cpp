@@ -5,7 +5,7 @@
 
 namespace cxltier::service {
 
-Mover::Mover(std::unique_ptr<numa::Migrator> migrator, uint64_t rate_bytes_per_s,
+Mover::Mover(std::shared_ptr<numa::Migrator> migrator, uint64_t rate_bytes_per_s,
              std::function<void(MoveDone)> on_done)
     : migrator_(std::move(migrator)), on_done_(std::move(on_done)), rate_(rate_bytes_per_s) {
   thread_ = std::thread([this] { Run(); });

@@ -35,7 +35,7 @@ class Mover {
  public:
   // `on_done` runs on the mover thread; it must hand the result to the owner's
   // thread (the daemon posts it to its io_context).
-  Mover(std::unique_ptr<numa::Migrator> migrator, uint64_t rate_bytes_per_s,
+  Mover(std::shared_ptr<numa::Migrator> migrator, uint64_t rate_bytes_per_s,
         std::function<void(MoveDone)> on_done);
   ~Mover();
 
@@ -53,7 +53,7 @@ class Mover {
  private:
   void Run();
 
-  std::unique_ptr<numa::Migrator> migrator_;
+  std::shared_ptr<numa::Migrator> migrator_;
   std::function<void(MoveDone)> on_done_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

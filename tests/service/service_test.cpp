@@ -2,6 +2,8 @@
 // and an in-process Daemon's reload.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -620,6 +622,55 @@ TEST(Mover, StopDropsTheQueueAndReportsIt) {
 // A reload's tick and rate reach the planner: its bytes per tick is the larger
 // of two blocks and rate x tick, at start, after a reload, and in an engine built
 // by a hello after the reload.
+// The daemon asks the migrator it was given where a block's pages are (it
+// once built a Linux migrator of its own for that, so fakes could not answer).
+TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
+  class SlowNodeMigrator final : public numa::Migrator {
+   public:
+    numa::MoveResult Move(const numa::PageRange& r, int) override {
+      numa::MoveResult res;
+      res.pages = res.on_target = r.length / 4096;
+      return res;
+    }
+    std::vector<int> Where(const numa::PageRange& r) override {
+      ++asked;
+      return std::vector<int>(r.length / 4096, 1);  // every page on node 1
+    }
+    std::atomic<int> asked{0};
+  };
+  const std::filesystem::path dir = TempDir("where");
+  DaemonConfig c;
+  c.state_dir = dir.string();
+  c.persist = false;
+  c.block_bytes = 4096;
+  boost::asio::io_context io;
+  auto fake = std::make_unique<SlowNodeMigrator>();
+  SlowNodeMigrator* where = fake.get();
+  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow"},
+           std::move(fake), false);
+  ASSERT_EQ(d.Start(), "");
+  const server::Peer peer{1, getpid(), getuid(), getgid()};
+  ASSERT_FALSE(d.OnConnect(peer));
+  int seg_fd = -1;
+  const ModelGeometry model{"where", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
+  ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(
+      d.OnHello(peer, wire::Hello{model, 4, "where"}, &seg_fd)));
+  close(seg_fd);
+  const int memfd = memfd_create("where-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(memfd, 4 * 4096), 0);
+  ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto pool =
+      d.OnRegisterPool(peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, 4 * 4096, 4096, 4},
+                       server::UniqueFd(memfd));
+  ASSERT_TRUE(std::holds_alternative<wire::RegisterPoolOk>(pool));
+  auto admitted = d.OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(1, 1), 0}}});
+  ASSERT_TRUE(std::holds_alternative<wire::AdmitOk>(admitted));
+  EXPECT_GE(where->asked.load(), 1);
+  EXPECT_EQ(std::get<wire::AdmitOk>(admitted).results.at(0).tier, Tier::kSlow);
+  d.OnDisconnect(peer);
+  d.Stop();
+}
+
 TEST(Daemon, ReloadRecomputesThePlannersBudget) {
   const std::filesystem::path dir = TempDir("reload");
   const numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0"};
