@@ -88,23 +88,11 @@ TEST(HostileBlockSize, TheFirstHelloDecidesOnlyWhileItsClientStays) {
   const std::string socket = d.socket();
   // The attacker says hello with 8 KiB blocks and stays; the good client's
   // 4 KiB blocks are refused with an error that says what to configure.
-  int to_attacker[2], from_attacker[2];
-  ASSERT_EQ(pipe(to_attacker), 0);
-  ASSERT_EQ(pipe(from_attacker), 0);
-  const pid_t attacker = fork();
-  if (attacker == 0) {
-    char c = 0;
-    if (!DropTo(kEvil)) _exit(1);
+  HeldAttacker attacker([&]() -> char {
     const int fd = RawConnect(socket);
-    const std::string err = fd < 0 ? "cannot connect" : RawHello(fd, kOther, 16);
-    c = err.empty() ? 'y' : 'n';
-    if (write(from_attacker[1], &c, 1) != 1) _exit(1);
-    if (read(to_attacker[0], &c, 1) < 0) _exit(1);  // hold the connection until told
-    _exit(0);
-  }
-  char said = 0;
-  ASSERT_EQ(read(from_attacker[0], &said, 1), 1);
-  ASSERT_EQ(said, 'y');
+    return fd >= 0 && RawHello(fd, kOther, 16).empty() ? 'y' : 'n';
+  });
+  ASSERT_EQ(attacker.report(), 'y');
   const std::string refused = RunAs(kGood, [&]() -> std::string {
     Status st;
     auto c = Client::Connect({socket, kHostileModel, 8, "good"}, &st);
@@ -117,8 +105,7 @@ TEST(HostileBlockSize, TheFirstHelloDecidesOnlyWhileItsClientStays) {
   });
   EXPECT_EQ(refused, "");
   // The attacker leaves: the size is free again.
-  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
-  waitpid(attacker, nullptr, 0);
+  attacker.Release();
   GoodClient good;
   ASSERT_TRUE(good.Start(socket)) << d.Log();
   ExpectHealthy(d, good, 256ull << 20, 64);
@@ -209,26 +196,16 @@ TEST(HostileConnections, OneUidCannotTakeEveryConnectionSlot) {
   ASSERT_TRUE(good.Start(socket)) << d.Log();
   // 64 idle connections from the attacker (the old max_clients): four are
   // kept, the rest are refused with `limit` and closed.
-  int to_attacker[2], from_attacker[2];
-  ASSERT_EQ(pipe(to_attacker), 0);
-  ASSERT_EQ(pipe(from_attacker), 0);
-  const pid_t attacker = fork();
-  if (attacker == 0) {
-    if (!DropTo(kEvil)) _exit(1);
-    std::vector<int> fds;
+  HeldAttacker attacker([&]() -> char {
+    static std::vector<int> fds;  // held until the process exits
     int open_ones = 0;
     for (int i = 0; i < 64; ++i) fds.push_back(RawConnect(socket));
     for (int fd : fds) {
       if (fd >= 0 && !ClosedByPeer(fd, std::chrono::milliseconds(200))) ++open_ones;
     }
-    const char c = static_cast<char>(open_ones);
-    if (write(from_attacker[1], &c, 1) != 1) _exit(1);
-    char x;
-    if (read(to_attacker[0], &x, 1) < 0) _exit(1);
-    _exit(0);
-  }
-  char kept = 0;
-  ASSERT_EQ(read(from_attacker[0], &kept, 1), 1);
+    return static_cast<char>(open_ones);
+  });
+  const char kept = attacker.report();
   EXPECT_LE(kept, 4);
   // Root's status and a fresh connection of the good user are served.
   std::string json;
@@ -240,8 +217,7 @@ TEST(HostileConnections, OneUidCannotTakeEveryConnectionSlot) {
                     return st.ok() ? "" : "good user refused: " + st.message;
                   }),
             "");
-  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
-  waitpid(attacker, nullptr, 0);
+  attacker.Release();
   EXPECT_NE(d.Log().find("too many connections of uid " + std::to_string(UidOf(kEvil))),
             std::string::npos);
   ExpectHealthy(d, good, 256ull << 20, 64);
@@ -254,30 +230,19 @@ TEST(HostileConnections, RootAndAdminsKeepRoomWhenEveryoneElseIsFull) {
   const std::string socket = d.socket();
   GoodClient good;
   ASSERT_TRUE(good.Start(socket)) << d.Log();
-  int to_attacker[2], from_attacker[2];
-  ASSERT_EQ(pipe(to_attacker), 0);
-  ASSERT_EQ(pipe(from_attacker), 0);
-  const pid_t attacker = fork();
-  if (attacker == 0) {
-    if (!DropTo(kEvil)) _exit(1);
-    std::vector<int> fds;
+  HeldAttacker attacker([&]() -> char {
+    static std::vector<int> fds;  // held until the process exits
     for (int i = 0; i < 32; ++i) fds.push_back(RawConnect(socket));
-    const char c = 'y';
-    if (write(from_attacker[1], &c, 1) != 1) _exit(1);
-    char x;
-    if (read(to_attacker[0], &x, 1) < 0) _exit(1);
-    _exit(0);
-  }
-  char ready = 0;
-  ASSERT_EQ(read(from_attacker[0], &ready, 1), 1);
+    return 'y';
+  });
+  ASSERT_EQ(attacker.report(), 'y');
   // Every non-admin slot is taken; root still gets in, several times.
   for (int i = 0; i < 4; ++i) {
     std::string json;
     const Status st = Client::DaemonStats(socket, "status", &json);
     EXPECT_TRUE(st.ok()) << st.message;
   }
-  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
-  waitpid(attacker, nullptr, 0);
+  attacker.Release();
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
@@ -452,41 +417,30 @@ TEST(HostileLog, MovesThatAlwaysFailDoNotFloodTheLog) {
   const std::string socket = d.socket();
   GoodClient good;
   ASSERT_TRUE(good.Start(socket)) << d.Log();
-  int to_attacker[2], from_attacker[2];
-  ASSERT_EQ(pipe(to_attacker), 0);
-  ASSERT_EQ(pipe(from_attacker), 0);
-  const pid_t attacker = fork();
-  if (attacker == 0) {
-    if (!DropTo(kEvil)) _exit(1);
+  HeldAttacker attacker([&]() -> char {
     Status st;
-    auto c = Client::Connect({socket, kHostileModel, 8192, "evil"}, &st);
-    // Reserved, never mapped: every page is a bad address.
+    static std::unique_ptr<Client> c;  // held until the process exits
+    c = Client::Connect({socket, kHostileModel, 8192, "evil"}, &st);
+    // Reserved, then unmapped: every page is a bad address.
     void* base = mmap(nullptr, 8192 * kHostileStride, PROT_NONE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     uint32_t pool = 0;
-    char ok = 'n';
-    if (c && base != MAP_FAILED && munmap(base, 8192 * kHostileStride) == 0 &&
-        c->RegisterRangePool(base, 8192 * kHostileStride, kHostileStride, 8192, &pool).ok()) {
-      std::vector<wire::AdmitEntry> entries;
-      for (uint32_t i = 0; i < 8192; ++i) entries.push_back({EvilKey(i), i});
-      if (c->Admit(pool, entries, nullptr).ok()) ok = 'y';
+    if (!c || base == MAP_FAILED || munmap(base, 8192 * kHostileStride) != 0 ||
+        !c->RegisterRangePool(base, 8192 * kHostileStride, kHostileStride, 8192, &pool).ok()) {
+      return 'n';
     }
-    if (write(from_attacker[1], &ok, 1) != 1) _exit(1);
-    char x;
-    if (read(to_attacker[0], &x, 1) < 0) _exit(1);
-    _exit(0);
-  }
-  char ready = 0;
-  ASSERT_EQ(read(from_attacker[0], &ready, 1), 1);
-  ASSERT_EQ(ready, 'y');
+    std::vector<wire::AdmitEntry> entries;
+    for (uint32_t i = 0; i < 8192; ++i) entries.push_back({EvilKey(i), i});
+    return c->Admit(pool, entries, nullptr).ok() ? 'y' : 'n';
+  });
+  ASSERT_EQ(attacker.report(), 'y');
   // Wait until many moves have failed.
   EXPECT_TRUE(WaitFor([&] {
     std::string json;
     return Client::DaemonStats(socket, "status", &json).ok() &&
            nlohmann::json::parse(json)["migrations"]["failed"].get<uint64_t>() >= 500;
   })) << d.Log();
-  ASSERT_EQ(write(to_attacker[1], "x", 1), 1);
-  waitpid(attacker, nullptr, 0);
+  attacker.Release();
   const std::string log = d.Log();
   EXPECT_LT(CountLines(log, "uid " + std::to_string(UidOf(kEvil)) + ": move to node"), 100);
   // The summing-up line comes when the attacker's connection is gone, which

@@ -33,6 +33,7 @@
 #include "cxltier/client.h"
 #include "cxltier/wire.h"
 #include "integration/daemon_harness.h"
+#include "run_as.h"
 #include "shell.h"
 
 namespace cxltier::testing {
@@ -59,49 +60,48 @@ inline bool EnsureHostileUsers() {
   return r.status == 0;
 }
 
-inline bool DropTo(const char* user) {
-  const passwd* pw = getpwnam(user);
-  if (!pw) return false;
-  return setgroups(0, nullptr) == 0 && setgid(pw->pw_gid) == 0 && setuid(pw->pw_uid) == 0;
-}
-
-inline uid_t UidOf(const char* user) {
-  const passwd* pw = getpwnam(user);
-  return pw ? pw->pw_uid : static_cast<uid_t>(-1);
-}
-
-// Runs `fn` in a forked child as `user`; returns what fn returned ("" = every
-// check passed), or why the child failed.
-inline std::string RunAs(const char* user, const std::function<std::string()>& fn) {
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    std::string out;
-    if (!DropTo(user)) {
-      out = std::string("dropping to ") + user + ": " + std::strerror(errno);
-    } else {
-      try {
-        out = fn();
-      } catch (const std::exception& e) {
-        out = std::string("exception: ") + e.what();
-      }
+// An attacker in its own process, as kEvil: `setup` builds what the attack
+// holds (connections, blocks) and returns one byte for the test; the process
+// then keeps all of it until Release().
+class HeldAttacker {
+ public:
+  explicit HeldAttacker(const std::function<char()>& setup) {
+    int to[2], from[2];
+    if (pipe(to) != 0 || pipe(from) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      char c = DropTo(kEvil) ? setup() : '!';
+      if (write(from[1], &c, 1) != 1) _exit(1);
+      if (read(to[0], &c, 1) < 0) _exit(1);  // hold everything until told
+      _exit(0);
     }
-    if (write(fds[1], out.data(), out.size()) < 0) _exit(3);
-    _exit(0);
+    close(to[0]);
+    close(from[1]);
+    release_fd_ = to[1];
+    if (read(from[0], &report_, 1) != 1) report_ = 0;
+    close(from[0]);
   }
-  close(fds[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) out += " (child exited badly)";
-  return out;
-}
+  ~HeldAttacker() { Release(); }
+  HeldAttacker(const HeldAttacker&) = delete;
+  HeldAttacker& operator=(const HeldAttacker&) = delete;
+
+  // What setup returned; 0 if the process died first, '!' if it could not
+  // become kEvil.
+  char report() const { return report_; }
+  // Lets the process exit (dropping all it held) and reaps it.
+  void Release() {
+    if (pid_ <= 0) return;
+    if (write(release_fd_, "x", 1) != 1) kill(pid_, SIGKILL);
+    close(release_fd_);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int release_fd_ = -1;
+  char report_ = 0;
+};
 
 // Polls `done` every 20 ms until it holds or `timeout` passes.
 inline bool WaitFor(const std::function<bool()>& done,

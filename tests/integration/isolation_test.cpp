@@ -19,6 +19,7 @@
 
 #include "cxltier/client.h"
 #include "daemon_harness.h"
+#include "run_as.h"
 #include "shell.h"
 
 namespace cxltier::testing {
@@ -44,43 +45,6 @@ bool EnsureUsers() {
   const ShellResult r = Shell(cmd);
   EXPECT_EQ(r.status, 0) << r.out;
   return r.status == 0;
-}
-
-// Runs `fn` in a child process as `user` (its primary group, no supplementary
-// groups); returns what fn reported ("" = every check passed).
-std::string RunAs(const char* user, const std::function<std::string()>& fn) {
-  const passwd* pw = getpwnam(user);
-  if (!pw) return std::string("no user ") + user;
-  const uid_t uid = pw->pw_uid;
-  const gid_t gid = pw->pw_gid;
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    std::string out;
-    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
-      out = std::string("dropping to ") + user + ": " + std::strerror(errno);
-    } else {
-      try {
-        out = fn();
-      } catch (const std::exception& e) {
-        out = std::string("exception: ") + e.what();
-      }
-    }
-    if (write(fds[1], out.data(), out.size()) < 0) _exit(3);
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) out += " (child exited badly)";
-  return out;
 }
 
 TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
