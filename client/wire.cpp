@@ -315,6 +315,8 @@ bool DecodeMessage(std::span<const uint8_t> p, M* m, std::string* error) {
 
 const char* ErrorName(ErrorCode code) {
   switch (code) {
+    case ErrorCode::kOk:
+      return "ok";
     case ErrorCode::kBadFrame:
       return "bad-frame";
     case ErrorCode::kBadVersion:

@@ -29,8 +29,8 @@ namespace cxltier {
 
 // The result of every call that can fail: ok, or a code and a readable message.
 struct Status {
-  wire::ErrorCode code = wire::ErrorCode::kInternal;
-  std::string message;  // empty when ok
+  wire::ErrorCode code = wire::ErrorCode::kOk;  // kOk exactly when ok()
+  std::string message;                          // empty when ok
   bool failed = false;
 
   static Status Ok() { return Status{}; }

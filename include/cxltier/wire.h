@@ -45,6 +45,7 @@ enum class MsgType : uint16_t {
 };
 
 enum class ErrorCode : uint32_t {
+  kOk = 0,           // not an error: the code of a Status that is ok; never sent
   kBadFrame = 1,     // bad magic or unparseable header
   kBadVersion = 2,   // protocol version not spoken here
   kUnknownType = 3,  // message type not known

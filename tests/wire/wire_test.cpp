@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "cxltier/client.h"
 #include "cxltier/segment.h"
 #include "cxltier/wire.h"
 
@@ -215,6 +216,18 @@ TEST(Segment, DirtyBitsMarkObservedSlotsUntilTaken) {
   EXPECT_EQ(TakeDirty(dirty.data(), 2), uint64_t{1} << 1);
   EXPECT_EQ(ReadTotals(&slots[0]).touches, 2u);
   EXPECT_EQ(ReadTotals(&slots[7]).touches, 0u);
+}
+
+// An ok Status carries no error code (it once read kInternal).
+TEST(Status, OkCarriesNoErrorCode) {
+  const Status ok = Status::Ok();
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(ok.code, ErrorCode::kOk);
+  EXPECT_STREQ(ErrorName(ok.code), "ok");
+  const Status bad = Status::Fail(ErrorCode::kLimit, "too many");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.code, ErrorCode::kLimit);
+  EXPECT_EQ(Status{}.code, ErrorCode::kOk);
 }
 
 }  // namespace
