@@ -2,6 +2,7 @@
 // page and 64-byte BlockState slots, mapped here and in the client.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -41,5 +42,34 @@ class Segment {
   uint64_t bytes_ = 0;
   uint32_t slots_ = 0;
 };
+
+// The daemon's side of the segment protocol (the client's side, and the
+// memory-ordering argument, are in cxltier/segment.h).
+
+// Daemon side: takes (and clears) one word of the dirty bitmap.
+inline uint64_t TakeDirty(uint64_t* dirty, uint32_t word) {
+  std::atomic_ref<uint64_t> w(dirty[word]);
+  // A load first: most words are zero, and an exchange would dirty their line.
+  if (w.load(std::memory_order_relaxed) == 0) return 0;
+  return w.exchange(0, std::memory_order_acquire);
+}
+
+// Daemon side: what the client's running totals say now.
+struct ClientTotals {
+  uint32_t touches;
+  uint32_t mass_q16;
+};
+inline ClientTotals ReadTotals(BlockState* slot) {
+  const uint32_t touches =
+      std::atomic_ref<uint32_t>(slot->client_touches).load(std::memory_order_acquire);
+  const uint32_t mass =
+      std::atomic_ref<uint32_t>(slot->client_mass_q16).load(std::memory_order_relaxed);
+  return {touches, mass};
+}
+
+// Daemon side: publishes a slot's tier.
+inline void WriteTier(BlockState* slot, Tier tier) {
+  std::atomic_ref<Tier>(slot->tier).store(tier, std::memory_order_relaxed);
+}
 
 }  // namespace cxltier::server

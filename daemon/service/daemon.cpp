@@ -590,7 +590,7 @@ void Daemon::WriteBack(Client& c, uint32_t seg) {
   slot->touch_seq = st.touch_seq;
   slot->flags = st.flags;
   slot->generation = st.generation;
-  WriteTier(slot, st.tier);
+  server::WriteTier(slot, st.tier);
 }
 
 void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
@@ -721,7 +721,7 @@ void Daemon::RunTick() {
     uint64_t* dirty = c.segment.dirty();
     fold_batch_.clear();
     for (uint32_t w = 0; w < c.socket_dirty.size(); ++w) {
-      uint64_t bits = TakeDirty(dirty, w) | std::exchange(c.socket_dirty[w], 0);
+      uint64_t bits = server::TakeDirty(dirty, w) | std::exchange(c.socket_dirty[w], 0);
       if (full) bits = ~uint64_t{0};
       while (bits) {
         const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
@@ -775,7 +775,7 @@ void Daemon::FoldBatch(Client& c) {
 void Daemon::FoldSlot(Client& c, uint32_t i) {
   FoldState& f = c.fold[i];
   SegSlot& s = c.slots[i];
-  const ClientTotals now = ReadTotals(c.segment.slot(i));
+  const server::ClientTotals now = server::ReadTotals(c.segment.slot(i));
   if (now.touches == f.seen_touches && now.mass_q16 == f.seen_mass_q16 && s.socket_touches == 0) {
     return;
   }

@@ -84,35 +84,9 @@ inline bool AddObservation(BlockState* slots, uint64_t* dirty, uint32_t i, float
   return true;
 }
 
-// Daemon side: takes (and clears) one word of the dirty bitmap.
-inline uint64_t TakeDirty(uint64_t* dirty, uint32_t word) {
-  std::atomic_ref<uint64_t> w(dirty[word]);
-  // A load first: most words are zero, and an exchange would dirty their line.
-  if (w.load(std::memory_order_relaxed) == 0) return 0;
-  return w.exchange(0, std::memory_order_acquire);
-}
-
-// Daemon side: what the client's running totals say now.
-struct ClientTotals {
-  uint32_t touches;
-  uint32_t mass_q16;
-};
-inline ClientTotals ReadTotals(BlockState* slot) {
-  const uint32_t touches =
-      std::atomic_ref<uint32_t>(slot->client_touches).load(std::memory_order_acquire);
-  const uint32_t mass =
-      std::atomic_ref<uint32_t>(slot->client_mass_q16).load(std::memory_order_relaxed);
-  return {touches, mass};
-}
-
 // Reads the tier the daemon last wrote into a slot.
 inline Tier ReadTier(const BlockState* slot) {
   return std::atomic_ref<Tier>(const_cast<BlockState*>(slot)->tier).load(std::memory_order_relaxed);
-}
-
-// Daemon side: publishes a slot's tier.
-inline void WriteTier(BlockState* slot, Tier tier) {
-  std::atomic_ref<Tier>(slot->tier).store(tier, std::memory_order_relaxed);
 }
 
 }  // namespace cxltier

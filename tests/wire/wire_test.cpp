@@ -7,6 +7,7 @@
 #include "cxltier/client.h"
 #include "cxltier/segment.h"
 #include "cxltier/wire.h"
+#include "server/segment.h"
 
 namespace cxltier::wire {
 namespace {
@@ -183,18 +184,18 @@ TEST(Segment, ObservationsAccumulateAndAreTaken) {
   BlockState s;
   EXPECT_TRUE(AddObservation(&s, 0.25f));
   EXPECT_TRUE(AddObservation(&s, 0.5f));
-  ClientTotals t = ReadTotals(&s);
+  server::ClientTotals t = server::ReadTotals(&s);
   EXPECT_EQ(t.touches, 2u);
   EXPECT_EQ(t.mass_q16, 49152u);  // 0.75 x 65536
   EXPECT_FALSE(AddObservation(&s, std::nanf("")));
   EXPECT_FALSE(AddObservation(&s, -1.0f));
   EXPECT_FALSE(AddObservation(&s, 1e9f));
-  EXPECT_EQ(ReadTotals(&s).touches, 2u);
+  EXPECT_EQ(server::ReadTotals(&s).touches, 2u);
   // The totals wrap; differences stay right modulo 2^32.
   s.client_touches = 0xffffffffu;
   AddObservation(&s, 1.0f);
-  EXPECT_EQ(ReadTotals(&s).touches - 0xffffffffu, 1u);
-  WriteTier(&s, Tier::kSlow);
+  EXPECT_EQ(server::ReadTotals(&s).touches - 0xffffffffu, 1u);
+  server::WriteTier(&s, Tier::kSlow);
   EXPECT_EQ(ReadTier(&s), Tier::kSlow);
   EXPECT_EQ(SegmentBytes(2), 4096u + 128u + 8u);
   EXPECT_EQ(SegmentBytes(65), 4096u + 65u * 64u + 16u);
@@ -210,12 +211,12 @@ TEST(Segment, DirtyBitsMarkObservedSlotsUntilTaken) {
   EXPECT_TRUE(AddObservation(slots.data(), dirty.data(), 129, 1.0f));
   // A rejected observation marks nothing.
   EXPECT_FALSE(AddObservation(slots.data(), dirty.data(), 7, std::nanf("")));
-  EXPECT_EQ(TakeDirty(dirty.data(), 0), uint64_t{1});
-  EXPECT_EQ(TakeDirty(dirty.data(), 0), 0u);  // taken: cleared
-  EXPECT_EQ(TakeDirty(dirty.data(), 1), uint64_t{1} << 1);
-  EXPECT_EQ(TakeDirty(dirty.data(), 2), uint64_t{1} << 1);
-  EXPECT_EQ(ReadTotals(&slots[0]).touches, 2u);
-  EXPECT_EQ(ReadTotals(&slots[7]).touches, 0u);
+  EXPECT_EQ(server::TakeDirty(dirty.data(), 0), uint64_t{1});
+  EXPECT_EQ(server::TakeDirty(dirty.data(), 0), 0u);  // taken: cleared
+  EXPECT_EQ(server::TakeDirty(dirty.data(), 1), uint64_t{1} << 1);
+  EXPECT_EQ(server::TakeDirty(dirty.data(), 2), uint64_t{1} << 1);
+  EXPECT_EQ(server::ReadTotals(&slots[0]).touches, 2u);
+  EXPECT_EQ(server::ReadTotals(&slots[7]).touches, 0u);
 }
 
 // An ok Status carries no error code (it once read kInternal).
