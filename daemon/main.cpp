@@ -20,6 +20,7 @@
 #include "server.h"
 #include "service/config.h"
 #include "service/daemon.h"
+#include "service/status.h"
 #include "systemd.h"
 
 namespace {
@@ -211,20 +212,23 @@ int main(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(config.socket_path).parent_path(),
                                         ec);
-    if (std::string err = server.Listen(config.socket_path, 0660); !err.empty()) {
-      spdlog::critical("cannot listen: {}", err);
-      return 1;
-    }
+    gid_t socket_gid = static_cast<gid_t>(-1);
     if (!config.socket_group.empty()) {
       if (const group* g = getgrnam(config.socket_group.c_str())) {
-        if (chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-          spdlog::warn("{}: chown to group {}: {}", config.socket_path, config.socket_group,
-                       std::strerror(errno));
-        }
+        socket_gid = g->gr_gid;
       } else if (root) {
         spdlog::warn("socket group '{}' does not exist: only root can connect to {}",
                      config.socket_group, config.socket_path);
       }
+    }
+    std::string group_error;
+    if (std::string err = server.Listen(config.socket_path, 0660, socket_gid, &group_error);
+        !err.empty()) {
+      spdlog::critical("cannot listen: {}", err);
+      return 1;
+    }
+    if (!group_error.empty()) {
+      spdlog::warn("{}: group {}: {}", config.socket_path, config.socket_group, group_error);
     }
     spdlog::info("listening on {} (mode 0660, group {}); state in {}", config.socket_path,
                  config.socket_group.empty() ? "unchanged" : config.socket_group, config.state_dir);
@@ -278,13 +282,7 @@ int main(int argc, char** argv) {
   };
   arm_hup();
   // STATUS: one line for `systemctl status`.
-  notifier.Ready([&daemon] {
-    const nlohmann::json j = daemon.StatusJson();
-    return fmt::format("{} clients, {} blocks, hit rate {:.1f}%, tier 0 {} blocks, {} moves failed",
-                       j["clients"].get<uint64_t>(), j["blocks"].get<uint64_t>(),
-                       100.0 * j["hit_rate"].get<double>(), j["tiers"][0]["blocks"].get<uint64_t>(),
-                       j["migrations"]["failed"].get<uint64_t>());
-  });
+  notifier.Ready([&daemon] { return cxltier::service::SystemdStatusLine(daemon.Snapshot()); });
   // Handlers catch what they expect; anything else must not take every
   // client down with it: log it and keep serving.
   for (;;) {

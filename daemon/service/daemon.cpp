@@ -7,9 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include <grp.h>
@@ -36,10 +34,6 @@ constexpr uint64_t kFullFoldTicks = 10;
 constexpr uint32_t kReleaseChunk = 16384;
 // Slots folded together, their cache lines prefetched first.
 constexpr size_t kFoldBatch = 32;
-
-const char* TierName(Tier t) {
-  return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
-}
 
 // The tick a restart resumes at when `config`'s periodic checkpoint taken at
 // `tick` is the last one on disk. After a SIGKILL the clock had run on past
@@ -678,11 +672,11 @@ server::Answer<wire::StatsOk> Daemon::OnStats(const server::Peer& peer, const wi
   if (m.what == "status") {
     j = StatusJson();
   } else if (m.what == "tiers") {
-    j = TiersJson();
+    j = TiersToJson(TierStatuses());
   } else if (m.what == "clients") {
-    j = ClientsJson(only);
+    j = ClientsToJson(ClientStatuses(only));
   } else if (m.what == "blocks") {
-    j = BlocksJson(only);
+    j = BlocksToJson(RankBlocks(only));
   } else {
     return Error{ErrorCode::kBadPayload,
                  "unknown stats '" + m.what + "'; known: status, tiers, clients, blocks"};
@@ -928,193 +922,6 @@ void Daemon::Checkpoint() {
   }
   last_checkpoint_error_.clear();
   spdlog::debug("saved {} block states (ghosts and live) to {}", n, GhostPath());
-}
-
-nlohmann::json Daemon::TiersJson() const {
-  nlohmann::json tiers = nlohmann::json::array();
-  const uint64_t bb = engine_ ? engine_->options().block_bytes : 0;
-  for (int t = 0; t < 2; ++t) {
-    const Tier tier = t == 0 ? Tier::kFast : Tier::kSlow;
-    const std::vector<int>& nodes = t == 0 ? tiers_.fast_nodes : tiers_.slow_nodes;
-    const uint64_t blocks = engine_ ? engine_->tier_blocks(tier) : 0;
-    nlohmann::json nj = nlohmann::json::array();
-    for (int n : nodes) {
-      const numa::NumaNode* node = topology_.Find(n);
-      nlohmann::json x = {{"node", n}};
-      if (node) {
-        x["memory_bytes"] = node->memory_bytes;
-        x["cpus"] = node->cpus.size();
-        if (node->read_latency_ns) x["read_latency_ns"] = *node->read_latency_ns;
-        if (node->read_bandwidth_mib_s) x["read_bandwidth_mib_s"] = *node->read_bandwidth_mib_s;
-        if (node->kernel_memory_tier) x["kernel_memory_tier"] = *node->kernel_memory_tier;
-      }
-      nj.push_back(x);
-    }
-    tiers.push_back({{"tier", t},
-                     {"nodes", nj},
-                     {"blocks", blocks},
-                     {"used_bytes", blocks * bb},
-                     {"budget_bytes", t == 0 ? config_.tier0_budget_bytes : 0}});
-  }
-  return tiers;
-}
-
-nlohmann::json Daemon::StatusJson() const {
-  const engine::EngineCounters c = engine_ ? engine_->counters() : engine::EngineCounters{};
-  uint64_t blocks = 0, hellos = 0;
-  for (const auto& [id, cl] : clients_) {
-    blocks += cl.live;
-    hellos += cl.hello && !cl.leaving;
-  }
-  return {
-      {"clients", hellos},
-      {"connections", connections_},
-      {"blocks", blocks},
-      {"ghosts", engine_ ? engine_->ghosts().size() : pending_ghosts_.size()},
-      {"ghosts_loaded_at_start", restored_from_checkpoint_},
-      {"ghost_restores", c.ghost_restores},
-      {"policy", config_.policy},
-      {"persist", config_.persist},
-      {"block_bytes", engine_ ? engine_->options().block_bytes : 0},
-      {"ticks", tick_},
-      {"warnings", {{"logged", warnings_.logged()}, {"suppressed", warnings_.suppressed()}}},
-      {"server",
-       [this] {
-         const server::ServerCounters sc =
-             server_counters_ ? server_counters_() : server::ServerCounters{};
-         return nlohmann::json{{"closed_stalled_replies", sc.stalled_closed},
-                               {"closed_frame_timeouts", sc.frame_timeouts},
-                               {"closed_idle", sc.idle_closed},
-                               {"accept_backoffs", sc.accept_backoffs},
-                               {"fds_dropped", sc.fds_dropped},
-                               {"handler_exceptions", sc.handler_exceptions}};
-       }()},
-      {"tick_ms", config_.tick_ms},
-      {"tick_seconds", tick_seconds_.Json()},
-      {"memory", MemoryJson()},
-      {"metrics_endpoint", metrics_endpoint_},
-      {"touches", c.touches},
-      {"hits", c.hits},
-      {"hit_rate", c.touches ? static_cast<double>(c.hits) / c.touches : 0.0},
-      {"tiers", TiersJson()},
-      {"migrations",
-       {{"enabled", can_migrate_},
-        {"promotions", c.promotions},
-        {"demotions", c.demotions},
-        {"promoted_bytes", c.promoted_bytes},
-        {"demoted_bytes", c.demoted_bytes},
-        {"failed", moves_failed_},
-        {"pending", mover_->pending()},
-        {"budget_bytes_per_tick", engine_ ? engine_->options().migrate_bytes_per_tick : 0},
-        {"pages_verified", pages_moved_},
-        {"pages_absent", pages_absent_},
-        {"pages_busy", pages_busy_},
-        {"pages_elsewhere", pages_elsewhere_},
-        {"errors",
-         [this] {
-           nlohmann::json e = nlohmann::json::object();
-           for (auto [k, v] : move_errors_) e[std::strerror(k)] = v;
-           return e;
-         }()}}},
-  };
-}
-
-// The daemon's resident memory from /proc/self/status: in all, at its peak,
-// and split into its own (anonymous: heap, tables) and shared memory (the
-// state segments and the clients' memfd pools it maps to move them).
-nlohmann::json Daemon::MemoryJson() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  uint64_t rss = 0, peak = 0, anon = 0, shmem = 0;
-  while (std::getline(in, line)) {
-    unsigned long long kib = 0;
-    if (std::sscanf(line.c_str(), "VmRSS: %llu kB", &kib) == 1) rss = kib * 1024;
-    if (std::sscanf(line.c_str(), "VmHWM: %llu kB", &kib) == 1) peak = kib * 1024;
-    if (std::sscanf(line.c_str(), "RssAnon: %llu kB", &kib) == 1) anon = kib * 1024;
-    if (std::sscanf(line.c_str(), "RssShmem: %llu kB", &kib) == 1) shmem = kib * 1024;
-  }
-  return {
-      {"rss_bytes", rss}, {"peak_rss_bytes", peak}, {"anon_bytes", anon}, {"shared_bytes", shmem}};
-}
-
-void TickTimes::Add(double seconds) {
-  ++count;
-  sum += seconds;
-  size_t b = 0;
-  while (b < kBounds.size() && seconds > kBounds[b]) ++b;
-  ++buckets[b];
-  recent[next++ % recent.size()] = seconds;
-}
-
-double TickTimes::Quantile(double q) const {
-  const size_t n = std::min<uint64_t>(count, recent.size());
-  if (n == 0) return 0;
-  std::vector<double> v(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(n));
-  const size_t k = std::min(n - 1, static_cast<size_t>(q * static_cast<double>(n)));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
-
-nlohmann::json TickTimes::Json() const {
-  nlohmann::json b = nlohmann::json::array();
-  uint64_t cumulative = 0;
-  for (size_t i = 0; i < buckets.size(); ++i) {
-    cumulative += buckets[i];
-    b.push_back({{"le", i < kBounds.size() ? nlohmann::json(kBounds[i]) : nlohmann::json("+Inf")},
-                 {"count", cumulative}});
-  }
-  return {{"count", count},
-          {"sum", sum},
-          {"p50", Quantile(0.50)},
-          {"p99", Quantile(0.99)},
-          {"max_recent", Quantile(1.0)},
-          {"buckets", b}};
-}
-
-nlohmann::json Daemon::ClientsJson(std::optional<uid_t> only) const {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& [session, c] : clients_) {
-    if (!c.hello || c.leaving) continue;  // operator tools, clients connecting or gone
-    if (only && c.peer.uid != *only) continue;
-    out.push_back({{"id", c.id},
-                   {"name", c.name},
-                   {"pid", c.peer.pid},
-                   {"uid", c.peer.uid},
-                   {"blocks", c.live},
-                   {"slots", c.slots.size()},
-                   {"pools", c.pools.size()},
-                   {"observations", c.observations},
-                   {"bad_observations", c.bad_observations}});
-  }
-  return out;
-}
-
-nlohmann::json Daemon::BlocksJson(std::optional<uid_t> only) const {
-  struct Row {
-    double score;
-    const Client* c;
-    uint32_t seg;
-  };
-  std::vector<Row> rows;
-  for (const auto& [session, c] : clients_) {
-    if (only && c.peer.uid != *only) continue;
-    for (uint32_t i = 0; i < c.slots.size(); ++i) {
-      if (c.slots[i].live) rows.push_back({engine_->state(c.slots[i].engine_slot).score, &c, i});
-    }
-  }
-  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.score > b.score; });
-  auto dump = [this](const Row& r) {
-    const SegSlot& s = r.c->slots[r.seg];
-    const BlockState& st = engine_->state(s.engine_slot);
-    return nlohmann::json{
-        {"key", s.key.ToString()}, {"client", r.c->id},         {"slot", r.seg},
-        {"score", st.score},       {"touches", st.touch_count}, {"tier", TierName(st.tier)}};
-  };
-  nlohmann::json hot = nlohmann::json::array(), cold = nlohmann::json::array();
-  for (size_t i = 0; i < rows.size() && i < 20; ++i) hot.push_back(dump(rows[i]));
-  for (size_t i = 0; i < rows.size() && i < 20; ++i)
-    cold.push_back(dump(rows[rows.size() - 1 - i]));
-  return {{"blocks", rows.size()}, {"hottest", hot}, {"coldest", cold}};
 }
 
 }  // namespace cxltier::service

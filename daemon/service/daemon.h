@@ -1,7 +1,8 @@
 // The daemon's core: clients, their segments and pools, the engine, the tick
 // loop (fold observations, plan, hand moves to the mover), ghost checkpoints
-// and the stats that cxltierctl reads. Everything here runs on the I/O thread
-// except the mover's migrations.
+// and the stats that cxltierctl reads (snapshot.cpp fills them, status.h
+// renders them). Everything here runs on the I/O thread except the mover's
+// migrations.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74 uses std::exchange without it
@@ -28,24 +29,9 @@
 #include "pool.h"
 #include "segment.h"
 #include "server.h"
+#include "status.h"
 
 namespace cxltier::service {
-
-// Tick durations: a cumulative histogram (for metrics) and the most recent
-// 4096 (for quantiles).
-struct TickTimes {
-  static constexpr std::array<double, 11> kBounds = {50e-6, 100e-6, 250e-6, 500e-6, 1e-3,  2.5e-3,
-                                                     5e-3,  10e-3,  25e-3,  50e-3,  100e-3};
-  std::array<uint64_t, kBounds.size() + 1> buckets{};  // the last is +Inf
-  uint64_t count = 0;
-  double sum = 0;
-  std::array<double, 4096> recent{};
-  uint64_t next = 0;
-
-  void Add(double seconds);
-  double Quantile(double q) const;  // over the recent ones
-  nlohmann::json Json() const;
-};
 
 // Warnings a client causes, at most kBurst per window each; the rest are
 // counted and summed up in one "suppressed" line, so one client cannot flood
@@ -106,9 +92,13 @@ class Daemon final : public server::Handler {
   void ClientWarning(const server::Peer& peer, const std::string& what);
 
   const DaemonConfig& config() const { return config_; }
-  nlohmann::json StatusJson() const;
-  // The Prometheus text exposition (metrics.cpp).
-  std::string MetricsText() const;
+  // Everything status reports, read once (snapshot.cpp); the views below
+  // render it.
+  StatusSnapshot Snapshot() const;
+  // `Stats status`.
+  nlohmann::json StatusJson() const { return StatusToJson(Snapshot()); }
+  // The Prometheus text exposition.
+  std::string MetricsText() const { return MetricsExposition(Snapshot()); }
 
   // server::Handler
   std::optional<wire::Error> OnConnect(const server::Peer& peer) override;
@@ -192,16 +182,16 @@ class Daemon final : public server::Handler {
   void FoldBatch(Client& c);
   void RunTick();
   void DropGonePools();
-  static nlohmann::json MemoryJson();
   void OnMoveDone(MoveDone done);
   void ScheduleTick();
   void Checkpoint();
   GhostSnapshot CollectGhosts() const;
   std::string GhostPath() const;
-  nlohmann::json TiersJson() const;
-  // Every client's (admins), or only those of uid `only`.
-  nlohmann::json ClientsJson(std::optional<uid_t> only) const;
-  nlohmann::json BlocksJson(std::optional<uid_t> only) const;
+  // The views of Stats (snapshot.cpp). Clients and blocks: every client's
+  // (admins), or only those of uid `only`.
+  std::vector<TierStatus> TierStatuses() const;
+  std::vector<ClientStatus> ClientStatuses(std::optional<uid_t> only) const;
+  BlockRanking RankBlocks(std::optional<uid_t> only) const;
 
   boost::asio::io_context& io_;
   DaemonConfig config_;

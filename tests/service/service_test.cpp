@@ -23,6 +23,7 @@
 #include "service/config.h"
 #include "service/daemon.h"
 #include "service/mover.h"
+#include "service/status.h"
 
 namespace cxltier::service {
 namespace {
@@ -721,6 +722,59 @@ TEST(Daemon, ReloadRecomputesThePlannersBudget) {
     d.Stop();
   }
   std::filesystem::remove_all(dir);
+}
+
+// The three views of status render one snapshot: the same figures under the
+// names cxltierctl, Prometheus and `systemctl status` know them by.
+TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
+  StatusSnapshot s;
+  s.clients = 3;
+  s.blocks = 40;
+  s.touches = 1000;
+  s.hits = 875;
+  s.memory.rss_bytes = 12345678;
+  s.tiers.resize(2);
+  s.tiers[0].tier = 0;
+  s.tiers[0].blocks = 25;
+  s.tiers[0].budget_bytes = 4096;
+  s.tiers[0].nodes.push_back({0, true, 1 << 30, 4, 80, std::nullopt, 4});
+  s.tiers[1].tier = 1;
+  s.tiers[1].blocks = 15;
+  s.tiers[1].nodes.push_back({7, false, 0, 0, std::nullopt, std::nullopt, std::nullopt});
+  s.migrations.failed = 6;
+  s.migrations.errors[ENOMEM] = 2;
+  s.tick_seconds.count = 9;
+  s.tick_seconds.cumulative.fill(9);
+
+  EXPECT_EQ(SystemdStatusLine(s),
+            "3 clients, 40 blocks, hit rate 87.5%, tier 0 25 blocks, 6 moves failed");
+
+  const nlohmann::json j = StatusToJson(s);
+  EXPECT_EQ(j["clients"], 3);
+  EXPECT_EQ(j["blocks"], 40);
+  EXPECT_DOUBLE_EQ(j["hit_rate"].get<double>(), 0.875);
+  EXPECT_EQ(j["tiers"][0]["blocks"], 25);
+  EXPECT_EQ(j["tiers"][0]["budget_bytes"], 4096);
+  EXPECT_EQ(j["tiers"][0]["nodes"][0]["read_latency_ns"], 80);
+  EXPECT_FALSE(j["tiers"][0]["nodes"][0].contains("read_bandwidth_mib_s"));
+  // A node outside the topology shows only its number.
+  EXPECT_EQ(j["tiers"][1]["nodes"][0], (nlohmann::json{{"node", 7}}));
+  EXPECT_EQ(j["migrations"]["failed"], 6);
+  EXPECT_EQ(j["migrations"]["errors"][std::strerror(ENOMEM)], 2);
+  EXPECT_EQ(j["memory"]["rss_bytes"], 12345678);
+  EXPECT_EQ(j["tick_seconds"]["buckets"].size(), TickTimes::kBounds.size() + 1);
+  EXPECT_EQ(j["tick_seconds"]["buckets"].back()["le"], "+Inf");
+
+  const std::string m = MetricsExposition(s);
+  for (const char* line :
+       {"cxltier_clients 3\n", "cxltier_blocks 40\n", "cxltier_hit_ratio 0.875\n",
+        "cxltier_tier_blocks{tier=\"0\"} 25\n", "cxltier_tier_blocks{tier=\"1\"} 15\n",
+        "cxltier_tier0_budget_bytes 4096\n", "cxltier_migration_failed_moves_total 6\n",
+        "cxltier_migration_failures_total{errno=\"ENOMEM\"} 2\n",
+        "cxltier_tick_duration_seconds_bucket{le=\"+Inf\"} 9\n",
+        "cxltier_tick_duration_seconds_count 9\n", "process_resident_memory_bytes 12345678\n"}) {
+    EXPECT_NE(m.find(line), std::string::npos) << line << "\n" << m;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,124 @@
+// The daemon's side of status: reads its tables into the plain structs of
+// status.h, once per request; status.cpp and metrics.cpp render them.
+#include <algorithm>
+
+#include "daemon.h"
+#include "status.h"
+
+namespace cxltier::service {
+
+std::vector<TierStatus> Daemon::TierStatuses() const {
+  std::vector<TierStatus> out;
+  const uint64_t bb = engine_ ? engine_->options().block_bytes : 0;
+  for (int t = 0; t < 2; ++t) {
+    TierStatus ts;
+    ts.tier = t;
+    for (int n : t == 0 ? tiers_.fast_nodes : tiers_.slow_nodes) {
+      NodeStatus ns;
+      ns.node = n;
+      if (const numa::NumaNode* node = topology_.Find(n)) {
+        ns.known = true;
+        ns.memory_bytes = node->memory_bytes;
+        ns.cpus = node->cpus.size();
+        ns.read_latency_ns = node->read_latency_ns;
+        ns.read_bandwidth_mib_s = node->read_bandwidth_mib_s;
+        ns.kernel_memory_tier = node->kernel_memory_tier;
+      }
+      ts.nodes.push_back(ns);
+    }
+    ts.blocks = engine_ ? engine_->tier_blocks(t == 0 ? Tier::kFast : Tier::kSlow) : 0;
+    ts.used_bytes = ts.blocks * bb;
+    ts.budget_bytes = t == 0 ? config_.tier0_budget_bytes : 0;
+    out.push_back(std::move(ts));
+  }
+  return out;
+}
+
+StatusSnapshot Daemon::Snapshot() const {
+  const engine::EngineCounters c = engine_ ? engine_->counters() : engine::EngineCounters{};
+  StatusSnapshot s;
+  // Clients that left count their blocks and observations until they are released.
+  for (const auto& [id, cl] : clients_) {
+    s.clients += cl.hello && !cl.leaving;
+    s.blocks += cl.live;
+    s.observations += cl.observations;
+    s.bad_observations += cl.bad_observations;
+  }
+  s.connections = connections_;
+  s.ghosts = engine_ ? engine_->ghosts().size() : pending_ghosts_.size();
+  s.ghosts_loaded_at_start = restored_from_checkpoint_;
+  s.ghost_restores = c.ghost_restores;
+  s.policy = config_.policy;
+  s.persist = config_.persist;
+  s.block_bytes = engine_ ? engine_->options().block_bytes : 0;
+  s.ticks = tick_;
+  s.tick_ms = config_.tick_ms;
+  s.touches = c.touches;
+  s.hits = c.hits;
+  s.warnings_logged = warnings_.logged();
+  s.warnings_suppressed = warnings_.suppressed();
+  if (server_counters_) s.server = server_counters_();
+  s.tick_seconds = tick_seconds_.Summary();
+  s.memory = ReadProcessMemory();
+  s.metrics_endpoint = metrics_endpoint_;
+  s.tiers = TierStatuses();
+  MigrationStatus& m = s.migrations;
+  m.enabled = can_migrate_;
+  m.promotions = c.promotions;
+  m.demotions = c.demotions;
+  m.promoted_bytes = c.promoted_bytes;
+  m.demoted_bytes = c.demoted_bytes;
+  m.failed = moves_failed_;
+  m.pending = mover_->pending();
+  m.budget_bytes_per_tick = engine_ ? engine_->options().migrate_bytes_per_tick : 0;
+  m.pages_verified = pages_moved_;
+  m.pages_absent = pages_absent_;
+  m.pages_busy = pages_busy_;
+  m.pages_elsewhere = pages_elsewhere_;
+  m.errors = move_errors_;
+  return s;
+}
+
+std::vector<ClientStatus> Daemon::ClientStatuses(std::optional<uid_t> only) const {
+  std::vector<ClientStatus> out;
+  for (const auto& [session, c] : clients_) {
+    if (!c.hello || c.leaving) continue;  // operator tools, clients connecting or gone
+    if (only && c.peer.uid != *only) continue;
+    out.push_back({c.id, c.name, c.peer.pid, c.peer.uid, c.live, c.slots.size(), c.pools.size(),
+                   c.observations, c.bad_observations});
+  }
+  return out;
+}
+
+BlockRanking Daemon::RankBlocks(std::optional<uid_t> only) const {
+  struct Ranked {
+    double score;
+    const Client* c;
+    uint32_t seg;
+  };
+  std::vector<Ranked> ranked;
+  for (const auto& [session, c] : clients_) {
+    if (only && c.peer.uid != *only) continue;
+    for (uint32_t i = 0; i < c.slots.size(); ++i) {
+      if (c.slots[i].live) ranked.push_back({engine_->state(c.slots[i].engine_slot).score, &c, i});
+    }
+  }
+  std::sort(ranked.begin(), ranked.end(),
+            [](const Ranked& a, const Ranked& b) { return a.score > b.score; });
+  auto row = [this](const Ranked& r) {
+    const SegSlot& s = r.c->slots[r.seg];
+    const BlockState& st = engine_->state(s.engine_slot);
+    return BlockRanking::Row{s.key.ToString(), r.c->id, r.seg, st.score, st.touch_count, st.tier};
+  };
+  BlockRanking out;
+  out.blocks = ranked.size();
+  for (size_t i = 0; i < ranked.size() && i < BlockRanking::kShown; ++i) {
+    out.hottest.push_back(row(ranked[i]));
+  }
+  for (size_t i = 0; i < ranked.size() && i < BlockRanking::kShown; ++i) {
+    out.coldest.push_back(row(ranked[ranked.size() - 1 - i]));
+  }
+  return out;
+}
+
+}  // namespace cxltier::service

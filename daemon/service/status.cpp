@@ -1,0 +1,200 @@
+// The JSON views of `Stats` and the systemd STATUS line, rendered from the
+// plain structs of status.h; the tick-time recorder; the daemon's memory.
+#include "status.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "fmt/format.h"
+
+namespace cxltier::service {
+
+const char* TierName(Tier t) {
+  return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
+}
+
+void TickTimes::Add(double seconds) {
+  ++count;
+  sum += seconds;
+  size_t b = 0;
+  while (b < kBounds.size() && seconds > kBounds[b]) ++b;
+  ++buckets[b];
+  recent[next++ % recent.size()] = seconds;
+}
+
+double TickTimes::Quantile(double q) const {
+  const size_t n = std::min<uint64_t>(count, recent.size());
+  if (n == 0) return 0;
+  std::vector<double> v(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(n));
+  const size_t k = std::min(n - 1, static_cast<size_t>(q * static_cast<double>(n)));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+TickSummary TickTimes::Summary() const {
+  TickSummary s;
+  s.count = count;
+  s.sum = sum;
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    cumulative += buckets[i];
+    s.cumulative[i] = cumulative;
+  }
+  s.p50 = Quantile(0.50);
+  s.p99 = Quantile(0.99);
+  s.max_recent = Quantile(1.0);
+  return s;
+}
+
+MemoryStatus ReadProcessMemory() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  MemoryStatus m;
+  while (std::getline(in, line)) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %llu kB", &kib) == 1) m.rss_bytes = kib * 1024;
+    if (std::sscanf(line.c_str(), "VmHWM: %llu kB", &kib) == 1) m.peak_rss_bytes = kib * 1024;
+    if (std::sscanf(line.c_str(), "RssAnon: %llu kB", &kib) == 1) m.anon_bytes = kib * 1024;
+    if (std::sscanf(line.c_str(), "RssShmem: %llu kB", &kib) == 1) m.shared_bytes = kib * 1024;
+  }
+  return m;
+}
+
+namespace {
+
+nlohmann::json TickJson(const TickSummary& t) {
+  nlohmann::json b = nlohmann::json::array();
+  for (size_t i = 0; i < t.cumulative.size(); ++i) {
+    b.push_back({{"le", i < TickTimes::kBounds.size() ? nlohmann::json(TickTimes::kBounds[i])
+                                                      : nlohmann::json("+Inf")},
+                 {"count", t.cumulative[i]}});
+  }
+  return {{"count", t.count},           {"sum", t.sum}, {"p50", t.p50}, {"p99", t.p99},
+          {"max_recent", t.max_recent}, {"buckets", b}};
+}
+
+nlohmann::json MigrationJson(const MigrationStatus& m) {
+  nlohmann::json errors = nlohmann::json::object();
+  for (auto [e, n] : m.errors) errors[std::strerror(e)] = n;
+  return {{"enabled", m.enabled},
+          {"promotions", m.promotions},
+          {"demotions", m.demotions},
+          {"promoted_bytes", m.promoted_bytes},
+          {"demoted_bytes", m.demoted_bytes},
+          {"failed", m.failed},
+          {"pending", m.pending},
+          {"budget_bytes_per_tick", m.budget_bytes_per_tick},
+          {"pages_verified", m.pages_verified},
+          {"pages_absent", m.pages_absent},
+          {"pages_busy", m.pages_busy},
+          {"pages_elsewhere", m.pages_elsewhere},
+          {"errors", errors}};
+}
+
+}  // namespace
+
+nlohmann::json TiersToJson(const std::vector<TierStatus>& tiers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const TierStatus& t : tiers) {
+    nlohmann::json nodes = nlohmann::json::array();
+    for (const NodeStatus& n : t.nodes) {
+      nlohmann::json x = {{"node", n.node}};
+      if (n.known) {
+        x["memory_bytes"] = n.memory_bytes;
+        x["cpus"] = n.cpus;
+        if (n.read_latency_ns) x["read_latency_ns"] = *n.read_latency_ns;
+        if (n.read_bandwidth_mib_s) x["read_bandwidth_mib_s"] = *n.read_bandwidth_mib_s;
+        if (n.kernel_memory_tier) x["kernel_memory_tier"] = *n.kernel_memory_tier;
+      }
+      nodes.push_back(x);
+    }
+    out.push_back({{"tier", t.tier},
+                   {"nodes", nodes},
+                   {"blocks", t.blocks},
+                   {"used_bytes", t.used_bytes},
+                   {"budget_bytes", t.budget_bytes}});
+  }
+  return out;
+}
+
+nlohmann::json StatusToJson(const StatusSnapshot& s) {
+  const server::ServerCounters& sc = s.server;
+  const MemoryStatus& m = s.memory;
+  return {
+      {"clients", s.clients},
+      {"connections", s.connections},
+      {"blocks", s.blocks},
+      {"ghosts", s.ghosts},
+      {"ghosts_loaded_at_start", s.ghosts_loaded_at_start},
+      {"ghost_restores", s.ghost_restores},
+      {"policy", s.policy},
+      {"persist", s.persist},
+      {"block_bytes", s.block_bytes},
+      {"ticks", s.ticks},
+      {"warnings", {{"logged", s.warnings_logged}, {"suppressed", s.warnings_suppressed}}},
+      {"server",
+       {{"closed_stalled_replies", sc.stalled_closed},
+        {"closed_frame_timeouts", sc.frame_timeouts},
+        {"closed_idle", sc.idle_closed},
+        {"accept_backoffs", sc.accept_backoffs},
+        {"fds_dropped", sc.fds_dropped},
+        {"handler_exceptions", sc.handler_exceptions}}},
+      {"tick_ms", s.tick_ms},
+      {"tick_seconds", TickJson(s.tick_seconds)},
+      {"memory",
+       {{"rss_bytes", m.rss_bytes},
+        {"peak_rss_bytes", m.peak_rss_bytes},
+        {"anon_bytes", m.anon_bytes},
+        {"shared_bytes", m.shared_bytes}}},
+      {"metrics_endpoint", s.metrics_endpoint},
+      {"touches", s.touches},
+      {"hits", s.hits},
+      {"hit_rate", s.hit_rate()},
+      {"tiers", TiersToJson(s.tiers)},
+      {"migrations", MigrationJson(s.migrations)},
+  };
+}
+
+nlohmann::json ClientsToJson(const std::vector<ClientStatus>& clients) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ClientStatus& c : clients) {
+    out.push_back({{"id", c.id},
+                   {"name", c.name},
+                   {"pid", c.pid},
+                   {"uid", c.uid},
+                   {"blocks", c.blocks},
+                   {"slots", c.slots},
+                   {"pools", c.pools},
+                   {"observations", c.observations},
+                   {"bad_observations", c.bad_observations}});
+  }
+  return out;
+}
+
+nlohmann::json BlocksToJson(const BlockRanking& ranking) {
+  auto rows = [](const std::vector<BlockRanking::Row>& v) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const BlockRanking::Row& r : v) {
+      out.push_back({{"key", r.key},
+                     {"client", r.client},
+                     {"slot", r.slot},
+                     {"score", r.score},
+                     {"touches", r.touches},
+                     {"tier", TierName(r.tier)}});
+    }
+    return out;
+  };
+  return {{"blocks", ranking.blocks},
+          {"hottest", rows(ranking.hottest)},
+          {"coldest", rows(ranking.coldest)}};
+}
+
+std::string SystemdStatusLine(const StatusSnapshot& s) {
+  return fmt::format("{} clients, {} blocks, hit rate {:.1f}%, tier 0 {} blocks, {} moves failed",
+                     s.clients, s.blocks, 100.0 * s.hit_rate(),
+                     s.tiers.empty() ? 0 : s.tiers.front().blocks, s.migrations.failed);
+}
+
+}  // namespace cxltier::service

@@ -1,0 +1,170 @@
+// What the daemon reports, as plain values: Daemon::Snapshot() fills a
+// StatusSnapshot once, and every view renders from it: the JSON of `Stats
+// status` (cxltierctl, tests and scripts read its keys), the Prometheus text
+// (metrics.cpp) and the one-line systemd STATUS. Renderers read only the
+// snapshot, so the three cannot drift apart, and they can be tested without
+// a daemon.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cxltier/block.h"
+#include "server.h"
+
+namespace cxltier::service {
+
+struct TickSummary;
+
+// Tick durations: a cumulative histogram (for metrics) and the most recent
+// 4096 (for quantiles). Kept by the daemon; a snapshot holds its Summary().
+struct TickTimes {
+  static constexpr std::array<double, 11> kBounds = {50e-6, 100e-6, 250e-6, 500e-6, 1e-3,  2.5e-3,
+                                                     5e-3,  10e-3,  25e-3,  50e-3,  100e-3};
+  std::array<uint64_t, kBounds.size() + 1> buckets{};  // the last is +Inf
+  uint64_t count = 0;
+  double sum = 0;
+  std::array<double, 4096> recent{};
+  uint64_t next = 0;
+
+  void Add(double seconds);
+  double Quantile(double q) const;  // over the recent ones
+  TickSummary Summary() const;
+};
+
+struct TickSummary {
+  uint64_t count = 0;
+  double sum = 0;  // seconds
+  // cumulative[i]: ticks of at most TickTimes::kBounds[i] seconds; the last, all of them.
+  std::array<uint64_t, TickTimes::kBounds.size() + 1> cumulative{};
+  double p50 = 0;  // quantiles over the recent ticks, in seconds
+  double p99 = 0;
+  double max_recent = 0;
+};
+
+// The daemon's resident memory, from /proc/self/status.
+struct MemoryStatus {
+  uint64_t rss_bytes = 0;
+  uint64_t peak_rss_bytes = 0;
+  uint64_t anon_bytes = 0;  // its own: heap, tables
+  // Shared: the state segments and the clients' memfd pools it maps to move them.
+  uint64_t shared_bytes = 0;
+};
+// Fields it cannot read stay 0.
+MemoryStatus ReadProcessMemory();
+
+struct NodeStatus {
+  int node = 0;
+  // In the topology: without it (a node named only in [tiers]) the figures
+  // below are not known and not shown.
+  bool known = false;
+  uint64_t memory_bytes = 0;
+  uint64_t cpus = 0;
+  std::optional<uint64_t> read_latency_ns;       // HMAT
+  std::optional<uint64_t> read_bandwidth_mib_s;  // HMAT
+  std::optional<int> kernel_memory_tier;
+};
+
+struct TierStatus {
+  int tier = 0;  // 0 fast (DRAM), 1 slow (CXL, remote)
+  std::vector<NodeStatus> nodes;
+  uint64_t blocks = 0;
+  uint64_t used_bytes = 0;
+  uint64_t budget_bytes = 0;  // 0: no budget (every tier but 0)
+};
+
+struct MigrationStatus {
+  bool enabled = false;
+  uint64_t promotions = 0;
+  uint64_t demotions = 0;
+  uint64_t promoted_bytes = 0;
+  uint64_t demoted_bytes = 0;
+  uint64_t failed = 0;   // block moves not done (retried with backoff)
+  uint64_t pending = 0;  // queued or running in the mover
+  uint64_t budget_bytes_per_tick = 0;
+  uint64_t pages_verified = 0;  // on their target node after a move
+  uint64_t pages_absent = 0;    // never faulted in
+  uint64_t pages_busy = 0;      // EBUSY: pinned
+  uint64_t pages_elsewhere = 0;
+  std::map<int, uint64_t> errors;  // pages or calls that failed, by errno
+};
+
+struct StatusSnapshot {
+  uint64_t clients = 0;      // said hello and still connected
+  uint64_t connections = 0;  // connected sessions, operator tools included
+  uint64_t blocks = 0;       // admitted (a client that left counts until released)
+  uint64_t observations = 0;
+  uint64_t bad_observations = 0;
+  uint64_t ghosts = 0;
+  uint64_t ghosts_loaded_at_start = 0;
+  uint64_t ghost_restores = 0;
+  std::string policy;
+  bool persist = false;
+  uint64_t block_bytes = 0;  // 0: no engine yet (no block size known)
+  uint64_t ticks = 0;
+  uint32_t tick_ms = 0;
+  uint64_t touches = 0;
+  uint64_t hits = 0;
+  uint64_t warnings_logged = 0;
+  uint64_t warnings_suppressed = 0;
+  server::ServerCounters server;
+  TickSummary tick_seconds;
+  MemoryStatus memory;
+  std::string metrics_endpoint;   // "": no metrics server
+  std::vector<TierStatus> tiers;  // by tier number
+  MigrationStatus migrations;
+
+  double hit_rate() const {
+    return touches ? static_cast<double>(hits) / static_cast<double>(touches) : 0.0;
+  }
+};
+
+// One row of `Stats clients`.
+struct ClientStatus {
+  uint64_t id = 0;
+  std::string name;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  uint64_t blocks = 0;
+  uint64_t slots = 0;
+  uint64_t pools = 0;
+  uint64_t observations = 0;
+  uint64_t bad_observations = 0;
+};
+
+// `Stats blocks`: how many, and the hottest and coldest few by score.
+struct BlockRanking {
+  static constexpr size_t kShown = 20;
+  struct Row {
+    std::string key;
+    uint64_t client = 0;
+    uint32_t slot = 0;
+    double score = 0;
+    uint32_t touches = 0;
+    Tier tier = Tier::kNone;
+  };
+  uint64_t blocks = 0;
+  std::vector<Row> hottest;  // hottest first
+  std::vector<Row> coldest;  // coldest first
+};
+
+nlohmann::json StatusToJson(const StatusSnapshot& s);
+nlohmann::json TiersToJson(const std::vector<TierStatus>& tiers);
+nlohmann::json ClientsToJson(const std::vector<ClientStatus>& clients);
+nlohmann::json BlocksToJson(const BlockRanking& ranking);
+// The Prometheus text exposition, format 0.0.4 (metrics.cpp).
+std::string MetricsExposition(const StatusSnapshot& s);
+// The line `systemctl status` shows.
+std::string SystemdStatusLine(const StatusSnapshot& s);
+// "fast", "slow" or "none", as status and the logs name tiers.
+const char* TierName(Tier t);
+
+}  // namespace cxltier::service
