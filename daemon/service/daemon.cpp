@@ -10,10 +10,7 @@
 #include <filesystem>
 #include <utility>
 
-#include <grp.h>
-#include <pwd.h>
-#include <unistd.h>
-
+#include "admin.h"
 #include "checkpoint.h"
 #include "cxltier/segment.h"
 
@@ -227,35 +224,10 @@ std::string Daemon::SetPolicy(const std::string& name) {
   return {};
 }
 
-bool Daemon::IsAdmin(const server::Peer& peer) const {
-  if (peer.uid == 0) return true;
-  if (config_.admin_group.empty()) return false;
-  std::vector<char> buf(16384);
-  group gr{};
-  group* g = nullptr;
-  if (getgrnam_r(config_.admin_group.c_str(), &gr, buf.data(), buf.size(), &g) != 0 || !g) {
-    return false;
-  }
-  if (peer.gid == g->gr_gid) return true;
-  // Supplementary groups of the peer's user, as the group database has them.
-  passwd pw{};
-  passwd* u = nullptr;
-  std::vector<char> pbuf(16384);
-  if (getpwuid_r(peer.uid, &pw, pbuf.data(), pbuf.size(), &u) != 0 || !u) return false;
-  int n = 64;
-  std::vector<gid_t> groups(static_cast<size_t>(n));
-  if (getgrouplist(u->pw_name, u->pw_gid, groups.data(), &n) < 0) {
-    groups.resize(static_cast<size_t>(n));
-    if (getgrouplist(u->pw_name, u->pw_gid, groups.data(), &n) < 0) return false;
-  }
-  groups.resize(static_cast<size_t>(n));
-  return std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end();
-}
-
 server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wire::Admin& m) {
   if (m.op == wire::AdminOp::kShowConfig) return wire::AdminOk{ToToml(config_)};
   const char* what = m.op == wire::AdminOp::kReload ? "reload" : "policy set";
-  if (!IsAdmin(peer)) {
+  if (!IsAdmin(peer, config_.admin_group)) {
     ClientWarning(peer, fmt::format("denied {}: not root nor in group '{}' (gid {})", what,
                                     config_.admin_group, peer.gid));
     return Error{ErrorCode::kDenied, std::string(what) + " needs root or membership of group '" +
@@ -363,7 +335,7 @@ std::optional<Error> Daemon::CheckConnectionLimits(const server::Peer& peer, boo
 }
 
 std::optional<Error> Daemon::OnConnect(const server::Peer& peer) {
-  if (auto refusal = CheckConnectionLimits(peer, IsAdmin(peer))) {
+  if (auto refusal = CheckConnectionLimits(peer, IsAdmin(peer, config_.admin_group))) {
     ClientWarning(peer, "connection refused: " + refusal->message);
     return refusal;
   }
@@ -667,7 +639,7 @@ server::Answer<wire::StatsOk> Daemon::OnStats(const server::Peer& peer, const wi
   // clients and blocks; root and the admin group see everyone's.
   const std::optional<uid_t> only =
       m.what == "clients" || m.what == "blocks"
-          ? (IsAdmin(peer) ? std::nullopt : std::optional<uid_t>(peer.uid))
+          ? (IsAdmin(peer, config_.admin_group) ? std::nullopt : std::optional<uid_t>(peer.uid))
           : std::nullopt;
   if (m.what == "status") {
     j = StatusJson();

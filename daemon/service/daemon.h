@@ -77,8 +77,6 @@ class Daemon final : public server::Handler {
   // What an Admin kReload request runs (the daemon's main re-reads its config
   // file); without one, kReload re-applies the running configuration.
   void set_reload_hook(std::function<std::string()> hook) { reload_hook_ = std::move(hook); }
-  // Root, or a member of config().admin_group (primary or supplementary).
-  bool IsAdmin(const server::Peer& peer) const;
   // The server's counters (connections it closed, accept back-offs...), for
   // status and metrics.
   void set_server_counters(std::function<server::ServerCounters()> f) {

@@ -19,6 +19,7 @@
 
 #include <xxhash.h>
 
+#include "service/admin.h"
 #include "service/checkpoint.h"
 #include "service/config.h"
 #include "service/daemon.h"
@@ -775,6 +776,20 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
         "cxltier_tick_duration_seconds_count 9\n", "process_resident_memory_bytes 12345678\n"}) {
     EXPECT_NE(m.find(line), std::string::npos) << line << "\n" << m;
   }
+}
+
+TEST(Admin, RootOrTheAdminGroupByPrimaryGid) {
+  const server::Peer root{1, 1, 0, 0};
+  EXPECT_TRUE(IsAdmin(root, ""));
+  EXPECT_TRUE(IsAdmin(root, "no-such-group-cxltier"));
+  // A uid without a passwd entry whose primary gid is the admin group's.
+  const server::Peer in_group{2, 1, 54321, 0};
+  EXPECT_TRUE(IsAdmin(in_group, "root"));
+  EXPECT_FALSE(IsAdmin(in_group, ""));
+  EXPECT_FALSE(IsAdmin(in_group, "no-such-group-cxltier"));
+  // Neither its primary gid nor (no passwd entry) any supplementary group.
+  const server::Peer outsider{3, 1, 54321, 54321};
+  EXPECT_FALSE(IsAdmin(outsider, "root"));
 }
 
 }  // namespace
