@@ -561,14 +561,22 @@ Server::Server(asio::io_context& io, Handler& handler, ServerOptions options)
 
 Server::~Server() { Stop(); }
 
-std::string Server::Listen(const std::string& path, unsigned mode) {
+std::string Server::Listen(const std::string& path, unsigned mode, gid_t group,
+                           std::string* group_error) {
   boost::system::error_code ec;
   ::unlink(path.c_str());  // a stale socket from an earlier run
   acceptor_.open(stream(), ec);
   if (!ec) acceptor_.bind(stream::endpoint(path), ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return path + ": " + ec.message();
+  // Mode and group before listen(): a client of the group that connects the
+  // moment the socket accepts must not find it still root's alone.
   if (::chmod(path.c_str(), mode) != 0) return path + ": chmod: " + std::strerror(errno);
+  if (group != static_cast<gid_t>(-1) &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    if (group_error) *group_error = std::string("chown: ") + std::strerror(errno);
+  }
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return path + ": " + ec.message();
   path_ = path;
   Accept();
   return {};

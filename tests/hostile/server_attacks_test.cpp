@@ -143,7 +143,9 @@ TEST(HostileServer, UnreadRepliesPauseReadingAndCloseAfterTheStallTimeout) {
   });
   const uint64_t high = peak.Stop();
   EXPECT_EQ(out, "");
-  EXPECT_LT(high, base + 64 * kMiB) << "daemon anon memory grew from " << base << " to " << high;
+  if (kMemoryIsMeasurable) {
+    EXPECT_LT(high, base + 64 * kMiB) << "daemon anon memory grew from " << base << " to " << high;
+  }
   ExpectHealthy(d, good, base + 64 * kMiB, 64);
 }
 
@@ -209,7 +211,9 @@ TEST(HostileServer, UnfinishedFramesAreBoundedPerUidAndTimedOut) {
   const uint64_t high = peak.Stop();
   EXPECT_EQ(out, "");
   // The uid's 32 MiB, a 64 KiB chunk per connection, and room for the rest.
-  EXPECT_LT(high, base + 48 * kMiB) << "daemon anon memory grew from " << base << " to " << high;
+  if (kMemoryIsMeasurable) {
+    EXPECT_LT(high, base + 48 * kMiB) << "daemon anon memory grew from " << base << " to " << high;
+  }
   ExpectHealthy(d, good, base + 48 * kMiB, 64);
 }
 
