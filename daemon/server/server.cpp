@@ -557,7 +557,8 @@ Server::Server(asio::io_context& io, Handler& handler, ServerOptions options)
           wire::kHeaderBytes + uint64_t{options_.max_message_bytes} + kChunkBytes)),
       acceptor_(io),
       sweep_timer_(io),
-      backoff_timer_(io) {}
+      backoff_timer_(io),
+      log_limit_(kLogBurst, kLogWindow) {}
 
 Server::~Server() { Stop(); }
 
@@ -717,22 +718,12 @@ void Server::Log(LogLevel level, const std::string& what) const {
 }
 
 void Server::LogLimited(LogLevel level, const std::string& what) {
-  const Clock::time_point now = Clock::now();
-  if (now - log_window_start_ >= kLogWindow) {
-    if (log_suppressed_) {
-      Log(LogLevel::kWarn, std::to_string(log_suppressed_) + " more lines about clients in " +
-                               Seconds(now - log_window_start_) + " were suppressed");
-    }
-    log_window_start_ = now;
-    log_lines_ = 0;
-    log_suppressed_ = 0;
+  const LogLimiter::Verdict v = log_limit_.Allow(0, Clock::now());
+  if (v.suppressed) {
+    Log(LogLevel::kWarn, std::to_string(v.suppressed) + " more lines about clients in " +
+                             Seconds(v.ended) + " were suppressed");
   }
-  if (log_lines_ >= kLogBurst) {
-    ++log_suppressed_;
-    return;
-  }
-  ++log_lines_;
-  Log(level, what);
+  if (v.log) Log(level, what);
 }
 
 void Server::Stop() {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cxltier/wire.h"
+#include "log_limiter.h"
 #include "unique_fd.h"
 
 namespace cxltier::server {
@@ -163,9 +164,7 @@ class Server {
   uint64_t backoff_burst_failures_ = 0;
   std::chrono::steady_clock::time_point backoff_burst_start_;
   // LogLimited's window.
-  std::chrono::steady_clock::time_point log_window_start_;
-  uint32_t log_lines_ = 0;
-  uint64_t log_suppressed_ = 0;
+  LogLimiter log_limit_;  // one window for the whole server
 };
 
 }  // namespace cxltier::server

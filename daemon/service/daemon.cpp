@@ -250,41 +250,15 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
   return wire::AdminOk{"configuration reloaded"};
 }
 
-bool WarnLimiter::Allow(uint64_t client, std::chrono::steady_clock::time_point now,
-                        uint64_t* suppressed) {
-  Window& w = windows_[client];
-  *suppressed = 0;
-  if (w.logged == 0 || now - w.start >= kWindow) {
-    *suppressed = w.held;
-    w = Window{now, 0, 0};
-  }
-  if (w.logged < kBurst) {
-    ++w.logged;
-    ++logged_;
-    return true;
-  }
-  ++w.held;
-  ++suppressed_total_;
-  return false;
-}
-
-uint64_t WarnLimiter::Forget(uint64_t client) {
-  auto it = windows_.find(client);
-  if (it == windows_.end()) return 0;
-  const uint64_t held = it->second.held;
-  windows_.erase(it);
-  return held;
-}
-
 void Daemon::ClientWarning(const server::Peer& peer, const std::string& what) {
-  uint64_t suppressed = 0;
-  const bool allow =
-      warnings_.Allow(peer.session_id, std::chrono::steady_clock::now(), &suppressed);
-  if (suppressed) {
+  const server::LogLimiter::Verdict v =
+      warnings_.Allow(peer.session_id, std::chrono::steady_clock::now());
+  if (v.suppressed) {
     spdlog::warn("client pid {} uid {}: {} more warnings were suppressed in the last {} s",
-                 peer.pid, peer.uid, suppressed, WarnLimiter::kWindow.count());
+                 peer.pid, peer.uid, v.suppressed,
+                 std::chrono::duration_cast<std::chrono::seconds>(warnings_.window()).count());
   }
-  if (allow) spdlog::warn("client pid {} uid {}: {}", peer.pid, peer.uid, what);
+  if (v.log) spdlog::warn("client pid {} uid {}: {}", peer.pid, peer.uid, what);
 }
 
 Daemon::Client* Daemon::Find(const server::Peer& peer) {

@@ -24,6 +24,7 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "engine/engine.h"
+#include "log_limiter.h"
 #include "mover.h"
 #include "numa/topology.h"
 #include "pool.h"
@@ -32,32 +33,6 @@
 #include "status.h"
 
 namespace cxltier::service {
-
-// Warnings a client causes, at most kBurst per window each; the rest are
-// counted and summed up in one "suppressed" line, so one client cannot flood
-// the journal (which would rate-limit away everyone else's lines).
-class WarnLimiter {
- public:
-  static constexpr uint32_t kBurst = 10;
-  static constexpr std::chrono::seconds kWindow{10};
-  // True when the caller may log a warning of `client` now. *suppressed is set
-  // to the count held back in the window that just ended (log it, then this).
-  bool Allow(uint64_t client, std::chrono::steady_clock::time_point now, uint64_t* suppressed);
-  // The count still held back for `client` (it is gone); forgets it.
-  uint64_t Forget(uint64_t client);
-  uint64_t logged() const { return logged_; }
-  uint64_t suppressed() const { return suppressed_total_; }
-
- private:
-  struct Window {
-    std::chrono::steady_clock::time_point start;
-    uint32_t logged = 0;
-    uint64_t held = 0;
-  };
-  std::unordered_map<uint64_t, Window> windows_;
-  uint64_t logged_ = 0;
-  uint64_t suppressed_total_ = 0;
-};
 
 class Daemon final : public server::Handler {
  public:
@@ -205,7 +180,8 @@ class Daemon final : public server::Handler {
   std::unique_ptr<CheckpointWriter> checkpoint_writer_;  // null: checkpoints written inline
   std::map<uint64_t, Client> clients_;                   // by session id
   std::unordered_map<uid_t, UidUsage> uids_;             // of the connected clients
-  WarnLimiter warnings_;
+  // Warnings a client causes: 10 per connection per 10 s.
+  server::LogLimiter warnings_{10, std::chrono::seconds(10)};
   std::vector<Owner> owners_;         // by engine slot
   std::vector<uint32_t> fold_batch_;  // Tick's scratch: segment slots to fold
   std::function<std::string()> reload_hook_;
