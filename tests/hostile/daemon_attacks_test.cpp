@@ -198,11 +198,20 @@ TEST(HostileConnections, OneUidCannotTakeEveryConnectionSlot) {
   // kept, the rest are refused with `limit` and closed.
   HeldAttacker attacker([&]() -> char {
     static std::vector<int> fds;  // held until the process exits
-    int open_ones = 0;
     for (int i = 0; i < 64; ++i) fds.push_back(RawConnect(socket));
-    for (int fd : fds) {
-      if (fd >= 0 && !ClosedByPeer(fd, std::chrono::milliseconds(200))) ++open_ones;
-    }
+    // Refused connections are closed by the daemon: wait (bounded) for all
+    // but the allowed four to be, then count what is still open.
+    std::vector<bool> closed(fds.size());
+    int open_ones = 0;
+    WaitFor([&] {
+      open_ones = 0;
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (!closed[i])
+          closed[i] = fds[i] < 0 || ClosedByPeer(fds[i], std::chrono::milliseconds(0));
+        open_ones += !closed[i];
+      }
+      return open_ones <= 4;
+    });
     return static_cast<char>(open_ones);
   });
   const char kept = attacker.report();
