@@ -192,7 +192,7 @@ class LinuxMigrator final : public Migrator {
     // Never trust the return code: ask where every page is now.
     for (int where : Where(range)) {
       if (where == node) {
-        ++r.on_target;
+        ++r.verified;
       } else if (where == -ENOENT) {
         ++r.absent;
       } else if (where == -EBUSY) {
@@ -239,7 +239,7 @@ std::unique_ptr<Migrator> MakeLinuxMigrator() { return std::make_unique<LinuxMig
 
 std::string Summarize(const MoveResult& r) {
   std::ostringstream out;
-  out << r.on_target << "/" << r.pages << " pages on target";
+  out << r.verified << "/" << r.pages << " pages on target";
   if (r.absent) out << ", " << r.absent << " not present";
   if (r.busy) out << ", " << r.busy << " busy (pinned?)";
   if (r.elsewhere) out << ", " << r.elsewhere << " still on another node";

@@ -92,7 +92,7 @@ struct PageRange {
 
 struct MoveResult {
   size_t pages = 0;
-  size_t on_target = 0;          // verified with move_pages(nodes = NULL) after the move
+  size_t verified = 0;           // verified with move_pages(nodes = NULL) after the move
   size_t absent = 0;             // never faulted in: nothing to move (-ENOENT)
   size_t busy = 0;               // pinned or under I/O (-EBUSY)
   size_t elsewhere = 0;          // present but still on another node
@@ -104,7 +104,7 @@ struct MoveResult {
   int call_errno = 0;
   const char* call = "move_pages";
   // Every present page is on the target node.
-  bool done() const { return call_errno == 0 && on_target + absent == pages; }
+  bool done() const { return call_errno == 0 && verified + absent == pages; }
 };
 
 class Migrator {
@@ -136,7 +136,7 @@ class NullMigrator final : public Migrator {
  public:
   MoveResult Move(const PageRange& r, int) override {
     MoveResult res;
-    res.pages = res.on_target = r.length / 4096;
+    res.pages = res.verified = r.length / 4096;
     return res;
   }
   std::vector<int> Where(const PageRange& r) override {

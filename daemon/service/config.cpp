@@ -296,4 +296,18 @@ uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes) {
                             (config.migrate_rate_mib_s << 20) / 1000 * config.tick_ms);
 }
 
+engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t block_bytes) {
+  engine::EngineOptions o;
+  o.block_bytes = block_bytes;
+  o.tier0_budget_bytes = config.tier0_budget_bytes;
+  o.persistence = config.persist ? engine::Persistence::kPersist : engine::Persistence::kReset;
+  o.mode = engine::Mode::kTick;
+  o.ghost_capacity = config.ghost_capacity;
+  // Every uid, root and admins too, gets the same share of the ghost store.
+  o.ghost_capacity_per_owner = config.max_ghosts_per_uid;
+  o.migrate_bytes_per_tick = MigrateBytesPerTick(config, block_bytes);
+  o.hysteresis_ticks = config.hysteresis_ticks;
+  return o;
+}
+
 }  // namespace cxltier::service

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cxltier/socket_path.h"
+#include "engine/engine.h"
 
 namespace cxltier::service {
 
@@ -77,5 +78,8 @@ std::string ToToml(const DaemonConfig& config);
 // one block would never swap anything.
 // Start-up and reload both use it, so a reload's tick and rate reach the planner.
 uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes);
+// The daemon's engine for blocks of `block_bytes`: tick mode, the budgets,
+// ghost capacities and hysteresis of `config`.
+engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t block_bytes);
 
 }  // namespace cxltier::service

@@ -70,20 +70,20 @@ std::string MetricsExposition(const StatusSnapshot& s) {
            static_cast<double>(m.demoted_bytes));
   x.Metric("cxltier_migration_failed_moves_total", "counter",
            "Block moves that did not complete (retried with backoff).",
-           static_cast<double>(m.failed));
+           static_cast<double>(m.moves.failed));
   x.Family("cxltier_migration_failures_total", "counter",
            "Pages or calls that failed to move, by errno.");
-  for (auto [e, n] : m.errors) {
+  for (auto [e, n] : m.moves.errors) {
     x.Sample("cxltier_migration_failures_total", static_cast<double>(n),
              fmt::format("errno=\"{}\"", ErrnoName(e)));
   }
   x.Metric("cxltier_pages_wrong_node_total", "counter",
            "Pages verification found on another node than the move's target.",
-           static_cast<double>(m.pages_elsewhere));
+           static_cast<double>(m.moves.pages_elsewhere));
   x.Metric("cxltier_pages_busy_total", "counter", "Pages that could not move (EBUSY: pinned).",
-           static_cast<double>(m.pages_busy));
+           static_cast<double>(m.moves.pages_busy));
   x.Metric("cxltier_pages_verified_total", "counter", "Pages verified on their target node.",
-           static_cast<double>(m.pages_verified));
+           static_cast<double>(m.moves.pages_verified));
   x.Metric("cxltier_pending_moves", "gauge", "Moves queued or running in the mover.",
            static_cast<double>(m.pending));
   x.Family("cxltier_tick_duration_seconds", "histogram", "Duration of one fold + plan tick.");

@@ -20,7 +20,7 @@ struct MoveJob {
   engine::Move move;
   numa::PageRange range;
   int node = 0;
-  uint64_t client_id = 0;  // the daemon's session id
+  uint64_t session = 0;  // the client's connection (server::Peer::session_id)
   uint32_t segment_slot = 0;
   uint32_t pool = 0;
   uint32_t block = 0;

@@ -2,10 +2,19 @@
 // status.h, once per request; status.cpp and metrics.cpp render them.
 #include <algorithm>
 
-#include "daemon.h"
-#include "status.h"
+#include "service/daemon.h"
+#include "service/status.h"
 
 namespace cxltier::service {
+
+std::optional<nlohmann::json> Daemon::StatsJson(const std::string& what,
+                                                std::optional<uid_t> only) const {
+  if (what == "status") return StatusJson();
+  if (what == "tiers") return TiersToJson(TierStatuses());
+  if (what == "clients") return ClientsToJson(ClientStatuses(only));
+  if (what == "blocks") return BlocksToJson(RankBlocks(only));
+  return std::nullopt;
+}
 
 std::vector<TierStatus> Daemon::TierStatuses() const {
   std::vector<TierStatus> out;
@@ -13,7 +22,7 @@ std::vector<TierStatus> Daemon::TierStatuses() const {
   for (int t = 0; t < 2; ++t) {
     TierStatus ts;
     ts.tier = t;
-    for (int n : t == 0 ? tiers_.fast_nodes : tiers_.slow_nodes) {
+    for (int n : t == 0 ? moves_.tiers().fast_nodes : moves_.tiers().slow_nodes) {
       NodeStatus ns;
       ns.node = n;
       if (const numa::NumaNode* node = topology_.Find(n)) {
@@ -38,13 +47,13 @@ StatusSnapshot Daemon::Snapshot() const {
   const engine::EngineCounters c = engine_ ? engine_->counters() : engine::EngineCounters{};
   StatusSnapshot s;
   // Clients that left count their blocks and observations until they are released.
-  for (const auto& [id, cl] : clients_) {
+  for (const auto& [id, cl] : clients_.all()) {
     s.clients += cl.hello && !cl.leaving;
     s.blocks += cl.live;
     s.observations += cl.observations;
     s.bad_observations += cl.bad_observations;
   }
-  s.connections = connections_;
+  s.connections = clients_.connections();
   s.ghosts = engine_ ? engine_->ghosts().size() : pending_ghosts_.size();
   s.ghosts_loaded_at_start = restored_from_checkpoint_;
   s.ghost_restores = c.ghost_restores;
@@ -68,20 +77,15 @@ StatusSnapshot Daemon::Snapshot() const {
   m.demotions = c.demotions;
   m.promoted_bytes = c.promoted_bytes;
   m.demoted_bytes = c.demoted_bytes;
-  m.failed = moves_failed_;
-  m.pending = mover_->pending();
+  m.pending = moves_.mover().pending();
   m.budget_bytes_per_tick = engine_ ? engine_->options().migrate_bytes_per_tick : 0;
-  m.pages_verified = pages_moved_;
-  m.pages_absent = pages_absent_;
-  m.pages_busy = pages_busy_;
-  m.pages_elsewhere = pages_elsewhere_;
-  m.errors = move_errors_;
+  m.moves = moves_.stats();
   return s;
 }
 
 std::vector<ClientStatus> Daemon::ClientStatuses(std::optional<uid_t> only) const {
   std::vector<ClientStatus> out;
-  for (const auto& [session, c] : clients_) {
+  for (const auto& [session, c] : clients_.all()) {
     if (!c.hello || c.leaving) continue;  // operator tools, clients connecting or gone
     if (only && c.peer.uid != *only) continue;
     out.push_back({c.id, c.name, c.peer.pid, c.peer.uid, c.live, c.slots.size(), c.pools.size(),
@@ -97,7 +101,7 @@ BlockRanking Daemon::RankBlocks(std::optional<uid_t> only) const {
     uint32_t seg;
   };
   std::vector<Ranked> ranked;
-  for (const auto& [session, c] : clients_) {
+  for (const auto& [session, c] : clients_.all()) {
     if (only && c.peer.uid != *only) continue;
     for (uint32_t i = 0; i < c.slots.size(); ++i) {
       if (c.slots[i].live) ranked.push_back({engine_->state(c.slots[i].engine_slot).score, &c, i});

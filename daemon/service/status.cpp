@@ -77,19 +77,19 @@ nlohmann::json TickJson(const TickSummary& t) {
 
 nlohmann::json MigrationJson(const MigrationStatus& m) {
   nlohmann::json errors = nlohmann::json::object();
-  for (auto [e, n] : m.errors) errors[std::strerror(e)] = n;
+  for (auto [e, n] : m.moves.errors) errors[std::strerror(e)] = n;
   return {{"enabled", m.enabled},
           {"promotions", m.promotions},
           {"demotions", m.demotions},
           {"promoted_bytes", m.promoted_bytes},
           {"demoted_bytes", m.demoted_bytes},
-          {"failed", m.failed},
+          {"failed", m.moves.failed},
           {"pending", m.pending},
           {"budget_bytes_per_tick", m.budget_bytes_per_tick},
-          {"pages_verified", m.pages_verified},
-          {"pages_absent", m.pages_absent},
-          {"pages_busy", m.pages_busy},
-          {"pages_elsewhere", m.pages_elsewhere},
+          {"pages_verified", m.moves.pages_verified},
+          {"pages_absent", m.moves.pages_absent},
+          {"pages_busy", m.moves.pages_busy},
+          {"pages_elsewhere", m.moves.pages_elsewhere},
           {"errors", errors}};
 }
 
@@ -194,7 +194,7 @@ nlohmann::json BlocksToJson(const BlockRanking& ranking) {
 std::string SystemdStatusLine(const StatusSnapshot& s) {
   return fmt::format("{} clients, {} blocks, hit rate {:.1f}%, tier 0 {} blocks, {} moves failed",
                      s.clients, s.blocks, 100.0 * s.hit_rate(),
-                     s.tiers.empty() ? 0 : s.tiers.front().blocks, s.migrations.failed);
+                     s.tiers.empty() ? 0 : s.tiers.front().blocks, s.migrations.moves.failed);
 }
 
 }  // namespace cxltier::service

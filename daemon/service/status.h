@@ -81,20 +81,26 @@ struct TierStatus {
   uint64_t budget_bytes = 0;  // 0: no budget (every tier but 0)
 };
 
+// What the mover's results came to, counted as they come back (MoveDispatch).
+struct MoveStats {
+  uint64_t in_flight = 0;       // handed to the mover, result not yet back
+  uint64_t failed = 0;          // block moves not done (retried with backoff)
+  uint64_t pages_verified = 0;  // on their target node after a move
+  uint64_t pages_absent = 0;    // never faulted in
+  uint64_t pages_busy = 0;      // EBUSY: pinned
+  uint64_t pages_elsewhere = 0;
+  std::map<int, uint64_t> errors;  // pages or calls that failed, by errno
+};
+
 struct MigrationStatus {
   bool enabled = false;
   uint64_t promotions = 0;
   uint64_t demotions = 0;
   uint64_t promoted_bytes = 0;
   uint64_t demoted_bytes = 0;
-  uint64_t failed = 0;   // block moves not done (retried with backoff)
   uint64_t pending = 0;  // queued or running in the mover
   uint64_t budget_bytes_per_tick = 0;
-  uint64_t pages_verified = 0;  // on their target node after a move
-  uint64_t pages_absent = 0;    // never faulted in
-  uint64_t pages_busy = 0;      // EBUSY: pinned
-  uint64_t pages_elsewhere = 0;
-  std::map<int, uint64_t> errors;  // pages or calls that failed, by errno
+  MoveStats moves;
 };
 
 struct StatusSnapshot {

@@ -1,10 +1,11 @@
-// libFuzzer target: the daemon's fold of a state segment a client wrote. The
-// input overwrites the segment's slots and dirty bitmap (anything a hostile
-// client can write), the daemon ticks, and then must still hold every block,
-// publish finite scores, and answer stats. One in-process daemon (no socket,
-// moves reported done without moving) serves every input.
-#include <fcntl.h>
-#include <sys/mman.h>
+// libFuzzer target: the fold of a state segment a client wrote, on its own:
+// a client table entry, a real segment (memfd) and an engine, with no socket,
+// no io_context and no state directory. The input overwrites the segment's
+// slots and dirty bitmap (anything a hostile client can write); a tail past
+// the segment is a socket Report. The fold runs one tick, and then every
+// block is still held, every score the engine publishes is finite, and the
+// client's slots still name their keys.
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,55 +13,44 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 
 #include "cxltier/segment.h"
-#include "numa/migrator.h"
-#include "service/daemon.h"
+#include "engine/engine.h"
+#include "service/client_table.h"
+#include "service/config.h"
+#include "service/fold.h"
 
 namespace {
 
 using namespace cxltier;
 
 constexpr uint32_t kSlots = 64;
-const ModelGeometry kModel{"fuzz", 1, 1, 1, 1024, 2, 16};  // 64 KiB blocks
+constexpr uint64_t kBlockBytes = 64 << 10;
 
 struct Fixture {
-  boost::asio::io_context io;
-  std::unique_ptr<service::Daemon> daemon;
-  server::Peer peer{1, getpid(), getuid(), getgid()};
-  uint8_t* segment = nullptr;
+  service::ClientTable table;
+  service::Client* client = nullptr;
+  std::unique_ptr<engine::Engine> engine;
+  service::Fold fold;
+  uint64_t tick = 0;
 
   Fixture() {
-    service::DaemonConfig c;
-    c.state_dir = "/tmp/cxltier-fuzz-fold-" + std::to_string(getpid());
-    std::filesystem::create_directories(c.state_dir);
-    c.checkpoint_interval_s = 0;
-    c.tier0_budget_bytes = 16 * kModel.block_bytes();
-    c.max_blocks_per_client = kSlots;
-    daemon = std::make_unique<service::Daemon>(io, c, numa::Topology{},
-                                               numa::TierAssignment{{0}, {0}, "fuzz"},
-                                               std::make_unique<numa::NullMigrator>(), true);
-    daemon->OnConnect(peer);
-    int fd = -1;
-    auto hello = daemon->OnHello(peer, wire::Hello{kModel, kSlots, "fuzz"}, &fd);
-    if (!std::holds_alternative<wire::HelloOk>(hello)) std::abort();
-    segment = static_cast<uint8_t*>(
-        mmap(nullptr, SegmentBytes(kSlots), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-    if (segment == MAP_FAILED) std::abort();
-    const uint64_t stride = kModel.block_bytes();
-    const int pool = memfd_create("fuzz-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (ftruncate(pool, static_cast<off_t>(stride * kSlots)) != 0) std::abort();
-    if (fcntl(pool, F_ADD_SEALS, F_SEAL_SHRINK) != 0) std::abort();  // the daemon requires it
-    auto reg = daemon->OnRegisterPool(
-        peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kSlots, stride, kSlots},
-        server::UniqueFd(pool));
-    if (!std::holds_alternative<wire::RegisterPoolOk>(reg)) std::abort();
-    wire::Admit a{0, {}};
-    for (uint32_t i = 0; i < kSlots; ++i) a.entries.push_back({BlockKey::FromSequence(3, i), i});
-    if (!std::holds_alternative<wire::AdmitOk>(daemon->OnAdmit(peer, a))) std::abort();
+    engine::EngineOptions o;
+    o.block_bytes = kBlockBytes;
+    o.tier0_budget_bytes = 16 * kBlockBytes;
+    o.mode = engine::Mode::kTick;
+    std::string err;
+    engine = std::make_unique<engine::Engine>(o, engine::MakePolicy("ema:0.1", &err));
+    service::DaemonConfig config;
+    client = &table.Connect(server::Peer{1, getpid(), getuid(), getgid()});
+    const wire::Hello hello{ModelGeometry{"fuzz", 1, 1, 1, 1024, 2, 16}, kSlots, "fuzz"};
+    if (table.CheckHello(*client, hello, config) || table.Open(*client, kSlots)) std::abort();
+    for (uint32_t i = 0; i < kSlots; ++i) {
+      const BlockKey key = BlockKey::FromSequence(3, i);
+      const engine::Slot es = engine->Admit(key, i < 16 ? Tier::kFast : Tier::kSlow, getuid());
+      service::WriteBack(*engine, *client, table.Bind(*client, es, 0, i, key));
+    }
   }
 };
 
@@ -68,31 +58,26 @@ struct Fixture {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture* f = new Fixture();
+  service::Client& c = *f->client;
   // The client's part of the segment: every slot byte and the bitmap.
-  uint8_t* writable = f->segment + kSegmentSlotOffset;
+  uint8_t* writable = reinterpret_cast<uint8_t*>(c.segment.slot(0));
   const size_t span = SegmentBytes(kSlots) - kSegmentSlotOffset;
   std::memcpy(writable, data, std::min(size, span));
-  // A tail past the segment is a socket Report of raw observations.
   if (size > span) {
     wire::Report r;
     std::string why;
     std::vector<uint8_t> payload(data + span, data + size);
-    if (wire::Decode(payload, &r, &why)) (void)f->daemon->OnReport(f->peer, r);
+    if (wire::Decode(payload, &r, &why)) (void)service::AddReport(c, r);
   }
-  f->daemon->Tick();
-  f->io.poll();
-  f->io.restart();
-  const nlohmann::json st = f->daemon->StatusJson();
-  if (st["blocks"].get<uint64_t>() != kSlots)
-    std::abort();  // nothing the client writes drops a block
-  auto stats = f->daemon->OnStats(f->peer, wire::Stats{"blocks"});
-  if (!std::holds_alternative<wire::StatsOk>(stats)) std::abort();
-  const auto j = nlohmann::json::parse(std::get<wire::StatsOk>(stats).json);
-  // Every score the engine holds is finite (JSON writes NaN and inf as null).
-  for (const char* list : {"hottest", "coldest"}) {
-    for (const auto& b : j[list]) {
-      if (!b["score"].is_number() || !std::isfinite(b["score"].get<double>())) std::abort();
-    }
+  f->fold.Run(c, *f->engine, ++f->tick);
+  // Nothing the client writes drops a block or loses its key.
+  if (c.live != kSlots || f->engine->live_blocks() != kSlots) std::abort();
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    const service::SegSlot& s = c.slots[i];
+    if (!s.live || c.by_key.at(s.key) != i) std::abort();
+    const BlockState& st = f->engine->state(s.engine_slot);
+    if (!std::isfinite(st.score) || st.score < 0) std::abort();
+    if (st.touch_time > f->tick) std::abort();  // the engine's clock, not the client's
   }
   return 0;
 }

@@ -75,7 +75,7 @@ TEST(Migrator, MovesAndVerifiesOwnAnonymousPages) {
   const MoveResult res = m->Move(r, 0);
   EXPECT_TRUE(res.done()) << Summarize(res);
   EXPECT_EQ(res.pages, kBytes / 4096);
-  EXPECT_EQ(res.on_target, res.pages);
+  EXPECT_EQ(res.verified, res.pages);
   for (int node : m->Where(r)) EXPECT_EQ(node, 0);
   for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(static_cast<uint8_t*>(p)[i], 0x5a);
   munmap(p, kBytes);
@@ -94,7 +94,7 @@ TEST(Migrator, SharedMemfdPagesOfAnotherProcess) {
   const PageRange r{0, reinterpret_cast<uintptr_t>(p), kBytes, true};
   const MoveResult res = m->Move(r, 0);
   EXPECT_TRUE(res.done()) << Summarize(res);
-  EXPECT_EQ(res.on_target, kBytes / 4096);
+  EXPECT_EQ(res.verified, kBytes / 4096);
   for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(p[i], static_cast<uint8_t>(i * 7));
   munmap(p, kBytes);
   close(fd);
@@ -106,7 +106,7 @@ TEST(Migrator, AbsentPagesAreReportedNotMoved) {
   static_cast<uint8_t*>(p)[0] = 1;  // one page present
   auto m = MakeLinuxMigrator();
   const MoveResult res = m->Move(PageRange{0, reinterpret_cast<uintptr_t>(p), kBytes, false}, 0);
-  EXPECT_EQ(res.on_target, 1u);
+  EXPECT_EQ(res.verified, 1u);
   EXPECT_EQ(res.absent, res.pages - 1);
   EXPECT_TRUE(res.done());
   munmap(p, kBytes);
@@ -174,7 +174,7 @@ TEST(Migrator, RangeOfAProcessThatExitedFailsWithEsrchAndNeverNamesItsPid) {
   EXPECT_FALSE(res.done());
   EXPECT_EQ(res.call_errno, ESRCH);
   EXPECT_STREQ(res.call, "process");
-  EXPECT_EQ(res.on_target, 0u);
+  EXPECT_EQ(res.verified, 0u);
   EXPECT_NE(Summarize(res).find("the pool's process has exited"), std::string::npos)
       << Summarize(res);
   for (int node : m->Where(reused)) ASSERT_EQ(node, -ESRCH);
@@ -192,7 +192,7 @@ TEST(Migrator, RangeOfALiveProcessMovesThroughItsHandle) {
   const MoveResult res =
       m->Move(PageRange{getpid(), reinterpret_cast<uintptr_t>(p), kBytes, false, self}, 0);
   EXPECT_TRUE(res.done()) << Summarize(res);
-  EXPECT_EQ(res.on_target, kBytes / 4096);
+  EXPECT_EQ(res.verified, kBytes / 4096);
   munmap(p, kBytes);
 }
 

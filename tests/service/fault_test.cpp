@@ -64,7 +64,7 @@ class FaultMigrator : public numa::Migrator {
         half.length = r.length / 2;
         res = real_->Move(half, node);
         res.pages = pages;
-        res.elsewhere = pages - res.on_target - res.absent;
+        res.elsewhere = pages - res.verified - res.absent;
         break;
       }
     }

@@ -482,7 +482,7 @@ class FakeMigrator : public numa::Migrator {
     cv_.wait(lock, [this] { return !holding_; });
     moved.push_back({r.address, node});
     numa::MoveResult res;
-    res.pages = res.on_target = r.length / 4096;
+    res.pages = res.verified = r.length / 4096;
     return res;
   }
   std::vector<int> Where(const numa::PageRange& r) override {
@@ -631,7 +631,7 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
    public:
     numa::MoveResult Move(const numa::PageRange& r, int) override {
       numa::MoveResult res;
-      res.pages = res.on_target = r.length / 4096;
+      res.pages = res.verified = r.length / 4096;
       return res;
     }
     std::vector<int> Where(const numa::PageRange& r) override {
@@ -742,8 +742,8 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
   s.tiers[1].tier = 1;
   s.tiers[1].blocks = 15;
   s.tiers[1].nodes.push_back({7, false, 0, 0, std::nullopt, std::nullopt, std::nullopt});
-  s.migrations.failed = 6;
-  s.migrations.errors[ENOMEM] = 2;
+  s.migrations.moves.failed = 6;
+  s.migrations.moves.errors[ENOMEM] = 2;
   s.tick_seconds.count = 9;
   s.tick_seconds.cumulative.fill(9);
 

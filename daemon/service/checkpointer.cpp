@@ -1,0 +1,109 @@
+#include "service/checkpointer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <exception>
+#include <filesystem>
+#include <utility>
+
+namespace cxltier::service {
+
+// After a SIGKILL the clock had run on past `tick`, up to the tick the next
+// periodic checkpoint was due at (the crash came before that one was on
+// disk), and clients saw those ticks in daemon_ticks and in their slots.
+// Resuming at `tick` would repeat them, an old block's time could then be
+// ahead of now, and restored blocks would decay less than they really did;
+// resuming where the next checkpoint was due keeps the clock monotonic and
+// counts at most one interval of decay that did not happen, the same for
+// every restored block, so their order among themselves holds. (A write
+// still in flight at the crash, or one that failed, leaves the file older;
+// its states are still in the past, only the clock repeats some ticks.)
+uint64_t ResumeTickAfterCrash(uint64_t checkpoint_interval_s, uint32_t tick_ms, uint64_t tick) {
+  if (checkpoint_interval_s == 0 || tick_ms == 0) return tick;
+  const uint64_t interval_ms = checkpoint_interval_s * 1000ull;
+  return tick + (interval_ms + tick_ms - 1) / tick_ms;
+}
+
+GhostSnapshot CollectStates(const engine::Engine& engine, const ClientTable* live) {
+  GhostSnapshot out;
+  // One allocation, one copy, for the ghosts and the live states alike.
+  const size_t n = engine.ghosts().size() + (live ? engine.live_blocks() : 0);
+  out.states.reserve(n);
+  out.owners.reserve(n);
+  engine.ghosts().ForEach([&out](const BlockState& g, uint32_t owner) {
+    out.states.push_back(g);
+    out.owners.push_back(owner);
+  });
+  if (!live) return out;
+  for (const auto& [session, c] : live->all()) {
+    for (const SegSlot& s : c.slots) {
+      if (!s.live) continue;
+      out.states.push_back(engine.state(s.engine_slot));
+      out.owners.push_back(engine.owner(s.engine_slot));
+    }
+  }
+  return out;
+}
+
+Checkpointer::Checkpointer(std::string state_dir, std::function<void(std::function<void()>)> post)
+    : path_((std::filesystem::path(state_dir) / "ghosts.bin").string()), post_(std::move(post)) {}
+
+Checkpointer::~Checkpointer() = default;
+
+LoadedGhosts Checkpointer::Load() const {
+  LoadedGhosts loaded = LoadGhosts(path_);
+  if (!loaded.error.empty()) spdlog::error("ghost checkpoint: {}", loaded.error);
+  if (loaded.found && loaded.error.empty()) {
+    spdlog::info("loaded {} ghosts from {}", loaded.ghosts.size(), path_);
+    spdlog::info("clock resumes at tick {} (checkpoint taken at tick {})", loaded.clock.resume_tick,
+                 loaded.clock.tick);
+  }
+  if (loaded.version == 1 && !loaded.ghosts.empty()) {
+    spdlog::info("checkpoint of version 1: its {} ghosts share one owner's ghost share",
+                 loaded.ghosts.size());
+  }
+  return loaded;
+}
+
+void Checkpointer::StartWriter() {
+  // A million states are 64 MiB to write and fsync, which must not stall the
+  // clients: periodic checkpoints are written on a thread of their own.
+  try {
+    writer_ = std::make_unique<CheckpointWriter>(
+        [this](const std::string& err) { post_([this, err] { Written(err); }); });
+  } catch (const std::exception& e) {  // no thread: checkpoints are written inline
+    spdlog::warn("checkpoint writer thread not started ({}): writing checkpoints inline", e.what());
+  }
+}
+
+void Checkpointer::Save(GhostSnapshot snapshot) {
+  if (!writer_) {
+    SaveFinal(snapshot);
+    return;
+  }
+  const size_t n = snapshot.states.size();
+  if (!writer_->Submit(path_, std::move(snapshot))) {
+    spdlog::debug("the previous checkpoint was still waiting for the disk: replaced");
+  }
+  spdlog::debug("{} block states (ghosts and live) handed to the checkpoint writer", n);
+}
+
+void Checkpointer::SaveFinal(const GhostSnapshot& snapshot) {
+  if (writer_) writer_->Stop();
+  const std::string err = SaveGhosts(path_, snapshot);
+  Written(err);
+  if (err.empty()) {
+    spdlog::debug("saved {} block states (ghosts and live) to {}", snapshot.states.size(), path_);
+  }
+}
+
+void Checkpointer::Written(const std::string& err) {
+  if (err.empty()) {
+    last_error_.clear();
+  } else if (err != last_error_) {
+    spdlog::error("ghost checkpoint not written: {}", err);
+    last_error_ = err;
+  }
+}
+
+}  // namespace cxltier::service

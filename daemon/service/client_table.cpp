@@ -1,0 +1,220 @@
+#include "service/client_table.h"
+
+#include <algorithm>
+
+#include "service/config.h"
+
+namespace cxltier::service {
+
+using wire::Error;
+using wire::ErrorCode;
+
+std::optional<Error> ClientTable::CheckConnect(const server::Peer& peer, bool admin,
+                                               const DaemonConfig& config) const {
+  // Root and the admin group may always get in: max_clients counts everyone,
+  // but they have admin_reserved_connections more, and no per-uid cap.
+  const uint64_t cap = config.max_clients + (admin ? config.admin_reserved_connections : 0);
+  if (connections_ >= cap) {
+    return Error{ErrorCode::kLimit,
+                 "too many clients (limit " + std::to_string(config.max_clients) + ")"};
+  }
+  if (admin) return std::nullopt;
+  auto it = uids_.find(peer.uid);
+  if (it != uids_.end() && it->second.connections >= config.max_connections_per_uid) {
+    return Error{ErrorCode::kLimit, "too many connections of uid " + std::to_string(peer.uid) +
+                                        " (limit " +
+                                        std::to_string(config.max_connections_per_uid) + ")"};
+  }
+  return std::nullopt;
+}
+
+Client& ClientTable::Connect(const server::Peer& peer) {
+  Client& c = clients_[peer.session_id];
+  c.peer = peer;
+  c.id = next_id_++;
+  ++uids_[peer.uid].connections;
+  ++connections_;
+  return c;
+}
+
+void ClientTable::MarkLeaving(Client& c) {
+  c.leaving = true;
+  --connections_;
+  --uids_[c.peer.uid].connections;
+}
+
+void ClientTable::Remove(uint64_t session) {
+  auto it = clients_.find(session);
+  if (it == clients_.end()) return;
+  const Client& c = it->second;
+  UidUsage& u = uids_[c.peer.uid];
+  u.pools -= static_cast<uint32_t>(c.pools.size());
+  if (c.hello) u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c.slots.size()));
+  if (u.connections == 0 && u.blocks == 0 && u.pools == 0 && u.segment_bytes == 0) {
+    uids_.erase(c.peer.uid);
+  }
+  clients_.erase(it);
+}
+
+std::optional<Error> ClientTable::CheckHello(const Client& c, const wire::Hello& m,
+                                             const DaemonConfig& config) const {
+  if (const std::string err = m.model.Validate(); !err.empty()) {
+    return Error{ErrorCode::kGeometry, "model geometry: " + err};
+  }
+  if (m.max_blocks == 0) return Error{ErrorCode::kLimit, "max_blocks must be at least 1"};
+  if (m.max_blocks > config.max_blocks_per_client) {
+    return Error{ErrorCode::kLimit, "max_blocks " + std::to_string(m.max_blocks) +
+                                        " exceeds the limit of " +
+                                        std::to_string(config.max_blocks_per_client)};
+  }
+  if (m.model.block_bytes() > kMaxBlockBytes) {
+    return Error{ErrorCode::kGeometry, "blocks of " + std::to_string(m.model.block_bytes()) +
+                                           " bytes are larger than the " +
+                                           FormatBytes(kMaxBlockBytes) + " this daemon places"};
+  }
+  const uint32_t slots = m.max_blocks;
+  auto it = uids_.find(c.peer.uid);
+  const uint64_t held = it == uids_.end() ? 0 : it->second.segment_bytes;
+  const uint64_t bytes = SegmentBytes(slots);
+  if (held + bytes > config.max_segment_bytes_per_uid) {
+    return Error{ErrorCode::kLimit, "a segment of " + std::to_string(slots) + " slots (" +
+                                        FormatBytes(bytes) + ") would take uid " +
+                                        std::to_string(c.peer.uid) + " past its " +
+                                        FormatBytes(config.max_segment_bytes_per_uid) +
+                                        " of state segments (limits.max_segment_bytes_per_uid)"};
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> ClientTable::Open(Client& c, uint32_t slots) {
+  if (std::string err = c.segment.Create(slots, c.id); !err.empty()) {
+    return Error{ErrorCode::kInternal, "state segment: " + err};
+  }
+  c.hello = true;
+  uids_[c.peer.uid].segment_bytes += SegmentBytes(slots);
+  c.slots.assign(slots, SegSlot{});
+  c.live_slots.assign(slots, 0);
+  c.socket_dirty.assign(SegmentDirtyWords(slots), 0);
+  c.fold.assign(slots, FoldState{});
+  c.free_slots.clear();
+  for (uint32_t i = slots; i-- > 0;) c.free_slots.push_back(i);
+  return std::nullopt;
+}
+
+std::optional<Error> ClientTable::CheckPool(const Client& c, const DaemonConfig& config) const {
+  if (c.pools.size() >= config.max_pools_per_client) {
+    return Error{ErrorCode::kLimit,
+                 "too many pools (limit " + std::to_string(config.max_pools_per_client) + ")"};
+  }
+  auto it = uids_.find(c.peer.uid);
+  if (it != uids_.end() && it->second.pools >= config.max_pools_per_uid) {
+    return Error{ErrorCode::kLimit, "too many pools of uid " + std::to_string(c.peer.uid) +
+                                        " (limit " + std::to_string(config.max_pools_per_uid) +
+                                        ")"};
+  }
+  return std::nullopt;
+}
+
+uint32_t ClientTable::AddPool(Client& c, server::Pool pool) {
+  c.pools.push_back(std::move(pool));
+  ++uids_[c.peer.uid].pools;
+  return static_cast<uint32_t>(c.pools.size() - 1);
+}
+
+std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
+                                             const engine::Engine& engine,
+                                             const DaemonConfig& config) const {
+  if (m.pool_id >= c.pools.size()) {
+    return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
+  }
+  if (m.entries.size() > wire::kMaxEntriesPerMessage) {
+    return Error{ErrorCode::kLimit, "an admit may name at most " +
+                                        std::to_string(wire::kMaxEntriesPerMessage) +
+                                        " blocks; split it"};
+  }
+  const server::Pool& pool = c.pools[m.pool_id];
+  if (pool.dead()) {
+    return Error{ErrorCode::kBadPool,
+                 "the process that registered pool " + std::to_string(m.pool_id) + " has exited"};
+  }
+  uint64_t fresh = 0;
+  for (const wire::AdmitEntry& e : m.entries) {
+    if (e.block_index >= pool.blocks()) {
+      return Error{ErrorCode::kBadSlot, "block index " + std::to_string(e.block_index) +
+                                            " is outside pool " + std::to_string(m.pool_id) + " (" +
+                                            std::to_string(pool.blocks()) + " blocks)"};
+    }
+    if (c.by_key.count(e.key)) continue;
+    if (engine.Find(EngineKey(e.key, c.peer.uid)) != engine::kNoSlot) {
+      return Error{ErrorCode::kDenied,
+                   "key " + e.key.ToString() + " is admitted by another client of this user"};
+    }
+    ++fresh;
+  }
+  if (fresh > c.free_slots.size()) {
+    return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +
+                                        " blocks needs more than the " +
+                                        std::to_string(c.free_slots.size()) + " free slots"};
+  }
+  auto it = uids_.find(c.peer.uid);
+  const uint64_t held = it == uids_.end() ? 0 : it->second.blocks;
+  if (held + fresh > config.max_blocks_per_uid) {
+    return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +
+                                        " blocks would take uid " + std::to_string(c.peer.uid) +
+                                        " past its limit of " +
+                                        std::to_string(config.max_blocks_per_uid) +
+                                        " blocks (limits.max_blocks_per_uid)"};
+  }
+  return std::nullopt;
+}
+
+uint32_t ClientTable::Bind(Client& c, engine::Slot es, uint32_t pool, uint32_t block,
+                           const BlockKey& key) {
+  const uint32_t seg = c.free_slots.back();
+  c.free_slots.pop_back();
+  if (owners_.size() <= es) owners_.resize(es + 1);
+  owners_[es] = Owner{c.peer.session_id, seg};
+  c.slots[seg] = SegSlot{true, es, pool, block, key};
+  c.live_slots[seg] = 1;
+  c.fold[seg] = FoldState{};
+  c.by_key[key] = seg;
+  ++c.live;
+  ++uids_[c.peer.uid].blocks;
+  BlockState* slot = c.segment.slot(seg);
+  *slot = BlockState{};
+  slot->key = key;
+  return seg;
+}
+
+void ClientTable::Unbind(Client& c, uint32_t seg) {
+  SegSlot& s = c.slots[seg];
+  if (!s.live) return;
+  owners_[s.engine_slot] = Owner{};
+  c.by_key.erase(s.key);
+  s = SegSlot{};
+  c.live_slots[seg] = 0;
+  *c.segment.slot(seg) = BlockState{};
+  c.free_slots.push_back(seg);
+  --c.live;
+  --uids_[c.peer.uid].blocks;
+}
+
+std::optional<ClientTable::Holder> ClientTable::HolderOf(engine::Slot es) {
+  if (es >= owners_.size()) return std::nullopt;
+  const Owner& o = owners_[es];
+  Client* c = Find(o.session);
+  if (!c) return std::nullopt;
+  return Holder{c, o.seg_slot};
+}
+
+Client* ClientTable::Find(uint64_t session) {
+  auto it = clients_.find(session);
+  return it == clients_.end() ? nullptr : &it->second;
+}
+
+bool ClientTable::AnyHello() const {
+  return std::any_of(clients_.begin(), clients_.end(),
+                     [](const auto& kv) { return kv.second.hello; });
+}
+
+}  // namespace cxltier::service

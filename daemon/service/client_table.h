@@ -1,0 +1,154 @@
+// The clients the daemon serves and every block they hold: per connection its
+// segment, pools and slots with their key index; per engine slot the client
+// slot that holds it; per uid what all its connections hold (the per-uid
+// limits). Bind and Unbind are the only ways a slot changes, so these hold
+// after every call:
+//   slots[i].live == live_slots[i] == (by_key[slots[i].key] == i)
+//     == (HolderOf(slots[i].engine_slot) is {client, i})
+//   Client::live == live slots; UidUsage::blocks == live slots of its clients.
+// The engine is not here: the daemon admits and releases in the engine and
+// records the result here.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/pool.h"
+#include "server/segment.h"
+#include "server/server.h"
+
+namespace cxltier::service {
+
+struct DaemonConfig;
+
+// The engine's name for a client's key: keys live in one namespace per user,
+// so clients of different users can never collide, read or release each
+// other's blocks by key.
+inline BlockKey EngineKey(const BlockKey& key, uid_t uid) {
+  return BlockKey{key.hi ^ (0x9e3779b97f4a7c15ULL * (uint64_t{uid} + 1)), key.lo};
+}
+
+// One segment slot: the block a client admitted there.
+struct SegSlot {
+  bool live = false;
+  engine::Slot engine_slot = engine::kNoSlot;
+  uint32_t pool = 0;
+  uint32_t block = 0;
+  BlockKey key;                 // as the client named it
+  uint32_t socket_touches = 0;  // socket reports since the last fold
+  double socket_mass = 0;
+};
+
+// What the fold reads for every slot every tick, kept apart from SegSlot so
+// the scan of a million slots touches 8 bytes here and the client's line.
+struct FoldState {
+  uint32_t seen_touches = 0;  // the client's running totals at the last fold
+  uint32_t seen_mass_q16 = 0;
+};
+
+// One connection.
+struct Client {
+  server::Peer peer;
+  uint64_t id = 0;
+  std::string name;
+  bool hello = false;
+  ModelGeometry model;
+  server::Segment segment;
+  std::vector<server::Pool> pools;
+  std::vector<SegSlot> slots;
+  std::vector<uint8_t> live_slots;  // slots[i].live, packed for the fold's scan
+  std::vector<FoldState> fold;
+  std::vector<uint64_t> socket_dirty;  // slots with socket reports to fold, a bit each
+  std::vector<uint32_t> free_slots;
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
+  uint64_t live = 0;
+  bool leaving = false;         // disconnected; its slots are being released
+  uint32_t release_cursor = 0;  // slots before it are released
+  uint64_t bad_observations = 0;
+  uint64_t observations = 0;
+};
+
+// What one uid holds, over all its connections.
+struct UidUsage {
+  uint32_t connections = 0;
+  uint64_t blocks = 0;
+  uint32_t pools = 0;
+  uint64_t segment_bytes = 0;
+};
+
+class ClientTable {
+ public:
+  // Sessions by id: connected ones and ones leaving.
+  using Map = std::map<uint64_t, Client>;
+
+  // Connection caps (max_clients, the admin reserve, per uid): the refusal, or
+  // nothing if `peer` may connect.
+  std::optional<wire::Error> CheckConnect(const server::Peer& peer, bool admin,
+                                          const DaemonConfig& config) const;
+  // A new connection, numbered from 1.
+  Client& Connect(const server::Peer& peer);
+  // It disconnected: no longer counted as connected; its slots are released
+  // by the daemon (Unbind), then Remove.
+  void MarkLeaving(Client& c);
+  // Forgets a leaving client whose slots are all unbound.
+  void Remove(uint64_t session);
+
+  // Hello: refuses a model geometry the daemon cannot place, more slots
+  // than a client may have, or a segment that would take the uid past its limit.
+  std::optional<wire::Error> CheckHello(const Client& c, const wire::Hello& m,
+                                        const DaemonConfig& config) const;
+  // Hello: creates the segment and sizes the client's tables.
+  std::optional<wire::Error> Open(Client& c, uint32_t slots);
+  std::optional<wire::Error> CheckPool(const Client& c, const DaemonConfig& config) const;
+  uint32_t AddPool(Client& c, server::Pool pool);
+  // Checks a whole Admit before anything changes: its pool, every block
+  // index, keys another client of the same uid holds in `engine`, and the
+  // new blocks against the client's free slots and its uid's limit.
+  std::optional<wire::Error> CheckAdmit(const Client& c, const wire::Admit& m,
+                                        const engine::Engine& engine,
+                                        const DaemonConfig& config) const;
+
+  // Takes a free slot of `c` (CheckAdmit said there is one) for engine slot
+  // `es`, holding pool block (pool, block) as `key`; clears its segment slot
+  // to the key alone. Returns the segment slot.
+  uint32_t Bind(Client& c, engine::Slot es, uint32_t pool, uint32_t block, const BlockKey& key);
+  // Frees a live slot (the engine has released its block) and clears its
+  // segment slot.
+  void Unbind(Client& c, uint32_t seg);
+
+  struct Holder {
+    Client* client;
+    uint32_t seg_slot;
+  };
+  // The client slot that holds engine slot `es`, if any.
+  std::optional<Holder> HolderOf(engine::Slot es);
+  // The engine was rebuilt with no live blocks: no engine slot is held.
+  void ForgetEngineSlots() { owners_.clear(); }
+
+  Client* Find(uint64_t session);
+  const Map& all() const { return clients_; }
+  Map& all() { return clients_; }
+  uint64_t connections() const { return connections_; }
+  // Some connected client said hello (holds the block size).
+  bool AnyHello() const;
+
+ private:
+  struct Owner {
+    uint64_t session = 0;
+    uint32_t seg_slot = 0;
+  };
+  Map clients_;
+  std::unordered_map<uid_t, UidUsage> uids_;  // of the clients in clients_
+  std::vector<Owner> owners_;                 // by engine slot; session 0: none
+  uint64_t connections_ = 0;                  // connected (clients_ also holds ones leaving)
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace cxltier::service

@@ -1,0 +1,56 @@
+// Move dispatch: the engine's planned moves go to the mover, and its results
+// come back here. Each move is aimed at its tier's first node, carries the
+// pool block's page range, and on completion the engine learns whether it was
+// done and the client's slot shows the block's tier. A block released while
+// its move was queued is stale: its pool block may hold another key by now,
+// so whatever holds it is asked of the kernel instead.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "numa/migrator.h"
+#include "numa/topology.h"
+#include "service/client_table.h"
+#include "service/mover.h"
+#include "service/status.h"
+
+namespace cxltier::service {
+
+class MoveDispatch {
+ public:
+  // A line about a move of client `c`'s block, to log at its rate.
+  using Warn = std::function<void(const Client& c, const std::string& what)>;
+  // `on_done` runs on the mover thread and must post the result to the I/O
+  // thread, which then calls Complete.
+  MoveDispatch(numa::TierAssignment tiers, std::shared_ptr<numa::Migrator> migrator,
+               uint64_t rate_bytes_per_s, std::function<void(MoveDone)> on_done);
+
+  // Where the kernel has most of `range`'s pages: their tier (fast when none
+  // is faulted in yet, or on a node no tier names).
+  Tier WhereIs(const numa::PageRange& range) const;
+  Tier TierOfNode(int node) const;
+  // Hands every move of `engine`'s plan to the mover.
+  void Dispatch(engine::Engine& engine, ClientTable& clients);
+  // A move's result, on the I/O thread. `engine` is null when it was rebuilt
+  // since (no block of the move is left in it).
+  void Complete(const MoveDone& d, engine::Engine* engine, ClientTable& clients, const Warn& warn);
+
+  Mover& mover() { return *mover_; }
+  const Mover& mover() const { return *mover_; }
+  const MoveStats& stats() const { return stats_; }
+  const numa::TierAssignment& tiers() const { return tiers_; }
+
+ private:
+  int TargetNode(Tier to) const;
+
+  numa::TierAssignment tiers_;
+  // The mover moves with it on its thread; the I/O thread asks it Where().
+  std::shared_ptr<numa::Migrator> migrator_;
+  std::unique_ptr<Mover> mover_;
+  MoveStats stats_;
+};
+
+}  // namespace cxltier::service
