@@ -14,10 +14,10 @@
 #include <filesystem>
 
 #include "cxltier/socket_path.h"
-#include "http.h"
 #include "numa/migrator.h"
 #include "numa/topology.h"
-#include "server.h"
+#include "server/http.h"
+#include "server/server.h"
 #include "service/config.h"
 #include "service/daemon.h"
 #include "service/status.h"

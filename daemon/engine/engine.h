@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "cxltier/block.h"
-#include "ghost_store.h"
-#include "key_index.h"
-#include "policy.h"
-#include "slot_list.h"
-#include "types.h"
+#include "engine/ghost_store.h"
+#include "engine/key_index.h"
+#include "engine/policy.h"
+#include "engine/slot_list.h"
+#include "engine/types.h"
 
 namespace cxltier::engine {
 

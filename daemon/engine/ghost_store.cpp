@@ -1,4 +1,4 @@
-#include "ghost_store.h"
+#include "engine/ghost_store.h"
 
 #include <algorithm>
 #include <cassert>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
-#include "key_index.h"
+#include "engine/key_index.h"
 
 namespace cxltier::engine {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
-#include "types.h"
+#include "engine/types.h"
 
 namespace cxltier::engine {
 

@@ -6,10 +6,10 @@
 #include <memory>
 #include <string>
 
-#include "count_min.h"
-#include "policy.h"
-#include "slot_heap.h"
-#include "slot_list.h"
+#include "engine/count_min.h"
+#include "engine/policy.h"
+#include "engine/slot_heap.h"
+#include "engine/slot_list.h"
 
 namespace cxltier::engine {
 

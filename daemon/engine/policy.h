@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
-#include "types.h"
+#include "engine/types.h"
 
 namespace cxltier::engine {
 

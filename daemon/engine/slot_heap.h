@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "types.h"
+#include "engine/types.h"
 
 namespace cxltier::engine {
 

@@ -1,4 +1,4 @@
-#include "migrator.h"
+#include "numa/migrator.h"
 
 #include <fcntl.h>
 #include <numa.h>

@@ -1,4 +1,4 @@
-#include "topology.h"
+#include "numa/topology.h"
 
 #include <hwloc.h>
 #include <numa.h>

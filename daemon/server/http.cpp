@@ -1,4 +1,4 @@
-#include "http.h"
+#include "server/http.h"
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>

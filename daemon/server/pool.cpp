@@ -1,4 +1,4 @@
-#include "pool.h"
+#include "server/pool.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

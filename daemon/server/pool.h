@@ -10,7 +10,7 @@
 
 #include "cxltier/wire.h"
 #include "numa/migrator.h"
-#include "unique_fd.h"
+#include "server/unique_fd.h"
 
 namespace cxltier::server {
 

@@ -1,4 +1,4 @@
-#include "segment.h"
+#include "server/segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

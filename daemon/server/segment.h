@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cxltier/segment.h"
-#include "unique_fd.h"
+#include "server/unique_fd.h"
 
 namespace cxltier::server {
 

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "cxltier/wire.h"
-#include "log_limiter.h"
-#include "unique_fd.h"
+#include "server/log_limiter.h"
+#include "server/unique_fd.h"
 
 namespace cxltier::server {
 

@@ -1,4 +1,4 @@
-#include "admin.h"
+#include "service/admin.h"
 
 #include <grp.h>
 #include <pwd.h>

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "server.h"
+#include "server/server.h"
 
 namespace cxltier::service {
 

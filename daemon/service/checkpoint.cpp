@@ -1,4 +1,4 @@
-#include "checkpoint.h"
+#include "service/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

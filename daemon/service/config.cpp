@@ -1,4 +1,4 @@
-#include "config.h"
+#include "service/config.h"
 
 #include <toml++/toml.h>
 
@@ -9,7 +9,7 @@
 
 #include "cxltier/model.h"
 #include "engine/policy.h"
-#include "http.h"
+#include "server/http.h"
 
 namespace cxltier::service {
 namespace {

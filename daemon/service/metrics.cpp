@@ -5,7 +5,7 @@
 #include <string>
 
 #include "fmt/format.h"
-#include "status.h"
+#include "service/status.h"
 
 namespace cxltier::service {
 

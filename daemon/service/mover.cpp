@@ -1,4 +1,4 @@
-#include "mover.h"
+#include "service/mover.h"
 
 #include <cerrno>
 #include <vector>

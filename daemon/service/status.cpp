@@ -1,6 +1,6 @@
 // The JSON views of `Stats` and the systemd STATUS line, rendered from the
 // plain structs of status.h; the tick-time recorder; the daemon's memory.
-#include "status.h"
+#include "service/status.h"
 
 #include <algorithm>
 #include <cstdio>

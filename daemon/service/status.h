@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cxltier/block.h"
-#include "server.h"
+#include "server/server.h"
 
 namespace cxltier::service {
 

@@ -972,7 +972,7 @@ TEST(Engine, RestoredGhostComesBackOnAdmit) {
   EXPECT_FALSE(r.RestoreGhost(g));
 }
 
-// Issue 13: a checkpointed EMA state restored as the daemon does it
+// Regression: a checkpointed EMA state restored as the daemon does it
 // (RestoreGhost, Admit where its pages are, then the fold's Touch) keeps its
 // score decayed by the clock units since its touch, 5.0 x 0.99^elapsed.
 // Before the fix the clock restarted and `now - prev` wrapped: pow gave 0 and

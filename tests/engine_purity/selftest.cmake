@@ -31,19 +31,26 @@ file(REMOVE_RECURSE "${WORK}")
 set(clean_include "${WORK}/include")
 file(COPY "${INCLUDE_ROOT}/cxltier" DESTINATION "${clean_include}")
 
-# A fresh copy of the engine with LINE in a new source (or appended to a copy of engine.h).
+# A copy of the daemon's tree as the engine sees it: DIR/engine (the engine's
+# files include each other as "engine/x.h") and DIR/numa (an impure layer to
+# reach for); with LINE in a new engine source, or appended to engine.h.
+function(daemon_copy dir)
+  file(COPY "${ENGINE_DIR}/" DESTINATION "${dir}/engine")
+  file(COPY "${DAEMON_DIR}/numa/" DESTINATION "${dir}/numa")
+endfunction()
 function(engine_with dir line where)
-  file(COPY "${ENGINE_DIR}/" DESTINATION "${dir}")
+  daemon_copy("${dir}")
   if(where STREQUAL "new")
-    file(WRITE "${dir}/stray.cpp" "// an engine source\n${line}\nint Stray() { return 0; }\n")
+    file(WRITE "${dir}/engine/stray.cpp" "// an engine source\n${line}\nint Stray() { return 0; }\n")
   else()
-    file(APPEND "${dir}/engine.h" "${line}\n")
+    file(APPEND "${dir}/engine/engine.h" "${line}\n")
   endif()
 endfunction()
 
-set(base -DINCLUDE_ROOT=${clean_include} -DDAEMON_DIR=${DAEMON_DIR})
-file(COPY "${ENGINE_DIR}/" DESTINATION "${WORK}/clean")
-check(clean_copy_passes TRUE "" -DENGINE_DIR=${WORK}/clean ${base} -DSOURCES=engine.cpp|policies.cpp)
+set(clean -DENGINE_DIR=${WORK}/clean/engine -DDAEMON_DIR=${WORK}/clean)
+set(base -DINCLUDE_ROOT=${clean_include})
+daemon_copy("${WORK}/clean")
+check(clean_copy_passes TRUE "" ${clean} ${base} -DSOURCES=engine.cpp|policies.cpp)
 
 set(n 0)
 foreach(case IN ITEMS "numa.h|#include <numa.h>" "boost|#include <boost/asio.hpp>"
@@ -58,7 +65,8 @@ foreach(case IN ITEMS "numa.h|#include <numa.h>" "boost|#include <boost/asio.hpp
   foreach(where new header)
     math(EXPR n "${n} + 1")
     engine_with("${WORK}/case${n}" "${line}" ${where})
-    check("${name}_in_${where}_file" FALSE "${want}" -DENGINE_DIR=${WORK}/case${n} ${base})
+    check("${name}_in_${where}_file" FALSE "${want}" -DENGINE_DIR=${WORK}/case${n}/engine
+          -DDAEMON_DIR=${WORK}/case${n} ${base})
   endforeach()
 endforeach()
 
@@ -66,18 +74,16 @@ endforeach()
 file(COPY "${INCLUDE_ROOT}/cxltier" DESTINATION "${WORK}/bad_include")
 file(APPEND "${WORK}/bad_include/cxltier/block.h" "#include <sys/mman.h>\n")
 check(impure_public_header FALSE "cxltier/block.h: #include <sys/mman.h>"
-      -DENGINE_DIR=${WORK}/clean -DINCLUDE_ROOT=${WORK}/bad_include -DDAEMON_DIR=${DAEMON_DIR})
+      ${clean} -DINCLUDE_ROOT=${WORK}/bad_include)
 
 # Links and sources: the engine links nothing and compiles only its own files.
-check(links_numa FALSE "links 'numa'" -DENGINE_DIR=${WORK}/clean ${base} -DLINK_LIBRARIES=numa)
-check(links_boost FALSE "links 'Boost::headers'" -DENGINE_DIR=${WORK}/clean ${base}
+check(links_numa FALSE "links 'numa'" ${clean} ${base} -DLINK_LIBRARIES=numa)
+check(links_boost FALSE "links 'Boost::headers'" ${clean} ${base}
       "-DLINK_LIBRARIES=fmt::fmt|Boost::headers")
-check(foreign_source FALSE "'../numa/migrator.cpp', which is outside" -DENGINE_DIR=${WORK}/clean
-      ${base} "-DSOURCES=engine.cpp|../numa/migrator.cpp")
+check(foreign_source FALSE "'../numa/migrator.cpp', which is outside" ${clean} ${base} "-DSOURCES=engine.cpp|../numa/migrator.cpp")
 file(WRITE "${WORK}/target_info.cmake"
      "set(ENGINE_LINK_LIBRARIES [==[]==])\nset(ENGINE_INTERFACE_LINK_LIBRARIES [==[PkgConfig::NUMA]==])\n")
-check(interface_link_from_target_info FALSE "links 'PkgConfig::NUMA'" -DENGINE_DIR=${WORK}/clean
-      ${base} -DTARGET_INFO=${WORK}/target_info.cmake)
+check(interface_link_from_target_info FALSE "links 'PkgConfig::NUMA'" ${clean} ${base} -DTARGET_INFO=${WORK}/target_info.cmake)
 
 file(REMOVE_RECURSE "${WORK}")
 if(failures)

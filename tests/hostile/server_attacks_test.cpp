@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "hostile/hostile_harness.h"
-#include "server.h"
+#include "server/server.h"
 
 namespace cxltier::testing {
 namespace {

@@ -331,7 +331,7 @@ bool ReadCheckpoint(const std::filesystem::path& path, CheckpointOnDisk* out) {
   return true;
 }
 
-// Issue 13: the daemon's clock (a state's touch_time is its tick) survives a
+// Regression: the daemon's clock (a state's touch_time is its tick) survives a
 // restart, so restored scores keep their value and decay only by the ticks
 // that passed. A client holds six blocks with known observations, the daemon
 // restarts (SIGTERM: the final checkpoint; SIGKILL: the last periodic one),

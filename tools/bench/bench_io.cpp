@@ -14,7 +14,7 @@
 #include "cxltier/client.h"
 #include "numa/migrator.h"
 #include "numa/topology.h"
-#include "server.h"
+#include "server/server.h"
 #include "service/daemon.h"
 
 namespace cxltier::bench {
