@@ -13,12 +13,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <thread>
 #include <unordered_map>
 
@@ -405,11 +407,14 @@ int main(int argc, char** argv) {
         pages.push_back(static_cast<char*>(pool) + uint64_t{v.first} * stride + off);
       }
       std::vector<int> status(pages.size(), -1);
-      numa_move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0);
+      const long rc = numa_move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0);
+      const int call_errno = rc < 0 ? errno : 0;
       size_t on_fast = 0, on_slow = 0;
+      std::map<int, size_t> seen;  // node (or -errno) -> pages, for the report
       for (int n : status) {
         on_fast += std::count(fast_nodes.begin(), fast_nodes.end(), n) > 0;
         on_slow += std::count(slow_nodes.begin(), slow_nodes.end(), n) > 0;
+        ++seen[n];
       }
       ++placement_checked;
       const bool all_fast = on_fast == pages.size(), all_slow = on_slow == pages.size();
@@ -429,6 +434,13 @@ int main(int argc, char** argv) {
                        : published == Tier::kSlow ? "slow"
                                                   : "none",
                        on_fast, on_slow, pages.size());
+          // What the kernel said instead: node ids, or -errno per page (-2: not
+          // present, -14: not mapped), and the call's own error.
+          std::string said;
+          for (auto [n, count] : seen) said += " " + std::to_string(n) + "x" + std::to_string(count);
+          std::fprintf(stderr, "cxltier-loadgen:   move_pages said:%s%s%s\n", said.c_str(),
+                       call_errno ? "; the call failed: " : "",
+                       call_errno ? std::strerror(call_errno) : "");
         }
         ++placement_mismatches;
       }
