@@ -170,18 +170,16 @@ Status Client::Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd,
   }
   std::vector<uint8_t> payload(h.payload_bytes);
   if (!ReadAll(sock_, payload.data(), payload.size(), recv_fd)) return Sys("reading from cxltierd");
-  std::string why;
   if (h.type == wire::MsgType::kError) {
     wire::Error e;
-    if (!wire::Decode(payload, &e, &why)) return Status::Fail(ErrorCode::kBadPayload, why);
-    return Status::Fail(e.code, std::string(wire::ErrorName(e.code)) + ": " + e.message);
+    if (Status st = wire::Decode(payload, &e); !st.ok()) return st;
+    return e.Context(std::string(wire::ErrorName(e.code)) + ": ");
   }
   if (!sent) return send_error;
   if (h.type != want || h.request_id != id) {
     return Status::Fail(ErrorCode::kBadFrame, "unexpected answer from cxltierd");
   }
-  if (!wire::Decode(payload, resp, &why)) return Status::Fail(ErrorCode::kBadPayload, why);
-  return Status::Ok();
+  return wire::Decode(payload, resp);
 }
 
 Status Client::RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id) {

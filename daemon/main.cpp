@@ -116,16 +116,16 @@ int main(int argc, char** argv) {
   const bool root = geteuid() == 0;
   DaemonConfig config = Defaults(root);
   if (!config_file.empty()) {
-    if (std::string err = cxltier::service::LoadConfigFile(config_file, &config); !err.empty()) {
-      std::fprintf(stderr, "cxltierd: %s\n", err.c_str());
+    if (cxltier::Status st = cxltier::service::LoadConfigFile(config_file, &config); !st.ok()) {
+      std::fprintf(stderr, "cxltierd: %s\n", st.message.c_str());
       return 2;
     }
   }
   if (!socket_path.empty()) config.socket_path = socket_path;
   if (!state_dir.empty()) config.state_dir = state_dir;
   if (!log_level.empty()) config.log_level = log_level;
-  if (std::string err = config.Validate(); !err.empty()) {
-    std::fprintf(stderr, "cxltierd: configuration: %s\n", err.c_str());
+  if (cxltier::Status st = config.Validate(); !st.ok()) {
+    std::fprintf(stderr, "cxltierd: configuration: %s\n", st.message.c_str());
     return 2;
   }
   if (print_config) {
@@ -173,8 +173,8 @@ int main(int argc, char** argv) {
   boost::asio::io_context io;
   cxltier::service::Daemon daemon(io, config, topo, tiers, cxltier::numa::MakeLinuxMigrator(),
                                   can_migrate);
-  if (std::string err = daemon.Start(); !err.empty()) {
-    spdlog::critical("{}", err);
+  if (cxltier::Status st = daemon.Start(); !st.ok()) {
+    spdlog::critical("{}", st.message);
     return 1;
   }
   cxltier::server::ServerOptions sopts;
@@ -202,8 +202,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (listen_fd >= 0) {
-    if (std::string err = server.Adopt(listen_fd); !err.empty()) {
-      spdlog::critical("cannot use systemd's socket: {}", err);
+    if (cxltier::Status st = server.Adopt(listen_fd); !st.ok()) {
+      spdlog::critical("cannot use systemd's socket: {}", st.message);
       return 1;
     }
     spdlog::info("listening on the socket systemd passed (fd {}); state in {}", listen_fd,
@@ -222,9 +222,9 @@ int main(int argc, char** argv) {
       }
     }
     std::string group_error;
-    if (std::string err = server.Listen(config.socket_path, 0660, socket_gid, &group_error);
-        !err.empty()) {
-      spdlog::critical("cannot listen: {}", err);
+    if (cxltier::Status st = server.Listen(config.socket_path, 0660, socket_gid, &group_error);
+        !st.ok()) {
+      spdlog::critical("cannot listen: {}", st.message);
       return 1;
     }
     if (!group_error.empty()) {
@@ -237,8 +237,8 @@ int main(int argc, char** argv) {
   cxltier::server::MetricsServer metrics(io, [&daemon] { return daemon.MetricsText(); });
   if (config.metrics_enabled) {
     // Metrics are for operators: a taken port turns them off, not the daemon.
-    if (std::string err = metrics.Listen(config.metrics_listen); !err.empty()) {
-      spdlog::error("metrics off: {}", err);
+    if (cxltier::Status st = metrics.Listen(config.metrics_listen); !st.ok()) {
+      spdlog::error("metrics off: {}", st.message);
     } else {
       daemon.set_metrics_endpoint(metrics.bound());
       spdlog::info("metrics: http://{}/metrics", metrics.bound());
@@ -256,19 +256,20 @@ int main(int argc, char** argv) {
     io.stop();
   });
   // SIGHUP and `cxltierctl reload`: re-read the file; a bad one changes nothing.
-  auto reload = [&]() -> std::string {
+  auto reload = [&]() -> cxltier::Status {
     notifier.Reloading();
     DaemonConfig fresh = Defaults(root);
-    std::string err =
-        config_file.empty() ? "" : cxltier::service::LoadConfigFile(config_file, &fresh);
-    if (err.empty()) err = fresh.Validate();
-    if (err.empty()) {
+    cxltier::Status st = config_file.empty()
+                             ? cxltier::Status::Ok()
+                             : cxltier::service::LoadConfigFile(config_file, &fresh);
+    if (st.ok()) st = fresh.Validate();
+    if (st.ok()) {
       daemon.Reload(fresh);
     } else {
-      spdlog::error("reload refused, keeping the running configuration: {}", err);
+      spdlog::error("reload refused, keeping the running configuration: {}", st.message);
     }
     notifier.ReloadDone();
-    return err;
+    return st;
   };
   daemon.set_reload_hook(reload);
   daemon.set_server_counters([&server] { return server.counters(); });

@@ -7,17 +7,18 @@
 
 namespace cxltier {
 
-std::string ModelGeometry::Validate() const {
-  if (layers == 0) return "layers must be at least 1";
-  if (kv_heads == 0) return "KV heads must be at least 1";
-  if (query_heads == 0) return "query heads must be at least 1";
-  if (query_heads % kv_heads != 0) return "query heads must be a multiple of KV heads (GQA)";
-  if (head_dim == 0) return "head dim must be at least 1";
-  if (dtype_bytes == 0 || dtype_bytes > 8) return "dtype bytes must be between 1 and 8";
-  if (block_tokens == 0) return "block tokens must be at least 1";
+Status ModelGeometry::Validate() const {
+  const auto bad = [](const char* why) { return Status::Fail(wire::ErrorCode::kGeometry, why); };
+  if (layers == 0) return bad("layers must be at least 1");
+  if (kv_heads == 0) return bad("KV heads must be at least 1");
+  if (query_heads == 0) return bad("query heads must be at least 1");
+  if (query_heads % kv_heads != 0) return bad("query heads must be a multiple of KV heads (GQA)");
+  if (head_dim == 0) return bad("head dim must be at least 1");
+  if (dtype_bytes == 0 || dtype_bytes > 8) return bad("dtype bytes must be between 1 and 8");
+  if (block_tokens == 0) return bad("block tokens must be at least 1");
   // Keep every derived product far from 64-bit overflow for contexts up to 2^40 tokens.
-  if (static_cast<double>(block_bytes()) > 1e15) return "geometry is absurdly large";
-  return {};
+  if (static_cast<double>(block_bytes()) > 1e15) return bad("geometry is absurdly large");
+  return Status::Ok();
 }
 
 std::optional<ModelGeometry> FindModelPreset(std::string_view name) {

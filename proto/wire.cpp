@@ -279,7 +279,10 @@ template <typename Io>
 void Fields(Io& io, Error& m) {
   uint32_t code = static_cast<uint32_t>(m.code);
   io.Field(code);
-  if constexpr (Io::kReading) m.code = static_cast<ErrorCode>(code);
+  if constexpr (Io::kReading) {
+    if (code == 0) io.Fail("an error message with code 0 (ok)");
+    m.code = static_cast<ErrorCode>(code);
+  }
   io.Str(m.message, kMaxText);
 }
 
@@ -301,14 +304,11 @@ void EncodeMessage(MsgType type, const M& msg, uint32_t request_id, std::vector<
 }
 
 template <typename M>
-bool DecodeMessage(std::span<const uint8_t> p, M* m, std::string* error) {
+Status DecodeMessage(std::span<const uint8_t> p, M* m) {
   Reader r(p);
   Fields(r, *m);
-  if (!r.Done()) {
-    if (error) *error = r.error();
-    return false;
-  }
-  return true;
+  if (!r.Done()) return Status::Fail(ErrorCode::kBadPayload, r.error());
+  return Status::Ok();
 }
 
 }  // namespace
@@ -349,9 +349,7 @@ const char* ErrorName(ErrorCode code) {
   void Encode(const Type& m, uint32_t request_id, std::vector<uint8_t>& out) { \
     EncodeMessage(MsgType::Tag, m, request_id, out);                           \
   }                                                                            \
-  bool Decode(std::span<const uint8_t> p, Type* m, std::string* error) {       \
-    return DecodeMessage(p, m, error);                                         \
-  }
+  Status Decode(std::span<const uint8_t> p, Type* m) { return DecodeMessage(p, m); }
 CXLTIER_WIRE_MESSAGE(Hello, kHello)
 CXLTIER_WIRE_MESSAGE(HelloOk, kHelloOk)
 CXLTIER_WIRE_MESSAGE(RegisterPool, kRegisterPool)
@@ -385,23 +383,24 @@ std::optional<Header> DecodeHeader(std::span<const uint8_t> bytes) {
   return h;
 }
 
-std::optional<Error> CheckHeader(const Header& h, uint32_t max_payload) {
-  if (h.magic != kMagic) return Error{ErrorCode::kBadFrame, "bad magic: not a cxltier frame"};
+Status CheckHeader(const Header& h, uint32_t max_payload) {
+  if (h.magic != kMagic)
+    return Status::Fail(ErrorCode::kBadFrame, "bad magic: not a cxltier frame");
   if (h.version != kVersion) {
-    return Error{ErrorCode::kBadVersion, "protocol version " + std::to_string(h.version) +
-                                             " not supported; this daemon speaks " +
-                                             std::to_string(kVersion)};
+    return Status::Fail(ErrorCode::kBadVersion, "protocol version " + std::to_string(h.version) +
+                                                    " not supported; this daemon speaks " +
+                                                    std::to_string(kVersion));
   }
   const uint16_t t = static_cast<uint16_t>(h.type);
   if (t < static_cast<uint16_t>(MsgType::kHello) || t > static_cast<uint16_t>(MsgType::kAdminOk)) {
-    return Error{ErrorCode::kUnknownType, "unknown message type " + std::to_string(t)};
+    return Status::Fail(ErrorCode::kUnknownType, "unknown message type " + std::to_string(t));
   }
   if (h.payload_bytes > max_payload) {
-    return Error{ErrorCode::kTooLarge, "payload of " + std::to_string(h.payload_bytes) +
-                                           " bytes exceeds the limit of " +
-                                           std::to_string(max_payload)};
+    return Status::Fail(ErrorCode::kTooLarge, "payload of " + std::to_string(h.payload_bytes) +
+                                                  " bytes exceeds the limit of " +
+                                                  std::to_string(max_payload));
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
 }  // namespace cxltier::wire

@@ -147,7 +147,7 @@ TEST(ModelGeometry, SeedTwoExerciseAt128K) {
 
 TEST(ModelGeometry, PresetsAreValidAndFindable) {
   for (const ModelGeometry& m : kModelPresets) {
-    EXPECT_EQ(m.Validate(), "") << m.name;
+    EXPECT_TRUE(m.Validate().ok()) << m.name;
     auto found = FindModelPreset(m.name);
     ASSERT_TRUE(found.has_value()) << m.name;
     EXPECT_EQ(found->layers, m.layers);
@@ -155,10 +155,10 @@ TEST(ModelGeometry, PresetsAreValidAndFindable) {
   EXPECT_FALSE(FindModelPreset("gpt-5").has_value());
   ModelGeometry bad = kLlama3_70B;
   bad.query_heads = 60;
-  EXPECT_NE(bad.Validate(), "");
+  EXPECT_EQ(bad.Validate().code, wire::ErrorCode::kGeometry);
   bad = kLlama3_70B;
   bad.kv_heads = 0;
-  EXPECT_NE(bad.Validate(), "");
+  EXPECT_EQ(bad.Validate().code, wire::ErrorCode::kGeometry);
 }
 
 TEST(ParseSize, SuffixesAndErrors) {

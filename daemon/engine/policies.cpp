@@ -453,7 +453,8 @@ class TinyLfuPolicy final : public Policy {
 
 std::string PolicyNames() { return "lru, lfu, ema:<alpha>, arc, s3fifo, sieve, tinylfu, min"; }
 
-std::unique_ptr<Policy> MakePolicy(std::string_view spec, std::string* error) {
+Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {
+  const auto bad = [](std::string why) { return Status::Fail(wire::ErrorCode::kBadPayload, why); };
   if (spec == "lru") return std::make_unique<LruPolicy>();
   if (spec == "lfu") return std::make_unique<LfuPolicy>();
   if (spec == "arc") return std::make_unique<ArcPolicy>();
@@ -466,16 +467,12 @@ std::unique_ptr<Policy> MakePolicy(std::string_view spec, std::string* error) {
     double alpha = 0;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), alpha);
     if (ec != std::errc() || end != text.data() + text.size() || !(alpha > 0.0 && alpha < 1.0)) {
-      if (error) *error = "ema needs an alpha strictly between 0 and 1, as in ema:0.01";
-      return nullptr;
+      return bad("ema needs an alpha strictly between 0 and 1, as in ema:0.01");
     }
     return std::make_unique<EmaPolicy>(alpha, std::string(spec));
   }
-  if (error) {
-    *error = spec == "ema" ? "ema needs an alpha, as in ema:0.01"
-                           : "unknown policy '" + std::string(spec) + "'; known: " + PolicyNames();
-  }
-  return nullptr;
+  return bad(spec == "ema" ? "ema needs an alpha, as in ema:0.01"
+                           : "unknown policy '" + std::string(spec) + "'; known: " + PolicyNames());
 }
 
 }  // namespace cxltier::engine

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
+#include "cxltier/status.h"
 #include "engine/types.h"
 
 namespace cxltier::engine {
@@ -71,8 +72,8 @@ class Policy {
 };
 
 // Builds a policy from its name: lru, lfu, ema:<alpha>, arc, s3fifo, sieve,
-// tinylfu, min. Returns nullptr and sets *error on a bad name.
-std::unique_ptr<Policy> MakePolicy(std::string_view spec, std::string* error);
+// tinylfu, min. A bad name is kBadPayload, saying what is known.
+Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec);
 
 // The names MakePolicy accepts, for help texts.
 std::string PolicyNames();

@@ -9,6 +9,8 @@
 #include <functional>
 #include <string>
 
+#include "cxltier/status.h"
+
 namespace cxltier::server {
 
 class MetricsServer {
@@ -18,8 +20,7 @@ class MetricsServer {
   ~MetricsServer();
 
   // "127.0.0.1:9464", "[::1]:9464" or "localhost:0" (0: any free port).
-  // Returns an error message or "".
-  std::string Listen(const std::string& address);
+  Status Listen(const std::string& address);
   // The address actually bound ("127.0.0.1:40123").
   std::string bound() const { return bound_; }
   void Stop();

@@ -15,58 +15,67 @@ uint64_t PageSize() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
 
 }  // namespace
 
-std::string Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid,
-                       uint64_t block_bytes) {
+namespace {
+Status Refused(std::string message) {
+  return Status::Fail(wire::ErrorCode::kBadPool, std::move(message));
+}
+}  // namespace
+
+Status Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid,
+                  uint64_t block_bytes) {
   const uint64_t page = PageSize();
-  if (m.blocks == 0) return "a pool needs at least one block";
+  if (m.blocks == 0) return Refused("a pool needs at least one block");
   if (m.stride < block_bytes) {
-    return "stride " + std::to_string(m.stride) + " is smaller than a block (" +
-           std::to_string(block_bytes) + " bytes)";
+    return Refused("stride " + std::to_string(m.stride) + " is smaller than a block (" +
+                   std::to_string(block_bytes) + " bytes)");
   }
-  if (m.stride % page != 0) return "stride must be a multiple of the page size";
+  if (m.stride % page != 0) return Refused("stride must be a multiple of the page size");
   if (m.length / m.stride < m.blocks) {
-    return "pool of " + std::to_string(m.length) + " bytes cannot hold " +
-           std::to_string(m.blocks) + " blocks of stride " + std::to_string(m.stride);
+    return Refused("pool of " + std::to_string(m.length) + " bytes cannot hold " +
+                   std::to_string(m.blocks) + " blocks of stride " + std::to_string(m.stride));
   }
-  if (m.length > (uint64_t{1} << 46)) return "pool length is absurd";
+  if (m.length > (uint64_t{1} << 46)) return Refused("pool length is absurd");
   kind_ = m.kind;
   length_ = m.length;
   stride_ = m.stride;
   block_bytes_ = block_bytes;
   blocks_ = m.blocks;
   if (m.kind == wire::PoolKind::kRange) {
-    if (fd.valid()) return "an address-range pool takes no fd";
-    if (m.address % page != 0 || m.address == 0) return "pool address must be page-aligned";
-    if (m.address + m.length < m.address) return "pool range wraps around the address space";
+    if (fd.valid()) return Refused("an address-range pool takes no fd");
+    if (m.address % page != 0 || m.address == 0)
+      return Refused("pool address must be page-aligned");
+    if (m.address + m.length < m.address)
+      return Refused("pool range wraps around the address space");
     std::string err;
     process_ = numa::ProcessHandle::Open(pid, uid, &err);
-    if (!process_) return err;
+    if (!process_) return Refused(err);
     base_ = m.address;
-    return {};
+    return Status::Ok();
   }
-  if (!fd.valid()) return "a memfd pool needs its memfd (SCM_RIGHTS)";
+  if (!fd.valid()) return Refused("a memfd pool needs its memfd (SCM_RIGHTS)");
   struct stat st {};
-  if (fstat(fd.get(), &st) != 0) return std::string("fstat: ") + std::strerror(errno);
-  if (!S_ISREG(st.st_mode)) return "the pool fd is not a memfd (not a regular file)";
+  if (fstat(fd.get(), &st) != 0) return Refused(std::string("fstat: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return Refused("the pool fd is not a memfd (not a regular file)");
   // Only shmem files (memfd, tmpfs) support seals: a cheap way to refuse disk files.
   const int seals = fcntl(fd.get(), F_GET_SEALS);
-  if (seals < 0) return "the pool fd is not a memfd or other shmem file";
+  if (seals < 0) return Refused("the pool fd is not a memfd or other shmem file");
   // Without the seal the client (or a file system it mounted) can take pages
   // from under our mapping at any moment, and touching them would be SIGBUS.
   // A tmpfs file opened with open(2) carries F_SEAL_SEAL and can never get it.
   if (!(seals & F_SEAL_SHRINK)) {
-    return "the pool memfd is not sealed against shrinking: seal it with "
-           "fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK); create it with MFD_ALLOW_SEALING";
+    return Refused(
+        "the pool memfd is not sealed against shrinking: seal it with "
+        "fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK); create it with MFD_ALLOW_SEALING");
   }
   if (static_cast<uint64_t>(st.st_size) < m.length) {
-    return "the memfd holds " + std::to_string(st.st_size) + " bytes, less than the pool's " +
-           std::to_string(m.length);
+    return Refused("the memfd holds " + std::to_string(st.st_size) +
+                   " bytes, less than the pool's " + std::to_string(m.length));
   }
   std::string err;
   mapping_ = numa::Mapping::Map(fd.get(), m.length, &err);
-  if (!mapping_) return err;
+  if (!mapping_) return Refused(err);
   base_ = mapping_->address();
-  return {};  // `fd` closes here: the mapping holds the file
+  return Status::Ok();  // `fd` closes here: the mapping holds the file
 }
 
 numa::PageRange Pool::Range(uint32_t index) const {

@@ -21,10 +21,9 @@ class Pool {
   // bytes: then the daemon's mapping of it can never lose a page under a
   // move. It is mapped and the fd closed (the mapping keeps the file). An
   // address-range pool pins the peer's process (`pid` and `uid` from
-  // SO_PEERCRED) with a pidfd, refused if that process has exited. Returns an
-  // error message or "".
-  std::string Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid,
-                   uint64_t block_bytes);
+  // SO_PEERCRED) with a pidfd, refused if that process has exited. A refusal
+  // is kBadPool, saying why.
+  Status Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid, uint64_t block_bytes);
 
   uint32_t blocks() const { return blocks_; }
   wire::PoolKind kind() const { return kind_; }

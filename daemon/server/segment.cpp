@@ -29,19 +29,25 @@ void Segment::Unmap() {
   base_ = nullptr;
 }
 
-std::string Segment::Create(uint32_t slots, uint64_t client_id) {
+namespace {
+Status Failed(std::string message) {
+  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
+}
+}  // namespace
+
+Status Segment::Create(uint32_t slots, uint64_t client_id) {
   const uint64_t bytes = SegmentBytes(slots);
   UniqueFd fd(memfd_create("cxltier-state", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return std::string("memfd_create: ") + std::strerror(errno);
+  if (!fd.valid()) return Failed(std::string("memfd_create: ") + std::strerror(errno));
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    return std::string("ftruncate: ") + std::strerror(errno);
+    return Failed(std::string("ftruncate: ") + std::strerror(errno));
   }
   // The client can write slots but never resize the segment under us.
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return std::string("sealing: ") + std::strerror(errno);
+    return Failed(std::string("sealing: ") + std::strerror(errno));
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) return std::string("mmap: ") + std::strerror(errno);
+  if (base == MAP_FAILED) return Failed(std::string("mmap: ") + std::strerror(errno));
   Unmap();
   fd_ = std::move(fd);
   base_ = base;
@@ -55,7 +61,7 @@ std::string Segment::Create(uint32_t slots, uint64_t client_id) {
   h->client_id = client_id;
   h->dirty_offset = SegmentDirtyOffset(slots);
   for (uint32_t i = 0; i < slots; ++i) new (slot(i)) BlockState{};
-  return {};
+  return Status::Ok();
 }
 
 }  // namespace cxltier::server

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cxltier/segment.h"
+#include "cxltier/status.h"
 #include "server/unique_fd.h"
 
 namespace cxltier::server {
@@ -21,8 +22,8 @@ class Segment {
   ~Segment();
 
   // Creates a memfd of SegmentBytes(slots), seals its size, maps it and writes
-  // the header. Returns an error message or "".
-  std::string Create(uint32_t slots, uint64_t client_id);
+  // the header. kInternal when the kernel refuses.
+  Status Create(uint32_t slots, uint64_t client_id);
 
   int fd() const { return fd_.get(); }
   uint32_t slots() const { return slots_; }

@@ -348,24 +348,24 @@ class Session : public std::enable_shared_from_this<Session> {
       const std::span<const uint8_t> rest = in_.bytes().subspan(pos);
       if (rest.size() < wire::kHeaderBytes) break;
       const wire::Header h = *wire::DecodeHeader(rest);
-      std::optional<wire::Error> err = wire::CheckHeader(h, max_payload);
+      Status err = wire::CheckHeader(h, max_payload);
       // An unknown message is skipped whole, so its size must be bounded too.
-      if (err && err->code == wire::ErrorCode::kUnknownType && h.payload_bytes > max_payload) {
+      if (err.code == wire::ErrorCode::kUnknownType && h.payload_bytes > max_payload) {
         err = wire::Error{wire::ErrorCode::kTooLarge,
-                          err->message + " with a payload of " + std::to_string(h.payload_bytes) +
+                          err.message + " with a payload of " + std::to_string(h.payload_bytes) +
                               " bytes, over the limit of " + std::to_string(max_payload)};
       }
-      if (err && err->code != wire::ErrorCode::kUnknownType) {
-        ProtocolError(err->message);
-        Send(*err, h.request_id);
+      if (!err.ok() && err.code != wire::ErrorCode::kUnknownType) {
+        ProtocolError(err.message);
+        Send(err, h.request_id);
         close_after_write_ = true;  // the stream cannot be trusted past this point
         break;
       }
       const size_t frame = wire::kHeaderBytes + h.payload_bytes;
       if (rest.size() < frame) break;
-      if (err) {
-        ProtocolError(err->message);
-        Send(*err, h.request_id);
+      if (!err.ok()) {
+        ProtocolError(err.message);
+        Send(err, h.request_id);
       } else {
         Dispatch(h, rest.subspan(wire::kHeaderBytes, h.payload_bytes));
       }
@@ -385,11 +385,10 @@ class Session : public std::enable_shared_from_this<Session> {
               bool read_only, Fn&& fn) {
     try {
       M m;
-      std::string why;
-      if (!wire::Decode(payload, &m, &why)) {
-        const std::string text = std::string(name) + ": " + why;
-        ProtocolError(text);
-        return Send(wire::Error{wire::ErrorCode::kBadPayload, text}, h.request_id);
+      if (Status st = wire::Decode(payload, &m); !st.ok()) {
+        st = st.Context(std::string(name) + ": ");
+        ProtocolError(st.message);
+        return Send(st, h.request_id);
       }
       auto answer = fn(m);
       std::visit([&](const auto& a) { Send(a, h.request_id); }, answer);
@@ -562,33 +561,40 @@ Server::Server(asio::io_context& io, Handler& handler, ServerOptions options)
 
 Server::~Server() { Stop(); }
 
-std::string Server::Listen(const std::string& path, unsigned mode, gid_t group,
-                           std::string* group_error) {
+namespace {
+Status ListenFailed(std::string message) {
+  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
+}
+}  // namespace
+
+Status Server::Listen(const std::string& path, unsigned mode, gid_t group,
+                      std::string* group_error) {
   boost::system::error_code ec;
   ::unlink(path.c_str());  // a stale socket from an earlier run
   acceptor_.open(stream(), ec);
   if (!ec) acceptor_.bind(stream::endpoint(path), ec);
-  if (ec) return path + ": " + ec.message();
+  if (ec) return ListenFailed(path + ": " + ec.message());
   // Mode and group before listen(): a client of the group that connects the
   // moment the socket accepts must not find it still root's alone.
-  if (::chmod(path.c_str(), mode) != 0) return path + ": chmod: " + std::strerror(errno);
+  if (::chmod(path.c_str(), mode) != 0)
+    return ListenFailed(path + ": chmod: " + std::strerror(errno));
   if (group != static_cast<gid_t>(-1) &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
     if (group_error) *group_error = std::string("chown: ") + std::strerror(errno);
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return path + ": " + ec.message();
+  if (ec) return ListenFailed(path + ": " + ec.message());
   path_ = path;
   Accept();
-  return {};
+  return Status::Ok();
 }
 
-std::string Server::Adopt(int listen_fd) {
+Status Server::Adopt(int listen_fd) {
   boost::system::error_code ec;
   acceptor_.assign(stream(), listen_fd, ec);
-  if (ec) return "adopting fd " + std::to_string(listen_fd) + ": " + ec.message();
+  if (ec) return ListenFailed("adopting fd " + std::to_string(listen_fd) + ": " + ec.message());
   Accept();
-  return {};
+  return Status::Ok();
 }
 
 void Server::Accept() {

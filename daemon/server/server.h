@@ -107,14 +107,13 @@ class Server {
   ~Server();
 
   // Binds `path` (replacing a stale socket file) with file mode `mode`.
-  // Returns an error message or "".
   // `group` (unless -1) becomes the socket file's group before it listens; a
   // failure to set it is left in *group_error (the socket still works for
   // its owner).
-  std::string Listen(const std::string& path, unsigned mode, gid_t group = static_cast<gid_t>(-1),
-                     std::string* group_error = nullptr);
+  Status Listen(const std::string& path, unsigned mode, gid_t group = static_cast<gid_t>(-1),
+                std::string* group_error = nullptr);
   // Uses an already listening socket (systemd socket activation).
-  std::string Adopt(int listen_fd);
+  Status Adopt(int listen_fd);
   // Stops accepting and closes every session.
   void Stop();
   size_t sessions() const { return sessions_.size(); }

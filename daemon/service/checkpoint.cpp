@@ -29,6 +29,10 @@ constexpr size_t kHeader = 24;
 constexpr size_t kClockBytes = 16;  // version 3, right after the header
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+// A checkpoint that could not be written or read: the daemon's own failure.
+Status NotWritten(std::string message) {
+  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
+}
 
 bool WriteAll(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
@@ -75,14 +79,14 @@ bool Emit(int fd, XXH64_state_t* h, const void* data, size_t n) {
 
 }  // namespace
 
-std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
-                       const std::vector<uint32_t>& owners, CheckpointClock clock) {
+Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
+                  const std::vector<uint32_t>& owners, CheckpointClock clock) {
   if (!owners.empty() && owners.size() != ghosts.size()) {
-    return "checkpoint: " + std::to_string(owners.size()) + " owners for " +
-           std::to_string(ghosts.size()) + " states";
+    return NotWritten("checkpoint: " + std::to_string(owners.size()) + " owners for " +
+                      std::to_string(ghosts.size()) + " states");
   }
   Hash h = NewHash();
-  if (!h) return "checkpoint: out of memory";
+  if (!h) return NotWritten("checkpoint: out of memory");
   char header[kHeader + kClockBytes];
   const uint32_t entry = sizeof(BlockState);
   const uint64_t count = ghosts.size();
@@ -96,7 +100,7 @@ std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& g
 
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno(tmp);
+  if (fd < 0) return NotWritten(Errno(tmp));
   // Written straight from the caller's arrays: no second copy of a million states.
   bool ok = Emit(fd, h.get(), header, sizeof(header)) &&
             Emit(fd, h.get(), ghosts.data(), ghosts.size() * sizeof(BlockState));
@@ -115,13 +119,13 @@ std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& g
     const std::string err = Errno("writing " + tmp);
     ::close(fd);
     ::unlink(tmp.c_str());  // the previous checkpoint stays as it was
-    return err;
+    return NotWritten(err);
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string err = Errno("rename to " + path);
     ::unlink(tmp.c_str());
-    return err;
+    return NotWritten(err);
   }
   const std::string dir = std::filesystem::path(path).parent_path().string();
   const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -129,7 +133,7 @@ std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& g
     ::fsync(dfd);
     ::close(dfd);
   }
-  return {};
+  return Status::Ok();
 }
 
 LoadedGhosts LoadGhosts(const std::string& path) {
@@ -138,7 +142,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   if (fd < 0) {
     if (errno != ENOENT) {
       out.found = true;
-      out.error = Errno(path);
+      out.status = NotWritten(Errno(path));
     }
     return out;
   }
@@ -153,15 +157,15 @@ LoadedGhosts LoadGhosts(const std::string& path) {
     out.owners.clear();
     std::error_code ec;
     std::filesystem::rename(path, aside, ec);
-    out.error =
+    out.status = NotWritten(
         path + ": " + why +
         (ec ? "; could not set it aside (" + ec.message() + ")" : "; set aside as " + aside) +
-        ", starting without ghosts";
+        ", starting without ghosts");
     return out;
   };
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    out.error = Errno(path);
+    out.status = NotWritten(Errno(path));
     return out;
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -187,7 +191,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   }
   Hash h = NewHash();
   if (!h) {
-    out.error = path + ": out of memory";
+    out.status = NotWritten(path + ": out of memory");
     return out;
   }
   XXH64_update(h.get(), header, kHeader);
@@ -292,11 +296,11 @@ void CheckpointWriter::Run() {
       pending_.reset();
       writing_ = true;
     }
-    std::string err;
+    Status err;
     try {
       err = sink_(job->path, job->snapshot);
     } catch (const std::exception& e) {  // bad_alloc: nothing may leave this thread
-      err = std::string("checkpoint: ") + e.what();
+      err = NotWritten(std::string("checkpoint: ") + e.what());
     }
     job.reset();
     {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
+#include "cxltier/status.h"
 
 namespace cxltier::service {
 
@@ -41,10 +42,10 @@ struct GhostSnapshot {
 };
 
 // Writes a version-3 checkpoint. `owners` must be empty (every state then
-// gets kUnknownOwner) or as long as `ghosts`. Returns an error message or "".
-std::string SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
-                       const std::vector<uint32_t>& owners = {}, CheckpointClock clock = {});
-inline std::string SaveGhosts(const std::string& path, const GhostSnapshot& snapshot) {
+// gets kUnknownOwner) or as long as `ghosts`. A failure is kInternal.
+Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
+                  const std::vector<uint32_t>& owners = {}, CheckpointClock clock = {});
+inline Status SaveGhosts(const std::string& path, const GhostSnapshot& snapshot) {
   return SaveGhosts(path, snapshot.states, snapshot.owners, snapshot.clock);
 }
 
@@ -57,7 +58,7 @@ struct LoadedGhosts {
   CheckpointClock clock;
   uint32_t version = 0;  // of the file read (1, 2 or 3)
   bool found = false;    // a file was there
-  std::string error;     // it was there but corrupt or unreadable (then it was set aside)
+  Status status;         // not ok: it was there but corrupt or unreadable (then set aside)
 };
 
 // Reads a checkpoint of version 1 (states only), 2 (states and owners) or 3
@@ -71,11 +72,10 @@ LoadedGhosts LoadGhosts(const std::string& path);
 // snapshots however slow the disk. Thread-safe.
 class CheckpointWriter {
  public:
-  // Writes one snapshot; returns an error message or "". SaveGhosts by default;
-  // tests inject a slow or failing one.
-  using Sink = std::function<std::string(const std::string& path, const GhostSnapshot&)>;
-  // Called on the writer thread after each write with its error ("" = written).
-  using Done = std::function<void(const std::string& error)>;
+  // Writes one snapshot. SaveGhosts by default; tests inject a slow or failing one.
+  using Sink = std::function<Status(const std::string& path, const GhostSnapshot&)>;
+  // Called on the writer thread after each write with its outcome.
+  using Done = std::function<void(const Status& written)>;
 
   explicit CheckpointWriter(Done done = {}, Sink sink = {});
   ~CheckpointWriter();  // Stop()

@@ -52,8 +52,8 @@ Checkpointer::~Checkpointer() = default;
 
 LoadedGhosts Checkpointer::Load() const {
   LoadedGhosts loaded = LoadGhosts(path_);
-  if (!loaded.error.empty()) spdlog::error("ghost checkpoint: {}", loaded.error);
-  if (loaded.found && loaded.error.empty()) {
+  if (!loaded.status.ok()) spdlog::error("ghost checkpoint: {}", loaded.status.message);
+  if (loaded.found && loaded.status.ok()) {
     spdlog::info("loaded {} ghosts from {}", loaded.ghosts.size(), path_);
     spdlog::info("clock resumes at tick {} (checkpoint taken at tick {})", loaded.clock.resume_tick,
                  loaded.clock.tick);
@@ -70,7 +70,7 @@ void Checkpointer::StartWriter() {
   // clients: periodic checkpoints are written on a thread of their own.
   try {
     writer_ = std::make_unique<CheckpointWriter>(
-        [this](const std::string& err) { post_([this, err] { Written(err); }); });
+        [this](const Status& st) { post_([this, st] { Written(st); }); });
   } catch (const std::exception& e) {  // no thread: checkpoints are written inline
     spdlog::warn("checkpoint writer thread not started ({}): writing checkpoints inline", e.what());
   }
@@ -90,19 +90,19 @@ void Checkpointer::Save(GhostSnapshot snapshot) {
 
 void Checkpointer::SaveFinal(const GhostSnapshot& snapshot) {
   if (writer_) writer_->Stop();
-  const std::string err = SaveGhosts(path_, snapshot);
-  Written(err);
-  if (err.empty()) {
+  const Status st = SaveGhosts(path_, snapshot);
+  Written(st);
+  if (st.ok()) {
     spdlog::debug("saved {} block states (ghosts and live) to {}", snapshot.states.size(), path_);
   }
 }
 
-void Checkpointer::Written(const std::string& err) {
-  if (err.empty()) {
+void Checkpointer::Written(const Status& st) {
+  if (st.ok()) {
     last_error_.clear();
-  } else if (err != last_error_) {
-    spdlog::error("ghost checkpoint not written: {}", err);
-    last_error_ = err;
+  } else if (st.message != last_error_) {
+    spdlog::error("ghost checkpoint not written: {}", st.message);
+    last_error_ = st.message;
   }
 }
 

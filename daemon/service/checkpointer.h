@@ -43,7 +43,7 @@ class Checkpointer {
   void SaveFinal(const GhostSnapshot& snapshot);
 
  private:
-  void Written(const std::string& error);  // logs an error once, until it clears
+  void Written(const Status& written);  // logs an error once, until it clears
 
   std::string path_;
   std::function<void(std::function<void()>)> post_;

@@ -58,9 +58,7 @@ void ClientTable::Remove(uint64_t session) {
 
 std::optional<Error> ClientTable::CheckHello(const Client& c, const wire::Hello& m,
                                              const DaemonConfig& config) const {
-  if (const std::string err = m.model.Validate(); !err.empty()) {
-    return Error{ErrorCode::kGeometry, "model geometry: " + err};
-  }
+  if (Status st = m.model.Validate(); !st.ok()) return st.Context("model geometry: ");
   if (m.max_blocks == 0) return Error{ErrorCode::kLimit, "max_blocks must be at least 1"};
   if (m.max_blocks > config.max_blocks_per_client) {
     return Error{ErrorCode::kLimit, "max_blocks " + std::to_string(m.max_blocks) +
@@ -87,9 +85,7 @@ std::optional<Error> ClientTable::CheckHello(const Client& c, const wire::Hello&
 }
 
 std::optional<Error> ClientTable::Open(Client& c, uint32_t slots) {
-  if (std::string err = c.segment.Create(slots, c.id); !err.empty()) {
-    return Error{ErrorCode::kInternal, "state segment: " + err};
-  }
+  if (Status st = c.segment.Create(slots, c.id); !st.ok()) return st.Context("state segment: ");
   c.hello = true;
   uids_[c.peer.uid].segment_bytes += SegmentBytes(slots);
   c.slots.assign(slots, SegSlot{});

@@ -14,6 +14,12 @@
 namespace cxltier::service {
 namespace {
 
+// A configuration that cannot be used: kBadPayload, as a reload request
+// with it is refused.
+Status Invalid(std::string message) {
+  return Status::Fail(wire::ErrorCode::kBadPayload, std::move(message));
+}
+
 // Integers only: toml++'s value<int64_t>() converts floats, and 1e100 is
 // undefined behaviour there (found by fuzz_config).
 std::optional<int64_t> IntOf(const toml::node& n) {
@@ -112,13 +118,13 @@ class TableReader {
   std::set<std::string> seen_;
 };
 
-std::string Apply(const toml::table& root, DaemonConfig* c) {
+Status Apply(const toml::table& root, DaemonConfig* c) {
   std::string error;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (key != "daemon" && key != "engine" && key != "migration" && key != "tiers" &&
         key != "limits" && key != "metrics") {
-      return "unknown table or key '" + key + "'";
+      return Invalid("unknown table or key '" + key + "'");
     }
   }
   TableReader d(root, "daemon", &error);
@@ -168,81 +174,78 @@ std::string Apply(const toml::table& root, DaemonConfig* c) {
   l.Int("frame_timeout_s", &c->frame_timeout_s);
   l.Int("idle_timeout_s", &c->idle_timeout_s);
   l.Finish();
-  if (!error.empty()) return error;
+  if (!error.empty()) return Invalid(error);
   return c->Validate();
 }
 
 }  // namespace
 
-std::string DaemonConfig::Validate() const {
-  if (socket_path.empty()) return "socket path is empty";
-  if (socket_path.size() > 107) return "socket path is longer than 107 bytes";
-  if (tick_ms == 0 || tick_ms > 60000) return "tick_ms must be between 1 and 60000";
-  std::string err;
-  if (policy == "min") return "policy min needs the future; it exists only in cxltier-sim";
-  if (!engine::MakePolicy(policy, &err)) return err;
+Status DaemonConfig::Validate() const {
+  if (socket_path.empty()) return Invalid("socket path is empty");
+  if (socket_path.size() > 107) return Invalid("socket path is longer than 107 bytes");
+  if (tick_ms == 0 || tick_ms > 60000) return Invalid("tick_ms must be between 1 and 60000");
+  if (policy == "min") return Invalid("policy min needs the future; it exists only in cxltier-sim");
+  if (auto p = engine::MakePolicy(policy); !p.ok()) return p.status();
   if (log_level != "trace" && log_level != "debug" && log_level != "info" && log_level != "warn" &&
       log_level != "error") {
-    return "log_level must be trace, debug, info, warn or error";
+    return Invalid("log_level must be trace, debug, info, warn or error");
   }
-  if (migrate_rate_mib_s == 0) return "rate_mib_s must be positive (use enabled = false to stop)";
+  if (migrate_rate_mib_s == 0)
+    return Invalid("rate_mib_s must be positive (use enabled = false to stop)");
   // Absurd sizes are refused, not wrapped: every value must also print back
   // as a TOML integer (int64).
-  if (tier0_budget_bytes > (uint64_t{1} << 60)) return "tier0_budget must be at most 1 EiB";
-  if (ghost_capacity > (uint64_t{1} << 32)) return "ghost_capacity must be at most 2^32";
-  if (migrate_rate_mib_s > (uint64_t{1} << 30)) return "rate_mib_s must be at most 2^30";
+  if (tier0_budget_bytes > (uint64_t{1} << 60))
+    return Invalid("tier0_budget must be at most 1 EiB");
+  if (ghost_capacity > (uint64_t{1} << 32)) return Invalid("ghost_capacity must be at most 2^32");
+  if (migrate_rate_mib_s > (uint64_t{1} << 30)) return Invalid("rate_mib_s must be at most 2^30");
   if (max_clients == 0 || max_blocks_per_client == 0 || max_connections_per_uid == 0 ||
       max_blocks_per_uid == 0 || max_pools_per_uid == 0 || max_segment_bytes_per_uid == 0 ||
       max_reply_bytes == 0 || max_input_bytes_per_uid == 0 || max_ghosts_per_uid == 0) {
-    return "limits must be positive";
+    return Invalid("limits must be positive");
   }
   if (block_bytes > kMaxBlockBytes) {
-    return "block_bytes must be at most " + std::to_string(kMaxBlockBytes >> 20) + " MiB";
+    return Invalid("block_bytes must be at most " + std::to_string(kMaxBlockBytes >> 20) + " MiB");
   }
   if (max_segment_bytes_per_uid > (uint64_t{1} << 40) || max_reply_bytes > (uint64_t{1} << 32) ||
       max_input_bytes_per_uid > (uint64_t{1} << 40)) {
-    return "per-uid byte limits must be at most 1 TiB (max_reply_bytes at most 4 GiB)";
+    return Invalid("per-uid byte limits must be at most 1 TiB (max_reply_bytes at most 4 GiB)");
   }
   if (reply_stall_timeout_s == 0 || frame_timeout_s == 0 || idle_timeout_s == 0) {
-    return "timeouts must be at least 1 s";
+    return Invalid("timeouts must be at least 1 s");
   }
   if (max_message_bytes < 4096 || max_message_bytes > (256u << 20)) {
-    return "max_message_bytes must be between 4 KiB and 256 MiB";
+    return Invalid("max_message_bytes must be between 4 KiB and 256 MiB");
   }
   if (metrics_enabled) {
     std::string host;
     uint16_t port = 0;
     if (!server::ParseHostPort(metrics_listen, &host, &port)) {
-      return "metrics listen must be host:port, e.g. \"127.0.0.1:9464\" or \"[::1]:9464\"";
+      return Invalid("metrics listen must be host:port, e.g. \"127.0.0.1:9464\" or \"[::1]:9464\"");
     }
   }
   if (fast_nodes.empty() != slow_nodes.empty()) {
-    return "[tiers] needs both fast_nodes and slow_nodes, or neither";
+    return Invalid("[tiers] needs both fast_nodes and slow_nodes, or neither");
   }
-  return {};
+  return Status::Ok();
 }
 
-std::string LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* c) {
+Status LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* c) {
   try {
-    const toml::table root = toml::parse(text, name);
-    const std::string err = Apply(root, c);
-    return err.empty() ? "" : name + ": " + err;
+    return Apply(toml::parse(text, name), c).Context(name + ": ");
   } catch (const toml::parse_error& e) {
     std::ostringstream out;
     out << name << ":" << e.source().begin.line << ": " << e.description();
-    return out.str();
+    return Invalid(out.str());
   }
 }
 
-std::string LoadConfigFile(const std::string& path, DaemonConfig* c) {
+Status LoadConfigFile(const std::string& path, DaemonConfig* c) {
   try {
-    const toml::table root = toml::parse_file(path);
-    const std::string err = Apply(root, c);
-    return err.empty() ? "" : path + ": " + err;
+    return Apply(toml::parse_file(path), c).Context(path + ": ");
   } catch (const toml::parse_error& e) {
     std::ostringstream out;
     out << path << ":" << e.source().begin.line << ": " << e.description();
-    return out.str();
+    return Invalid(out.str());
   }
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cxltier/socket_path.h"
+#include "cxltier/status.h"
 #include "engine/engine.h"
 
 namespace cxltier::service {
@@ -57,16 +58,16 @@ struct DaemonConfig {
   uint32_t frame_timeout_s = 10;                   // a started frame must arrive within this
   uint32_t idle_timeout_s = 60;                    // no hello and no request this long: closed
 
-  // Empty when the values make sense together; otherwise what is wrong.
-  std::string Validate() const;
+  // Ok when the values make sense together; otherwise (kBadPayload) what is wrong.
+  Status Validate() const;
 };
 
 // Reads a TOML file over the defaults. Unknown keys are errors (a typo must
-// not silently keep a default). Returns an error message or "".
-std::string LoadConfigFile(const std::string& path, DaemonConfig* config);
+// not silently keep a default). An error (kBadPayload) names the file.
+Status LoadConfigFile(const std::string& path, DaemonConfig* config);
 
 // Parses TOML text (for tests and `config show`).
-std::string LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* config);
+Status LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* config);
 
 // The effective configuration as TOML.
 std::string ToToml(const DaemonConfig& config);

@@ -44,10 +44,11 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
 
 Daemon::~Daemon() { Stop(); }
 
-std::string Daemon::Start() {
+Status Daemon::Start() {
   std::error_code ec;
   std::filesystem::create_directories(config_.state_dir, ec);
-  if (ec) return "state dir " + config_.state_dir + ": " + ec.message();
+  if (ec)
+    return Error{ErrorCode::kInternal, "state dir " + config_.state_dir + ": " + ec.message()};
   if (config_.persist) {
     LoadedGhosts loaded = checkpoints_.Load();
     pending_ghosts_ = std::move(loaded.ghosts);
@@ -60,23 +61,25 @@ std::string Daemon::Start() {
     checkpoints_.StartWriter();
   }
   if (config_.block_bytes) {
-    if (std::string err = EnsureEngine(config_.block_bytes); !err.empty()) return err;
+    if (Status st = EnsureEngine(config_.block_bytes); !st.ok()) return st;
   }
   ScheduleTick();
-  return {};
+  return Status::Ok();
 }
 
-std::string Daemon::EnsureEngine(uint64_t block_bytes) {
+Status Daemon::EnsureEngine(uint64_t block_bytes) {
   if (engine_ && engine_->options().block_bytes != block_bytes) {
     // Without [engine] block_bytes, the first hello set the size, but only
     // for as long as a client that said hello is connected: one client's
     // first word must not decide it for everyone for good.
     if (config_.block_bytes || clients_.AnyHello() || moves_.stats().in_flight > 0) {
-      return "this daemon places blocks of " + std::to_string(engine_->options().block_bytes) +
-             " bytes; the model's blocks are " + std::to_string(block_bytes) + " bytes" +
-             (config_.block_bytes ? " ([engine] block_bytes)"
-                                  : " (set by a connected client; set [engine] block_bytes to "
-                                    "fix it for every client)");
+      return Error{
+          ErrorCode::kGeometry,
+          "this daemon places blocks of " + std::to_string(engine_->options().block_bytes) +
+              " bytes; the model's blocks are " + std::to_string(block_bytes) + " bytes" +
+              (config_.block_bytes ? " ([engine] block_bytes)"
+                                   : " (set by a connected client; set [engine] block_bytes to "
+                                     "fix it for every client)")};
     }
     spdlog::info("block size {} -> {} bytes: no client holds blocks of the old size; ghosts kept",
                  engine_->options().block_bytes, block_bytes);
@@ -86,12 +89,11 @@ std::string Daemon::EnsureEngine(uint64_t block_bytes) {
     engine_.reset();
     clients_.ForgetEngineSlots();
   }
-  if (engine_) return {};
-  std::string err;
-  auto policy = engine::MakePolicy(config_.policy, &err);
-  if (!policy) return err;
+  if (engine_) return Status::Ok();
+  auto policy = engine::MakePolicy(config_.policy);
+  if (!policy.ok()) return policy.status();
   engine_ =
-      std::make_unique<engine::Engine>(EngineOptionsFor(config_, block_bytes), std::move(policy));
+      std::make_unique<engine::Engine>(EngineOptionsFor(config_, block_bytes), std::move(*policy));
   for (size_t i = 0; i < pending_ghosts_.size(); ++i) {
     engine_->RestoreGhost(pending_ghosts_[i], i < pending_ghost_owners_.size()
                                                   ? pending_ghost_owners_[i]
@@ -102,7 +104,7 @@ std::string Daemon::EnsureEngine(uint64_t block_bytes) {
   spdlog::info("engine: policy {}, {}, block {} bytes, tier-0 budget {} ({} blocks)",
                config_.policy, config_.persist ? "persist" : "reset", block_bytes,
                FormatBytes(config_.tier0_budget_bytes), engine_->capacity_blocks());
-  return {};
+  return Status::Ok();
 }
 
 void Daemon::Stop() {
@@ -134,8 +136,8 @@ void Daemon::Reload(const DaemonConfig& config) {
         MigrateBytesPerTick(config_, engine_->options().block_bytes));
   }
   if (config.policy != config_.policy) {
-    if (std::string err = SetPolicy(config.policy); !err.empty()) {
-      spdlog::error("reload: policy {} refused: {}", config.policy, err);
+    if (Status st = SetPolicy(config.policy); !st.ok()) {
+      spdlog::error("reload: policy {} refused: {}", config.policy, st.message);
     }
   }
   spdlog::set_level(spdlog::level::from_str(config_.log_level));
@@ -143,17 +145,19 @@ void Daemon::Reload(const DaemonConfig& config) {
                config_.migrate_rate_mib_s);
 }
 
-std::string Daemon::SetPolicy(const std::string& name) {
-  if (name == "min") return "policy min needs the future; it exists only in cxltier-sim";
-  std::string err;
-  auto policy = engine::MakePolicy(name, &err);
-  if (!policy) return err;
+Status Daemon::SetPolicy(const std::string& name) {
+  if (name == "min") {
+    return Error{ErrorCode::kBadPayload,
+                 "policy min needs the future; it exists only in cxltier-sim"};
+  }
+  auto policy = engine::MakePolicy(name);
+  if (!policy.ok()) return policy.status();
   const std::string old = config_.policy;
   config_.policy = name;
   // No engine yet: the first client's hello builds it with the new policy.
-  if (engine_) engine_->SetPolicy(std::move(policy));
+  if (engine_) engine_->SetPolicy(std::move(*policy));
   spdlog::info("policy {} -> {}", old, name);
-  return {};
+  return Status::Ok();
 }
 
 server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wire::Admin& m) {
@@ -167,18 +171,16 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
   }
   spdlog::info("{} requested by pid {} uid {}", what, peer.pid, peer.uid);
   if (m.op == wire::AdminOp::kSetPolicy) {
-    if (std::string err = SetPolicy(m.arg); !err.empty()) {
-      return Error{ErrorCode::kBadPayload, err};
-    }
+    if (Status st = SetPolicy(m.arg); !st.ok()) return st;
     return wire::AdminOk{"policy " + m.arg};
   }
-  std::string err;
+  Status st;
   if (reload_hook_) {
-    err = reload_hook_();
+    st = reload_hook_();
   } else {
     Reload(config_);
   }
-  if (!err.empty()) return Error{ErrorCode::kBadPayload, "reload refused: " + err};
+  if (!st.ok()) return st.Context("reload refused: ");
   return wire::AdminOk{"configuration reloaded"};
 }
 
@@ -239,9 +241,7 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   if (!c) return Error{ErrorCode::kInternal, "unknown session"};
   if (c->hello) return Error{ErrorCode::kNotReady, "hello was already said on this connection"};
   if (auto refusal = clients_.CheckHello(*c, m, config_)) return *refusal;
-  if (std::string err = EnsureEngine(m.model.block_bytes()); !err.empty()) {
-    return Error{ErrorCode::kGeometry, err};
-  }
+  if (Status st = EnsureEngine(m.model.block_bytes()); !st.ok()) return st;
   if (auto err = clients_.Open(*c, m.max_blocks)) return *err;
   c->model = m.model;
   c->name = m.client_name.substr(0, 64);
@@ -259,11 +259,11 @@ server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& 
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
   if (auto refusal = clients_.CheckPool(*c, config_)) return *refusal;
   server::Pool pool;
-  if (std::string err =
+  if (Status st =
           pool.Open(m, std::move(memfd), peer.pid, peer.uid, engine_->options().block_bytes);
-      !err.empty()) {
-    ClientWarning(peer, "pool refused: " + err);
-    return Error{ErrorCode::kBadPool, err};
+      !st.ok()) {
+    ClientWarning(peer, "pool refused: " + st.message);
+    return st;
   }
   const uint32_t id = clients_.AddPool(*c, std::move(pool));
   spdlog::info("client {}: pool {} ({}, {} blocks, {})", c->id, id,

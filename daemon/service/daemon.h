@@ -38,18 +38,19 @@ class Daemon final : public server::Handler {
          numa::TierAssignment tiers, std::unique_ptr<numa::Migrator> migrator, bool can_migrate);
   ~Daemon() override;
 
-  // Loads the ghost checkpoint and starts the tick timer. Returns an error or "".
-  std::string Start();
+  // Loads the ghost checkpoint and starts the tick timer.
+  Status Start();
   // Stops ticking and moving, turns every live block into a ghost, saves them.
   void Stop();
   // Applies what can change at run time: tick, rate, log level, checkpoint
   // interval, pending-move limit, admin group, and the policy.
   void Reload(const DaemonConfig& config);
-  // Switches the placement policy of the running engine. Returns an error or "".
-  std::string SetPolicy(const std::string& policy);
+  // Switches the placement policy of the running engine (kBadPayload: no
+  // such policy).
+  Status SetPolicy(const std::string& policy);
   // What an Admin kReload request runs (the daemon's main re-reads its config
   // file); without one, kReload re-applies the running configuration.
-  void set_reload_hook(std::function<std::string()> hook) { reload_hook_ = std::move(hook); }
+  void set_reload_hook(std::function<Status()> hook) { reload_hook_ = std::move(hook); }
   // The server's counters (connections it closed, accept back-offs...), for
   // status and metrics.
   void set_server_counters(std::function<server::ServerCounters()> f) {
@@ -93,7 +94,8 @@ class Daemon final : public server::Handler {
 
  private:
   Client* Find(const server::Peer& peer) { return clients_.Find(peer.session_id); }
-  std::string EnsureEngine(uint64_t block_bytes);
+  // The engine for blocks of `block_bytes` (kGeometry: another size is in use).
+  Status EnsureEngine(uint64_t block_bytes);
   // Releases the block at a live slot in the engine (cancelling its queued
   // move) and frees the slot.
   void ReleaseSlot(Client& c, uint32_t seg_slot);
@@ -126,7 +128,7 @@ class Daemon final : public server::Handler {
   std::vector<uint32_t> pending_ghost_owners_;  // the uid of each (kUnknownOwner: not known)
   // Warnings a client causes: 10 per connection per 10 s.
   server::LogLimiter warnings_{10, std::chrono::seconds(10)};
-  std::function<std::string()> reload_hook_;
+  std::function<Status()> reload_hook_;
   std::function<server::ServerCounters()> server_counters_;
   TickTimes tick_seconds_;
   std::string metrics_endpoint_;

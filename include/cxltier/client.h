@@ -23,20 +23,10 @@
 #include "cxltier/block.h"
 #include "cxltier/model.h"
 #include "cxltier/socket_path.h"  // DefaultSocketPath(): where the daemon listens
+#include "cxltier/status.h"       // Status: what every call that can fail returns
 #include "cxltier/wire.h"
 
 namespace cxltier {
-
-// The result of every call that can fail: ok, or a code and a readable message.
-struct Status {
-  wire::ErrorCode code = wire::ErrorCode::kOk;  // kOk exactly when ok()
-  std::string message;                          // empty when ok
-  bool failed = false;
-
-  static Status Ok() { return Status{}; }
-  static Status Fail(wire::ErrorCode c, std::string m) { return Status{c, std::move(m), true}; }
-  bool ok() const { return !failed; }
-};
 
 class Client {
  public:

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "cxltier/status.h"
+
 namespace cxltier {
 
 // Bytes of one BlockState record.
@@ -62,8 +64,8 @@ struct ModelGeometry {
               : 0.0;
   }
 
-  // Empty when the geometry is usable; otherwise what is wrong with it.
-  std::string Validate() const;
+  // Ok when the geometry is usable; otherwise (kGeometry) what is wrong with it.
+  Status Validate() const;
 };
 
 // The largest block the daemon places: 1 GiB, 262,144 pages of 4 KiB. Llama-3

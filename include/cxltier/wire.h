@@ -12,6 +12,7 @@
 
 #include "cxltier/block.h"
 #include "cxltier/model.h"
+#include "cxltier/status.h"
 
 namespace cxltier::wire {
 
@@ -43,25 +44,6 @@ enum class MsgType : uint16_t {
   kAdmin = 16,
   kAdminOk = 17,
 };
-
-enum class ErrorCode : uint32_t {
-  kOk = 0,           // not an error: the code of a Status that is ok; never sent
-  kBadFrame = 1,     // bad magic or unparseable header
-  kBadVersion = 2,   // protocol version not spoken here
-  kUnknownType = 3,  // message type not known
-  kTooLarge = 4,     // payload over the configured limit
-  kBadPayload = 5,   // payload does not match its type's layout
-  kNotReady = 6,     // hello (or a pool) needed first
-  kBadPool = 7,      // pool registration refused (fd, size, range)
-  kLimit = 8,        // a configured limit was reached
-  kBadSlot = 9,      // slot or block index out of range
-  kDenied = 10,      // not allowed for this peer
-  kInternal = 11,    // the daemon failed; the request may be retried
-  kGeometry = 12,    // model geometry invalid or incompatible
-};
-
-// Name of an error code, for messages and logs.
-const char* ErrorName(ErrorCode code);
 
 struct Header {
   uint32_t magic = kMagic;
@@ -163,10 +145,8 @@ struct StatsOk {
   std::string json;
 };
 
-struct Error {
-  ErrorCode code = ErrorCode::kInternal;
-  std::string message;
-};
+// The Error message is a failed Status: its code (never kOk) and message.
+using Error = Status;
 
 // Operator requests: only root or members of the daemon's admin group.
 enum class AdminOp : uint8_t {
@@ -210,27 +190,28 @@ void Encode(const AdminOk& m, uint32_t request_id, std::vector<uint8_t>& out);
 std::optional<Header> DecodeHeader(std::span<const uint8_t> bytes);
 
 // Checks a header before its payload is read: magic, version, type, size.
-// Returns nullopt when acceptable, else the error to answer with.
-std::optional<Error> CheckHeader(const Header& h, uint32_t max_payload);
+// Ok when acceptable, else the error to answer with.
+Status CheckHeader(const Header& h, uint32_t max_payload);
 
-// Each returns false (and sets *error) when the payload does not match the
-// layout exactly: short, long, counts that do not fit, bad enum values.
-bool Decode(std::span<const uint8_t> p, Hello* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, HelloOk* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, RegisterPool* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, RegisterPoolOk* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, Admit* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, AdmitOk* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, Release* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, ReleaseOk* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, Report* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, ReportOk* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, QueryTiers* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, QueryTiersOk* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, Stats* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, StatsOk* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, Error* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, Admin* m, std::string* error);
-bool Decode(std::span<const uint8_t> p, AdminOk* m, std::string* error);
+// Each fails (kBadPayload, saying why) when the payload does not match the
+// layout exactly: short, long, counts that do not fit, bad enum values, an
+// Error whose code is kOk.
+Status Decode(std::span<const uint8_t> p, Hello* m);
+Status Decode(std::span<const uint8_t> p, HelloOk* m);
+Status Decode(std::span<const uint8_t> p, RegisterPool* m);
+Status Decode(std::span<const uint8_t> p, RegisterPoolOk* m);
+Status Decode(std::span<const uint8_t> p, Admit* m);
+Status Decode(std::span<const uint8_t> p, AdmitOk* m);
+Status Decode(std::span<const uint8_t> p, Release* m);
+Status Decode(std::span<const uint8_t> p, ReleaseOk* m);
+Status Decode(std::span<const uint8_t> p, Report* m);
+Status Decode(std::span<const uint8_t> p, ReportOk* m);
+Status Decode(std::span<const uint8_t> p, QueryTiers* m);
+Status Decode(std::span<const uint8_t> p, QueryTiersOk* m);
+Status Decode(std::span<const uint8_t> p, Stats* m);
+Status Decode(std::span<const uint8_t> p, StatsOk* m);
+Status Decode(std::span<const uint8_t> p, Error* m);
+Status Decode(std::span<const uint8_t> p, Admin* m);
+Status Decode(std::span<const uint8_t> p, AdminOk* m);
 
 }  // namespace cxltier::wire

@@ -38,10 +38,9 @@ EngineOptions Options(size_t capacity_blocks, Persistence p, Mode m) {
 }
 
 std::unique_ptr<Policy> P(const std::string& name) {
-  std::string err;
-  auto p = MakePolicy(name, &err);
-  EXPECT_NE(p, nullptr) << err;
-  return p;
+  auto p = MakePolicy(name);
+  EXPECT_TRUE(p.ok()) << p.status().message;
+  return p.ok() ? std::move(*p) : nullptr;
 }
 
 // ---------------------------------------------------------------- structures
@@ -361,20 +360,21 @@ TEST(GhostStore, TakeAndReplaceAcrossOwners) {
 }
 
 TEST(MakePolicy, NamesAndErrors) {
-  std::string err;
   for (const char* n :
        {"lru", "lfu", "ema:0.01", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu", "min"}) {
-    auto p = MakePolicy(n, &err);
-    ASSERT_NE(p, nullptr) << n;
-    EXPECT_EQ(p->Name(), n);
+    auto p = MakePolicy(n);
+    ASSERT_TRUE(p.ok()) << n;
+    EXPECT_EQ((*p)->Name(), n);
   }
-  EXPECT_EQ(MakePolicy("ema", &err), nullptr);
-  EXPECT_NE(err.find("alpha"), std::string::npos);
-  EXPECT_EQ(MakePolicy("ema:1.5", &err), nullptr);
-  EXPECT_EQ(MakePolicy("ema:nan", &err), nullptr);
-  EXPECT_EQ(MakePolicy("ema:0.1x", &err), nullptr);
-  EXPECT_EQ(MakePolicy("fifo", &err), nullptr);
-  EXPECT_NE(err.find("unknown policy 'fifo'"), std::string::npos);
+  EXPECT_FALSE(MakePolicy("ema").ok());
+  EXPECT_NE(MakePolicy("ema").status().message.find("alpha"), std::string::npos);
+  EXPECT_FALSE(MakePolicy("ema:1.5").ok());
+  EXPECT_FALSE(MakePolicy("ema:nan").ok());
+  EXPECT_FALSE(MakePolicy("ema:0.1x").ok());
+  const auto fifo = MakePolicy("fifo");
+  EXPECT_FALSE(fifo.ok());
+  EXPECT_EQ(fifo.status().code, wire::ErrorCode::kBadPayload);
+  EXPECT_NE(fifo.status().message.find("unknown policy 'fifo'"), std::string::npos);
 }
 
 // ------------------------------------------------------- hand-worked cases

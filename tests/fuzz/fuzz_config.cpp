@@ -9,12 +9,12 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   cxltier::service::DaemonConfig c;
-  const std::string err = cxltier::service::LoadConfigText(text, "fuzz.toml", &c);
+  const std::string err = cxltier::service::LoadConfigText(text, "fuzz.toml", &c).message;
   if (!err.empty()) return 0;
-  if (!c.Validate().empty()) std::abort();  // accepted means valid
+  if (!c.Validate().ok()) std::abort();  // accepted means valid
   const std::string printed = cxltier::service::ToToml(c);
   cxltier::service::DaemonConfig again;
-  if (!cxltier::service::LoadConfigText(printed, "printed.toml", &again).empty()) std::abort();
+  if (!cxltier::service::LoadConfigText(printed, "printed.toml", &again).ok()) std::abort();
   if (cxltier::service::ToToml(again) != printed) std::abort();
   return 0;
 }

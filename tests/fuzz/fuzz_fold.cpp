@@ -40,8 +40,7 @@ struct Fixture {
     o.block_bytes = kBlockBytes;
     o.tier0_budget_bytes = 16 * kBlockBytes;
     o.mode = engine::Mode::kTick;
-    std::string err;
-    engine = std::make_unique<engine::Engine>(o, engine::MakePolicy("ema:0.1", &err));
+    engine = std::make_unique<engine::Engine>(o, std::move(*engine::MakePolicy("ema:0.1")));
     service::DaemonConfig config;
     client = &table.Connect(server::Peer{1, getpid(), getuid(), getgid()});
     const wire::Hello hello{ModelGeometry{"fuzz", 1, 1, 1, 1024, 2, 16}, kSlots, "fuzz"};
@@ -65,9 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::memcpy(writable, data, std::min(size, span));
   if (size > span) {
     wire::Report r;
-    std::string why;
     std::vector<uint8_t> payload(data + span, data + size);
-    if (wire::Decode(payload, &r, &why)) (void)service::AddReport(c, r);
+    if (wire::Decode(payload, &r).ok()) (void)service::AddReport(c, r);
   }
   f->fold.Run(c, *f->engine, ++f->tick);
   // Nothing the client writes drops a block or loses its key.

@@ -17,9 +17,9 @@ using namespace cxltier::wire;
 template <typename M>
 void RoundTrip(std::span<const uint8_t> payload) {
   M m;
-  std::string why;
-  if (!Decode(payload, &m, &why)) {
-    if (why.empty()) std::abort();  // every rejection names its reason
+  if (const cxltier::Status st = Decode(payload, &m); !st.ok()) {
+    // Every rejection names its reason, with the codec's code.
+    if (st.message.empty() || st.code != ErrorCode::kBadPayload) std::abort();
     return;
   }
   std::vector<uint8_t> out;

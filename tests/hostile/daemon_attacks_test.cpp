@@ -38,8 +38,7 @@ std::string RawHello(int fd, const ModelGeometry& model, uint32_t max_blocks) {
   }
   if (h.type != wire::MsgType::kError) return "";
   wire::Error e;
-  std::string why;
-  if (!wire::Decode(payload, &e, &why)) return "undecodable error: " + why;
+  if (Status st = wire::Decode(payload, &e); !st.ok()) return "undecodable error: " + st.message;
   return std::string(wire::ErrorName(e.code)) + ": " + e.message;
 }
 
@@ -353,8 +352,7 @@ TEST(HostileMemory, OneAdmitNamesAtMostSixteenThousandBlocks) {
       std::vector<uint8_t> payload(h.payload_bytes);
       if (h.payload_bytes) ::recv(fd, payload.data(), payload.size(), MSG_WAITALL);
       wire::Error e;
-      std::string why;
-      last = h.type == wire::MsgType::kError && wire::Decode(payload, &e, &why)
+      last = h.type == wire::MsgType::kError && wire::Decode(payload, &e).ok()
                  ? std::string(wire::ErrorName(e.code)) + ": " + e.message
                  : "ok";
     }

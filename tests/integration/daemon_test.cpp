@@ -676,8 +676,7 @@ wire::Error ReadError(int s) {
     got += static_cast<size_t>(n);
   }
   wire::Error e{static_cast<wire::ErrorCode>(0), ""};
-  std::string why;
-  if (hdr.type == wire::MsgType::kError) wire::Decode(p, &e, &why);
+  if (hdr.type == wire::MsgType::kError) (void)wire::Decode(p, &e);
   return e;
 }
 

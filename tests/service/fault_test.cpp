@@ -127,7 +127,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   c.migrate_rate_mib_s = 1024;
   numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0"};
   Daemon d(io, c, numa::Discover(), tiers, std::move(owned), true);
-  ASSERT_EQ(d.Start(), "");
+  ASSERT_EQ(d.Start().message, "");
 
   const server::Peer peer{1, getpid(), getuid(), getgid()};
   d.OnConnect(peer);

@@ -39,11 +39,13 @@ std::filesystem::path TempDir(const std::string& name) {
 
 TEST(Config, DefaultsValidateAndFileOverrides) {
   DaemonConfig c;
-  EXPECT_EQ(c.Validate(), "");
-  const std::string err = LoadConfigText(
-      "[daemon]\ntick_ms = 25\n[engine]\npolicy = \"ema:0.05\"\ntier0_budget = \"8GiB\"\n"
-      "[tiers]\nfast_nodes = [0]\nslow_nodes = [2]\n[migration]\nrate_mib_s = 64\n",
-      "t.toml", &c);
+  EXPECT_EQ(c.Validate().message, "");
+  const std::string err =
+      LoadConfigText(
+          "[daemon]\ntick_ms = 25\n[engine]\npolicy = \"ema:0.05\"\ntier0_budget = \"8GiB\"\n"
+          "[tiers]\nfast_nodes = [0]\nslow_nodes = [2]\n[migration]\nrate_mib_s = 64\n",
+          "t.toml", &c)
+          .message;
   EXPECT_EQ(err, "");
   EXPECT_EQ(c.tick_ms, 25u);
   EXPECT_EQ(c.policy, "ema:0.05");
@@ -52,7 +54,7 @@ TEST(Config, DefaultsValidateAndFileOverrides) {
   EXPECT_EQ(c.migrate_rate_mib_s, 64u);
   // The TOML the daemon prints reads back to the same configuration.
   DaemonConfig back;
-  EXPECT_EQ(LoadConfigText(ToToml(c), "back.toml", &back), "");
+  EXPECT_EQ(LoadConfigText(ToToml(c), "back.toml", &back).message, "");
   EXPECT_EQ(back.policy, c.policy);
   EXPECT_EQ(back.tier0_budget_bytes, c.tier0_budget_bytes);
   EXPECT_EQ(back.slow_nodes, c.slow_nodes);
@@ -78,7 +80,7 @@ TEST(Config, ErrorsNameTheProblem) {
            {"[daemon\n", "t.toml:1"},
        }) {
     DaemonConfig c;
-    const std::string err = LoadConfigText(text, "t.toml", &c);
+    const std::string err = LoadConfigText(text, "t.toml", &c).message;
     EXPECT_NE(err.find(want), std::string::npos) << text << " -> " << err;
   }
 }
@@ -92,10 +94,10 @@ TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
     g[i].key = BlockKey{7, static_cast<uint64_t>(i)};
     g[i].touch_count = 10 + i;
   }
-  ASSERT_EQ(SaveGhosts(path, g), "");
+  ASSERT_EQ(SaveGhosts(path, g).message, "");
   LoadedGhosts l = LoadGhosts(path);
   ASSERT_TRUE(l.found);
-  ASSERT_EQ(l.error, "");
+  ASSERT_EQ(l.status.message, "");
   ASSERT_EQ(l.ghosts.size(), 3u);
   EXPECT_EQ(l.ghosts[2].touch_count, 12u);
   EXPECT_EQ(l.ghosts[1].key, (BlockKey{7, 1}));
@@ -108,23 +110,23 @@ TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
   }
   l = LoadGhosts(path);
   EXPECT_TRUE(l.ghosts.empty());
-  EXPECT_NE(l.error.find("checksum"), std::string::npos) << l.error;
+  EXPECT_NE(l.status.message.find("checksum"), std::string::npos) << l.status.message;
   EXPECT_TRUE(std::filesystem::exists(path + ".corrupt"));
   EXPECT_FALSE(std::filesystem::exists(path));
 
   // Truncated.
-  ASSERT_EQ(SaveGhosts(path, g), "");
+  ASSERT_EQ(SaveGhosts(path, g).message, "");
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 10);
   l = LoadGhosts(path);
   EXPECT_TRUE(l.ghosts.empty());
-  EXPECT_NE(l.error.find("truncated"), std::string::npos) << l.error;
+  EXPECT_NE(l.status.message.find("truncated"), std::string::npos) << l.status.message;
 
   // A failed write leaves the previous checkpoint intact.
-  ASSERT_EQ(SaveGhosts(path, g), "");
+  ASSERT_EQ(SaveGhosts(path, g).message, "");
   std::filesystem::create_directories(path + ".tmp");  // the temporary name is taken
-  EXPECT_NE(SaveGhosts(path, std::vector<BlockState>(1)), "");
+  EXPECT_NE(SaveGhosts(path, std::vector<BlockState>(1)).message, "");
   l = LoadGhosts(path);
-  EXPECT_EQ(l.error, "");
+  EXPECT_EQ(l.status.message, "");
   EXPECT_EQ(l.ghosts.size(), 3u);
   std::filesystem::remove_all(dir);
 }
@@ -140,16 +142,16 @@ TEST(Checkpoint, FullDiskKeepsThePreviousCheckpoint) {
   std::vector<BlockState> small(3), big(20000);  // 192 bytes, 1.25 MiB
   for (size_t i = 0; i < big.size(); ++i) big[i].key = BlockKey{1, i};
   for (size_t i = 0; i < small.size(); ++i) small[i].key = BlockKey{2, i};
-  ASSERT_EQ(SaveGhosts(path, small), "");
-  const std::string err = SaveGhosts(path, big);
+  ASSERT_EQ(SaveGhosts(path, small).message, "");
+  const std::string err = SaveGhosts(path, big).message;
   EXPECT_NE(err.find("No space left"), std::string::npos) << err;
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   LoadedGhosts l = LoadGhosts(path);
-  EXPECT_EQ(l.error, "");
+  EXPECT_EQ(l.status.message, "");
   ASSERT_EQ(l.ghosts.size(), 3u);
   EXPECT_EQ(l.ghosts[1].key, (BlockKey{2, 1}));
   // Space again: the next checkpoint goes through.
-  ASSERT_EQ(SaveGhosts(path, std::vector<BlockState>(big.begin(), big.begin() + 100)), "");
+  ASSERT_EQ(SaveGhosts(path, std::vector<BlockState>(big.begin(), big.begin() + 100)).message, "");
   EXPECT_EQ(LoadGhosts(path).ghosts.size(), 100u);
   EXPECT_EQ(umount(dir.c_str()), 0);
   std::filesystem::remove_all(dir);
@@ -168,9 +170,9 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
     snap.states.push_back(st);
     snap.owners.push_back(i % 2 ? 1000 + i : 0);
   }
-  ASSERT_EQ(SaveGhosts(path, snap), "");
+  ASSERT_EQ(SaveGhosts(path, snap).message, "");
   LoadedGhosts l = LoadGhosts(path);
-  ASSERT_EQ(l.error, "");
+  ASSERT_EQ(l.status.message, "");
   EXPECT_EQ(l.version, 3u);
   ASSERT_EQ(l.ghosts.size(), 5u);
   EXPECT_EQ(l.owners, snap.owners);
@@ -184,15 +186,15 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
     f.put('\x7f');
   }
   l = LoadGhosts(path);
-  EXPECT_NE(l.error.find("checksum"), std::string::npos) << l.error;
+  EXPECT_NE(l.status.message.find("checksum"), std::string::npos) << l.status.message;
   EXPECT_TRUE(l.ghosts.empty() && l.owners.empty());
 
   // States without owners are written as owned by nobody known; owners that do
   // not match the states are refused.
-  ASSERT_EQ(SaveGhosts(path, snap.states), "");
+  ASSERT_EQ(SaveGhosts(path, snap.states).message, "");
   l = LoadGhosts(path);
   EXPECT_EQ(l.owners, std::vector<uint32_t>(5, kUnknownOwner));
-  EXPECT_NE(SaveGhosts(path, snap.states, std::vector<uint32_t>(4, 1)).find("owners"),
+  EXPECT_NE(SaveGhosts(path, snap.states, std::vector<uint32_t>(4, 1)).message.find("owners"),
             std::string::npos);
 
   // A version-1 file, byte for byte as the old daemon wrote it.
@@ -208,7 +210,7 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
   v1.append(reinterpret_cast<const char*>(&sum), 8);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << v1;
   l = LoadGhosts(path);
-  ASSERT_EQ(l.error, "");
+  ASSERT_EQ(l.status.message, "");
   EXPECT_EQ(l.version, 1u);
   ASSERT_EQ(l.ghosts.size(), 5u);
   EXPECT_EQ(l.ghosts[2].touch_count, 102u);
@@ -218,7 +220,7 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
   std::memcpy(v1.data() + 8, &v9, 4);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << v1;
   l = LoadGhosts(path);
-  EXPECT_NE(l.error.find("unknown version"), std::string::npos) << l.error;
+  EXPECT_NE(l.status.message.find("unknown version"), std::string::npos) << l.status.message;
   std::filesystem::remove_all(dir);
 }
 
@@ -260,10 +262,10 @@ TEST(Checkpoint, KeepsTheClockAndOlderVersionsResumeAtTheirLatestTouch) {
     snap.owners.push_back(1000);
   }
   snap.clock = {1000, 1050};
-  ASSERT_EQ(SaveGhosts(path, snap), "");
+  ASSERT_EQ(SaveGhosts(path, snap).message, "");
   EXPECT_EQ(std::filesystem::file_size(path), 24u + 16 + 4 * (64 + 4) + 8);
   LoadedGhosts l = LoadGhosts(path);
-  ASSERT_EQ(l.error, "");
+  ASSERT_EQ(l.status.message, "");
   EXPECT_EQ(l.version, 3u);
   EXPECT_EQ(l.clock.tick, 1000u);
   EXPECT_EQ(l.clock.resume_tick, 1050u);
@@ -273,28 +275,28 @@ TEST(Checkpoint, KeepsTheClockAndOlderVersionsResumeAtTheirLatestTouch) {
   // A state touched after the clock's tick (not something a daemon writes)
   // still resumes behind no state.
   snap.states[2].touch_time = 5000;
-  ASSERT_EQ(SaveGhosts(path, snap), "");
+  ASSERT_EQ(SaveGhosts(path, snap).message, "");
   l = LoadGhosts(path);
   EXPECT_EQ(l.clock.tick, 1000u);
   EXPECT_EQ(l.clock.resume_tick, 5000u);
   snap.states[2].touch_time = 902;
 
   // The clock is under the checksum.
-  ASSERT_EQ(SaveGhosts(path, snap), "");
+  ASSERT_EQ(SaveGhosts(path, snap).message, "");
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(24 + 9);
     f.put('\x7f');
   }
   l = LoadGhosts(path);
-  EXPECT_NE(l.error.find("checksum"), std::string::npos) << l.error;
+  EXPECT_NE(l.status.message.find("checksum"), std::string::npos) << l.status.message;
 
   // Versions 1 and 2 still load; their clock is their latest touch time.
   for (uint32_t version : {1u, 2u}) {
     SCOPED_TRACE(version);
     std::ofstream(path, std::ios::binary | std::ios::trunc) << OldCheckpoint(version, snap.states);
     l = LoadGhosts(path);
-    ASSERT_EQ(l.error, "");
+    ASSERT_EQ(l.status.message, "");
     EXPECT_EQ(l.version, version);
     ASSERT_EQ(l.ghosts.size(), 4u);
     EXPECT_EQ(l.clock.tick, 903u);
@@ -307,14 +309,14 @@ TEST(Checkpoint, KeepsTheClockAndOlderVersionsResumeAtTheirLatestTouch) {
   std::memcpy(cut.data() + 8, &v3, 4);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << cut;
   l = LoadGhosts(path);
-  EXPECT_NE(l.error.find("truncated"), std::string::npos) << l.error;
+  EXPECT_NE(l.status.message.find("truncated"), std::string::npos) << l.status.message;
   std::filesystem::remove_all(dir);
 }
 
 // A sink that blocks until the test lets it go: a disk as slow as the test wants.
 class GatedSink {
  public:
-  std::string Write(const std::string&, const GhostSnapshot& s) {
+  Status Write(const std::string&, const GhostSnapshot& s) {
     std::unique_lock lock(mu_);
     sizes_.push_back(s.states.size());
     ++entered_;
@@ -322,7 +324,7 @@ class GatedSink {
     cv_.wait(lock, [this] { return open_; });
     ++finished_;
     cv_.notify_all();
-    return fail_ ? "disk on fire" : "";
+    return fail_ ? Status::Fail(wire::ErrorCode::kInternal, "disk on fire") : Status::Ok();
   }
   void Open() {
     std::lock_guard lock(mu_);
@@ -367,9 +369,9 @@ TEST(CheckpointWriter, SubmitNeverWaitsForAWriteInProgress) {
   std::condition_variable cv;
   std::vector<std::string> reports;
   CheckpointWriter w(
-      [&](const std::string& err) {
+      [&](const Status& written) {
         std::lock_guard lock(mu);
-        reports.push_back(err);
+        reports.push_back(written.message);
         cv.notify_all();
       },
       [&](const std::string& p, const GhostSnapshot& s) { return sink.Write(p, s); });
@@ -414,7 +416,7 @@ TEST(CheckpointWriter, StopFinishesTheWriteInFlightFirst) {
   sink.fail_ = true;
   std::atomic<int> errors{0};
   CheckpointWriter w(
-      [&](const std::string& err) { errors += err == "disk on fire"; },
+      [&](const Status& written) { errors += written.message == "disk on fire"; },
       [&](const std::string& p, const GhostSnapshot& s) { return sink.Write(p, s); });
   w.Submit("x", Snapshot(1));
   ASSERT_TRUE(sink.WaitEntered(1));
@@ -446,8 +448,8 @@ TEST(CheckpointWriter, WritesCheckpointsThatLoad) {
   std::mutex mu;
   std::condition_variable cv;
   int done = 0;
-  CheckpointWriter w([&](const std::string& err) {
-    EXPECT_EQ(err, "");
+  CheckpointWriter w([&](const Status& written) {
+    EXPECT_EQ(written.message, "");
     std::lock_guard lock(mu);
     ++done;
     cv.notify_all();
@@ -461,7 +463,7 @@ TEST(CheckpointWriter, WritesCheckpointsThatLoad) {
   }
   w.Stop();
   LoadedGhosts l = LoadGhosts(path);
-  ASSERT_EQ(l.error, "");
+  ASSERT_EQ(l.status.message, "");
   ASSERT_EQ(l.ghosts.size(), 1000u);
   EXPECT_EQ(l.ghosts[999].key, (BlockKey{9, 999}));
   EXPECT_EQ(l.owners, std::vector<uint32_t>(1000, 7));
@@ -650,7 +652,7 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
   SlowNodeMigrator* where = fake.get();
   Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow"},
            std::move(fake), false);
-  ASSERT_EQ(d.Start(), "");
+  ASSERT_EQ(d.Start().message, "");
   const server::Peer peer{1, getpid(), getuid(), getgid()};
   ASSERT_FALSE(d.OnConnect(peer));
   int seg_fd = -1;
@@ -689,7 +691,7 @@ TEST(Daemon, ReloadRecomputesThePlannersBudget) {
     DaemonConfig fixed = c;
     fixed.block_bytes = 64 << 10;  // the engine exists from the start
     Daemon d(io, fixed, numa::Discover(), tiers, std::make_unique<FakeMigrator>(), true);
-    ASSERT_EQ(d.Start(), "");
+    ASSERT_EQ(d.Start().message, "");
     EXPECT_EQ(budget(d), (uint64_t{64} << 20) / 1000 * 100);
     DaemonConfig next = fixed;
     next.tick_ms = 1000;
@@ -705,7 +707,7 @@ TEST(Daemon, ReloadRecomputesThePlannersBudget) {
   {
     boost::asio::io_context io;
     Daemon d(io, c, numa::Discover(), tiers, std::make_unique<FakeMigrator>(), true);
-    ASSERT_EQ(d.Start(), "");
+    ASSERT_EQ(d.Start().message, "");
     EXPECT_EQ(budget(d), 0u);  // no engine before the first hello
     DaemonConfig next = c;
     next.tick_ms = 500;

@@ -21,10 +21,9 @@ M RoundTrip(const M& in, MsgType want_type) {
   EXPECT_EQ(h->type, want_type);
   EXPECT_EQ(h->request_id, 77u);
   EXPECT_EQ(h->payload_bytes, buf.size() - kHeaderBytes);
-  EXPECT_FALSE(CheckHeader(*h, kDefaultMaxPayload).has_value());
+  EXPECT_TRUE(CheckHeader(*h, kDefaultMaxPayload).ok());
   M out;
-  std::string err;
-  EXPECT_TRUE(Decode(std::span(buf).subspan(kHeaderBytes), &out, &err)) << err;
+  EXPECT_EQ(Decode(std::span(buf).subspan(kHeaderBytes), &out).message, "");
   return out;
 }
 
@@ -76,10 +75,10 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(RoundTrip(AdminOk{"done"}, MsgType::kAdminOk).text, "done");
   {  // an unknown admin operation is refused with its number
     Admin bad;
-    std::string why;
     const std::vector<uint8_t> p = {9, 0, 0, 0, 0};
-    EXPECT_FALSE(Decode(p, &bad, &why));
-    EXPECT_NE(why.find("admin operation 9"), std::string::npos) << why;
+    const cxltier::Status st = Decode(p, &bad);
+    EXPECT_EQ(st.code, ErrorCode::kBadPayload);
+    EXPECT_NE(st.message.find("admin operation 9"), std::string::npos) << st.message;
   }
   EXPECT_EQ(RoundTrip(StatsOk{"{\"a\":1}"}, MsgType::kStatsOk).json, "{\"a\":1}");
   const Error e = RoundTrip(Error{ErrorCode::kLimit, "too many"}, MsgType::kError);
@@ -98,16 +97,15 @@ TEST(Wire, ReportBytesAreTheDocumentedLayout) {
                                      0x80, 0x3f, 5, 0, 0,    0,    0,    0,    0, 0xc0};
   EXPECT_EQ(payload, want);
   Report back;
-  std::string why;
-  ASSERT_TRUE(Decode(payload, &back, &why)) << why;
+  ASSERT_EQ(Decode(payload, &back).message, "");
   EXPECT_EQ(back.observations.at(0).slot, 0x01020304u);
   EXPECT_EQ(back.observations.at(1).mass, -2.0f);
   // An empty Report (fuzz_wire found a memcpy into the empty vector's null data()).
   const std::vector<uint8_t> empty = {0, 0, 0, 0};
-  ASSERT_TRUE(Decode(empty, &back, &why)) << why;
+  ASSERT_EQ(Decode(empty, &back).message, "");
   EXPECT_TRUE(back.observations.empty());
   // One byte short of the second observation: rejected before anything is copied.
-  EXPECT_FALSE(Decode(std::span(payload).first(payload.size() - 1), &back, &why));
+  EXPECT_FALSE(Decode(std::span(payload).first(payload.size() - 1), &back).ok());
 }
 
 TEST(Wire, HeaderChecks) {
@@ -117,49 +115,48 @@ TEST(Wire, HeaderChecks) {
   EXPECT_FALSE(DecodeHeader(std::span(buf).first(15)).has_value());
   Header bad = h;
   bad.magic = 0xdeadbeef;
-  EXPECT_EQ(CheckHeader(bad, 1 << 20)->code, ErrorCode::kBadFrame);
+  EXPECT_EQ(CheckHeader(bad, 1 << 20).code, ErrorCode::kBadFrame);
   bad = h;
   bad.version = 2;
-  EXPECT_EQ(CheckHeader(bad, 1 << 20)->code, ErrorCode::kBadVersion);
+  EXPECT_EQ(CheckHeader(bad, 1 << 20).code, ErrorCode::kBadVersion);
   bad = h;
   bad.type = static_cast<MsgType>(99);
-  EXPECT_EQ(CheckHeader(bad, 1 << 20)->code, ErrorCode::kUnknownType);
+  EXPECT_EQ(CheckHeader(bad, 1 << 20).code, ErrorCode::kUnknownType);
   bad = h;
   bad.payload_bytes = 2 << 20;
   const auto big = CheckHeader(bad, 1 << 20);
-  EXPECT_EQ(big->code, ErrorCode::kTooLarge);
-  EXPECT_NE(big->message.find("exceeds the limit"), std::string::npos);
+  EXPECT_EQ(big.code, ErrorCode::kTooLarge);
+  EXPECT_NE(big.message.find("exceeds the limit"), std::string::npos);
 }
 
 TEST(Wire, HostilePayloadsAreRejected) {
-  std::string err;
   // A count that promises more elements than bytes follow.
   std::vector<uint8_t> p = {0xff, 0xff, 0xff, 0x7f};
   Release rel;
-  EXPECT_FALSE(Decode(p, &rel, &err));
+  std::string err = Decode(p, &rel).message;
   EXPECT_NE(err.find("does not fit"), std::string::npos) << err;
   // Trailing bytes.
   std::vector<uint8_t> buf;
   Encode(ReleaseOk{1, 2}, 0, buf);
   buf.push_back(0);
   ReleaseOk ro;
-  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &ro, &err));
-  EXPECT_NE(err.find("trailing"), std::string::npos);
+  err = Decode(std::span(buf).subspan(kHeaderBytes), &ro).message;
+  EXPECT_NE(err.find("trailing"), std::string::npos) << err;
   // Short.
-  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes, 5), &ro, &err));
-  EXPECT_NE(err.find("too short"), std::string::npos);
+  err = Decode(std::span(buf).subspan(kHeaderBytes, 5), &ro).message;
+  EXPECT_NE(err.find("too short"), std::string::npos) << err;
   // Bad enum values.
   buf.clear();
   Encode(RegisterPool{PoolKind::kMemfd, 0, 1, 1, 1}, 0, buf);
   buf[kHeaderBytes] = 9;
   RegisterPool rp;
-  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &rp, &err));
-  EXPECT_NE(err.find("pool kind"), std::string::npos);
+  err = Decode(std::span(buf).subspan(kHeaderBytes), &rp).message;
+  EXPECT_NE(err.find("pool kind"), std::string::npos) << err;
   buf.clear();
   Encode(QueryTiersOk{{Tier::kFast}}, 0, buf);
   buf.back() = 7;
   QueryTiersOk q;
-  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &q, &err));
+  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &q).ok());
   // Random garbage never crashes any decoder.
   std::mt19937 rng(5);
   for (int i = 0; i < 20000; ++i) {
@@ -171,12 +168,12 @@ TEST(Wire, HostilePayloadsAreRejected) {
     Report d;
     Error e;
     StatsOk f;
-    Decode(g, &a, &err);
-    Decode(g, &b, &err);
-    Decode(g, &c, &err);
-    Decode(g, &d, &err);
-    Decode(g, &e, &err);
-    Decode(g, &f, &err);
+    (void)Decode(g, &a);
+    (void)Decode(g, &b);
+    (void)Decode(g, &c);
+    (void)Decode(g, &d);
+    (void)Decode(g, &e);
+    (void)Decode(g, &f);
   }
 }
 
@@ -229,6 +226,15 @@ TEST(Status, OkCarriesNoErrorCode) {
   EXPECT_FALSE(bad.ok());
   EXPECT_EQ(bad.code, ErrorCode::kLimit);
   EXPECT_EQ(Status{}.code, ErrorCode::kOk);
+  // A failure is never ok, even when asked for with kOk.
+  EXPECT_FALSE(Status::Fail(ErrorCode::kOk, "odd").ok());
+  // An Error frame whose code says ok is not an error: refused, so a client
+  // cannot mistake it for success.
+  const std::vector<uint8_t> zero = {0, 0, 0, 0, 0, 0, 0, 0};
+  Error e;
+  const Status st = Decode(zero, &e);
+  EXPECT_EQ(st.code, ErrorCode::kBadPayload);
+  EXPECT_NE(st.message.find("code 0"), std::string::npos) << st.message;
 }
 
 }  // namespace

@@ -46,9 +46,9 @@ struct SocketDaemon {
     daemon = std::make_unique<service::Daemon>(io, c, numa::Discover(),
                                                numa::TierAssignment{{0}, {0}, "bench"},
                                                numa::MakeLinuxMigrator(), false);
-    if (!daemon->Start().empty()) std::abort();
+    if (!daemon->Start().ok()) std::abort();
     srv = std::make_unique<server::Server>(io, *daemon, server::ServerOptions{});
-    if (!srv->Listen(c.socket_path, 0600).empty()) std::abort();
+    if (!srv->Listen(c.socket_path, 0600).ok()) std::abort();
     thread = std::thread([this] { io.run(); });
     Status st;
     client = Client::Connect({c.socket_path, kReportModel, kReportSlots, "bench"}, &st);

@@ -53,8 +53,8 @@ int RunPlan(const PlanFlags& f) {
   apply(f.dtype_bytes, model->dtype_bytes);
   apply(f.block_tokens, model->block_tokens);
   if (custom) model->name = "custom";
-  if (const std::string err = model->Validate(); !err.empty()) {
-    std::fprintf(stderr, "cxltierctl plan: invalid geometry: %s\n", err.c_str());
+  if (const cxltier::Status st = model->Validate(); !st.ok()) {
+    std::fprintf(stderr, "cxltierctl plan: invalid geometry: %s\n", st.message.c_str());
     return 2;
   }
   const std::optional<uint64_t> tokens = cxltier::ParseSize(f.context);

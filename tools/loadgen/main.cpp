@@ -437,7 +437,8 @@ int main(int argc, char** argv) {
           // What the kernel said instead: node ids, or -errno per page (-2: not
           // present, -14: not mapped), and the call's own error.
           std::string said;
-          for (auto [n, count] : seen) said += " " + std::to_string(n) + "x" + std::to_string(count);
+          for (auto [n, count] : seen)
+            said += " " + std::to_string(n) + "x" + std::to_string(count);
           std::fprintf(stderr, "cxltier-loadgen:   move_pages said:%s%s%s\n", said.c_str(),
                        call_errno ? "; the call failed: " : "",
                        call_errno ? std::strerror(call_errno) : "");

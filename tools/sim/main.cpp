@@ -267,10 +267,9 @@ int main(int argc, char** argv) {
     const auto bytes = ParseSize(b);
     if (!bytes) return Fail("bad budget '" + b + "' (examples: 32GiB, 512MiB)");
     for (const std::string& p : SplitList(policies)) {
-      std::string err;
-      auto check = engine::MakePolicy(p, &err);
-      if (!check) return Fail(err);
-      needs_future |= check->NeedsFuture();
+      auto check = engine::MakePolicy(p);
+      if (!check.ok()) return Fail(check.status().message);
+      needs_future |= (*check)->NeedsFuture();
       for (engine::Persistence pers : persists) {
         SimConfig c = base;
         c.policy = p;

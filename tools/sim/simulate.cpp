@@ -20,8 +20,12 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
                    const std::vector<uint64_t>* next_use, std::string* error) {
   SimResult result;
   result.config = config;
-  std::unique_ptr<engine::Policy> policy = engine::MakePolicy(config.policy, error);
-  if (!policy) return result;
+  auto made = engine::MakePolicy(config.policy);
+  if (!made.ok()) {
+    if (error) *error = made.status().message;
+    return result;
+  }
+  std::unique_ptr<engine::Policy> policy = std::move(*made);
   if (config.block_bytes == 0) {
     *error = "block bytes must be positive";
     return result;
