@@ -74,8 +74,8 @@ enum BlockFlags : uint8_t {
   kFlagResident = 1u << 0,   // the block is admitted and its bytes live in `tier`
   kFlagRestored = 1u << 1,   // its score came back from a ghost on admission
   kFlagMigrating = 1u << 2,  // a move is in flight; `tier` is the source
-  kFlagPinned = 1u << 3,     // the kernel refused to move its pages (EBUSY)
   kFlagInTarget = 1u << 4,   // the policy wants it in tier 0 (engine bookkeeping)
+  // Bit 3 is free.
 };
 
 // The 64-byte per-block record. The same layout is used by the engine's table
