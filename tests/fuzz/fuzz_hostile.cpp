@@ -50,6 +50,7 @@ template <typename T>
 bool Ok(const server::Answer<T>& a) {
   if (const auto* e = std::get_if<wire::Error>(&a)) {
     if (e->message.empty()) Fail("an error without a message");
+    if (e->ok()) Fail("an error answer whose code is ok");
     return false;
   }
   return true;
@@ -102,7 +103,7 @@ struct Fixture {
     daemon = std::make_unique<service::Daemon>(io, c, numa::Topology{},
                                                numa::TierAssignment{{0}, {0}, "fuzz"},
                                                numa::MakeLinuxMigrator(), true);
-    if (!daemon->Start().empty()) Fail("daemon start");
+    if (!daemon->Start().ok()) Fail("daemon start");
   }
 
   // Lets the mover finish what it was handed and delivers its results.
