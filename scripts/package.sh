@@ -13,9 +13,9 @@ WORK=$(mktemp -d /tmp/cxltier-package.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 dpkg-deb -x "$DEB" "$WORK/root"
 # The library directory: usr/lib, or usr/lib/<multiarch> (GNUInstallDirs under /usr).
-LIBDIR=$(cd "$WORK/root" && dirname "$(find usr/lib -name libcxltier.so.0 | head -1)")
+LIBDIR=$(cd "$WORK/root" && dirname "$(find usr/lib -name libcxltier.so.1 | head -1)")
 for f in usr/sbin/cxltierd usr/bin/cxltierctl usr/bin/cxltier-sim usr/bin/cxltier-loadgen \
-  usr/bin/cxltier-load "$LIBDIR/libcxltier.so.0" usr/include/cxltier/client.h \
+  usr/bin/cxltier-load "$LIBDIR/libcxltier.so.1" usr/include/cxltier/client.h \
   "$LIBDIR/pkgconfig/cxltier.pc" "$LIBDIR/cmake/cxltier/cxltierConfig.cmake" \
   usr/lib/systemd/system/cxltierd.service usr/lib/systemd/system/cxltierd.socket \
   usr/lib/sysusers.d/cxltier.conf usr/lib/tmpfiles.d/cxltier.conf etc/cxltier/cxltierd.toml; do

@@ -53,14 +53,15 @@ Checkpointer::~Checkpointer() = default;
 LoadedGhosts Checkpointer::Load() const {
   LoadedGhosts loaded = LoadGhosts(path_);
   if (!loaded.status.ok()) spdlog::error("ghost checkpoint: {}", loaded.status.message);
-  if (loaded.found && loaded.status.ok()) {
-    spdlog::info("loaded {} ghosts from {}", loaded.ghosts.size(), path_);
-    spdlog::info("clock resumes at tick {} (checkpoint taken at tick {})", loaded.clock.resume_tick,
-                 loaded.clock.tick);
-  }
+  const bool good = loaded.found && loaded.status.ok();
+  if (good) spdlog::info("loaded {} ghosts from {}", loaded.ghosts.size(), path_);
   if (loaded.version == 1 && !loaded.ghosts.empty()) {
     spdlog::info("checkpoint of version 1: its {} ghosts share one owner's ghost share",
                  loaded.ghosts.size());
+  }
+  if (good) {
+    spdlog::info("clock resumes at tick {} (checkpoint taken at tick {})", loaded.clock.resume_tick,
+                 loaded.clock.tick);
   }
   return loaded;
 }

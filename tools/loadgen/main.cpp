@@ -435,7 +435,8 @@ int main(int argc, char** argv) {
                                                   : "none",
                        on_fast, on_slow, pages.size());
           // What the kernel said instead: node ids, or -errno per page (-2: not
-          // present, -14: not mapped), and the call's own error.
+          // present, -14: not mapped), and the call's own error (then every
+          // page still shows the -1 it was given before the call).
           std::string said;
           for (auto [n, count] : seen)
             said += " " + std::to_string(n) + "x" + std::to_string(count);
