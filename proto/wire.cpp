@@ -204,6 +204,32 @@ void Fields(Io& io, RegisterPoolOk& m) {
   io.Field(m.pool_id);
 }
 template <typename Io>
+void Fields(Io& io, CreateTierPool& m) {
+  io.Field(m.tier);
+  uint8_t source = static_cast<uint8_t>(m.source);
+  io.Field(source);
+  uint16_t reserved = 0;
+  io.Field(reserved);
+  if constexpr (Io::kReading) {
+    if (m.tier > 1) io.Fail("tier " + std::to_string(m.tier) + " does not exist (0 or 1)");
+    if (source > 1) io.Fail("unknown tier pool source " + std::to_string(source));
+    if (reserved != 0) io.Fail("reserved bytes must be zero");
+    m.source = static_cast<TierPoolSource>(source);
+  }
+  io.Field(m.blocks);
+  io.Field(m.stride);
+  io.Field(m.offset);
+}
+template <typename Io>
+void Fields(Io& io, CreateTierPoolOk& m) {
+  io.Field(m.pool_id);
+  io.Field(m.blocks);
+  io.Field(m.bytes);
+  uint32_t node = static_cast<uint32_t>(m.node);
+  io.Field(node);
+  m.node = static_cast<int32_t>(node);
+}
+template <typename Io>
 void Fields(Io& io, Admit& m) {
   io.Field(m.pool_id);
   io.Vec(m.entries, 20, [&io](AdmitEntry& e) {
@@ -341,6 +367,10 @@ const char* ErrorName(ErrorCode code) {
       return "internal";
     case ErrorCode::kGeometry:
       return "geometry";
+    case ErrorCode::kNoLease:
+      return "no-lease";
+    case ErrorCode::kBusy:
+      return "busy";
   }
   return "unknown-error";
 }
@@ -367,6 +397,8 @@ CXLTIER_WIRE_MESSAGE(StatsOk, kStatsOk)
 CXLTIER_WIRE_MESSAGE(Error, kError)
 CXLTIER_WIRE_MESSAGE(Admin, kAdmin)
 CXLTIER_WIRE_MESSAGE(AdminOk, kAdminOk)
+CXLTIER_WIRE_MESSAGE(CreateTierPool, kCreateTierPool)
+CXLTIER_WIRE_MESSAGE(CreateTierPoolOk, kCreateTierPoolOk)
 #undef CXLTIER_WIRE_MESSAGE
 
 std::optional<Header> DecodeHeader(std::span<const uint8_t> bytes) {
@@ -392,7 +424,8 @@ Status CheckHeader(const Header& h, uint32_t max_payload) {
                                                     std::to_string(kVersion));
   }
   const uint16_t t = static_cast<uint16_t>(h.type);
-  if (t < static_cast<uint16_t>(MsgType::kHello) || t > static_cast<uint16_t>(MsgType::kAdminOk)) {
+  if (t < static_cast<uint16_t>(MsgType::kHello) ||
+      t > static_cast<uint16_t>(MsgType::kCreateTierPoolOk)) {
     return Status::Fail(ErrorCode::kUnknownType, "unknown message type " + std::to_string(t));
   }
   if (h.payload_bytes > max_payload) {

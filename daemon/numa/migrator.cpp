@@ -160,6 +160,17 @@ std::shared_ptr<const Mapping> Mapping::Map(int fd, size_t length_bytes, std::st
   return std::shared_ptr<const Mapping>(new Mapping(reinterpret_cast<uintptr_t>(p), length_bytes));
 }
 
+std::shared_ptr<const Mapping> Mapping::MapWritable(int fd, size_t length_bytes, uint64_t offset,
+                                                    std::string* error) {
+  void* p = mmap(nullptr, length_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                 static_cast<off_t>(offset));
+  if (p == MAP_FAILED) {
+    *error = std::string("mmap: ") + std::strerror(errno);
+    return nullptr;
+  }
+  return std::shared_ptr<const Mapping>(new Mapping(reinterpret_cast<uintptr_t>(p), length_bytes));
+}
+
 Mapping::~Mapping() { munmap(reinterpret_cast<void*>(address_), length_bytes_); }
 
 namespace {
@@ -246,6 +257,14 @@ std::string Summarize(const MoveResult& r) {
   for (auto [e, n] : r.errors) out << ", " << n << " " << std::strerror(e);
   if (r.call_errno) {
     const std::string call = r.call ? r.call : "move_pages";
+    if (call == "copy") {
+      out << ", copy not done: "
+          << (r.call_errno == EBUSY    ? "the client holds the block's write lease"
+              : r.call_errno == EIO    ? "the copy's xxHash differs from the source's"
+              : r.call_errno == ENOSPC ? "no free block in the target tier's pool"
+                                       : std::strerror(r.call_errno));
+      return out.str();
+    }
     if (call == "populate") {
       out << ", faulting the pool in failed (its file shrank or has no page there?): ";
     } else if (call == "process") {

@@ -45,17 +45,24 @@ class ProcessHandle {
   uid_t uid_;
 };
 
-// This process's read-only shared mapping of a client's memfd, unmapped when
-// the last holder lets go: the pool, or a move queued or running for it. So a
-// move never runs on addresses that were unmapped and perhaps reused for
-// another client's pool. The fd is not kept: the mapping holds the file.
+// This process's shared mapping of a file (a client's memfd pool, a copy-mode
+// tier pool, a state segment), unmapped when the last holder lets go: the
+// pool, or a move queued or running for it. So a move never runs on
+// addresses that were unmapped and perhaps reused for another client's pool.
+// The fd is not kept: the mapping holds the file.
 class Mapping {
  public:
+  // Read-only (a page-mode pool: the daemon never reads nor writes its bytes).
   static std::shared_ptr<const Mapping> Map(int fd, size_t length_bytes, std::string* error);
+  // Read-write from `offset` (copy mode: the daemon copies blocks).
+  static std::shared_ptr<const Mapping> MapWritable(int fd, size_t length_bytes, uint64_t offset,
+                                                    std::string* error);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   uintptr_t address() const { return address_; }
+  // REQUIRES: a writable mapping.
+  uint8_t* bytes() const { return reinterpret_cast<uint8_t*>(address_); }
   size_t length_bytes() const { return length_bytes_; }
 
  private:

@@ -1,5 +1,7 @@
 #include "server/pool.h"
 
+#include "cxltier/lease.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -76,6 +78,67 @@ Status Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid
   if (!mapping_) return Refused(err);
   base_ = mapping_->address();
   return Status::Ok();  // `fd` closes here: the mapping holds the file
+}
+
+Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t block_bytes,
+                      const std::vector<int>& nodes, UniqueFd devdax, uint64_t offset) {
+  const uint64_t page = PageSize();
+  if (blocks == 0) return Refused("a tier pool needs at least one block");
+  if (blocks > kMaxPoolIndex + 1) {
+    return Refused("a tier pool holds at most " + std::to_string(kMaxPoolIndex + 1) + " blocks");
+  }
+  if (stride < block_bytes) {
+    return Refused("stride " + std::to_string(stride) + " is smaller than a block (" +
+                   std::to_string(block_bytes) + " bytes)");
+  }
+  if (stride % page != 0) return Refused("stride must be a multiple of the page size");
+  if (stride > (uint64_t{1} << 32)) return Refused("stride is absurd");
+  const uint64_t bytes = uint64_t{blocks} * stride;
+  numa::TierMemory mem;
+  std::string err;
+  if (devdax.valid()) {
+    if (tier == 0) return Refused("tier 0 cannot be device-DAX memory (it has no CPU node)");
+    numa::DevdaxInfo info;
+    if (!numa::InspectDevdax(devdax.get(), &info, &err)) return Refused(err);
+    if (offset % info.align != 0) {
+      return Refused("offset " + std::to_string(offset) + " is not a multiple of the device's " +
+                     std::to_string(info.align) + "-byte alignment");
+    }
+    const uint64_t mapped = (bytes + info.align - 1) / info.align * info.align;
+    if (offset > info.size || mapped > info.size - offset) {
+      return Refused("the device-DAX region from offset " + std::to_string(offset) + " holds " +
+                     std::to_string(offset > info.size ? 0 : info.size - offset) +
+                     " bytes, less than the tier's " + std::to_string(blocks) + " blocks (" +
+                     std::to_string(mapped) + " bytes)");
+    }
+    if (!numa::MapDevdax(devdax.get(), offset, mapped, &mem, &err)) return Refused(err);
+    node_ = info.node;
+  } else {
+    if (!numa::CreateTierMemory(nodes, bytes, "cxltier-tier" + std::to_string(tier), &mem, &err)) {
+      return Status::Fail(wire::ErrorCode::kLimit,
+                          "tier " + std::to_string(tier) + " pool: " + err);
+    }
+    tier_fd_ = UniqueFd(mem.fd);
+    node_ = nodes.front();
+  }
+  kind_ = wire::PoolKind::kMemfd;
+  mapping_ = std::move(mem.mapping);
+  base_ = mapping_->address();
+  length_ = bytes;
+  stride_ = stride;
+  block_bytes_ = block_bytes;
+  blocks_ = blocks;
+  tier_ = tier;
+  free_.clear();
+  for (uint32_t i = blocks; i-- > 0;) free_.push_back(i);
+  return Status::Ok();  // a devdax fd closes here: the mapping holds the device
+}
+
+bool Pool::TakeFree(uint32_t* index) {
+  if (free_.empty()) return false;
+  *index = free_.back();
+  free_.pop_back();
+  return true;
 }
 
 numa::PageRange Pool::Range(uint32_t index) const {

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cxltier/wire.h"
 #include "numa/migrator.h"
+#include "numa/tier_memory.h"
 #include "server/unique_fd.h"
 
 namespace cxltier::server {
@@ -40,6 +42,40 @@ class Pool {
   // so a queued move outlives the pool safely. REQUIRES: index < blocks().
   numa::PageRange Range(uint32_t index) const;
 
+  // Page mode: a move's outcome. Pages under I/O are busy for a moment;
+  // pinned pages always are. After kPinnedAfter moves in a row whose present
+  // pages were all busy the pool counts as pinned, and moves of its blocks
+  // are no longer tried. True when this outcome made it so.
+  static constexpr int kPinnedAfter = 3;
+  bool NoteMove(bool all_busy) {
+    if (pinned_) return false;
+    busy_streak_ = all_busy ? busy_streak_ + 1 : 0;
+    pinned_ = busy_streak_ >= kPinnedAfter;
+    return pinned_;
+  }
+  bool pinned() const { return pinned_; }
+
+  // ---- copy mode: one pool per tier, its blocks handed out by the daemon ----
+
+  // A pool of `blocks` blocks of `stride` bytes for `tier`: a memfd the daemon
+  // creates on `nodes` (devdax invalid), or a region of the client's
+  // device-DAX device from `offset`. kBadPool or kLimit, saying why.
+  Status OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t block_bytes,
+                  const std::vector<int>& nodes, UniqueFd devdax, uint64_t offset);
+  bool is_tier() const { return tier_ >= 0; }
+  uint8_t tier() const { return static_cast<uint8_t>(tier_); }
+  // The memfd to pass to the client (devdax: -1, the client has its own).
+  int tier_fd() const { return tier_fd_.get(); }
+  int node() const { return node_; }
+  const std::shared_ptr<const numa::Mapping>& mapping() const { return mapping_; }
+  uint8_t* BlockAddress(uint32_t index) const {
+    return mapping_->bytes() + uint64_t{index} * stride_;
+  }
+  // A free block, or false when all are taken.
+  bool TakeFree(uint32_t* index);
+  void PutFree(uint32_t index) { free_.push_back(index); }
+  uint32_t free_blocks() const { return static_cast<uint32_t>(free_.size()); }
+
  private:
   wire::PoolKind kind_ = wire::PoolKind::kMemfd;
   std::shared_ptr<const numa::Mapping> mapping_;        // memfd pool
@@ -50,6 +86,12 @@ class Pool {
   uint64_t block_bytes_ = 0;
   uint32_t blocks_ = 0;
   bool dead_ = false;
+  bool pinned_ = false;
+  int busy_streak_ = 0;
+  int tier_ = -1;  // copy mode: the tier; -1: a page-mode pool
+  int node_ = -1;
+  UniqueFd tier_fd_;
+  std::vector<uint32_t> free_;  // copy mode: blocks holding nothing
 };
 
 }  // namespace cxltier::server

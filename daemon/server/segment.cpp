@@ -9,26 +9,6 @@
 
 namespace cxltier::server {
 
-Segment::Segment(Segment&& o) noexcept { *this = std::move(o); }
-
-Segment& Segment::operator=(Segment&& o) noexcept {
-  if (this != &o) {
-    Unmap();
-    fd_ = std::move(o.fd_);
-    base_ = std::exchange(o.base_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-    slots_ = std::exchange(o.slots_, 0);
-  }
-  return *this;
-}
-
-Segment::~Segment() { Unmap(); }
-
-void Segment::Unmap() {
-  if (base_) munmap(base_, bytes_);
-  base_ = nullptr;
-}
-
 namespace {
 Status Failed(std::string message) {
   return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
@@ -46,12 +26,13 @@ Status Segment::Create(uint32_t slots, uint64_t client_id) {
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return Failed(std::string("sealing: ") + std::strerror(errno));
   }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) return Failed(std::string("mmap: ") + std::strerror(errno));
-  Unmap();
+  std::string err;
+  std::shared_ptr<const numa::Mapping> mapping =
+      numa::Mapping::MapWritable(fd.get(), bytes, 0, &err);
+  if (!mapping) return Failed(err);
   fd_ = std::move(fd);
-  base_ = base;
-  bytes_ = bytes;
+  mapping_ = std::move(mapping);
+  base_ = mapping_->bytes();
   slots_ = slots;
   auto* h = new (base_) SegmentHeader{};
   h->magic = kSegmentMagic;
@@ -60,7 +41,10 @@ Status Segment::Create(uint32_t slots, uint64_t client_id) {
   h->slot_offset = kSegmentSlotOffset;
   h->client_id = client_id;
   h->dirty_offset = SegmentDirtyOffset(slots);
+  h->location_offset = SegmentLocationOffset(slots);
+  h->lease_offset = SegmentLeaseOffset(slots);
   for (uint32_t i = 0; i < slots; ++i) new (slot(i)) BlockState{};
+  for (uint32_t i = 0; i < slots; ++i) locations()[i] = LocationWord(kNoLocationTier, 0, 0);
   return Status::Ok();
 }
 

@@ -6,8 +6,11 @@
 #include <cstdint>
 #include <string>
 
+#include <memory>
+
 #include "cxltier/segment.h"
 #include "cxltier/status.h"
+#include "numa/migrator.h"
 #include "server/unique_fd.h"
 
 namespace cxltier::server {
@@ -15,11 +18,10 @@ namespace cxltier::server {
 class Segment {
  public:
   Segment() = default;
-  Segment(Segment&& o) noexcept;
-  Segment& operator=(Segment&& o) noexcept;
+  Segment(Segment&& o) noexcept = default;
+  Segment& operator=(Segment&& o) noexcept = default;
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
-  ~Segment();
 
   // Creates a memfd of SegmentBytes(slots), seals its size, maps it and writes
   // the header. kInternal when the kernel refuses.
@@ -35,12 +37,21 @@ class Segment {
   uint64_t* dirty() const {
     return reinterpret_cast<uint64_t*>(static_cast<char*>(base_) + SegmentDirtyOffset(slots_));
   }
+  // Copy mode: the location words and the lease table (cxltier/lease.h).
+  uint64_t* locations() const {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(base_) + SegmentLocationOffset(slots_));
+  }
+  const LeaseEntry* leases() const {
+    return reinterpret_cast<const LeaseEntry*>(static_cast<char*>(base_) +
+                                               SegmentLeaseOffset(slots_));
+  }
+  // Keeps the segment mapped (a copy in flight holds it).
+  const std::shared_ptr<const numa::Mapping>& mapping() const { return mapping_; }
 
  private:
-  void Unmap();
   UniqueFd fd_;
+  std::shared_ptr<const numa::Mapping> mapping_;
   void* base_ = nullptr;
-  uint64_t bytes_ = 0;
   uint32_t slots_ = 0;
 };
 

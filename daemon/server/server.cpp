@@ -402,6 +402,25 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // The oldest fd that came with this connection's bytes, if any.
+  UniqueFd TakeFd() {
+    UniqueFd fd;
+    if (!fds_.empty()) {
+      fd = std::move(fds_.front());
+      fds_.pop_front();
+    }
+    return fd;
+  }
+  // The answer to a request that needed an fd and came without one.
+  wire::Error MissingFd(const std::string& what) {
+    if (std::exchange(fds_dropped_, false)) {
+      return wire::Error{wire::ErrorCode::kLimit,
+                         "the daemon could not receive the fd (out of file descriptors or too "
+                         "many fds in one message)"};
+    }
+    return wire::Error{wire::ErrorCode::kBadPool, what};
+  }
+
   void Dispatch(const wire::Header& h, std::span<const uint8_t> payload) {
     Handler& handler = server_.handler_;
     switch (h.type) {
@@ -419,21 +438,28 @@ class Session : public std::enable_shared_from_this<Session> {
         return Handle<wire::RegisterPool>(
             h, payload, "register-pool", false,
             [&](const wire::RegisterPool& m) -> Answer<wire::RegisterPoolOk> {
-              UniqueFd fd;
-              if (!fds_.empty()) {
-                fd = std::move(fds_.front());
-                fds_.pop_front();
-              }
+              UniqueFd fd = TakeFd();
               if (m.kind == wire::PoolKind::kMemfd && !fd.valid()) {
-                if (std::exchange(fds_dropped_, false)) {
-                  return wire::Error{wire::ErrorCode::kLimit,
-                                     "the daemon could not receive the fd (out of file "
-                                     "descriptors or too many fds in one message)"};
-                }
-                return wire::Error{wire::ErrorCode::kBadPool,
-                                   "a memfd pool needs its fd passed with SCM_RIGHTS"};
+                return MissingFd("a memfd pool needs its fd passed with SCM_RIGHTS");
               }
               return handler.OnRegisterPool(peer_, m, std::move(fd));
+            });
+      case wire::MsgType::kCreateTierPool:
+        return Handle<wire::CreateTierPool>(
+            h, payload, "create-tier-pool", false,
+            [&](const wire::CreateTierPool& m) -> Answer<wire::CreateTierPoolOk> {
+              UniqueFd fd = TakeFd();
+              if (m.source == wire::TierPoolSource::kDevdax && !fd.valid()) {
+                return MissingFd("a device-DAX tier pool needs the device's fd (SCM_RIGHTS)");
+              }
+              if (m.source == wire::TierPoolSource::kDaemon && fd.valid()) {
+                return wire::Error{wire::ErrorCode::kBadPool,
+                                   "a tier pool the daemon creates takes no fd"};
+              }
+              int pool_fd = -1;
+              auto a = handler.OnCreateTierPool(peer_, m, std::move(fd), &pool_fd);
+              if (std::holds_alternative<wire::CreateTierPoolOk>(a)) pending_fd_ = pool_fd;
+              return a;
             });
       case wire::MsgType::kAdmit:
         return Handle<wire::Admit>(h, payload, "admit", false,
@@ -470,7 +496,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Send(const M& m, uint32_t request_id) {
     Out out;
     wire::Encode(m, request_id, out.bytes);
-    if constexpr (std::is_same_v<M, wire::HelloOk>) out.fd = std::exchange(pending_fd_, -1);
+    if constexpr (std::is_same_v<M, wire::HelloOk> || std::is_same_v<M, wire::CreateTierPoolOk>) {
+      out.fd = std::exchange(pending_fd_, -1);
+    }
     const bool was_stalled = Stalled();
     out_bytes_ += out.bytes.size();
     out_.push_back(std::move(out));

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "service/config.h"
+#include "service/status.h"
 
 namespace cxltier::service {
 
@@ -49,8 +50,14 @@ void ClientTable::Remove(uint64_t session) {
   const Client& c = it->second;
   UidUsage& u = uids_[c.peer.uid];
   u.pools -= static_cast<uint32_t>(c.pools.size());
+  for (const server::Pool& p : c.pools) {
+    if (!p.is_tier()) continue;
+    if (p.tier_fd() >= 0) u.tier_pool_bytes -= p.length();
+    if (p.tier() == 0) tier0_pool_blocks_ -= p.blocks();
+  }
   if (c.hello) u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c.slots.size()));
-  if (u.connections == 0 && u.blocks == 0 && u.pools == 0 && u.segment_bytes == 0) {
+  if (u.connections == 0 && u.blocks == 0 && u.pools == 0 && u.segment_bytes == 0 &&
+      u.tier_pool_bytes == 0) {
     uids_.erase(c.peer.uid);
   }
   clients_.erase(it);
@@ -92,6 +99,9 @@ std::optional<Error> ClientTable::Open(Client& c, uint32_t slots) {
   c.live_slots.assign(slots, 0);
   c.socket_dirty.assign(SegmentDirtyWords(slots), 0);
   c.fold.assign(slots, FoldState{});
+  c.copy.version.assign(slots, 0);
+  c.copy.write_refused_since.assign(slots, 0);
+  c.copy.write_overdue.assign(slots, 0);
   c.free_slots.clear();
   for (uint32_t i = slots; i-- > 0;) c.free_slots.push_back(i);
   return std::nullopt;
@@ -115,6 +125,61 @@ uint32_t ClientTable::AddPool(Client& c, server::Pool pool) {
   c.pools.push_back(std::move(pool));
   ++uids_[c.peer.uid].pools;
   return static_cast<uint32_t>(c.pools.size() - 1);
+}
+
+std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::CreateTierPool& m,
+                                                const engine::Engine& engine,
+                                                const numa::TierAssignment& tiers,
+                                                const DaemonConfig& config) const {
+  if (c.copy.pool[m.tier] >= 0) {
+    return Error{ErrorCode::kBadPool, "tier " + std::to_string(m.tier) + " already has pool " +
+                                          std::to_string(c.copy.pool[m.tier])};
+  }
+  if ((m.tier == 0 ? tiers.fast_nodes : tiers.slow_nodes).empty()) {
+    return Error{ErrorCode::kBadPool,
+                 "this daemon has no tier " + std::to_string(m.tier) + " nodes ([tiers])"};
+  }
+  if (m.blocks == 0) return Error{ErrorCode::kBadPool, "a tier pool needs at least one block"};
+  if (m.blocks > c.slots.size()) {
+    return Error{ErrorCode::kLimit, "a tier pool of " + std::to_string(m.blocks) +
+                                        " blocks is more than the client's " +
+                                        std::to_string(c.slots.size()) + " slots"};
+  }
+  const uint32_t blocks = TierPoolBlocks(c, m, engine);
+  if (blocks == 0) {
+    return Error{ErrorCode::kLimit, "tier 0's budget (" + FormatBytes(config.tier0_budget_bytes) +
+                                        ") is already given to other clients' tier-0 pools"};
+  }
+  if (m.source == wire::TierPoolSource::kDaemon) {
+    auto it = uids_.find(c.peer.uid);
+    const uint64_t held = it == uids_.end() ? 0 : it->second.tier_pool_bytes;
+    const uint64_t bytes = uint64_t{blocks} * m.stride;
+    if (m.stride > (uint64_t{1} << 32) || held + bytes > config.max_tier_pool_bytes_per_uid) {
+      return Error{ErrorCode::kLimit,
+                   "a tier pool of " + FormatBytes(bytes) + " would take uid " +
+                       std::to_string(c.peer.uid) + " past its " +
+                       FormatBytes(config.max_tier_pool_bytes_per_uid) +
+                       " of tier pools the daemon creates (limits.max_tier_pool_bytes_per_uid)"};
+    }
+  }
+  return std::nullopt;
+}
+
+uint32_t ClientTable::TierPoolBlocks(const Client&, const wire::CreateTierPool& m,
+                                     const engine::Engine& engine) const {
+  if (m.tier != 0) return m.blocks;
+  const uint64_t budget = engine.capacity_blocks();
+  const uint64_t left = budget > tier0_pool_blocks_ ? budget - tier0_pool_blocks_ : 0;
+  return static_cast<uint32_t>(std::min<uint64_t>(m.blocks, left));
+}
+
+uint32_t ClientTable::AddTierPool(Client& c, server::Pool pool) {
+  const uint8_t tier = pool.tier();
+  if (tier == 0) tier0_pool_blocks_ += pool.blocks();
+  if (pool.tier_fd() >= 0) uids_[c.peer.uid].tier_pool_bytes += pool.length();
+  const uint32_t id = AddPool(c, std::move(pool));
+  c.copy.pool[tier] = static_cast<int32_t>(id);
+  return id;
 }
 
 std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
@@ -146,6 +211,11 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
                    "key " + e.key.ToString() + " is admitted by another client of this user"};
     }
     ++fresh;
+  }
+  if (pool.is_tier() && fresh > FreePlaces(c)) {
+    return Error{ErrorCode::kLimit,
+                 "admitting " + std::to_string(fresh) + " blocks needs more than the " +
+                     std::to_string(FreePlaces(c)) + " free blocks of this client's tier pools"};
   }
   if (fresh > c.free_slots.size()) {
     return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +

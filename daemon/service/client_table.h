@@ -20,9 +20,11 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "numa/topology.h"
 #include "server/pool.h"
 #include "server/segment.h"
 #include "server/server.h"
+#include "service/copy_mode.h"
 
 namespace cxltier::service {
 
@@ -73,6 +75,7 @@ struct Client {
   uint32_t release_cursor = 0;  // slots before it are released
   uint64_t bad_observations = 0;
   uint64_t observations = 0;
+  CopyState copy;  // copy mode: tier pools and places
 };
 
 // What one uid holds, over all its connections.
@@ -81,6 +84,7 @@ struct UidUsage {
   uint64_t blocks = 0;
   uint32_t pools = 0;
   uint64_t segment_bytes = 0;
+  uint64_t tier_pool_bytes = 0;  // copy mode: the tier pools the daemon made
 };
 
 class ClientTable {
@@ -108,6 +112,18 @@ class ClientTable {
   std::optional<wire::Error> Open(Client& c, uint32_t slots);
   std::optional<wire::Error> CheckPool(const Client& c, const DaemonConfig& config) const;
   uint32_t AddPool(Client& c, server::Pool pool);
+  // Copy mode: one pool per tier, a tier the daemon has nodes for, blocks no
+  // more than the client's slots, and the uid's tier pool bytes.
+  std::optional<wire::Error> CheckTierPool(const Client& c, const wire::CreateTierPool& m,
+                                           const engine::Engine& engine,
+                                           const numa::TierAssignment& tiers,
+                                           const DaemonConfig& config) const;
+  // The blocks a tier pool gets: tier 0 no more than what is left of its
+  // budget after every other tier-0 pool; tier 1 all the client asked for
+  // (every block must fit in the slow tier).
+  uint32_t TierPoolBlocks(const Client& c, const wire::CreateTierPool& m,
+                          const engine::Engine& engine) const;
+  uint32_t AddTierPool(Client& c, server::Pool pool);
   // Checks a whole Admit before anything changes: its pool, every block
   // index, keys another client of the same uid holds in `engine`, and the
   // new blocks against the client's free slots and its uid's limit.
@@ -148,6 +164,7 @@ class ClientTable {
   std::unordered_map<uid_t, UidUsage> uids_;  // of the clients in clients_
   std::vector<Owner> owners_;                 // by engine slot; session 0: none
   uint64_t connections_ = 0;                  // connected (clients_ also holds ones leaving)
+  uint64_t tier0_pool_blocks_ = 0;            // tier-0 pool blocks of every client
   uint64_t next_id_ = 1;
 };
 

@@ -173,6 +173,8 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   l.Size("max_input_bytes_per_uid", &c->max_input_bytes_per_uid);
   l.Int("frame_timeout_s", &c->frame_timeout_s);
   l.Int("idle_timeout_s", &c->idle_timeout_s);
+  l.Size("max_tier_pool_bytes_per_uid", &c->max_tier_pool_bytes_per_uid);
+  l.Int("lease_timeout_s", &c->lease_timeout_s);
   l.Finish();
   if (!error.empty()) return Invalid(error);
   return c->Validate();
@@ -210,7 +212,11 @@ Status DaemonConfig::Validate() const {
       max_input_bytes_per_uid > (uint64_t{1} << 40)) {
     return Invalid("per-uid byte limits must be at most 1 TiB (max_reply_bytes at most 4 GiB)");
   }
-  if (reply_stall_timeout_s == 0 || frame_timeout_s == 0 || idle_timeout_s == 0) {
+  if (max_tier_pool_bytes_per_uid > (uint64_t{1} << 50)) {
+    return Invalid("max_tier_pool_bytes_per_uid must be at most 1 PiB");
+  }
+  if (reply_stall_timeout_s == 0 || frame_timeout_s == 0 || idle_timeout_s == 0 ||
+      lease_timeout_s == 0) {
     return Invalid("timeouts must be at least 1 s");
   }
   if (max_message_bytes < 4096 || max_message_bytes > (256u << 20)) {
@@ -273,21 +279,24 @@ std::string ToToml(const DaemonConfig& c) {
       {"tiers", toml::table{{"fast_nodes", fast}, {"slow_nodes", slow}}},
       {"metrics", toml::table{{"enabled", c.metrics_enabled}, {"listen", c.metrics_listen}}},
       {"limits",
-       toml::table{{"max_clients", c.max_clients},
-                   {"max_blocks_per_client", c.max_blocks_per_client},
-                   {"max_message_bytes", c.max_message_bytes},
-                   {"max_pools_per_client", c.max_pools_per_client},
-                   {"max_connections_per_uid", c.max_connections_per_uid},
-                   {"admin_reserved_connections", c.admin_reserved_connections},
-                   {"max_blocks_per_uid", c.max_blocks_per_uid},
-                   {"max_pools_per_uid", c.max_pools_per_uid},
-                   {"max_segment_bytes_per_uid", static_cast<int64_t>(c.max_segment_bytes_per_uid)},
-                   {"max_ghosts_per_uid", c.max_ghosts_per_uid},
-                   {"max_reply_bytes", static_cast<int64_t>(c.max_reply_bytes)},
-                   {"reply_stall_timeout_s", c.reply_stall_timeout_s},
-                   {"max_input_bytes_per_uid", static_cast<int64_t>(c.max_input_bytes_per_uid)},
-                   {"frame_timeout_s", c.frame_timeout_s},
-                   {"idle_timeout_s", c.idle_timeout_s}}},
+       toml::table{
+           {"max_clients", c.max_clients},
+           {"max_blocks_per_client", c.max_blocks_per_client},
+           {"max_message_bytes", c.max_message_bytes},
+           {"max_pools_per_client", c.max_pools_per_client},
+           {"max_connections_per_uid", c.max_connections_per_uid},
+           {"admin_reserved_connections", c.admin_reserved_connections},
+           {"max_blocks_per_uid", c.max_blocks_per_uid},
+           {"max_pools_per_uid", c.max_pools_per_uid},
+           {"max_segment_bytes_per_uid", static_cast<int64_t>(c.max_segment_bytes_per_uid)},
+           {"max_ghosts_per_uid", c.max_ghosts_per_uid},
+           {"max_reply_bytes", static_cast<int64_t>(c.max_reply_bytes)},
+           {"reply_stall_timeout_s", c.reply_stall_timeout_s},
+           {"max_input_bytes_per_uid", static_cast<int64_t>(c.max_input_bytes_per_uid)},
+           {"frame_timeout_s", c.frame_timeout_s},
+           {"idle_timeout_s", c.idle_timeout_s},
+           {"max_tier_pool_bytes_per_uid", static_cast<int64_t>(c.max_tier_pool_bytes_per_uid)},
+           {"lease_timeout_s", c.lease_timeout_s}}},
   };
   std::ostringstream out;
   out << t << "\n";

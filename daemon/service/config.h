@@ -49,7 +49,7 @@ struct DaemonConfig {
   uint32_t admin_reserved_connections = 8;           // room kept for root and the admin group
   uint32_t max_blocks_per_uid = 1u << 20;            // live blocks of one uid, all connections
   uint32_t max_pools_per_uid = 64;                   // pools of one uid, all connections
-  uint64_t max_segment_bytes_per_uid = 80ull << 20;  // state segments of one uid (1.3M slots)
+  uint64_t max_segment_bytes_per_uid = 80ull << 20;  // state segments of one uid (1.1M slots)
   uint32_t max_ghosts_per_uid = 1u << 18;            // one uid's share of the ghost store
   // Per connection (the server).
   uint64_t max_reply_bytes = 4ull << 20;           // queued replies before reading stops
@@ -57,6 +57,12 @@ struct DaemonConfig {
   uint64_t max_input_bytes_per_uid = 32ull << 20;  // unprocessed input of one uid
   uint32_t frame_timeout_s = 10;                   // a started frame must arrive within this
   uint32_t idle_timeout_s = 60;                    // no hello and no request this long: closed
+  // Copy mode: memory the daemon allocates on a client's word, and how long
+  // a lease may keep a place from reuse (or a block from moving) before it
+  // is counted and warned about. Leases are never broken: a reader's DMA
+  // may still run.
+  uint64_t max_tier_pool_bytes_per_uid = 64ull << 30;
+  uint32_t lease_timeout_s = 30;
 
   // Ok when the values make sense together; otherwise (kBadPayload) what is wrong.
   Status Validate() const;

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <utility>
@@ -32,10 +33,7 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
       moves_(std::move(tiers), std::move(migrator), config_.migrate_rate_mib_s << 20,
              [this](MoveDone done) {
                asio::post(io_, [this, d = std::move(done)] {
-                 moves_.Complete(d, engine_.get(), clients_,
-                                 [this](const Client& c, const std::string& what) {
-                                   ClientWarning(c.peer, what);
-                                 });
+                 moves_.Complete(d, engine_.get(), clients_, ClientWarner(), tick_);
                });
              }),
       checkpoints_(config_.state_dir,
@@ -272,10 +270,45 @@ server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& 
   return wire::RegisterPoolOk{id};
 }
 
+MoveDispatch::Warn Daemon::ClientWarner() {
+  return [this](const Client& c, const std::string& what) { ClientWarning(c.peer, what); };
+}
+
+server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Peer& peer,
+                                                                const wire::CreateTierPool& m,
+                                                                server::UniqueFd devdax,
+                                                                int* pool_fd) {
+  Client* c = Find(peer);
+  if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (auto refusal = clients_.CheckPool(*c, config_)) return *refusal;
+  if (auto refusal = clients_.CheckTierPool(*c, m, *engine_, moves_.tiers(), config_)) {
+    ClientWarning(peer, "tier pool refused: " + refusal->message);
+    return *refusal;
+  }
+  const uint32_t blocks = clients_.TierPoolBlocks(*c, m, *engine_);
+  const std::vector<int>& nodes =
+      m.tier == 0 ? moves_.tiers().fast_nodes : moves_.tiers().slow_nodes;
+  server::Pool pool;
+  if (Status st = pool.OpenTier(m.tier, blocks, m.stride, engine_->options().block_bytes, nodes,
+                                std::move(devdax), m.offset);
+      !st.ok()) {
+    ClientWarning(peer, "tier pool refused: " + st.message);
+    return st;
+  }
+  const uint32_t id = clients_.AddTierPool(*c, std::move(pool));
+  const server::Pool& p = c->pools[id];
+  *pool_fd = p.tier_fd();
+  spdlog::info("client {}: tier {} pool {} ({}, {} blocks, {}, node {})", c->id, int{m.tier}, id,
+               m.source == wire::TierPoolSource::kDevdax ? "device-DAX" : "memfd", blocks,
+               FormatBytes(p.length()), p.node());
+  return wire::CreateTierPoolOk{id, blocks, p.length(), p.node()};
+}
+
 server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
   if (auto refusal = clients_.CheckAdmit(*c, m, *engine_, config_)) return *refusal;
+  if (c->pools[m.pool_id].is_tier()) return AdmitCopy(*c, m);
   const server::Pool& pool = c->pools[m.pool_id];
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
@@ -297,11 +330,36 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
   return ok;
 }
 
+// Copy mode: the daemon places each new block (CheckAdmit counted the room),
+// and the client holds its write lease until it has written the bytes.
+wire::AdmitOk Daemon::AdmitCopy(Client& c, const wire::Admit& m) {
+  wire::AdmitOk ok;
+  ok.results.reserve(m.entries.size());
+  for (const wire::AdmitEntry& e : m.entries) {
+    if (auto it = c.by_key.find(e.key); it != c.by_key.end()) {
+      const BlockState& st = engine_->state(c.slots[it->second].engine_slot);
+      ok.results.push_back({it->second, st.tier, 0});
+      continue;
+    }
+    uint32_t pool = 0, index = 0;
+    if (PlaceNew(c, m.pool_id, &pool, &index)) break;  // CheckAdmit counted: cannot happen
+    const Tier where = static_cast<Tier>(c.pools[pool].tier());
+    const engine::Slot es = engine_->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid);
+    const uint32_t seg = clients_.Bind(c, es, pool, index, e.key);
+    PublishAdmitted(c, seg);
+    WriteBack(*engine_, c, seg);
+    const bool restored = engine_->state(es).flags & kFlagRestored;
+    ok.results.push_back({seg, where, static_cast<uint8_t>(restored)});
+  }
+  return ok;
+}
+
 void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
   const SegSlot& s = c.slots[seg];
   if (!s.live) return;
   const BlockState& st = engine_->state(s.engine_slot);
   if (st.flags & kFlagMigrating) moves_.mover().Cancel(s.engine_slot, st.generation);
+  if (c.pools[s.pool].is_tier()) Retire(c, seg, tick_);
   engine_->Release(s.engine_slot);
   clients_.Unbind(c, seg);
 }
@@ -388,6 +446,7 @@ void Daemon::RunTick() {
     fold_.Run(c, *engine_, tick_);
     c.segment.header()->daemon_ticks = tick_;
   }
+  moves_.DrainPlaces(clients_, tick_, LeaseTimeoutTicks(), ClientWarner());
   // Plan and hand the moves to the mover, unless it is still busy.
   if (can_migrate_ && moves_.mover().pending() < config_.max_pending_moves) {
     moves_.Dispatch(*engine_, clients_);
@@ -420,6 +479,10 @@ void Daemon::DropGonePools() {
           c.id, c.peer.pid, c.peer.uid, p, released);
     }
   }
+}
+
+uint64_t Daemon::LeaseTimeoutTicks() const {
+  return uint64_t{config_.lease_timeout_s} * 1000 / std::max<uint32_t>(config_.tick_ms, 1);
 }
 
 GhostSnapshot Daemon::CollectGhosts(bool with_live) const {

@@ -80,6 +80,10 @@ class Daemon final : public server::Handler {
   server::Answer<wire::RegisterPoolOk> OnRegisterPool(const server::Peer& peer,
                                                       const wire::RegisterPool& m,
                                                       server::UniqueFd memfd) override;
+  server::Answer<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer& peer,
+                                                          const wire::CreateTierPool& m,
+                                                          server::UniqueFd devdax,
+                                                          int* pool_fd) override;
   server::Answer<wire::AdmitOk> OnAdmit(const server::Peer& peer, const wire::Admit& m) override;
   server::Answer<wire::ReleaseOk> OnRelease(const server::Peer& peer,
                                             const wire::Release& m) override;
@@ -99,6 +103,11 @@ class Daemon final : public server::Handler {
   // Releases the block at a live slot in the engine (cancelling its queued
   // move) and frees the slot.
   void ReleaseSlot(Client& c, uint32_t seg_slot);
+  // An admit into a client's tier pools (copy mode), checked.
+  wire::AdmitOk AdmitCopy(Client& c, const wire::Admit& m);
+  // ClientWarning for the parts that know a Client.
+  MoveDispatch::Warn ClientWarner();
+  uint64_t LeaseTimeoutTicks() const;
   void ReleaseLeaving(uint64_t session);
   void RunTick();
   void ScheduleTick();

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <map>
 
+#include "cxltier/lease.h"
+#include "service/copy_mode.h"
 #include "service/fold.h"
 
 namespace cxltier::service {
@@ -46,17 +48,141 @@ void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients) {
       engine.Complete(mv, false);
       continue;
     }
-    const Client& c = *holder->client;
+    Client& c = *holder->client;
     const SegSlot& s = c.slots[holder->seg_slot];
+    const server::Pool& pool = c.pools[s.pool];
+    if (pool.is_tier()) {
+      DispatchCopy(engine, mv, c, holder->seg_slot);
+      continue;
+    }
+    if (pool.pinned()) {  // said once; trying again would only fail again
+      ++stats_.moves_refused_pinned;
+      engine.Complete(mv, false);
+      continue;
+    }
     ++stats_.in_flight;
-    mover_->Submit(MoveJob{mv, c.pools[s.pool].Range(s.block), TargetNode(mv.to), c.peer.session_id,
-                           holder->seg_slot, s.pool, s.block});
+    mover_->Submit(MoveJob{mv, pool.Range(s.block), std::nullopt, TargetNode(mv.to),
+                           c.peer.session_id, holder->seg_slot, s.pool, s.block});
   }
 }
 
+void MoveDispatch::DispatchCopy(engine::Engine& engine, const engine::Move& mv, Client& c,
+                                uint32_t seg) {
+  const SegSlot& s = c.slots[seg];
+  const int32_t to = c.copy.pool[static_cast<uint8_t>(mv.to)];
+  uint32_t index = 0;
+  if (to < 0 || !c.pools[to].TakeFree(&index)) {
+    ++stats_.copies_no_room;
+    engine.Complete(mv, false);
+    return;
+  }
+  const server::Pool& src = c.pools[s.pool];
+  const server::Pool& dst = c.pools[to];
+  CopyJob j;
+  j.src_pool = src.mapping();
+  j.dst_pool = dst.mapping();
+  j.segment = c.segment.mapping();
+  j.src = src.BlockAddress(s.block);
+  j.dst = dst.BlockAddress(index);
+  j.bytes = engine.options().block_bytes;
+  j.words = c.segment.locations();
+  j.seg = seg;
+  j.expected = PlaceWord(c, seg);
+  j.next = LocationWord(dst.tier(), index, c.copy.version[seg] + 1);
+  j.src_pool_id = s.pool;
+  j.src_index = s.block;
+  j.dst_pool_id = static_cast<uint32_t>(to);
+  j.dst_index = index;
+  ++stats_.in_flight;
+  MoveJob job{mv, {}, std::move(j), dst.node(), c.peer.session_id, seg, s.pool, s.block};
+  mover_->Submit(std::move(job));
+}
+
+void MoveDispatch::CompleteCopy(const MoveDone& d, engine::Engine* engine, Client* c,
+                                const Warn& warn, uint64_t tick) {
+  const CopyJob& j = *d.job.copy;
+  const bool done = d.result.done();
+  if (done) {
+    ++stats_.copies;
+    stats_.copied_bytes += j.bytes;
+  } else if (d.result.call_errno == EBUSY) {
+    ++stats_.copies_written;
+  } else if (d.result.call_errno == EIO) {
+    ++stats_.copies_bad_hash;
+  } else if (d.result.call_errno != ECANCELED) {
+    ++stats_.failed;
+  }
+  if (engine) engine->Complete(d.job.move, done);
+  if (!c) return;  // its pools went with it
+  const uint32_t seg = d.job.segment_slot;
+  const SegSlot& s = c->slots[seg];
+  const bool current = s.live && engine && s.engine_slot == d.job.move.slot &&
+                       engine->state(s.engine_slot).generation == d.job.move.generation;
+  if (!done) {
+    c->pools[j.dst_pool_id].PutFree(j.dst_index);  // never published
+    if (d.result.call_errno == EIO) warn(*c, "copy dropped: " + numa::Summarize(d.result));
+    if (current && d.result.call_errno == EBUSY) {
+      uint64_t& since = c->copy.write_refused_since[seg];
+      if (since == 0) since = tick;
+      if (!c->copy.write_overdue[seg] && tick - since > lease_timeout_ticks_) {
+        c->copy.write_overdue[seg] = 1;
+        ++stats_.write_lease_timeouts;
+        warn(*c, fmt::format("slot {}: the write lease has kept the block from moving for {} "
+                             "ticks (limits.lease_timeout_s); call EndWrite when it is written",
+                             seg, tick - since));
+      }
+    }
+    return;
+  }
+  const uint32_t published = c->copy.version[seg] + 1;
+  if (!current || static_cast<uint32_t>(j.next >> 32) != published) {
+    // Released (or released and admitted again) after the publish: readers
+    // may have taken the new place in between, so it drains like any other.
+    AddDrain(*c, seg, static_cast<uint32_t>(j.next >> 32), j.dst_pool_id, j.dst_index, tick);
+    return;
+  }
+  AddDrain(*c, seg, c->copy.version[seg], j.src_pool_id, j.src_index, tick);
+  c->copy.version[seg] = published;
+  c->copy.write_refused_since[seg] = 0;
+  c->copy.write_overdue[seg] = 0;
+  c->slots[seg].pool = j.dst_pool_id;
+  c->slots[seg].block = j.dst_index;
+  WriteBack(*engine, *c, seg);
+}
+
+void MoveDispatch::DrainPlaces(ClientTable& clients, uint64_t tick, uint64_t timeout_ticks,
+                               const Warn& warn) {
+  for (auto& [id, c] : clients.all()) {
+    if (c.copy.draining.empty()) continue;
+    const DrainCounts n = service::DrainPlaces(c, tick, timeout_ticks);
+    stats_.places_freed += n.freed;
+    stats_.lease_timeouts += n.overdue;
+    if (n.overdue) {
+      warn(c, fmt::format("{} read lease(s) held over {} ticks (limits.lease_timeout_s) keep "
+                          "old places of moved or released blocks from reuse; call Release",
+                          n.overdue, timeout_ticks));
+    }
+  }
+}
+
+void MoveDispatch::NotePinned(const MoveDone& d, Client& c, const Warn& warn) {
+  const numa::MoveResult& r = d.result;
+  if (d.job.pool >= c.pools.size() || r.call_errno == ECANCELED) return;
+  const bool all_busy = r.busy > 0 && r.busy + r.absent == r.pages;
+  if (!c.pools[d.job.pool].NoteMove(all_busy)) return;
+  ++stats_.pools_pinned;
+  warn(c, fmt::format("pool {} looks pinned: move_pages found every present page busy in {} "
+                      "moves in a row (block {}: {} pages). Page mode cannot move pinned memory "
+                      "(cudaHostRegister, io_uring fixed buffers); moves of its blocks are no "
+                      "longer tried. Use copy mode (Client::CreateTierPools): a pool per tier, "
+                      "blocks moved by copy",
+                      d.job.pool, server::Pool::kPinnedAfter, d.job.block, r.busy));
+}
+
 void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTable& clients,
-                            const Warn& warn) {
+                            const Warn& warn, uint64_t tick) {
   --stats_.in_flight;
+  if (d.job.copy) return CompleteCopy(d, engine, clients.Find(d.job.session), warn, tick);
   const bool done = d.result.done();
   stats_.pages_verified += d.result.verified;
   stats_.pages_absent += d.result.absent;
@@ -80,6 +206,7 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
       spdlog::debug("{} (its client left)", what);
     }
   }
+  if (c) NotePinned(d, *c, warn);
   if (!engine) return;
   engine->Complete(d.job.move, done);
   if (!c) return;

@@ -35,22 +35,36 @@ class MoveDispatch {
   // Hands every move of `engine`'s plan to the mover.
   void Dispatch(engine::Engine& engine, ClientTable& clients);
   // A move's result, on the I/O thread. `engine` is null when it was rebuilt
-  // since (no block of the move is left in it).
-  void Complete(const MoveDone& d, engine::Engine* engine, ClientTable& clients, const Warn& warn);
+  // since (no block of the move is left in it). `tick`: the daemon's clock.
+  void Complete(const MoveDone& d, engine::Engine* engine, ClientTable& clients, const Warn& warn,
+                uint64_t tick);
+  // Copy mode's drains of every client, once a tick; write leases held past
+  // `timeout_ticks` are counted as the moves they block are refused.
+  void DrainPlaces(ClientTable& clients, uint64_t tick, uint64_t timeout_ticks, const Warn& warn);
+  void set_lease_timeout_ticks(uint64_t t) { lease_timeout_ticks_ = t; }
 
   Mover& mover() { return *mover_; }
   const Mover& mover() const { return *mover_; }
   const MoveStats& stats() const { return stats_; }
   const numa::TierAssignment& tiers() const { return tiers_; }
 
+  MoveStats& mutable_stats() { return stats_; }
+
  private:
   int TargetNode(Tier to) const;
+  // Copy mode: a move of client slot `seg` to the other tier's pool.
+  void DispatchCopy(engine::Engine& engine, const engine::Move& mv, Client& c, uint32_t seg);
+  void CompleteCopy(const MoveDone& d, engine::Engine* engine, Client* c, const Warn& warn,
+                    uint64_t tick);
+  // Page mode: a move whose present pages were all busy marks its pool pinned.
+  void NotePinned(const MoveDone& d, Client& c, const Warn& warn);
 
   numa::TierAssignment tiers_;
   // The mover moves with it on its thread; the I/O thread asks it Where().
   std::shared_ptr<numa::Migrator> migrator_;
   std::unique_ptr<Mover> mover_;
   MoveStats stats_;
+  uint64_t lease_timeout_ticks_ = 300;
 };
 
 }  // namespace cxltier::service

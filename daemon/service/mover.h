@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "engine/engine.h"
@@ -16,14 +17,39 @@
 
 namespace cxltier::service {
 
+// Copy mode: a block copied from one tier pool to the other, published by
+// the hand-off protocol (cxltier/lease.h). The mappings keep the pools and
+// the client's segment mapped while the copy runs, whatever the client does.
+struct CopyJob {
+  std::shared_ptr<const numa::Mapping> src_pool, dst_pool, segment;
+  const uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  uint64_t bytes = 0;
+  uint64_t* words = nullptr;  // the segment's location words
+  uint32_t seg = 0;
+  uint64_t expected = 0;  // the block's place now (the daemon's record)
+  uint64_t next = 0;      // the place published when the copy is verified
+  uint32_t src_pool_id = 0, src_index = 0;
+  uint32_t dst_pool_id = 0, dst_index = 0;
+};
+
+// Runs one copy: BeginMove, copy and hash both sides (xxHash, in chunks the
+// cache holds), PublishMove. Done, or call "copy" failed with EBUSY (the
+// client holds or took the write lease: the copy is dropped) or EIO (the
+// copy's hash differs from the source's).
+numa::MoveResult RunCopy(const CopyJob& job);
+
 struct MoveJob {
   engine::Move move;
-  numa::PageRange range;
+  numa::PageRange range;  // page mode
+  std::optional<CopyJob> copy;
   int node = 0;
   uint64_t session = 0;  // the client's connection (server::Peer::session_id)
   uint32_t segment_slot = 0;
   uint32_t pool = 0;
   uint32_t block = 0;
+
+  uint64_t bytes() const { return copy ? copy->bytes : range.length; }
 };
 
 struct MoveDone {

@@ -90,6 +90,19 @@ struct MoveStats {
   uint64_t pages_busy = 0;      // EBUSY: pinned
   uint64_t pages_elsewhere = 0;
   std::map<int, uint64_t> errors;  // pages or calls that failed, by errno
+  // Page mode: pools whose pages move_pages found all busy, and the moves of
+  // their blocks not tried since.
+  uint64_t pools_pinned = 0;
+  uint64_t moves_refused_pinned = 0;
+  // Copy mode.
+  uint64_t copies = 0;  // verified and published
+  uint64_t copied_bytes = 0;
+  uint64_t copies_written = 0;        // dropped: the client held or took the write lease
+  uint64_t copies_bad_hash = 0;       // dropped: the copy's hash differed from the source's
+  uint64_t copies_no_room = 0;        // not tried: no free block in the target tier's pool
+  uint64_t places_freed = 0;          // old places reused after their readers left
+  uint64_t lease_timeouts = 0;        // places a read lease held past lease_timeout_s
+  uint64_t write_lease_timeouts = 0;  // blocks a write lease kept from moving that long
 };
 
 struct MigrationStatus {
@@ -101,6 +114,7 @@ struct MigrationStatus {
   uint64_t pending = 0;  // queued or running in the mover
   uint64_t budget_bytes_per_tick = 0;
   MoveStats moves;
+  uint64_t places_draining = 0;  // copy mode: old places waiting for readers
 };
 
 struct StatusSnapshot {

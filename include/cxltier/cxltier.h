@@ -36,7 +36,9 @@ enum {
   CXLTIER_E_BAD_SLOT = 9,
   CXLTIER_E_DENIED = 10,
   CXLTIER_E_INTERNAL = 11,
-  CXLTIER_E_GEOMETRY = 12
+  CXLTIER_E_GEOMETRY = 12,
+  CXLTIER_E_NO_LEASE = 13,
+  CXLTIER_E_BUSY = 14
 };
 
 /* Connects and says hello. On failure *out is NULL and errbuf (if given) holds the reason. */

@@ -1,6 +1,8 @@
 // The per-client shared-memory state segment: a header page, one 64-byte
-// BlockState slot per block, then a dirty bitmap (one bit per slot). The daemon creates it (a
-// sealed memfd) and passes the fd with HelloOk; the client maps it read-write.
+// BlockState slot per block, a dirty bitmap (one bit per slot), then copy
+// mode's location words (8 bytes per slot) and lease table (cxltier/lease.h).
+// The daemon creates it (a sealed memfd) and passes the fd with HelloOk; the
+// client maps it read-write.
 //
 // The client writes only client_touches and client_mass_q16: running totals
 // that only it writes (one writer per slot), with plain relaxed stores, so an
@@ -24,11 +26,12 @@
 #include <cstring>
 
 #include "cxltier/block.h"
+#include "cxltier/lease.h"
 
 namespace cxltier {
 
 inline constexpr uint32_t kSegmentMagic = 0x47455343;  // "CSEG"
-inline constexpr uint32_t kSegmentVersion = 2;
+inline constexpr uint32_t kSegmentVersion = 3;
 inline constexpr uint32_t kSegmentSlotOffset = 4096;  // slot 0 starts on the second page
 
 struct SegmentHeader {
@@ -37,8 +40,10 @@ struct SegmentHeader {
   uint32_t slots;
   uint32_t slot_offset;
   uint64_t client_id;
-  uint64_t daemon_ticks;  // the daemon bumps it after every fold (relaxed)
-  uint64_t dirty_offset;  // byte offset of the dirty bitmap: SegmentDirtyOffset(slots)
+  uint64_t daemon_ticks;     // the daemon bumps it after every fold (relaxed)
+  uint64_t dirty_offset;     // byte offset of the dirty bitmap: SegmentDirtyOffset(slots)
+  uint64_t location_offset;  // SegmentLocationOffset(slots): one word per slot
+  uint64_t lease_offset;     // SegmentLeaseOffset(slots): kLeaseRows x kLeasesPerRow entries
 };
 static_assert(sizeof(SegmentHeader) <= kSegmentSlotOffset);
 
@@ -46,8 +51,15 @@ inline constexpr uint64_t SegmentDirtyOffset(uint32_t slots) {
   return kSegmentSlotOffset + uint64_t{slots} * sizeof(BlockState);
 }
 inline constexpr uint32_t SegmentDirtyWords(uint32_t slots) { return (slots + 63) / 64; }
+inline constexpr uint64_t SegmentLocationOffset(uint32_t slots) {
+  const uint64_t end = SegmentDirtyOffset(slots) + uint64_t{SegmentDirtyWords(slots)} * 8;
+  return (end + 63) / 64 * 64;
+}
+inline constexpr uint64_t SegmentLeaseOffset(uint32_t slots) {
+  return (SegmentLocationOffset(slots) + uint64_t{slots} * 8 + 4095) / 4096 * 4096;
+}
 inline constexpr uint64_t SegmentBytes(uint32_t slots) {
-  return SegmentDirtyOffset(slots) + uint64_t{SegmentDirtyWords(slots)} * sizeof(uint64_t);
+  return SegmentLeaseOffset(slots) + uint64_t{kLeaseRows} * kLeasesPerRow * sizeof(LeaseEntry);
 }
 
 // Observation masses are fixed point: 1/65536 units, at most kMaxObservationMass.

@@ -29,6 +29,8 @@ enum class ErrorCode : uint32_t {
   kDenied = 10,      // not allowed for this peer
   kInternal = 11,    // the daemon failed; the request may be retried
   kGeometry = 12,    // model geometry invalid or incompatible
+  kNoLease = 13,     // copy mode: a lease released that is not held, a block with no place
+  kBusy = 14,        // copy mode: the write lease is held, or no lease entry is free
 };
 
 // Name of an error code, for messages and logs ("bad-pool", ...).

@@ -43,6 +43,8 @@ enum class MsgType : uint16_t {
   kError = 15,
   kAdmin = 16,
   kAdminOk = 17,
+  kCreateTierPool = 18,
+  kCreateTierPoolOk = 19,
 };
 
 struct Header {
@@ -86,9 +88,32 @@ struct RegisterPoolOk {
   uint32_t pool_id = 0;
 };
 
+// Copy mode: one pool per tier, and blocks move between them by copy.
+enum class TierPoolSource : uint8_t {
+  kDaemon = 0,  // the daemon creates a memfd on the tier's nodes and passes it back
+  kDevdax = 1,  // the client's device-DAX fd travels with the message (SCM_RIGHTS)
+};
+
+struct CreateTierPool {
+  uint8_t tier = 0;  // 0 or 1
+  TierPoolSource source = TierPoolSource::kDaemon;
+  uint32_t blocks = 0;  // blocks the client will hold in copy mode, all tiers together
+  uint64_t stride = 0;  // bytes from one block's start to the next (>= block bytes)
+  uint64_t offset = 0;  // kDevdax: where this pool starts in the device
+};
+
+struct CreateTierPoolOk {
+  uint32_t pool_id = 0;
+  uint32_t blocks = 0;  // blocks in this pool (the daemon sizes it from the tier's budget)
+  uint64_t bytes = 0;   // the pool's length (the fd comes with this message for kDaemon)
+  int32_t node = -1;    // the node its pages are on (the first, with several)
+};
+
 struct AdmitEntry {
   BlockKey key;
-  uint32_t block_index = 0;  // which block of the pool holds this key's bytes
+  // Which block of the pool holds this key's bytes. 0 for a tier pool: the
+  // daemon places the block and publishes where in the segment.
+  uint32_t block_index = 0;
 };
 
 struct Admit {
@@ -183,6 +208,8 @@ void Encode(const StatsOk& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const Error& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const Admin& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const AdminOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const CreateTierPool& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const CreateTierPoolOk& m, uint32_t request_id, std::vector<uint8_t>& out);
 
 // ---- decoding ----
 
@@ -213,5 +240,7 @@ Status Decode(std::span<const uint8_t> p, StatsOk* m);
 Status Decode(std::span<const uint8_t> p, Error* m);
 Status Decode(std::span<const uint8_t> p, Admin* m);
 Status Decode(std::span<const uint8_t> p, AdminOk* m);
+Status Decode(std::span<const uint8_t> p, CreateTierPool* m);
+Status Decode(std::span<const uint8_t> p, CreateTierPoolOk* m);
 
 }  // namespace cxltier::wire

@@ -414,6 +414,11 @@ class ThrowingHandler : public server::Handler {
                                                       server::UniqueFd) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no pools here"};
   }
+  server::Answer<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer&,
+                                                          const wire::CreateTierPool&,
+                                                          server::UniqueFd, int*) override {
+    return wire::Error{wire::ErrorCode::kNotReady, "no tier pools here"};
+  }
   server::Answer<wire::AdmitOk> OnAdmit(const server::Peer&, const wire::Admit&) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no admits here"};
   }

@@ -194,8 +194,13 @@ TEST(Segment, ObservationsAccumulateAndAreTaken) {
   EXPECT_EQ(server::ReadTotals(&s).touches - 0xffffffffu, 1u);
   server::WriteTier(&s, Tier::kSlow);
   EXPECT_EQ(ReadTier(&s), Tier::kSlow);
-  EXPECT_EQ(SegmentBytes(2), 4096u + 128u + 8u);
-  EXPECT_EQ(SegmentBytes(65), 4096u + 65u * 64u + 16u);
+  // Header page, slots, dirty bits; location words on a cache line; the
+  // lease table (64 rows of 32 16-byte entries) on a page.
+  EXPECT_EQ(SegmentLocationOffset(2), 4096u + 128u + 64u);
+  EXPECT_EQ(SegmentLeaseOffset(2), 8192u);
+  EXPECT_EQ(SegmentBytes(2), 8192u + 32768u);
+  EXPECT_EQ(SegmentLocationOffset(65), 4096u + 65u * 64u + 64u);
+  EXPECT_EQ(SegmentBytes(65), 12288u + 32768u);
 }
 
 TEST(Segment, DirtyBitsMarkObservedSlotsUntilTaken) {

@@ -1,0 +1,194 @@
+#include "numa/tier_memory.h"
+
+#include <fcntl.h>
+#include <numa.h>
+#include <numaif.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+namespace cxltier::numa {
+namespace {
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::string NodeList(const std::vector<int>& nodes) {
+  std::string s;
+  for (int n : nodes) s += (s.empty() ? "" : ",") + std::to_string(n);
+  return s;
+}
+
+// Free pages plus inactive file pages (clean cache the kernel reclaims
+// first), from the node's meminfo; 0 if it cannot be read.
+uint64_t NodeAvailable(int node) {
+  std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo");
+  std::string line;
+  uint64_t kib = 0;
+  while (std::getline(in, line)) {
+    const bool free = line.find(" MemFree:") != std::string::npos;
+    const bool cache = line.find(" Inactive(file):") != std::string::npos;
+    if (!free && !cache) continue;
+    const size_t colon = line.find(':');
+    try {
+      kib += std::stoull(line.substr(colon + 1));
+    } catch (...) {
+    }
+  }
+  return kib << 10;
+}
+
+}  // namespace
+
+bool CreateTierMemory(const std::vector<int>& nodes, uint64_t bytes, const std::string& name,
+                      TierMemory* out, std::string* error) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (nodes.empty() || bytes == 0 || bytes % page != 0) {
+    *error = "a tier pool needs nodes and a whole number of pages";
+    return false;
+  }
+  // MPOL_BIND with too little memory would have the kernel swap or OOM-kill
+  // to make room: refuse first, saying how much there is.
+  uint64_t available = 0;
+  for (int n : nodes) {
+    if (numa_node_size64(n, nullptr) <= 0) {
+      *error = "node " + std::to_string(n) + " has no memory";
+      return false;
+    }
+    available += NodeAvailable(n);
+  }
+  if (available < bytes) {
+    *error = "node(s) " + NodeList(nodes) + " have " + std::to_string(available >> 20) +
+             " MiB free or reclaimable; the pool needs " + std::to_string(bytes >> 20) + " MiB";
+    return false;
+  }
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    *error = Errno("memfd_create");
+    return false;
+  }
+  auto fail = [&](std::string why) {
+    close(fd);
+    *error = std::move(why);
+    return false;
+  };
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(Errno("ftruncate"));
+  std::shared_ptr<const Mapping> m = Mapping::MapWritable(fd, bytes, 0, error);
+  if (!m) return fail(*error);
+  unsigned long mask[16] = {};  // 1024 nodes
+  for (int n : nodes) {
+    if (n < 0 || n >= 1024) return fail("node " + std::to_string(n) + " out of range");
+    mask[n / (8 * sizeof(unsigned long))] |= 1ul << (n % (8 * sizeof(unsigned long)));
+  }
+  // On a shmem file the policy is the file's (shared policy): the client's
+  // mapping faults by it too.
+  if (mbind(m->bytes(), bytes, MPOL_BIND, mask, 1024, 0) != 0) return fail(Errno("mbind"));
+  if (madvise(m->bytes(), bytes, MADV_POPULATE_WRITE) != 0) {
+    return fail(Errno("faulting the pool in on node(s) " + NodeList(nodes)));
+  }
+  // Ask where every page is: the policy is a request, the kernel's answer is the fact.
+  const uint64_t pages = bytes / page;
+  std::vector<void*> addr(pages);
+  for (uint64_t i = 0; i < pages; ++i) addr[i] = m->bytes() + i * page;
+  std::vector<int> status(pages, -1);
+  constexpr uint64_t kChunk = 8192;
+  for (uint64_t i = 0; i < pages; i += kChunk) {
+    const unsigned long n = static_cast<unsigned long>(std::min(kChunk, pages - i));
+    if (numa_move_pages(0, n, addr.data() + i, nullptr, status.data() + i, 0) < 0) {
+      return fail(Errno("move_pages (asking where the pool's pages are)"));
+    }
+  }
+  std::map<int, uint64_t> off_nodes;
+  for (int s : status) {
+    if (std::find(nodes.begin(), nodes.end(), s) == nodes.end()) ++off_nodes[s];
+  }
+  if (!off_nodes.empty()) {
+    std::string where;
+    for (auto [n, c] : off_nodes) {
+      where += (where.empty() ? "" : ", ") + std::to_string(c) +
+               (n >= 0 ? " on node " + std::to_string(n) : " not present");
+    }
+    return fail("the pool's pages are not all on node(s) " + NodeList(nodes) + ": " + where);
+  }
+  // The client may map, write and pin it, never resize it under our mapping.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return fail(Errno("sealing the pool"));
+  }
+  out->fd = fd;
+  out->mapping = std::move(m);
+  out->nodes = nodes;
+  return true;
+}
+
+namespace {
+
+bool ReadSysValue(const std::string& path, uint64_t* value) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::string text;
+  in >> text;
+  try {
+    *value = std::stoull(text, nullptr, 0);
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool InspectDevdax(int fd, DevdaxInfo* info, std::string* error, const std::string& sys_root) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    *error = Errno("fstat");
+    return false;
+  }
+  if (!S_ISCHR(st.st_mode)) {
+    *error = "not a device-DAX device: not a character device";
+    return false;
+  }
+  const std::string dev = sys_root + "/sys/dev/char/" + std::to_string(major(st.st_rdev)) + ":" +
+                          std::to_string(minor(st.st_rdev));
+  std::error_code ec;
+  const std::filesystem::path subsystem = std::filesystem::read_symlink(dev + "/subsystem", ec);
+  const std::string kind = ec ? "unknown" : subsystem.filename().string();
+  if (kind != "dax") {
+    *error = "not a device-DAX device: character device " + std::to_string(major(st.st_rdev)) +
+             ":" + std::to_string(minor(st.st_rdev)) + " belongs to '" + kind + "'";
+    return false;
+  }
+  if (!ReadSysValue(dev + "/size", &info->size) || info->size == 0) {
+    *error = "device-DAX device without a size in " + dev;
+    return false;
+  }
+  if (!ReadSysValue(dev + "/align", &info->align) || info->align == 0) info->align = 2u << 20;
+  uint64_t node = 0;
+  if (ReadSysValue(dev + "/target_node", &node) || ReadSysValue(dev + "/numa_node", &node)) {
+    info->node = static_cast<int>(node);
+  }
+  return true;
+}
+
+bool MapDevdax(int fd, uint64_t offset, uint64_t bytes, TierMemory* out, std::string* error) {
+  std::shared_ptr<const Mapping> m = Mapping::MapWritable(fd, bytes, offset, error);
+  if (!m) {
+    *error = "mapping the device-DAX device: " + *error;
+    return false;
+  }
+  out->fd = fd;
+  out->mapping = std::move(m);
+  return true;
+}
+
+}  // namespace cxltier::numa

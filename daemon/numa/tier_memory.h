@@ -1,0 +1,43 @@
+// Memory for copy mode's per-tier pools. A tier pool's pages never move:
+// they are placed on the tier's nodes before the client sees them, and a
+// block changes tier by being copied into the other tier's pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "numa/migrator.h"
+
+namespace cxltier::numa {
+
+struct TierMemory {
+  int fd = -1;  // the caller owns it: a sealed memfd (created) or the client's devdax fd
+  std::shared_ptr<const Mapping> mapping;  // read-write, `bytes` long
+  std::vector<int> nodes;                  // where its pages are
+};
+
+// A memfd of `bytes` whose pages are all on `nodes`: bound there (mbind,
+// MPOL_BIND) before any page exists, faulted in (MADV_POPULATE_WRITE), asked
+// of the kernel page by page (move_pages), and sealed against any change of
+// size. Refused, with *error, when the nodes have less free memory than
+// `bytes` or when a page landed elsewhere.
+bool CreateTierMemory(const std::vector<int>& nodes, uint64_t bytes, const std::string& name,
+                      TierMemory* out, std::string* error);
+
+// What a device-DAX character device is (from /sys/dev/char/MAJ:MIN).
+struct DevdaxInfo {
+  uint64_t size = 0;   // bytes
+  uint64_t align = 0;  // mappings start and end on this
+  int node = -1;       // target_node (the memory's own node), or numa_node
+};
+// Whether `fd` is a device-DAX device; *error says what it is instead.
+// `sys_root` prefixes /sys (tests).
+bool InspectDevdax(int fd, DevdaxInfo* info, std::string* error, const std::string& sys_root = "");
+
+// Maps `bytes` of a device-DAX device from `offset` (both multiples of its
+// alignment). The fd stays the caller's.
+bool MapDevdax(int fd, uint64_t offset, uint64_t bytes, TierMemory* out, std::string* error);
+
+}  // namespace cxltier::numa

@@ -1,0 +1,86 @@
+#include "service/copy_mode.h"
+
+#include <algorithm>
+
+#include "service/client_table.h"
+
+namespace cxltier::service {
+
+using wire::Error;
+using wire::ErrorCode;
+
+uint64_t PlaceWord(const Client& c, uint32_t seg) {
+  const SegSlot& s = c.slots[seg];
+  return LocationWord(c.pools[s.pool].tier(), s.block, c.copy.version[seg]);
+}
+
+std::optional<Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* pool, uint32_t* index) {
+  const uint8_t first = c.pools[preferred].tier();
+  for (uint8_t t : {first, static_cast<uint8_t>(1 - first)}) {
+    const int32_t p = c.copy.pool[t];
+    if (p >= 0 && c.pools[p].TakeFree(index)) {
+      *pool = static_cast<uint32_t>(p);
+      return std::nullopt;
+    }
+  }
+  return Error{ErrorCode::kLimit, "every block of this client's tier pools holds a block"};
+}
+
+void PublishAdmitted(Client& c, uint32_t seg) {
+  ++c.copy.version[seg];
+  c.copy.write_refused_since[seg] = 0;
+  c.copy.write_overdue[seg] = 0;
+  SetLocation(c.segment.locations(), seg, PlaceWord(c, seg) | kLocWriting);
+}
+
+void Retire(Client& c, uint32_t seg, uint64_t tick) {
+  const SegSlot& s = c.slots[seg];
+  AddDrain(c, seg, c.copy.version[seg], s.pool, s.block, tick);
+  ++c.copy.version[seg];
+  SetLocation(c.segment.locations(), seg, LocationWord(kNoLocationTier, 0, c.copy.version[seg]));
+}
+
+void AddDrain(Client& c, uint32_t seg, uint32_t version, uint32_t pool, uint32_t index,
+              uint64_t tick) {
+  c.copy.draining.push_back(CopyState::Drain{seg, version, pool, index, tick, false});
+}
+
+DrainCounts DrainPlaces(Client& c, uint64_t tick, uint64_t timeout_ticks) {
+  DrainCounts n;
+  if (c.copy.draining.empty()) return n;
+  // Every lease held now, once: the entries are the client's, so each is
+  // only a (slot, version) to look up, never an index.
+  std::vector<uint64_t> held;
+  const LeaseEntry* table = c.segment.leases();
+  for (uint32_t i = 0; i < kLeaseRows * kLeasesPerRow; ++i) {
+    if (const uint64_t w = ReadLease(&table[i])) held.push_back(w);
+  }
+  std::sort(held.begin(), held.end());
+  auto& d = c.copy.draining;
+  size_t keep = 0;
+  for (size_t i = 0; i < d.size(); ++i) {
+    CopyState::Drain& e = d[i];
+    if (!std::binary_search(held.begin(), held.end(), LeaseWord(e.seg, e.version))) {
+      c.pools[e.pool].PutFree(e.index);
+      ++n.freed;
+      continue;
+    }
+    if (!e.overdue && tick - e.since_tick > timeout_ticks) {
+      e.overdue = true;
+      ++n.overdue;
+    }
+    d[keep++] = e;
+  }
+  d.resize(keep);
+  return n;
+}
+
+uint64_t FreePlaces(const Client& c) {
+  uint64_t n = 0;
+  for (int32_t p : c.copy.pool) {
+    if (p >= 0) n += c.pools[p].free_blocks();
+  }
+  return n;
+}
+
+}  // namespace cxltier::service

@@ -1,0 +1,68 @@
+// Copy mode, the daemon's side (the protocol is cxltier/lease.h): a client's
+// tier pools, where each of its blocks is, and the places a move or a release
+// left behind, reused once no read lease names them.
+//
+// The daemon keeps its own record of every place: a slot's pool and block
+// (SegSlot) and its version here. It never reads a place from the segment,
+// whose words the client can write; it only compares with them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "cxltier/lease.h"
+#include "cxltier/wire.h"
+
+namespace cxltier::service {
+
+struct Client;
+
+struct CopyState {
+  std::array<int32_t, 2> pool{-1, -1};  // by tier: index in Client::pools, -1: none yet
+  std::vector<uint32_t> version;        // by segment slot: the version last published
+  // By segment slot: the tick a move was first refused because the client
+  // held the write lease (0: not refused), and whether that was counted overdue.
+  std::vector<uint64_t> write_refused_since;
+  std::vector<uint8_t> write_overdue;
+  // A place no block is at any more, kept until no lease names (slot, version).
+  struct Drain {
+    uint32_t seg = 0;
+    uint32_t version = 0;
+    uint32_t pool = 0;
+    uint32_t index = 0;
+    uint64_t since_tick = 0;
+    bool overdue = false;  // counted as a lease held too long
+  };
+  std::vector<Drain> draining;
+
+  bool on() const { return pool[0] >= 0 || pool[1] >= 0; }
+};
+
+// What a tick's drain found.
+struct DrainCounts {
+  uint64_t freed = 0;
+  uint64_t overdue = 0;  // places newly found waiting longer than the lease timeout
+};
+
+// The word the daemon's record gives slot `seg` (no W or M).
+uint64_t PlaceWord(const Client& c, uint32_t seg);
+
+// A free place for a new block: pool `preferred`'s tier when it has room,
+// else the other tier's pool. kLimit when both are full.
+std::optional<wire::Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* pool, uint32_t* index);
+// After Bind of a block at a new place: publishes it, write lease held (the
+// client fills the block, then EndWrite).
+void PublishAdmitted(Client& c, uint32_t seg);
+// Before Unbind: the slot shows no place, and its place drains.
+void Retire(Client& c, uint32_t seg, uint64_t tick);
+// A place to reuse once no lease names (seg, version).
+void AddDrain(Client& c, uint32_t seg, uint32_t version, uint32_t pool, uint32_t index,
+              uint64_t tick);
+// Frees the places no lease names any more (one scan of the lease table).
+DrainCounts DrainPlaces(Client& c, uint64_t tick, uint64_t timeout_ticks);
+// Free blocks over the client's tier pools.
+uint64_t FreePlaces(const Client& c);
+
+}  // namespace cxltier::service
