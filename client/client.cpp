@@ -72,6 +72,9 @@ std::unique_ptr<Client> Client::Connect(const Options& options, Status* status) 
 }
 
 Client::~Client() {
+  for (TierPoolMap& t : tier_pools_) {
+    if (t.base) munmap(t.base, t.bytes);
+  }
   Unmap();
   if (sock_ >= 0) close(sock_);
   for (PoolRecord& p : pools_) {
@@ -137,7 +140,9 @@ Status Client::Open() {
   if (p == MAP_FAILED) return Sys("mapping the state segment");
   const auto* h = static_cast<const SegmentHeader*>(p);
   if (h->magic != kSegmentMagic || h->version != kSegmentVersion || h->slots != ok.slots ||
-      ok.slot_offset != kSegmentSlotOffset || h->dirty_offset != SegmentDirtyOffset(ok.slots)) {
+      ok.slot_offset != kSegmentSlotOffset || h->dirty_offset != SegmentDirtyOffset(ok.slots) ||
+      h->location_offset != SegmentLocationOffset(ok.slots) ||
+      h->lease_offset != SegmentLeaseOffset(ok.slots)) {
     munmap(p, bytes);
     return Status::Fail(ErrorCode::kInternal, "state segment header does not match");
   }
@@ -237,6 +242,186 @@ Status Client::Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries
   return Status::Ok();
 }
 
+// ---- copy mode ----
+
+static_assert(kLeaseRows == 64 && kLeasesPerRow == 32,
+              "the row and entry masks are 64 and 32 bits");
+
+uint64_t* Client::location_words() const {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(segment_) + SegmentLocationOffset(slots_));
+}
+
+LeaseEntry* Client::lease_row(uint32_t row) const {
+  return reinterpret_cast<LeaseEntry*>(static_cast<char*>(segment_) + SegmentLeaseOffset(slots_)) +
+         uint64_t{row} * kLeasesPerRow;
+}
+
+Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride) {
+  wire::CreateTierPool m;
+  m.tier = tier;
+  m.blocks = o.blocks;
+  m.stride = stride;
+  int send_fd = -1;
+  if (tier == 1 && !o.devdax_path.empty()) {
+    m.source = wire::TierPoolSource::kDevdax;
+    m.offset = o.devdax_offset;
+    send_fd = open(o.devdax_path.c_str(), O_RDWR | O_CLOEXEC);
+    if (send_fd < 0) {
+      return Status::Fail(ErrorCode::kBadPool,
+                          "cannot open " + o.devdax_path + ": " + std::strerror(errno));
+    }
+  }
+  wire::CreateTierPoolOk ok;
+  int fd = -1;
+  Status st = Call(m, wire::MsgType::kCreateTierPoolOk, &ok, send_fd, &fd);
+  const int map_fd = send_fd >= 0 ? send_fd : fd;
+  if (st.ok() && map_fd < 0) {
+    st = Status::Fail(ErrorCode::kInternal, "the tier pool came without its fd");
+  }
+  void* p = MAP_FAILED;
+  if (st.ok()) {
+    p = mmap(nullptr, ok.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd,
+             send_fd >= 0 ? static_cast<off_t>(m.offset) : 0);
+    if (p == MAP_FAILED) st = Sys("mapping the tier " + std::to_string(tier) + " pool");
+  }
+  if (send_fd >= 0) close(send_fd);
+  if (fd >= 0) close(fd);
+  if (!st.ok()) return st.Context("tier " + std::to_string(tier) + " pool: ");
+  tier_pools_[tier] = TierPoolMap{ok.pool_id, static_cast<uint8_t*>(p), ok.bytes};
+  pools_.resize(std::max<size_t>(pools_.size(), ok.pool_id + 1));
+  return Status::Ok();
+}
+
+Status Client::CreateTierPools(const TierPoolOptions& o) {
+  if (!segment_) return Status::Fail(ErrorCode::kNotReady, "not connected");
+  if (tier_pools_[0].base || tier_pools_[1].base) {
+    return Status::Fail(ErrorCode::kBadPool, "this client has its tier pools already");
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t stride = o.stride ? o.stride : (block_bytes_ + page - 1) / page * page;
+  for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
+    if (Status st = CreateTierPool(t, o, stride); !st.ok()) return st;
+  }
+  tier_stride_ = stride;
+  return Status::Ok();
+}
+
+uint32_t Client::tier_pool(uint8_t tier) const {
+  return tier < 2 ? tier_pools_[tier].id : UINT32_MAX;
+}
+uint8_t* Client::tier_pool_base(uint8_t tier) const {
+  return tier < 2 ? tier_pools_[tier].base : nullptr;
+}
+uint64_t Client::tier_pool_bytes(uint8_t tier) const {
+  return tier < 2 ? tier_pools_[tier].bytes : 0;
+}
+
+Location Client::LocationOf(uint32_t slot) const {
+  if (slot >= slots_) return Location{};
+  return DecodeLocation(
+      std::atomic_ref<uint64_t>(location_words()[slot]).load(std::memory_order_acquire));
+}
+
+namespace {
+
+Status NoPlace(uint32_t slot) {
+  return Status::Fail(ErrorCode::kNoLease,
+                      "slot " + std::to_string(slot) + " holds no block in copy mode");
+}
+
+}  // namespace
+
+Status Client::BeginWrite(uint32_t slot, uint8_t** data) {
+  if (slot >= slots_) return NoPlace(slot);
+  Location where;
+  switch (cxltier::BeginWrite(location_words(), slot, &where)) {
+    case WriteStart::kNoPlace:
+      return NoPlace(slot);
+    case WriteStart::kAlreadyWriting:
+      return Status::Fail(ErrorCode::kBusy,
+                          "slot " + std::to_string(slot) + ": the write lease is held already");
+    case WriteStart::kOk:
+      break;
+  }
+  const TierPoolMap& t = tier_pools_[where.tier & 1];
+  if (where.tier > 1 || !t.base || uint64_t{where.index + 1} * tier_stride_ > t.bytes) {
+    cxltier::EndWrite(location_words(), slot);
+    return Status::Fail(ErrorCode::kInternal,
+                        "slot " + std::to_string(slot) + " names a place outside the tier pools");
+  }
+  *data = t.base + uint64_t{where.index} * tier_stride_;
+  return Status::Ok();
+}
+
+Status Client::EndWrite(uint32_t slot) {
+  if (slot >= slots_ || !cxltier::EndWrite(location_words(), slot)) {
+    return Status::Fail(ErrorCode::kNoLease,
+                        "slot " + std::to_string(slot) + ": EndWrite without BeginWrite");
+  }
+  return Status::Ok();
+}
+
+std::unique_ptr<Client::Reader> Client::NewReader(Status* status) {
+  std::lock_guard lock(rows_mu_);
+  if (!segment_ || rows_used_ == ~uint64_t{0}) {
+    *status = Status::Fail(
+        ErrorCode::kBusy, segment_ ? "all " + std::to_string(kLeaseRows) + " reader rows are in use"
+                                   : "not connected");
+    return nullptr;
+  }
+  const uint32_t row = static_cast<uint32_t>(__builtin_ctzll(~rows_used_));
+  rows_used_ |= uint64_t{1} << row;
+  *status = Status::Ok();
+  return std::unique_ptr<Reader>(new Reader(this, row));
+}
+
+Client::Reader::~Reader() {
+  LeaseEntry* row = client_->lease_row(row_);
+  for (uint32_t e = 0; e < kLeasesPerRow; ++e) {
+    if (used_ & (1u << e)) ReleaseRead(&row[e]);
+  }
+  std::lock_guard lock(client_->rows_mu_);
+  client_->rows_used_ &= ~(uint64_t{1} << row_);
+}
+
+Status Client::Reader::Acquire(uint32_t slot, Lease* lease) {
+  if (slot >= client_->slots_) return NoPlace(slot);
+  if (used_ == ~0u) {
+    return Status::Fail(ErrorCode::kBusy, "this reader holds " + std::to_string(kLeasesPerRow) +
+                                              " leases already; release one");
+  }
+  const uint32_t e = static_cast<uint32_t>(__builtin_ctz(~used_));
+  LeaseEntry* entry = &client_->lease_row(row_)[e];
+  const uint64_t now = client_->daemon_ticks();
+  Location where;
+  if (!AcquireRead(client_->location_words(), entry, slot, now, &where)) return NoPlace(slot);
+  const TierPoolMap& t = client_->tier_pools_[where.tier & 1];
+  if (where.tier > 1 || !t.base || uint64_t{where.index + 1} * client_->tier_stride_ > t.bytes) {
+    ReleaseRead(entry);
+    return Status::Fail(ErrorCode::kInternal,
+                        "slot " + std::to_string(slot) + " names a place outside the tier pools");
+  }
+  used_ |= 1u << e;
+  *lease = Lease{t.base + uint64_t{where.index} * client_->tier_stride_, slot, e,
+                 static_cast<Tier>(where.tier)};
+  return Status::Ok();
+}
+
+Status Client::Reader::Release(const Lease& lease) {
+  if (lease.entry >= kLeasesPerRow || !(used_ & (1u << lease.entry))) {
+    return Status::Fail(ErrorCode::kNoLease, "release of a lease this reader does not hold");
+  }
+  LeaseEntry* entry = &client_->lease_row(row_)[lease.entry];
+  if ((entry->held >> 32) != uint64_t{lease.slot} + 1) {
+    return Status::Fail(ErrorCode::kNoLease, "release of a lease on slot " +
+                                                 std::to_string(lease.slot) +
+                                                 " that this reader does not hold");
+  }
+  ReleaseRead(entry);
+  used_ &= ~(1u << lease.entry);
+  return Status::Ok();
+}
+
 Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) {
   wire::ReleaseOk total;
   for (size_t at = 0; at < keys.size() || (at == 0 && keys.empty());
@@ -317,6 +502,12 @@ bool Client::SlotOf(const BlockKey& key, uint32_t* slot) const {
 
 Status Client::Reconnect(uint64_t* restored) {
   if (restored) *restored = 0;
+  if (tier_pools_[0].base || tier_pools_[1].base) {
+    // The new daemon knows nothing of the tier pools the old one made.
+    return Status::Fail(ErrorCode::kNotReady,
+                        "a client in copy mode cannot reconnect yet: connect anew and admit "
+                        "its blocks into new tier pools");
+  }
   if (Status st = Open(); !st.ok()) return st;
   std::vector<PoolRecord> old = std::move(pools_);
   pools_.clear();

@@ -124,7 +124,7 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
   kind_ = wire::PoolKind::kMemfd;
   mapping_ = std::move(mem.mapping);
   base_ = mapping_->address();
-  length_ = bytes;
+  length_ = mapping_->length_bytes();  // devdax: rounded up to the device's alignment
   stride_ = stride;
   block_bytes_ = block_bytes;
   blocks_ = blocks;

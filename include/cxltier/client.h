@@ -9,18 +9,30 @@
 //   c->Observe(slot, mass);                           // every step: shared memory, no syscall
 //   c->TierOf(slot);                                  // where the daemon placed it
 //
-// Thread-safety: Observe (one writer thread per slot) and TierOf may be called
-// from any thread; every other method needs external serialisation.
+// Copy mode (pinned or device-DAX pools; cxltier/lease.h): a pool per tier,
+// made by the daemon, and blocks moved between them by copy.
+//   c->CreateTierPools({.blocks = 8192});             // maps both; pin them if you like
+//   c->Admit(c->tier_pool(0), {{key, 0}}, &results);  // the daemon places the block
+//   c->BeginWrite(slot, &p); memcpy(p, ...); c->EndWrite(slot);   // fill it
+//   auto r = c->NewReader(&st);                       // one per reading thread
+//   r->Acquire(slot, &lease); DMA from lease.data; r->Release(lease);
+//
+// Thread-safety: Observe (one writer thread per slot), TierOf, BeginWrite and
+// EndWrite (one writer per slot) and each Reader (one thread each) may be
+// used from any thread; every other method needs external serialisation.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "cxltier/block.h"
+#include "cxltier/lease.h"
 #include "cxltier/model.h"
 #include "cxltier/socket_path.h"  // DefaultSocketPath(): where the daemon listens
 #include "cxltier/status.h"       // Status: what every call that can fail returns
@@ -59,6 +71,68 @@ class Client {
 
   Status Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries,
                std::vector<wire::AdmitResult>* results);
+
+  // ---- copy mode ----
+  struct TierPoolOptions {
+    uint32_t blocks = 0;         // blocks this client holds in copy mode at most
+    uint64_t stride = 0;         // 0: the block size rounded up to a page
+    std::string devdax_path;     // "": the daemon makes tier 1's pool too; else /dev/daxX.Y
+    uint64_t devdax_offset = 0;  // where this client's region of the device starts
+  };
+  // Asks the daemon for a pool per tier and maps both. Tier 0's pool holds
+  // what is left of the daemon's tier-0 budget, at most `blocks`; tier 1's,
+  // `blocks`. Admit with Admit(tier_pool(t), {{key, 0}, ...}): the daemon puts
+  // each new block in tier t while its pool has room, else in the other, and
+  // the client holds the new block's write lease (BeginWrite's address is
+  // valid at once): write its bytes, then EndWrite.
+  Status CreateTierPools(const TierPoolOptions& options);
+  // Pool id of tier t's pool (UINT32_MAX: none), its mapping and length.
+  uint32_t tier_pool(uint8_t tier) const;
+  uint8_t* tier_pool_base(uint8_t tier) const;
+  uint64_t tier_pool_bytes(uint8_t tier) const;
+  uint64_t tier_pool_stride() const { return tier_stride_; }
+  // Where the daemon last published slot's bytes to be (no lease: may change).
+  Location LocationOf(uint32_t slot) const;
+
+  // The write lease of a slot in copy mode: its bytes stay at *data until
+  // EndWrite, and no copy of them is published meanwhile (a copy under way is
+  // dropped). Never waits. kNoLease: the slot has no block in copy mode;
+  // kBusy: the write lease is held already.
+  Status BeginWrite(uint32_t slot, uint8_t** data);
+  // kNoLease when the write lease was not held.
+  Status EndWrite(uint32_t slot);
+
+  // Read leases, for one thread: while held, the block's bytes stay at
+  // lease.data and the daemon neither moves nor reuses them. Two atomic
+  // stores and two loads; no syscall.
+  class Reader {
+   public:
+    struct Lease {
+      const uint8_t* data = nullptr;
+      uint32_t slot = UINT32_MAX;
+      uint32_t entry = UINT32_MAX;
+      Tier tier = Tier::kNone;
+    };
+    ~Reader();
+    Reader(const Reader&) = delete;
+    Reader& operator=(const Reader&) = delete;
+    // kNoLease: the slot holds no block in copy mode; kBusy: this reader
+    // holds kLeasesPerRow leases already.
+    Status Acquire(uint32_t slot, Lease* lease);
+    // kNoLease when `lease` is not one this reader holds.
+    Status Release(const Lease& lease);
+    uint32_t held() const { return static_cast<uint32_t>(__builtin_popcount(used_)); }
+
+   private:
+    friend class Client;
+    Reader(Client* c, uint32_t row) : client_(c), row_(row) {}
+    Client* client_;
+    uint32_t row_;
+    uint32_t used_ = 0;  // entries of the row in use, a bit each
+  };
+  // A reader with its own row of the lease table; nullptr and *status (kBusy)
+  // when kLeaseRows readers exist. It must not outlive the client.
+  std::unique_ptr<Reader> NewReader(Status* status);
   Status Release(std::span<const BlockKey> keys, wire::ReleaseOk* result = nullptr);
 
   // Shared-memory fast path: adds one observation to a slot. No syscall, no
@@ -113,6 +187,9 @@ class Client {
   };
   Status Open();
   Status ConnectSocket();
+  Status CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride);
+  uint64_t* location_words() const;
+  LeaseEntry* lease_row(uint32_t row) const;
   Status RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id);
   template <typename Req, typename Resp>
   Status Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd = -1,
@@ -130,6 +207,15 @@ class Client {
   uint32_t tick_ms_ = 0;
   std::vector<PoolRecord> pools_;
   std::unordered_map<BlockKey, Held, BlockKeyHash> held_;
+  struct TierPoolMap {
+    uint32_t id = UINT32_MAX;
+    uint8_t* base = nullptr;
+    uint64_t bytes = 0;
+  };
+  std::array<TierPoolMap, 2> tier_pools_;
+  uint64_t tier_stride_ = 0;
+  std::mutex rows_mu_;
+  uint64_t rows_used_ = 0;  // GUARDED_BY(rows_mu_): lease rows given to readers
 };
 
 // ---- aggregating attention scores into one observation per block ----
