@@ -14,6 +14,10 @@
 #include "cxltier/detail/fd_passing.h"
 #include "cxltier/segment.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 namespace cxltier {
 namespace {
 
@@ -284,6 +288,12 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
              send_fd >= 0 ? static_cast<off_t>(m.offset) : 0);
     if (p == MAP_FAILED) st = Sys("mapping the tier " + std::to_string(tier) + " pool");
   }
+  // Map every page now (the daemon placed them all): pinning it later, or
+  // asking the kernel where it is, finds every page in this process's tables.
+  if (st.ok() && madvise(p, ok.bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+    st = Sys("faulting in the tier " + std::to_string(tier) + " pool");
+    munmap(p, ok.bytes);
+  }
   if (send_fd >= 0) close(send_fd);
   if (fd >= 0) close(fd);
   if (!st.ok()) return st.Context("tier " + std::to_string(tier) + " pool: ");
@@ -294,15 +304,22 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
 
 Status Client::CreateTierPools(const TierPoolOptions& o) {
   if (!segment_) return Status::Fail(ErrorCode::kNotReady, "not connected");
-  if (tier_pools_[0].base || tier_pools_[1].base) {
+  if (tier_pools_[0].base && tier_pools_[1].base) {
     return Status::Fail(ErrorCode::kBadPool, "this client has its tier pools already");
   }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t stride = o.stride ? o.stride : (block_bytes_ + page - 1) / page * page;
-  for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
-    if (Status st = CreateTierPool(t, o, stride); !st.ok()) return st;
+  if (tier_stride_ && stride != tier_stride_) {
+    return Status::Fail(ErrorCode::kBadPool, "both tier pools need the same stride");
   }
-  tier_stride_ = stride;
+  // Tier 1 first: a device-DAX path or a size limit is what most often
+  // refuses, and then nothing is taken from tier 0's budget. A tier made
+  // before a refusal stays; calling again makes only what is missing.
+  for (uint8_t t : {uint8_t{1}, uint8_t{0}}) {
+    if (tier_pools_[t].base) continue;
+    if (Status st = CreateTierPool(t, o, stride); !st.ok()) return st;
+    tier_stride_ = stride;
+  }
   return Status::Ok();
 }
 

@@ -86,6 +86,30 @@ std::string MetricsExposition(const StatusSnapshot& s) {
            static_cast<double>(m.moves.pages_verified));
   x.Metric("cxltier_pending_moves", "gauge", "Moves queued or running in the mover.",
            static_cast<double>(m.pending));
+  x.Metric("cxltier_pools_pinned", "gauge",
+           "Page-mode pools whose pages move_pages found all busy (pinned): use copy mode.",
+           static_cast<double>(m.moves.pools_pinned));
+  x.Metric("cxltier_copies_total", "counter", "Copy mode: blocks copied, verified and published.",
+           static_cast<double>(m.moves.copies));
+  x.Metric("cxltier_copied_bytes_total", "counter", "Copy mode: bytes of the copies published.",
+           static_cast<double>(m.moves.copied_bytes));
+  x.Family("cxltier_copies_dropped_total", "counter",
+           "Copy mode: copies not published, by reason.");
+  x.Sample("cxltier_copies_dropped_total", static_cast<double>(m.moves.copies_written),
+           "reason=\"write_lease\"");
+  x.Sample("cxltier_copies_dropped_total", static_cast<double>(m.moves.copies_bad_hash),
+           "reason=\"hash_mismatch\"");
+  x.Sample("cxltier_copies_dropped_total", static_cast<double>(m.moves.copies_no_room),
+           "reason=\"no_room\"");
+  x.Metric("cxltier_places_draining", "gauge",
+           "Copy mode: old places of moved or released blocks waiting for their readers.",
+           static_cast<double>(m.places_draining));
+  x.Family("cxltier_lease_timeouts_total", "counter",
+           "Copy mode: leases held past limits.lease_timeout_s, by kind.");
+  x.Sample("cxltier_lease_timeouts_total", static_cast<double>(m.moves.lease_timeouts),
+           "kind=\"read\"");
+  x.Sample("cxltier_lease_timeouts_total", static_cast<double>(m.moves.write_lease_timeouts),
+           "kind=\"write\"");
   x.Family("cxltier_tick_duration_seconds", "histogram", "Duration of one fold + plan tick.");
   for (size_t i = 0; i < s.tick_seconds.cumulative.size(); ++i) {
     const std::string le = i < TickTimes::kBounds.size() ? fmt::format("{}", TickTimes::kBounds[i])

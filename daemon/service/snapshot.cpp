@@ -80,6 +80,7 @@ StatusSnapshot Daemon::Snapshot() const {
   m.pending = moves_.mover().pending();
   m.budget_bytes_per_tick = engine_ ? engine_->options().migrate_bytes_per_tick : 0;
   m.moves = moves_.stats();
+  for (const auto& [id, cl] : clients_.all()) m.places_draining += cl.copy.draining.size();
   return s;
 }
 

@@ -90,7 +90,19 @@ nlohmann::json MigrationJson(const MigrationStatus& m) {
           {"pages_absent", m.moves.pages_absent},
           {"pages_busy", m.moves.pages_busy},
           {"pages_elsewhere", m.moves.pages_elsewhere},
-          {"errors", errors}};
+          {"errors", errors},
+          {"pools_pinned", m.moves.pools_pinned},
+          {"moves_refused_pinned", m.moves.moves_refused_pinned},
+          {"copy",
+           {{"copies", m.moves.copies},
+            {"copied_bytes", m.moves.copied_bytes},
+            {"dropped_written", m.moves.copies_written},
+            {"dropped_bad_hash", m.moves.copies_bad_hash},
+            {"no_room", m.moves.copies_no_room},
+            {"places_freed", m.moves.places_freed},
+            {"places_draining", m.places_draining},
+            {"lease_timeouts", m.moves.lease_timeouts},
+            {"write_lease_timeouts", m.moves.write_lease_timeouts}}}};
 }
 
 }  // namespace

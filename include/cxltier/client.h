@@ -11,7 +11,7 @@
 //
 // Copy mode (pinned or device-DAX pools; cxltier/lease.h): a pool per tier,
 // made by the daemon, and blocks moved between them by copy.
-//   c->CreateTierPools({.blocks = 8192});             // maps both; pin them if you like
+//   c->CreateTierPools(8192);                         // maps both; pin them if you like
 //   c->Admit(c->tier_pool(0), {{key, 0}}, &results);  // the daemon places the block
 //   c->BeginWrite(slot, &p); memcpy(p, ...); c->EndWrite(slot);   // fill it
 //   auto r = c->NewReader(&st);                       // one per reading thread
@@ -86,6 +86,12 @@ class Client {
   // the client holds the new block's write lease (BeginWrite's address is
   // valid at once): write its bytes, then EndWrite.
   Status CreateTierPools(const TierPoolOptions& options);
+  // The same with the defaults: `blocks` blocks, both pools from the daemon.
+  Status CreateTierPools(uint32_t blocks) {
+    TierPoolOptions o;
+    o.blocks = blocks;
+    return CreateTierPools(o);
+  }
   // Pool id of tier t's pool (UINT32_MAX: none), its mapping and length.
   uint32_t tier_pool(uint8_t tier) const;
   uint8_t* tier_pool_base(uint8_t tier) const;

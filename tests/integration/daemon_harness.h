@@ -1,6 +1,7 @@
 // Runs a real cxltierd in a child process for integration tests.
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -1,0 +1,296 @@
+// Copy mode with a real cxltierd: tier pools the daemon makes, blocks moved
+// by copy while reader threads check every byte under their leases, and the
+// bad input of the protocol. Both tiers are node 0 here (the harness), so
+// each copy is between two pools on one node; the QEMU guests run the same
+// with two nodes (tests/e2e/guest_test.sh).
+#include <gtest/gtest.h>
+#include <numaif.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cxltier/client.h"
+#include "daemon_harness.h"
+
+namespace cxltier {
+namespace {
+
+using testing::DaemonProcess;
+
+const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};  // 8 KiB blocks
+constexpr uint64_t kBlock = 8192;
+
+BlockKey K(uint64_t i) { return BlockKey::FromSequence(91, i); }
+
+// The bytes block i holds: a pattern only it has, in 8-byte words.
+uint64_t Word(uint64_t i, uint64_t w) { return (i + 1) * 0x9e3779b97f4a7c15ULL ^ (w * 0x2545f491); }
+
+bool Intact(const uint8_t* p, uint64_t i) {
+  const auto* words = reinterpret_cast<const uint64_t*>(p);
+  for (uint64_t w = 0; w < kBlock / 8; ++w) {
+    if (words[w] != Word(i, w)) return false;
+  }
+  return true;
+}
+
+bool WaitFor(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+nlohmann::json CopyStats(const DaemonProcess& d) {
+  std::string text;
+  const Status st = Client::DaemonStats(d.socket(), "status", &text);
+  EXPECT_TRUE(st.ok()) << st.message;
+  return nlohmann::json::parse(text, nullptr, false)["migrations"]["copy"];
+}
+
+std::unique_ptr<Client> Connect(const DaemonProcess& d, uint32_t slots = 64) {
+  Status st;
+  auto c = Client::Connect({d.socket(), kTiny, slots, "copy"}, &st);
+  EXPECT_TRUE(c) << st.message;
+  return c;
+}
+
+// Admits n blocks into tier `tier`'s pool (the daemon places them) and
+// writes each one's pattern under its write lease. Returns the slots.
+std::vector<uint32_t> AdmitAndFill(Client& c, uint32_t n, uint8_t tier = 0) {
+  std::vector<wire::AdmitEntry> entries;
+  for (uint32_t i = 0; i < n; ++i) entries.push_back({K(i), 0});
+  std::vector<wire::AdmitResult> results;
+  const Status st = c.Admit(c.tier_pool(tier), entries, &results);
+  EXPECT_TRUE(st.ok()) << st.message;
+  std::vector<uint32_t> slots;
+  for (uint32_t i = 0; i < results.size(); ++i) {
+    uint8_t* p = nullptr;
+    // The daemon gave the write lease with the place: BeginWrite says it is held.
+    EXPECT_EQ(c.BeginWrite(results[i].slot, &p).code, wire::ErrorCode::kBusy);
+    const Location at = c.LocationOf(results[i].slot);
+    p = c.tier_pool_base(at.tier) + uint64_t{at.index} * c.tier_pool_stride();
+    auto* words = reinterpret_cast<uint64_t*>(p);
+    for (uint64_t w = 0; w < kBlock / 8; ++w) words[w] = Word(i, w);
+    EXPECT_TRUE(c.EndWrite(results[i].slot).ok());
+    slots.push_back(results[i].slot);
+  }
+  return slots;
+}
+
+// Every page of a mapping on `node` (the kernel's answer, move_pages).
+bool OnNode(const uint8_t* base, uint64_t bytes, int node) {
+  std::vector<void*> pages;
+  for (uint64_t o = 0; o < bytes; o += 4096) pages.push_back(const_cast<uint8_t*>(base) + o);
+  std::vector<int> status(pages.size(), -1);
+  if (move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0) != 0) return false;
+  for (int s : status) {
+    if (s != node) return false;
+  }
+  return true;
+}
+
+TEST(CopyMode, BlocksMoveByCopyWhileReadersCheckEveryByte) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");  // 8 blocks of tier 0
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->CreateTierPools(32).ok());
+  EXPECT_EQ(c->tier_pool_bytes(0), 8 * kBlock);  // the budget, not the 32 asked for
+  EXPECT_EQ(c->tier_pool_bytes(1), 32 * kBlock);
+  EXPECT_TRUE(OnNode(c->tier_pool_base(0), c->tier_pool_bytes(0), 0));
+  EXPECT_TRUE(OnNode(c->tier_pool_base(1), c->tier_pool_bytes(1), 0));
+  const std::vector<uint32_t> slots = AdmitAndFill(*c, 24);
+  ASSERT_EQ(slots.size(), 24u);
+  for (uint32_t i = 0; i < 24; ++i) {
+    EXPECT_EQ(c->LocationOf(slots[i]).tier, i < 8 ? 0 : 1) << i;  // tier 0 while it had room
+  }
+
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> reads{0}, torn{0}, failed{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      Status st;
+      auto reader = c->NewReader(&st);
+      if (!reader) {
+        failed.fetch_add(1);
+        return;
+      }
+      for (uint64_t n = r; !stop.load(); ++n) {
+        const uint32_t i = static_cast<uint32_t>(n * 7 % 24);
+        Client::Reader::Lease lease;
+        if (!reader->Acquire(slots[i], &lease).ok()) {
+          failed.fetch_add(1);
+          continue;
+        }
+        if (!Intact(lease.data, i)) torn.fetch_add(1);
+        if (!reader->Release(lease).ok()) failed.fetch_add(1);
+        reads.fetch_add(1);
+      }
+    });
+  }
+  // Blocks 16..23 are hot: they move to tier 0 and cold ones leave it.
+  const bool promoted = WaitFor([&] {
+    for (uint32_t i = 16; i < 24; ++i) c->Observe(slots[i], 1.0f);
+    for (uint32_t i = 16; i < 24; ++i) {
+      if (c->LocationOf(slots[i]).tier != 0) return false;
+    }
+    return true;
+  });
+  // Let the readers see the blocks in their new places too.
+  const uint64_t seen = reads.load();
+  EXPECT_TRUE(WaitFor([&] { return reads.load() > seen + 1000; }));
+  stop = true;
+  for (auto& t : readers) t.join();
+  EXPECT_TRUE(promoted) << d.Log();
+  EXPECT_EQ(torn.load(), 0u);
+  EXPECT_EQ(failed.load(), 0u);
+  EXPECT_GT(reads.load(), 1000u);
+  // Every block whole in its place now, and the pools still on their node.
+  for (uint32_t i = 0; i < 24; ++i) {
+    const Location at = c->LocationOf(slots[i]);
+    EXPECT_TRUE(Intact(c->tier_pool_base(at.tier) + uint64_t{at.index} * kBlock, i)) << i;
+  }
+  EXPECT_TRUE(OnNode(c->tier_pool_base(0), c->tier_pool_bytes(0), 0));
+  const nlohmann::json copy = CopyStats(d);
+  EXPECT_GE(copy["copies"].get<uint64_t>(), 8u) << copy.dump();
+  EXPECT_GT(copy["places_freed"].get<uint64_t>(), 0u) << copy.dump();
+  EXPECT_EQ(copy["dropped_bad_hash"].get<uint64_t>(), 0u);
+}
+
+TEST(CopyMode, BadInputGetsClearErrorsAndTheDaemonServesOn) {
+  DaemonProcess d(
+      "[engine]\ntier0_budget = \"64KiB\"\n[limits]\nmax_tier_pool_bytes_per_uid = "
+      "\"1MiB\"\nmax_blocks_per_client = 512\n");
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  // Not a device-DAX device: refused, and nothing taken from tier 0.
+  Client::TierPoolOptions dax;
+  dax.blocks = 8;
+  dax.devdax_path = "/dev/null";
+  Status st = c->CreateTierPools(dax);
+  EXPECT_EQ(st.code, wire::ErrorCode::kBadPool) << st.message;
+  EXPECT_NE(st.message.find("not a device-DAX device"), std::string::npos) << st.message;
+  // More than the uid may have the daemon allocate: 200 blocks of 8 KiB in tier 1.
+  auto big = Connect(d, 256);
+  st = big->CreateTierPools(200);
+  EXPECT_EQ(st.code, wire::ErrorCode::kLimit) << st.message;
+  EXPECT_NE(st.message.find("max_tier_pool_bytes_per_uid"), std::string::npos) << st.message;
+  // More blocks than slots.
+  st = big->CreateTierPools(300);
+  EXPECT_EQ(st.code, wire::ErrorCode::kLimit) << st.message;
+  // c gets tier 0's whole budget (8 blocks); the next client none of it.
+  ASSERT_TRUE(c->CreateTierPools(8).ok());
+  EXPECT_EQ(c->CreateTierPools(8).code, wire::ErrorCode::kBadPool);  // it has both
+  auto late = Connect(d);
+  st = late->CreateTierPools(8);
+  EXPECT_EQ(st.code, wire::ErrorCode::kLimit) << st.message;
+  EXPECT_NE(st.message.find("budget"), std::string::npos) << st.message;
+
+  Client* e = c.get();
+  const std::vector<uint32_t> slots = AdmitAndFill(*e, 4);
+  Status rs;
+  auto reader = e->NewReader(&rs);
+  ASSERT_TRUE(reader) << rs.message;
+  Client::Reader::Lease lease;
+  // A slot that holds no block; a release without an acquire; EndWrite without BeginWrite.
+  EXPECT_EQ(reader->Acquire(60, &lease).code, wire::ErrorCode::kNoLease);
+  EXPECT_EQ(reader->Acquire(1u << 30, &lease).code, wire::ErrorCode::kNoLease);
+  EXPECT_EQ(reader->Release(Client::Reader::Lease{}).code, wire::ErrorCode::kNoLease);
+  ASSERT_TRUE(reader->Acquire(slots[0], &lease).ok());
+  EXPECT_TRUE(reader->Release(lease).ok());
+  EXPECT_EQ(reader->Release(lease).code, wire::ErrorCode::kNoLease);  // twice
+  EXPECT_EQ(e->EndWrite(slots[1]).code, wire::ErrorCode::kNoLease);
+  uint8_t* p = nullptr;
+  ASSERT_TRUE(e->BeginWrite(slots[1], &p).ok());
+  EXPECT_EQ(e->BeginWrite(slots[1], &p).code, wire::ErrorCode::kBusy);
+  EXPECT_TRUE(e->EndWrite(slots[1]).ok());
+  // The pools hold 8 + 8 blocks: more is refused, nothing admitted.
+  std::vector<wire::AdmitEntry> many;
+  for (uint32_t i = 100; i < 120; ++i) many.push_back({K(i), 0});
+  std::vector<wire::AdmitResult> results;
+  st = e->Admit(e->tier_pool(0), many, &results);
+  EXPECT_EQ(st.code, wire::ErrorCode::kLimit) << st.message;
+  // A released block's slot has no place any more.
+  ASSERT_TRUE(e->Release(std::vector<BlockKey>{K(2)}).ok());
+  EXPECT_EQ(reader->Acquire(slots[2], &lease).code, wire::ErrorCode::kNoLease);
+  EXPECT_TRUE(d.Alive());
+  EXPECT_TRUE(CopyStats(d).is_object());
+}
+
+TEST(CopyMode, ALeaseNeverReleasedKeepsItsPlaceAndIsCounted) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n[limits]\nlease_timeout_s = 1\n");
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->CreateTierPools(24).ok());
+  const std::vector<uint32_t> slots = AdmitAndFill(*c, 16);
+  Status st;
+  auto reader = c->NewReader(&st);
+  ASSERT_TRUE(reader);
+  // Hold a lease on block 12 (in tier 1), never released, and make it hot.
+  Client::Reader::Lease held;
+  ASSERT_TRUE(reader->Acquire(slots[12], &held).ok());
+  ASSERT_EQ(held.tier, Tier::kSlow);
+  const bool moved = WaitFor([&] {
+    for (uint32_t i = 8; i < 16; ++i) c->Observe(slots[i], 1.0f);
+    return c->LocationOf(slots[12]).tier == 0 && c->LocationOf(slots[15]).tier == 0;
+  });
+  EXPECT_TRUE(moved) << d.Log();
+  // Counted once it has been held past the timeout; the place is kept.
+  EXPECT_TRUE(WaitFor([&] { return CopyStats(d)["lease_timeouts"].get<uint64_t>() >= 1; }))
+      << CopyStats(d).dump();
+  EXPECT_TRUE(Intact(held.data, 12));
+  EXPECT_GE(CopyStats(d)["places_draining"].get<uint64_t>(), 1u);
+  EXPECT_NE(d.Log().find("read lease(s) held over"), std::string::npos);
+  // Released: the place drains.
+  const uint64_t freed = CopyStats(d)["places_freed"].get<uint64_t>();
+  EXPECT_TRUE(reader->Release(held).ok());
+  EXPECT_TRUE(WaitFor([&] { return CopyStats(d)["places_freed"].get<uint64_t>() > freed; }));
+}
+
+TEST(CopyMode, AClientDyingWithLeasesLeavesOthersMoving) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
+  const pid_t child = fork();
+  if (child == 0) {
+    Status st;
+    auto c = Client::Connect({d.socket(), kTiny, 16, "dies"}, &st);
+    if (!c || !c->CreateTierPools(8).ok()) _exit(2);
+    AdmitAndFill(*c, 8);
+    auto r = c->NewReader(&st);
+    Client::Reader::Lease l;
+    for (uint32_t s = 0; s < 8; ++s) {
+      if (!r->Acquire(s, &l).ok()) _exit(3);
+    }
+    uint8_t* p = nullptr;
+    (void)c->BeginWrite(l.slot, &p);  // and a write lease
+    _exit(0);                         // no Release, no EndWrite, no goodbye
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  // Another client's blocks still move by copy, and its tier-0 pool gets
+  // the budget the dead client's pool had.
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  // (Once the dead one's blocks are released: until then tier 0 is refused,
+  // and each try makes only what is missing.)
+  ASSERT_TRUE(WaitFor([&] { return c->CreateTierPools(16).ok(); })) << d.Log();
+  EXPECT_EQ(c->tier_pool_bytes(0), 8 * kBlock);
+  const std::vector<uint32_t> slots = AdmitAndFill(*c, 16);
+  EXPECT_TRUE(WaitFor([&] {
+    for (uint32_t i = 8; i < 16; ++i) c->Observe(slots[i], 1.0f);
+    return c->LocationOf(slots[15]).tier == 0;
+  })) << d.Log();
+  EXPECT_TRUE(d.Alive());
+}
+
+}  // namespace
+}  // namespace cxltier
