@@ -370,6 +370,17 @@ Status Client::BeginWrite(uint32_t slot, uint8_t** data) {
   return Status::Ok();
 }
 
+uint8_t* Client::WriteAddress(uint32_t slot) const {
+  if (slot >= slots_) return nullptr;
+  const uint64_t w =
+      std::atomic_ref<uint64_t>(location_words()[slot]).load(std::memory_order_acquire);
+  const Location where = DecodeLocation(w);
+  if (!(w & kLocWriting) || where.tier > 1) return nullptr;
+  const TierPoolMap& t = tier_pools_[where.tier];
+  if (!t.base || uint64_t{where.index + 1} * tier_stride_ > t.bytes) return nullptr;
+  return t.base + uint64_t{where.index} * tier_stride_;
+}
+
 Status Client::EndWrite(uint32_t slot) {
   if (slot >= slots_ || !cxltier::EndWrite(location_words(), slot)) {
     return Status::Fail(ErrorCode::kNoLease,

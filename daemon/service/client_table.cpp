@@ -200,6 +200,12 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
   }
   uint64_t fresh = 0;
   for (const wire::AdmitEntry& e : m.entries) {
+    if (pool.is_tier() && e.block_index != 0) {
+      return Error{ErrorCode::kBadSlot,
+                   "an admit into a tier pool takes block index 0 (the "
+                   "daemon places the block), not " +
+                       std::to_string(e.block_index)};
+    }
     if (e.block_index >= pool.blocks()) {
       return Error{ErrorCode::kBadSlot, "block index " + std::to_string(e.block_index) +
                                             " is outside pool " + std::to_string(m.pool_id) + " (" +

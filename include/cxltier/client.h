@@ -107,6 +107,9 @@ class Client {
   Status BeginWrite(uint32_t slot, uint8_t** data);
   // kNoLease when the write lease was not held.
   Status EndWrite(uint32_t slot);
+  // Where a slot's bytes are while this client holds its write lease (as
+  // right after Admit into a tier pool); nullptr when it does not.
+  uint8_t* WriteAddress(uint32_t slot) const;
 
   // Read leases, for one thread: while held, the block's bytes stay at
   // lease.data and the daemon neither moves nor reuses them. Two atomic

@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "attention_workload.h"
+#include "copy_mode.h"
 #include "cxltier/client.h"
 #include "cxltier/model.h"
 
@@ -84,14 +85,26 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   bool json = false, check_placement = false, expect_moves = false, expect_restored = false;
   bool expect_slow_tier = false, expect_kernel_migrations = false, reconnect = false;
-  bool expect_no_leaks = false, until_signal = false;
+  bool expect_no_leaks = false, until_signal = false, pin = false, expect_pinned = false;
+  int reader_threads = 2;
   uint64_t until_moves = 0;
   app.add_option("--socket", socket_path, "cxltierd's socket")->required();
   app.add_option("--blocks", blocks, "blocks in the pool")->capture_default_str();
   app.add_option("--block-bytes", block_bytes_text, "bytes per block (a multiple of 8 KiB)")
       ->capture_default_str();
-  app.add_option("--pool", pool_kind, "memfd (shared with the daemon) or range (this process)")
+  app.add_option("--pool", pool_kind,
+                 "memfd (shared with the daemon), range (this process) or copy (a pool per tier "
+                 "from the daemon, blocks moved by copy)")
       ->capture_default_str();
+  app.add_flag("--pin", pin,
+               "pin the pool(s) with io_uring fixed buffers, the long-term pin cudaHostRegister "
+               "takes (copy mode: the kernel's placement of each tier pool is checked before and "
+               "after)");
+  app.add_option("--readers", reader_threads,
+                 "copy mode: threads that Acquire, check and Release blocks all along")
+      ->capture_default_str();
+  app.add_flag("--expect-pinned", expect_pinned,
+               "page mode: fail unless the daemon reported a pool of this run pinned");
   app.add_option("--steps", steps, "decode steps")->capture_default_str();
   app.add_option("--step-ms", step_ms, "pause between steps")->capture_default_str();
   app.add_option("--seconds", max_seconds,
@@ -137,7 +150,11 @@ int main(int argc, char** argv) {
   if (!bb || *bb == 0 || *bb % 8192 != 0 || *bb > (1ull << 32)) {
     return Fail("--block-bytes must be a positive multiple of 8 KiB (up to 4 GiB)");
   }
-  if (pool_kind != "memfd" && pool_kind != "range") return Fail("--pool must be memfd or range");
+  if (pool_kind != "memfd" && pool_kind != "range" && pool_kind != "copy") {
+    return Fail("--pool must be memfd, range or copy");
+  }
+  const bool copy = pool_kind == "copy";
+  if (copy && reconnect) return Fail("--reconnect does not work in copy mode yet");
   if (blocks < 8 || sessions == 0 || batch == 0)
     return Fail("need --blocks >= 8 and sessions, batch >= 1");
   if ((until_moves > 0 || until_signal) && max_seconds <= 0) max_seconds = 120;
@@ -159,7 +176,9 @@ int main(int argc, char** argv) {
   // The pool. THP off: a huge page spanning two blocks would make them move together.
   int memfd = -1;
   void* pool = MAP_FAILED;
-  if (pool_kind == "memfd") {
+  if (copy) {
+    pool = nullptr;  // the daemon makes the pools
+  } else if (pool_kind == "memfd") {
     memfd = memfd_create("cxltier-loadgen-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (memfd < 0 || ftruncate(memfd, static_cast<off_t>(length)) != 0) return Fail("memfd");
     pool = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
@@ -167,21 +186,69 @@ int main(int argc, char** argv) {
     pool = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   }
   if (pool == MAP_FAILED) return Fail("cannot map a pool of " + FormatBytes(length));
-  madvise(pool, length, MADV_NOHUGEPAGE);
   auto* words = static_cast<uint64_t*>(pool);
   const uint64_t words_per_block = *bb / 8;
-  for (uint64_t b = 0; b < blocks; ++b) {
-    uint64_t* w = words + b * (stride / 8);
-    for (uint64_t i = 0; i < words_per_block; ++i) w[i] = Pattern(b, i);
+  if (!copy) {
+    madvise(pool, length, MADV_NOHUGEPAGE);
+    for (uint64_t b = 0; b < blocks; ++b) {
+      uint64_t* w = words + b * (stride / 8);
+      for (uint64_t i = 0; i < words_per_block; ++i) w[i] = Pattern(b, i);
+    }
   }
 
   Status st;
   auto client = Client::Connect({socket_path, model, blocks, name}, &st);
   if (!client) return Fail(st.message);
+  // The daemon's tiers: which nodes the kernel should show each tier's pages on.
+  std::vector<int> fast_nodes, slow_nodes;
+  {
+    std::string text;
+    if (client->Stats("tiers", &text).ok()) {
+      const nlohmann::json t = nlohmann::json::parse(text, nullptr, false);
+      if (t.is_array()) {
+        for (const auto& tier : t) {
+          for (const auto& n : tier["nodes"]) {
+            (tier["tier"] == 0 ? fast_nodes : slow_nodes).push_back(n["node"].get<int>());
+          }
+        }
+      }
+    }
+  }
+  auto nodes_of = [&](uint8_t t) -> const std::vector<int>& {
+    return t == 0 ? fast_nodes : slow_nodes;
+  };
   uint32_t pool_id = 0;
-  st = pool_kind == "memfd" ? client->RegisterMemfdPool(memfd, length, stride, blocks, &pool_id)
-                            : client->RegisterRangePool(pool, length, stride, blocks, &pool_id);
-  if (!st.ok()) return Fail("register pool: " + st.message);
+  loadgen::Pin pins;
+  uint64_t off_node_before_pin = 0, off_node_after_pin = 0;
+  if (copy) {
+    st = client->CreateTierPools(blocks);
+    if (!st.ok()) return Fail("tier pools: " + st.message);
+    pool_id = client->tier_pool(0);
+    for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
+      off_node_before_pin += loadgen::PagesOffNodes(client->tier_pool_base(t),
+                                                    client->tier_pool_bytes(t), nodes_of(t));
+    }
+  } else {
+    st = pool_kind == "memfd" ? client->RegisterMemfdPool(memfd, length, stride, blocks, &pool_id)
+                              : client->RegisterRangePool(pool, length, stride, blocks, &pool_id);
+    if (!st.ok()) return Fail("register pool: " + st.message);
+  }
+  if (pin) {
+    std::string err;
+    if (copy) {
+      for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
+        if (!pins.Add(client->tier_pool_base(t), client->tier_pool_bytes(t), &err)) {
+          return Fail("pinning the tier " + std::to_string(t) + " pool: " + err);
+        }
+        off_node_after_pin += loadgen::PagesOffNodes(client->tier_pool_base(t),
+                                                     client->tier_pool_bytes(t), nodes_of(t));
+      }
+    } else if (!pins.Add(pool, length, &err)) {
+      return Fail("pinning the pool: " + err);
+    }
+  }
+  std::unique_ptr<loadgen::Readers> readers;
+  if (copy) readers = std::make_unique<loadgen::Readers>(*client, *bb, reader_threads);
   const size_t fds_at_start = CountFds(), segments_at_start = CountSegmentMaps();
 
   // Every call to the daemon goes through here: with --reconnect, a failed
@@ -264,6 +331,7 @@ int main(int argc, char** argv) {
       for (const auto& [key, v] : live) {
         all.push_back(trace_keys[key]);
         free_blocks.push_back(v.first);
+        if (readers) readers->Withdraw(v.second);
       }
       live.clear();
       for (size_t from = 0; from < all.size(); from += 256) {
@@ -293,7 +361,7 @@ int main(int argc, char** argv) {
     while (end < trace.events.size() && trace.events[end].step == step) ++end;
     // Admit this step's new keys in one batch, release the released ones.
     std::vector<wire::AdmitEntry> admit;
-    std::vector<uint32_t> admit_keys;
+    std::vector<uint32_t> admit_keys, admit_blocks;
     std::vector<BlockKey> release;
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
@@ -302,12 +370,15 @@ int main(int argc, char** argv) {
         if (it != live.end()) {
           release.push_back(trace_keys[e.key]);
           free_blocks.push_back(it->second.first);
+          if (readers) readers->Withdraw(it->second.second);
           live.erase(it);
         }
       } else if (it == live.end() &&
                  std::find(admit_keys.begin(), admit_keys.end(), e.key) == admit_keys.end()) {
         if (free_blocks.empty()) continue;
-        admit.push_back({trace_keys[e.key], free_blocks.back()});
+        // Copy mode: the daemon places the block; our index only counts room.
+        admit.push_back({trace_keys[e.key], copy ? 0 : free_blocks.back()});
+        admit_blocks.push_back(free_blocks.back());
         admit_keys.push_back(e.key);
         free_blocks.pop_back();
       }
@@ -324,8 +395,15 @@ int main(int argc, char** argv) {
         return Fail("admit: " + a.message);
       }
       for (size_t k = 0; k < admit.size(); ++k) {
-        live[admit_keys[k]] = {admit[k].block_index, results[k].slot};
+        live[admit_keys[k]] = {copy ? admit_blocks[k] : admit[k].block_index, results[k].slot};
         restored += results[k].restored;
+        if (!copy) continue;
+        // The daemon placed it and gave us its write lease: fill it, let go.
+        uint8_t* at = client->WriteAddress(results[k].slot);
+        if (!at) return Fail("admitted slot " + std::to_string(results[k].slot) + " has no place");
+        loadgen::FillBlock(at, *bb, admit[k].key);
+        if (Status w = client->EndWrite(results[k].slot); !w.ok()) return Fail(w.message);
+        readers->Publish(results[k].slot, admit[k].key);
       }
       admitted += admit.size();
     }
@@ -366,20 +444,6 @@ int main(int argc, char** argv) {
   // Where the kernel says each live block's pages are, against the tier the
   // daemon published (never our own bookkeeping).
   uint64_t placement_checked = 0, placement_mismatches = 0, kernel_fast = 0, kernel_slow = 0;
-  std::vector<int> fast_nodes, slow_nodes;
-  {
-    std::string text;
-    if (client->Stats("tiers", &text).ok()) {
-      const nlohmann::json t = nlohmann::json::parse(text, nullptr, false);
-      if (t.is_array()) {
-        for (const auto& tier : t) {
-          for (const auto& n : tier["nodes"]) {
-            (tier["tier"] == 0 ? fast_nodes : slow_nodes).push_back(n["node"].get<int>());
-          }
-        }
-      }
-    }
-  }
   const bool same_nodes = fast_nodes == slow_nodes;  // a one-node test setup: no way to tell
   if (check_placement) {
     // Wait until the daemon is quiet: nothing pending and no move completed
@@ -403,9 +467,17 @@ int main(int argc, char** argv) {
     for (const auto& [k, v] : live) {
       const Tier published = client->TierOf(v.second);
       std::vector<void*> pages;
-      for (uint64_t off = 0; off < *bb; off += page) {
-        pages.push_back(static_cast<char*>(pool) + uint64_t{v.first} * stride + off);
+      uint8_t* base = static_cast<uint8_t*>(pool) + uint64_t{v.first} * stride;
+      if (copy) {  // where the daemon published the block to be
+        const Location at = client->LocationOf(v.second);
+        base =
+            at.tier < 2 ? client->tier_pool_base(at.tier) + uint64_t{at.index} * stride : nullptr;
+        if (!base) {
+          ++placement_mismatches;
+          continue;
+        }
       }
+      for (uint64_t off = 0; off < *bb; off += page) pages.push_back(base + off);
       std::vector<int> status(pages.size(), -1);
       const long rc = numa_move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0);
       const int call_errno = rc < 0 ? errno : 0;
@@ -451,18 +523,40 @@ int main(int argc, char** argv) {
   const uint64_t pgmigrate = PgmigrateSuccess() - std::min(PgmigrateSuccess(), pgmigrate_before);
 
   // Every byte of every block, whatever moved.
-  uint64_t corrupt = 0;
-  for (uint64_t b = 0; b < blocks; ++b) {
-    const uint64_t* w = words + b * (stride / 8);
-    for (uint64_t k = 0; k < words_per_block; ++k) {
-      if (w[k] != Pattern(b, k)) {
+  uint64_t corrupt = 0, verified = 0;
+  if (copy) {
+    readers->Stop();
+    auto reader = client->NewReader(&st);
+    if (!reader) return Fail(st.message);
+    for (const auto& [k, v] : live) {
+      Client::Reader::Lease lease;
+      if (!reader->Acquire(v.second, &lease).ok()) {
         ++corrupt;
-        break;
+        continue;
+      }
+      corrupt += !loadgen::BlockIntact(lease.data, *bb, &trace_keys[k]);
+      ++verified;
+      (void)reader->Release(lease);
+    }
+  } else {
+    for (uint64_t b = 0; b < blocks; ++b) {
+      const uint64_t* w = words + b * (stride / 8);
+      ++verified;
+      for (uint64_t k = 0; k < words_per_block; ++k) {
+        if (w[k] != Pattern(b, k)) {
+          ++corrupt;
+          break;
+        }
       }
     }
   }
   const nlohmann::json mig_after = migrations();
   auto delta = [&](const char* k) { return moved(mig_after, k); };
+  auto copies_in = [](const nlohmann::json& m) {
+    return m.contains("copy") ? m["copy"].value("copies", uint64_t{0}) : uint64_t{0};
+  };
+  const uint64_t copies =
+      copies_in(mig_after) - std::min(copies_in(mig_after), copies_in(mig_before));
   nlohmann::json out = {
       {"touches", touches},
       {"hits", hits},
@@ -488,8 +582,16 @@ int main(int argc, char** argv) {
       {"pgmigrate_success", pgmigrate},
       {"live_blocks_fast", blocks_fast},
       {"live_blocks_slow", blocks_slow},
-      {"blocks_verified", blocks},
+      {"blocks_verified", verified},
       {"corrupt_blocks", corrupt},
+      {"torn_reads", readers ? readers->torn() : 0},
+      {"lease_reads", readers ? readers->reads() : 0},
+      {"reader_failures", readers ? readers->failed() : 0},
+      {"pinned", pin},
+      {"pool_pages_off_node_before_pin", off_node_before_pin},
+      {"pool_pages_off_node_after_pin", off_node_after_pin},
+      {"pools_pinned", delta("pools_pinned")},
+      {"copies", copies},
       {"block_bytes", *bb},
       {"pool", pool_kind},
       {"seconds", seconds},
@@ -506,11 +608,29 @@ int main(int argc, char** argv) {
         touches, hits, touches ? 100.0 * hits / touches : 0.0, admitted, released,
         FormatBytes(out["bytes_promoted"].get<uint64_t>()),
         FormatBytes(out["bytes_demoted"].get<uint64_t>()),
-        out["migration_failures"].get<uint64_t>(), blocks_fast, blocks_slow, blocks,
+        out["migration_failures"].get<uint64_t>(), blocks_fast, blocks_slow, verified,
         FormatBytes(*bb), corrupt);
+    if (copy) {
+      std::cout << fmt::format("  copy mode: {} reads under leases, {} torn, {} failed\n",
+                               readers->reads(), readers->torn(), readers->failed());
+    }
   }
   std::vector<std::string> failed;
   if (corrupt) failed.push_back(std::to_string(corrupt) + " corrupt blocks");
+  if (readers && readers->torn()) failed.push_back(std::to_string(readers->torn()) + " torn reads");
+  if (readers && readers->failed()) {
+    failed.push_back(std::to_string(readers->failed()) + " reader failures (" +
+                     readers->first_error() + ")");
+  }
+  if (copy && check_placement && !same_nodes && (off_node_before_pin || off_node_after_pin)) {
+    failed.push_back(fmt::format(
+        "tier pool pages off their tier's nodes: {} before pinning, {} after (pinning memory that "
+        "is onlined movable migrates it: online CXL memory with --no-movable)",
+        off_node_before_pin, off_node_after_pin));
+  }
+  if (expect_pinned && out["pools_pinned"].get<uint64_t>() == 0) {
+    failed.push_back("expected the daemon to report the pinned pool (migrations.pools_pinned)");
+  }
   if (check_placement && placement_mismatches) {
     failed.push_back(std::to_string(placement_mismatches) + " blocks not where the daemon says");
   }
