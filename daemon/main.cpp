@@ -155,7 +155,9 @@ int main(int argc, char** argv) {
   }
   bool can_migrate = config.migrate;
   if (!tiers.has_slow()) {
-    spdlog::warn("no slow tier: no memory-only NUMA node and no [tiers] override; scoring only");
+    spdlog::warn(
+        "no slow tier: no memory-only NUMA node and no [tiers] override; page mode scores "
+        "only (copy mode with a device-DAX tier 1 still moves blocks)");
   }
   if (can_migrate && tiers.has_slow() && cxltier::numa::KernelNumaBalancing() == 1) {
     spdlog::warn(
@@ -166,7 +168,7 @@ int main(int argc, char** argv) {
   if (config.migrate && !cxltier::numa::HaveSysNice()) {
     spdlog::warn(
         "no CAP_SYS_NICE: shared pools cannot be moved (MPOL_MF_MOVE_ALL); "
-        "migration off, scoring only");
+        "page-mode migration off, scoring only (copy mode still moves blocks)");
     can_migrate = false;
   }
 

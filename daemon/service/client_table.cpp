@@ -135,7 +135,8 @@ std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::Cre
     return Error{ErrorCode::kBadPool, "tier " + std::to_string(m.tier) + " already has pool " +
                                           std::to_string(c.copy.pool[m.tier])};
   }
-  if ((m.tier == 0 ? tiers.fast_nodes : tiers.slow_nodes).empty()) {
+  if (m.source == wire::TierPoolSource::kDaemon &&
+      (m.tier == 0 ? tiers.fast_nodes : tiers.slow_nodes).empty()) {
     return Error{ErrorCode::kBadPool,
                  "this daemon has no tier " + std::to_string(m.tier) + " nodes ([tiers])"};
   }

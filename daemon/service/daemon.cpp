@@ -30,6 +30,7 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
       config_(std::move(config)),
       topology_(std::move(topology)),
       can_migrate_(can_migrate && config_.migrate && tiers.has_slow()),
+      copy_moves_(config_.migrate),
       moves_(std::move(tiers), std::move(migrator), config_.migrate_rate_mib_s << 20,
              [this](MoveDone done) {
                asio::post(io_, [this, d = std::move(done)] {
@@ -448,8 +449,10 @@ void Daemon::RunTick() {
   }
   moves_.DrainPlaces(clients_, tick_, LeaseTimeoutTicks(), ClientWarner());
   // Plan and hand the moves to the mover, unless it is still busy.
-  if (can_migrate_ && moves_.mover().pending() < config_.max_pending_moves) {
-    moves_.Dispatch(*engine_, clients_);
+  // Page moves need a slow node and CAP_SYS_NICE; copies need neither (a
+  // device-DAX tier 1 is no node at all).
+  if ((can_migrate_ || copy_moves_) && moves_.mover().pending() < config_.max_pending_moves) {
+    moves_.Dispatch(*engine_, clients_, can_migrate_);
   }
   if (config_.persist && config_.checkpoint_interval_s > 0 &&
       (tick_ - last_checkpoint_tick_) * config_.tick_ms >=

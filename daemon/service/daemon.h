@@ -127,7 +127,8 @@ class Daemon final : public server::Handler {
   boost::asio::io_context& io_;
   DaemonConfig config_;
   numa::Topology topology_;
-  bool can_migrate_;
+  bool can_migrate_;  // page mode: move_pages to a slow node
+  bool copy_moves_;   // copy mode
   ClientTable clients_;
   Fold fold_;
   MoveDispatch moves_;

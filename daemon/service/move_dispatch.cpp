@@ -41,7 +41,7 @@ int MoveDispatch::TargetNode(Tier to) const {
   return to == Tier::kFast ? tiers_.fast_nodes.front() : tiers_.slow_nodes.front();
 }
 
-void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients) {
+void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, bool page_moves) {
   for (const engine::Move& mv : engine.Plan()) {
     const auto holder = clients.HolderOf(mv.slot);
     if (!holder) {
@@ -53,6 +53,10 @@ void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients) {
     const server::Pool& pool = c.pools[s.pool];
     if (pool.is_tier()) {
       DispatchCopy(engine, mv, c, holder->seg_slot);
+      continue;
+    }
+    if (!page_moves || (mv.to == Tier::kSlow ? tiers_.slow_nodes : tiers_.fast_nodes).empty()) {
+      engine.Complete(mv, false);
       continue;
     }
     if (pool.pinned()) {  // said once; trying again would only fail again

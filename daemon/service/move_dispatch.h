@@ -32,8 +32,9 @@ class MoveDispatch {
   // is faulted in yet, or on a node no tier names).
   Tier WhereIs(const numa::PageRange& range) const;
   Tier TierOfNode(int node) const;
-  // Hands every move of `engine`'s plan to the mover.
-  void Dispatch(engine::Engine& engine, ClientTable& clients);
+  // Hands every move of `engine`'s plan to the mover; page-mode moves only
+  // with `page_moves` (else they are not done).
+  void Dispatch(engine::Engine& engine, ClientTable& clients, bool page_moves = true);
   // A move's result, on the I/O thread. `engine` is null when it was rebuilt
   // since (no block of the move is left in it). `tick`: the daemon's clock.
   void Complete(const MoveDone& d, engine::Engine* engine, ClientTable& clients, const Warn& warn,

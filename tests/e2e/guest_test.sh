@@ -33,12 +33,35 @@ start_daemon() {
 }
 fail() { echo "E2E FAIL: $*"; echo "--- cxltierd log"; cat /tmp/cxltierd.log; exit 1; }
 
+# Copy mode's checks: every block whole under every lease, placement as published.
+copy_checks() {
+  grep -q '"torn_reads": 0,' "$1" || fail "torn reads in $1"
+  grep -q '"corrupt_blocks": 0,' "$1" || fail "corrupt blocks in $1"
+  grep -q '"reader_failures": 0,' "$1" || fail "reader failures in $1"
+  grep -q '"copies": [1-9]' "$1" || fail "no block was copied in $1"
+}
+
 if [ "$SHAPE" = cxl ]; then
   # QEMU 7.2's cxl-type3 has only persistent memory: pmem region -> devdax -> kmem.
-  echo "== bringing the emulated CXL Type-3 device online as system RAM"
+  echo "== the emulated CXL Type-3 device as device-DAX"
   cxl create-region -m -t pmem -d decoder0.0 -w 1 mem0 >/tmp/region.json || fail "cxl create-region"
   ndctl create-namespace -m devdax -r region0 >/tmp/ns.json || fail "ndctl create-namespace"
-  daxctl reconfigure-device --mode=system-ram dax0.0 >/tmp/dax.json || fail "daxctl reconfigure-device"
+  [ -c /dev/dax0.0 ] || fail "no /dev/dax0.0"
+  echo "== copy mode, tier 1 the device-DAX device (never onlined), both pools pinned"
+  start_daemon
+  cxltier-loadgen --socket "$SOCK" --pool copy --devdax /dev/dax0.0 --pin --readers 1 \
+    --blocks 96 --block-bytes 1MiB --steps 300 --until-moves 1 --seconds 180 --step-ms 2 --seed 7 \
+    --check-placement --expect-moves --json > /tmp/lg-devdax.json ||
+    { cat /tmp/lg-devdax.json; fail "loadgen (copy, devdax)"; }
+  cat /tmp/lg-devdax.json
+  copy_checks /tmp/lg-devdax.json
+  grep -q "tier 1 pool 0 (device-DAX" /tmp/cxltierd.log || fail "the daemon did not map the device"
+  kill -TERM $DAEMON
+  wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
+  # Not movable: pinned pages of a movable zone are migrated off it (to node 0).
+  echo "== bringing it online as system RAM, not movable (pinned pools stay on it)"
+  daxctl reconfigure-device --mode=system-ram --no-movable dax0.0 >/tmp/dax.json ||
+    fail "daxctl reconfigure-device"
   grep -q '"target_node":1' /tmp/dax.json || fail "the CXL memory did not become node 1"
   [ -n "$(cat /sys/devices/system/node/node1/cpulist)" ] && fail "the CXL node has CPUs"
 fi
@@ -71,6 +94,22 @@ for pool in memfd range; do
     { cat /tmp/lg-$pool.json; fail "loadgen ($pool)"; }
   cat /tmp/lg-$pool.json
 done
+
+if [ "$SHAPE" != hmat ]; then
+  echo "== copy mode: a pool per tier, pinned with io_uring fixed buffers, moved by copy"
+  cxltier-loadgen --socket "$SOCK" --pool copy --pin --readers 1 --blocks 96 --block-bytes 1MiB \
+    --steps 300 --until-moves 1 --seconds 180 --step-ms 2 --seed 7 \
+    --check-placement --expect-moves --expect-slow-tier --json > /tmp/lg-copy.json ||
+    { cat /tmp/lg-copy.json; fail "loadgen (copy, pinned)"; }
+  cat /tmp/lg-copy.json
+  copy_checks /tmp/lg-copy.json
+  grep -q '"pool_pages_off_node_after_pin": 0,' /tmp/lg-copy.json || fail "pinning moved pool pages"
+  echo "== page mode, the pool pinned: the daemon says so and names copy mode"
+  cxltier-loadgen --socket "$SOCK" --pool range --pin --blocks 96 --block-bytes 1MiB --steps 150 \
+    --step-ms 2 --seed 7 --expect-pinned --json > /tmp/lg-pinned.json ||
+    { cat /tmp/lg-pinned.json; fail "loadgen (page mode, pinned)"; }
+  grep -q "looks pinned.*Use copy mode" /tmp/cxltierd.log || fail "no pinned-pool warning in the log"
+fi
 
 echo "== SIGTERM, restart: ghosts come back"
 kill -TERM $DAEMON

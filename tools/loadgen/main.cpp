@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   bool expect_slow_tier = false, expect_kernel_migrations = false, reconnect = false;
   bool expect_no_leaks = false, until_signal = false, pin = false, expect_pinned = false;
   int reader_threads = 2;
+  std::string devdax;
   uint64_t until_moves = 0;
   app.add_option("--socket", socket_path, "cxltierd's socket")->required();
   app.add_option("--blocks", blocks, "blocks in the pool")->capture_default_str();
@@ -103,6 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--readers", reader_threads,
                  "copy mode: threads that Acquire, check and Release blocks all along")
       ->capture_default_str();
+  app.add_option("--devdax", devdax,
+                 "copy mode: tier 1 is this device-DAX device (/dev/daxX.Y), mapped by both");
   app.add_flag("--expect-pinned", expect_pinned,
                "page mode: fail unless the daemon reported a pool of this run pinned");
   app.add_option("--steps", steps, "decode steps")->capture_default_str();
@@ -217,14 +220,20 @@ int main(int argc, char** argv) {
   auto nodes_of = [&](uint8_t t) -> const std::vector<int>& {
     return t == 0 ? fast_nodes : slow_nodes;
   };
+  // Device-DAX memory is no node's: the kernel cannot say where it is.
+  auto kernel_knows = [&](uint8_t t) { return t == 0 || devdax.empty(); };
   uint32_t pool_id = 0;
   loadgen::Pin pins;
   uint64_t off_node_before_pin = 0, off_node_after_pin = 0;
   if (copy) {
-    st = client->CreateTierPools(blocks);
+    Client::TierPoolOptions o;
+    o.blocks = blocks;
+    o.devdax_path = devdax;
+    st = client->CreateTierPools(o);
     if (!st.ok()) return Fail("tier pools: " + st.message);
     pool_id = client->tier_pool(0);
     for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
+      if (!kernel_knows(t)) continue;
       off_node_before_pin += loadgen::PagesOffNodes(client->tier_pool_base(t),
                                                     client->tier_pool_bytes(t), nodes_of(t));
     }
@@ -237,9 +246,18 @@ int main(int argc, char** argv) {
     std::string err;
     if (copy) {
       for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
+        if (t == 1 && !devdax.empty()) {
+          // io_uring pins only anonymous, shmem and hugetlb memory (cudaHostRegister pins
+          // device-DAX too); the device is never migratable memory anyway.
+          std::fprintf(stderr,
+                       "cxltier-loadgen: the device-DAX pool is not pinned (io_uring "
+                       "refuses file-backed memory)\n");
+          continue;
+        }
         if (!pins.Add(client->tier_pool_base(t), client->tier_pool_bytes(t), &err)) {
           return Fail("pinning the tier " + std::to_string(t) + " pool: " + err);
         }
+        if (!kernel_knows(t)) continue;
         off_node_after_pin += loadgen::PagesOffNodes(client->tier_pool_base(t),
                                                      client->tier_pool_bytes(t), nodes_of(t));
       }
@@ -472,8 +490,12 @@ int main(int argc, char** argv) {
         const Location at = client->LocationOf(v.second);
         base =
             at.tier < 2 ? client->tier_pool_base(at.tier) + uint64_t{at.index} * stride : nullptr;
-        if (!base) {
+        if (!base || static_cast<uint8_t>(client->TierOf(v.second)) != at.tier) {
           ++placement_mismatches;
+          continue;
+        }
+        if (!kernel_knows(at.tier)) {  // in the device: what the daemon published is all we know
+          ++placement_checked;
           continue;
         }
       }
@@ -628,8 +650,16 @@ int main(int argc, char** argv) {
         "is onlined movable migrates it: online CXL memory with --no-movable)",
         off_node_before_pin, off_node_after_pin));
   }
-  if (expect_pinned && out["pools_pinned"].get<uint64_t>() == 0) {
-    failed.push_back("expected the daemon to report the pinned pool (migrations.pools_pinned)");
+  if (expect_pinned) {
+    // Moves come back on the daemon's time: wait for its word, up to 60 s.
+    bool said = out["pools_pinned"].get<uint64_t>() > 0;
+    for (int wait = 0; wait < 600 && !said; ++wait) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      said = moved(migrations(), "pools_pinned") > 0;
+    }
+    if (!said) {
+      failed.push_back("expected the daemon to report the pinned pool (migrations.pools_pinned)");
+    }
   }
   if (check_placement && placement_mismatches) {
     failed.push_back(std::to_string(placement_mismatches) + " blocks not where the daemon says");
