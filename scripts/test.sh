@@ -35,8 +35,8 @@ sanitized() {
       ASAN_OPTIONS=detect_leaks=1 TSAN_OPTIONS=halt_on_error=1 "$dir/bin/$t" --gtest_brief=1 || return 1
     done
 }
-stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test daemon_test isolation_test systemd_test hostile_test
-stage tsan sanitized thread service_test daemon_test fault_test
+stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test daemon_test isolation_test systemd_test hostile_test lease_test copy_mode_test
+stage tsan sanitized thread service_test daemon_test fault_test lease_test copy_mode_test
 # libFuzzer (clang, ASan+UBSan): saved crashes replayed, then 30 s per target.
 stage fuzz env BUILD_DIR="$BUILD_DIR" JOBS="$JOBS" bash "$CXLTIER_ROOT/tests/fuzz/run.sh" 30
 # The .deb: contents, units verified, exposure <= 2.0, a consumer build.

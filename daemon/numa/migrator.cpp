@@ -188,11 +188,12 @@ class LinuxMigrator final : public Migrator {
       SetPolicy(range, node);
     }
     std::vector<void*> pages = PagesOf(range);
-    std::vector<int> nodes(kChunkPages, node), status(kChunkPages);
+    std::vector<int> nodes(kChunkPages, node), status(pages.size(), 0);
     const int flags = range.shared ? MPOL_MF_MOVE_ALL : MPOL_MF_MOVE;
     for (size_t i = 0; i < pages.size(); i += kChunkPages) {
       const size_t n = std::min(kChunkPages, pages.size() - i);
-      if (numa_move_pages(range.pid, n, pages.data() + i, nodes.data(), status.data(), flags) < 0) {
+      if (numa_move_pages(range.pid, n, pages.data() + i, nodes.data(), status.data() + i, flags) <
+          0) {
         r.call_errno = errno;
         return r;
       }
@@ -200,13 +201,16 @@ class LinuxMigrator final : public Migrator {
       // so, and do not ask it anything more.
       if (range.process && !range.process->Alive()) return Failed(std::move(r), ESRCH, "process");
     }
-    // Never trust the return code: ask where every page is now.
-    for (int where : Where(range)) {
+    // Never trust the return code: ask where every page is now. The move's
+    // own status only says why a page that is not there stayed (EBUSY: pinned).
+    const std::vector<int> now = Where(range);
+    for (size_t i = 0; i < now.size(); ++i) {
+      const int where = now[i];
       if (where == node) {
         ++r.verified;
       } else if (where == -ENOENT) {
         ++r.absent;
-      } else if (where == -EBUSY) {
+      } else if (where == -EBUSY || (where >= 0 && status[i] == -EBUSY)) {
         ++r.busy;
       } else if (where < 0) {
         ++r.errors[-where];

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // XXH3 with AVX2 or AVX-512 where the CPU has them
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -20,9 +23,11 @@ numa::MoveResult RunCopy(const CopyJob& j) {
     r.call_errno = EBUSY;
     return r;
   }
-  // Each chunk is hashed on both sides while the cache still holds it, so
-  // verifying costs little beyond the copy's own memory traffic.
-  constexpr uint64_t kChunk = 256 << 10;
+  // Each chunk is hashed on both sides while the cache still holds it (64
+  // KiB: the fastest of 16 KiB to 1 MiB measured with cxltier-bench), so the
+  // hashes never go to memory a second time; their compute is what the copy
+  // costs beyond memcpy (docs/performance.md, figure 7).
+  constexpr uint64_t kChunk = 64 << 10;
   XXH3_state_t* a = XXH3_createState();
   XXH3_state_t* b = XXH3_createState();
   XXH3_64bits_reset(a);

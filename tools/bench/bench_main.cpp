@@ -1,7 +1,8 @@
 // cxltier-bench: hot-path figures, each next to a baseline measured in the same
 // run (these machines are shared and noisy; ratios travel, absolute numbers less).
 //
-// Now: simulator replay throughput against a loop that only reads the same trace.
+// Now: simulator replay throughput against a loop that only reads the same trace;
+// copy mode's block copy against memcpy and its lease against an atomic increment.
 #include <benchmark/benchmark.h>
 
 #include <unistd.h>
@@ -214,6 +215,28 @@ class RatioReporter : public benchmark::ConsoleReporter {
           mc && mc->error.empty() ? mc->counters.at("bytes_per_second") / (1ull << 30) : 0;
       figure(std::string("5_migrate_gib_per_s_") + how, gib, "GiB/s", base, base ? gib / base : 0,
              "-", true);
+    }
+    const Result* copy_base = get("BM_CopyMemcpyBaseline");
+    const Result* copy = get("BM_CopyMove");
+    if (copy && copy_base && copy->error.empty() && copy_base->error.empty()) {
+      const double gib = copy->counters.at("bytes_per_second") / (1ull << 30);
+      const double base = copy_base->counters.at("bytes_per_second") / (1ull << 30);
+      figure("7_copy_move_gib_per_s", gib, "GiB/s", base, gib / base, ">= 0.8x", gib / base >= 0.8);
+      for (const char* q : {"p50_us", "p99_us"}) {
+        figure(std::string("7_copy_move_latency_") + q, copy->counters.at(q), "us",
+               copy_base->counters.at(q), copy->counters.at(q) / copy_base->counters.at(q), "-",
+               true);
+      }
+    } else if (copy && !copy->error.empty()) {
+      j["7_copy_move_gib_per_s"] = {{"skipped", copy->error}};
+      std::printf("  7_copy_move_gib_per_s skipped: %s\n", copy->error.c_str());
+    }
+    const Result* inc = get("BM_LeaseAtomicIncrementBaseline");
+    const Result* lease = get("BM_LeaseAcquireRelease");
+    if (inc && lease && inc->seconds > 0 && lease->error.empty()) {
+      const double r = lease->seconds / inc->seconds;
+      figure("7_acquire_release_ns", lease->seconds * 1e9, "ns", inc->seconds * 1e9, r, "<= 2x",
+             r <= 2.0);
     }
     for (const char* w : {"attention", "mooncake"}) {
       const Result* base = get(std::string("BM_ReadTrace/") + w);

@@ -1,0 +1,123 @@
+// Figure 7 of docs/performance.md: copy mode. A block moved as the mover does
+// it (BeginMove; memcpy and xxHash of both sides, a cache-sized chunk at a
+// time; PublishMove) against memcpy alone between the same two pools, and a
+// read lease (AcquireRead + ReleaseRead) against one atomic increment.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "cxltier/lease.h"
+#include "cxltier/model.h"
+#include "numa/tier_memory.h"
+#include "numa/topology.h"
+#include "service/mover.h"
+
+namespace cxltier::bench {
+namespace {
+
+// Llama-3 70B blocks (5 MiB), 32 per pool: 160 MiB each, far beyond the caches.
+const uint64_t kBlock = kLlama3_70B.block_bytes();
+constexpr uint32_t kBlocks = 32;
+
+// Two tier pools as the daemon makes them: tier 0 on the first node with
+// CPUs, tier 1 on the first memory-only node (the same node on a one-node host).
+struct Pools {
+  numa::TierMemory fast, slow;
+  std::string error;
+  Pools() {
+    const numa::Topology topo = numa::Discover();
+    const numa::TierAssignment tiers = numa::AssignTiers(topo, {}, {}, &error);
+    const int f = tiers.fast_nodes.empty() ? 0 : tiers.fast_nodes.front();
+    const int s = tiers.slow_nodes.empty() ? f : tiers.slow_nodes.front();
+    if (!numa::CreateTierMemory({f}, kBlock * kBlocks, "bench-fast", &fast, &error) ||
+        !numa::CreateTierMemory({s}, kBlock * kBlocks, "bench-slow", &slow, &error)) {
+      return;
+    }
+    for (uint64_t i = 0; i < kBlock * kBlocks; ++i) fast.mapping->bytes()[i] = uint8_t(i * 7);
+    error.clear();
+  }
+};
+Pools& TheP() {
+  static Pools p;
+  return p;
+}
+
+void Percentiles(benchmark::State& state, std::vector<double>& us) {
+  if (us.empty()) return;
+  std::sort(us.begin(), us.end());
+  state.counters["p50_us"] = us[us.size() / 2];
+  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+}
+
+void BM_CopyMemcpyBaseline(benchmark::State& state) {
+  Pools& p = TheP();
+  if (!p.error.empty()) return state.SkipWithError(p.error.c_str());
+  uint32_t i = 0;
+  std::vector<double> us;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(p.slow.mapping->bytes() + i * kBlock, p.fast.mapping->bytes() + i * kBlock, kBlock);
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    i = (i + 1) % kBlocks;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBlock));
+  Percentiles(state, us);
+}
+BENCHMARK(BM_CopyMemcpyBaseline)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+
+void BM_CopyMove(benchmark::State& state) {
+  Pools& p = TheP();
+  if (!p.error.empty()) return state.SkipWithError(p.error.c_str());
+  uint64_t words[kBlocks] = {};
+  for (uint32_t b = 0; b < kBlocks; ++b) words[b] = LocationWord(0, b, 0);
+  uint32_t i = 0;
+  std::vector<double> us;
+  uint64_t failed = 0;
+  for (auto _ : state) {
+    service::CopyJob j;
+    j.src = p.fast.mapping->bytes() + i * kBlock;
+    j.dst = p.slow.mapping->bytes() + i * kBlock;
+    j.bytes = kBlock;
+    j.words = words;
+    j.seg = i;
+    j.expected = words[i];
+    j.next = LocationWord(0, i, DecodeLocation(words[i]).version + 1);  // stays "tier 0" to repeat
+    const auto t0 = std::chrono::steady_clock::now();
+    failed += !service::RunCopy(j).done();
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    i = (i + 1) % kBlocks;
+  }
+  if (failed) state.SkipWithError("a copy was not done");
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBlock));
+  Percentiles(state, us);
+}
+BENCHMARK(BM_CopyMove)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+
+void BM_LeaseAtomicIncrementBaseline(benchmark::State& state) {
+  std::atomic<uint64_t> counter{0};
+  for (auto _ : state) counter.fetch_add(1);
+  benchmark::DoNotOptimize(counter.load());
+}
+BENCHMARK(BM_LeaseAtomicIncrementBaseline);
+
+void BM_LeaseAcquireRelease(benchmark::State& state) {
+  uint64_t words[8] = {};
+  words[3] = LocationWord(1, 42, 7);
+  LeaseEntry entry;
+  Location where;
+  for (auto _ : state) {
+    if (!AcquireRead(words, &entry, 3, 0, &where)) state.SkipWithError("no place");
+    ReleaseRead(&entry);
+  }
+  benchmark::DoNotOptimize(where.index);
+}
+BENCHMARK(BM_LeaseAcquireRelease);
+
+}  // namespace
+}  // namespace cxltier::bench
