@@ -13,6 +13,12 @@ struct cxltier_client {
   std::string last_error;
 };
 
+// A reader is one thread's: its errors are its own (cxltier_reader_last_error).
+struct cxltier_reader {
+  std::unique_ptr<cxltier::Client::Reader> reader;
+  std::string last_error;
+};
+
 namespace {
 
 int Result(cxltier_client* c, const cxltier::Status& st) {
@@ -22,6 +28,11 @@ int Result(cxltier_client* c, const cxltier::Status& st) {
   }
   c->last_error = st.message;
   return -static_cast<int>(st.code);
+}
+
+int ReaderResult(cxltier_reader* r, const cxltier::Status& st) {
+  r->last_error = st.message;
+  return st.ok() ? 0 : -static_cast<int>(st.code);
 }
 
 }  // namespace
@@ -96,5 +107,70 @@ int cxltier_tier(const cxltier_client* c, uint32_t slot) {
 }
 
 int cxltier_reconnect(cxltier_client* c) { return Result(c, c->client->Reconnect()); }
+
+int cxltier_create_tier_pools(cxltier_client* c, uint32_t blocks, const char* devdax_path,
+                              uint64_t devdax_offset) {
+  cxltier::Client::TierPoolOptions o;
+  o.blocks = blocks;
+  if (devdax_path) o.devdax_path = devdax_path;
+  o.devdax_offset = devdax_offset;
+  return Result(c, c->client->CreateTierPools(o));
+}
+
+int cxltier_tier_pool(const cxltier_client* c, int tier, uint32_t* pool_id, void** base,
+                      uint64_t* bytes) {
+  if (tier != 0 && tier != 1) return -CXLTIER_E_BAD_POOL;
+  const uint8_t t = static_cast<uint8_t>(tier);
+  if (c->client->tier_pool(t) == UINT32_MAX) return -CXLTIER_E_NOT_READY;
+  if (pool_id) *pool_id = c->client->tier_pool(t);
+  if (base) *base = c->client->tier_pool_base(t);
+  if (bytes) *bytes = c->client->tier_pool_bytes(t);
+  return 0;
+}
+
+int cxltier_begin_write(cxltier_client* c, uint32_t slot, void** data) {
+  uint8_t* p = nullptr;
+  const int rc = Result(c, c->client->BeginWrite(slot, &p));
+  if (rc == 0 && data) *data = p;
+  return rc;
+}
+
+int cxltier_end_write(cxltier_client* c, uint32_t slot) {
+  return Result(c, c->client->EndWrite(slot));
+}
+
+void* cxltier_write_address(const cxltier_client* c, uint32_t slot) {
+  return c->client->WriteAddress(slot);
+}
+
+int cxltier_reader_new(cxltier_client* c, cxltier_reader** out) {
+  *out = nullptr;
+  cxltier::Status st;
+  auto r = c->client->NewReader(&st);
+  if (!r) return Result(c, st);
+  *out = new cxltier_reader{std::move(r), {}};
+  return 0;
+}
+
+void cxltier_reader_free(cxltier_reader* r) { delete r; }
+
+int cxltier_lease_acquire(cxltier_reader* r, uint32_t slot, cxltier_lease* lease) {
+  cxltier::Client::Reader::Lease l;
+  const int rc = ReaderResult(r, r->reader->Acquire(slot, &l));
+  if (rc == 0) *lease = cxltier_lease{l.data, l.slot, l.entry};
+  return rc;
+}
+
+int cxltier_lease_release(cxltier_reader* r, const cxltier_lease* lease) {
+  cxltier::Client::Reader::Lease l;
+  l.data = static_cast<const uint8_t*>(lease->data);
+  l.slot = lease->slot;
+  l.entry = lease->entry;
+  return ReaderResult(r, r->reader->Release(l));
+}
+
+const char* cxltier_reader_last_error(const cxltier_reader* r) {
+  return r ? r->last_error.c_str() : "";
+}
 
 }  // extern "C"

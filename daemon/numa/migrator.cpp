@@ -189,11 +189,18 @@ class LinuxMigrator final : public Migrator {
     }
     std::vector<void*> pages = PagesOf(range);
     std::vector<int> nodes(kChunkPages, node), status(pages.size(), 0);
+    std::vector<uint8_t> refused(pages.size(), 0);
     const int flags = range.shared ? MPOL_MF_MOVE_ALL : MPOL_MF_MOVE;
     for (size_t i = 0; i < pages.size(); i += kChunkPages) {
       const size_t n = std::min(kChunkPages, pages.size() - i);
-      if (numa_move_pages(range.pid, n, pages.data() + i, nodes.data(), status.data() + i, flags) <
-          0) {
+      const long rc =
+          numa_move_pages(range.pid, n, pages.data() + i, nodes.data(), status.data() + i, flags);
+      // A positive count: pages the kernel could not migrate (pinned pages
+      // end here; their status still names the target node).
+      if (rc > 0) {
+        for (size_t j = i; j < i + n; ++j) refused[j] = 1;
+      }
+      if (rc < 0) {
         r.call_errno = errno;
         return r;
       }
@@ -202,7 +209,8 @@ class LinuxMigrator final : public Migrator {
       if (range.process && !range.process->Alive()) return Failed(std::move(r), ESRCH, "process");
     }
     // Never trust the return code: ask where every page is now. The move's
-    // own status only says why a page that is not there stayed (EBUSY: pinned).
+    // own answer only says why a page that is not there stayed: a page the
+    // call could not migrate (EBUSY, or counted in its positive return) is busy.
     const std::vector<int> now = Where(range);
     for (size_t i = 0; i < now.size(); ++i) {
       const int where = now[i];
@@ -210,7 +218,7 @@ class LinuxMigrator final : public Migrator {
         ++r.verified;
       } else if (where == -ENOENT) {
         ++r.absent;
-      } else if (where == -EBUSY || (where >= 0 && status[i] == -EBUSY)) {
+      } else if (where == -EBUSY || (where >= 0 && (status[i] == -EBUSY || refused[i]))) {
         ++r.busy;
       } else if (where < 0) {
         ++r.errors[-where];

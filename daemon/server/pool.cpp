@@ -1,7 +1,5 @@
 #include "server/pool.h"
 
-#include "cxltier/lease.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 #include <utility>
+
+#include "cxltier/lease.h"
 
 namespace cxltier::server {
 namespace {
@@ -91,8 +91,12 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
     return Refused("stride " + std::to_string(stride) + " is smaller than a block (" +
                    std::to_string(block_bytes) + " bytes)");
   }
-  if (stride % page != 0) return Refused("stride must be a multiple of the page size");
-  if (stride > (uint64_t{1} << 32)) return Refused("stride is absurd");
+  // The budgets count blocks: a larger stride would make one block cost more.
+  const uint64_t want = (block_bytes + page - 1) / page * page;
+  if (stride != want) {
+    return Refused("a tier pool's stride is the block size rounded up to a page (" +
+                   std::to_string(want) + "), not " + std::to_string(stride));
+  }
   const uint64_t bytes = uint64_t{blocks} * stride;
   numa::TierMemory mem;
   std::string err;
@@ -132,6 +136,13 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
   free_.clear();
   for (uint32_t i = blocks; i-- > 0;) free_.push_back(i);
   return Status::Ok();  // a devdax fd closes here: the mapping holds the device
+}
+
+void Pool::ReleaseMemory() {
+  if (!tier_fd_.valid()) return;
+  // Allowed under F_SEAL_SHRINK (only write seals forbid it); the size stays.
+  (void)fallocate(tier_fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                  static_cast<off_t>(length_));
 }
 
 bool Pool::TakeFree(uint32_t* index) {

@@ -73,6 +73,9 @@ class Pool {
   }
   // A free block, or false when all are taken.
   bool TakeFree(uint32_t* index);
+  // The client is gone: frees the memory of a memfd the daemon made (the
+  // client may still hold the fd; what it writes after this is its own).
+  void ReleaseMemory();
   void PutFree(uint32_t index) { free_.push_back(index); }
   uint32_t free_blocks() const { return static_cast<uint32_t>(free_.size()); }
 

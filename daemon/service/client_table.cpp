@@ -47,11 +47,12 @@ void ClientTable::MarkLeaving(Client& c) {
 void ClientTable::Remove(uint64_t session) {
   auto it = clients_.find(session);
   if (it == clients_.end()) return;
-  const Client& c = it->second;
+  Client& c = it->second;
   UidUsage& u = uids_[c.peer.uid];
   u.pools -= static_cast<uint32_t>(c.pools.size());
-  for (const server::Pool& p : c.pools) {
+  for (server::Pool& p : c.pools) {
     if (!p.is_tier()) continue;
+    p.ReleaseMemory();
     if (p.tier_fd() >= 0) u.tier_pool_bytes -= p.length();
     if (p.tier() == 0) tier0_pool_blocks_ -= p.blocks();
   }
@@ -102,6 +103,7 @@ std::optional<Error> ClientTable::Open(Client& c, uint32_t slots) {
   c.copy.version.assign(slots, 0);
   c.copy.write_refused_since.assign(slots, 0);
   c.copy.write_overdue.assign(slots, 0);
+  c.copy.copying.assign(slots, 0);
   c.free_slots.clear();
   for (uint32_t i = slots; i-- > 0;) c.free_slots.push_back(i);
   return std::nullopt;

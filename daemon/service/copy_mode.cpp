@@ -1,6 +1,7 @@
 #include "service/copy_mode.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "service/client_table.h"
 
@@ -33,11 +34,22 @@ void PublishAdmitted(Client& c, uint32_t seg) {
   SetLocation(c.segment.locations(), seg, PlaceWord(c, seg) | kLocWriting);
 }
 
-void Retire(Client& c, uint32_t seg, uint64_t tick) {
+bool Retire(Client& c, uint32_t seg, uint64_t tick) {
   const SegSlot& s = c.slots[seg];
   AddDrain(c, seg, c.copy.version[seg], s.pool, s.block, tick);
+  c.copy.draining.back().mover_reads = c.copy.copying[seg] > 0;
   ++c.copy.version[seg];
-  SetLocation(c.segment.locations(), seg, LocationWord(kNoLocationTier, 0, c.copy.version[seg]));
+  const uint64_t was = std::atomic_ref<uint64_t>(c.segment.locations()[seg])
+                           .exchange(LocationWord(kNoLocationTier, 0, c.copy.version[seg]),
+                                     std::memory_order_seq_cst);
+  return !(was & kLocWriting);
+}
+
+void CopyReturned(Client& c, uint32_t seg, uint32_t version) {
+  if (c.copy.copying[seg] > 0) --c.copy.copying[seg];
+  for (CopyState::Drain& d : c.copy.draining) {
+    if (d.seg == seg && d.version == version) d.mover_reads = false;
+  }
 }
 
 void AddDrain(Client& c, uint32_t seg, uint32_t version, uint32_t pool, uint32_t index,
@@ -60,7 +72,8 @@ DrainCounts DrainPlaces(Client& c, uint64_t tick, uint64_t timeout_ticks) {
   size_t keep = 0;
   for (size_t i = 0; i < d.size(); ++i) {
     CopyState::Drain& e = d[i];
-    if (!std::binary_search(held.begin(), held.end(), LeaseWord(e.seg, e.version))) {
+    if (!e.mover_reads &&
+        !std::binary_search(held.begin(), held.end(), LeaseWord(e.seg, e.version))) {
       c.pools[e.pool].PutFree(e.index);
       ++n.freed;
       continue;

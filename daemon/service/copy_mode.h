@@ -26,6 +26,9 @@ struct CopyState {
   // held the write lease (0: not refused), and whether that was counted overdue.
   std::vector<uint64_t> write_refused_since;
   std::vector<uint8_t> write_overdue;
+  // By segment slot: copies of its block in flight (the mover reads the
+  // source place until the copy comes back).
+  std::vector<uint8_t> copying;
   // A place no block is at any more, kept until no lease names (slot, version).
   struct Drain {
     uint32_t seg = 0;
@@ -33,7 +36,8 @@ struct CopyState {
     uint32_t pool = 0;
     uint32_t index = 0;
     uint64_t since_tick = 0;
-    bool overdue = false;  // counted as a lease held too long
+    bool overdue = false;      // counted as a lease held too long
+    bool mover_reads = false;  // the source of a copy still running: kept until it is back
   };
   std::vector<Drain> draining;
 
@@ -55,8 +59,12 @@ std::optional<wire::Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* poo
 // After Bind of a block at a new place: publishes it, write lease held (the
 // client fills the block, then EndWrite).
 void PublishAdmitted(Client& c, uint32_t seg);
-// Before Unbind: the slot shows no place, and its place drains.
-void Retire(Client& c, uint32_t seg, uint64_t tick);
+// Before Unbind: the slot shows no place, and its place drains. False when
+// the client still held the block's write lease (its writer may still
+// write the place: the client's own bug, for the caller to warn about).
+bool Retire(Client& c, uint32_t seg, uint64_t tick);
+// A copy of slot `seg`'s block at `version` came back: its source may drain.
+void CopyReturned(Client& c, uint32_t seg, uint32_t version);
 // A place to reuse once no lease names (seg, version).
 void AddDrain(Client& c, uint32_t seg, uint32_t version, uint32_t pool, uint32_t index,
               uint64_t tick);

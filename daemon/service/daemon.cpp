@@ -62,6 +62,7 @@ Status Daemon::Start() {
   if (config_.block_bytes) {
     if (Status st = EnsureEngine(config_.block_bytes); !st.ok()) return st;
   }
+  moves_.set_lease_timeout_ticks(LeaseTimeoutTicks());
   ScheduleTick();
   return Status::Ok();
 }
@@ -127,6 +128,8 @@ void Daemon::Reload(const DaemonConfig& config) {
   config_.checkpoint_interval_s = config.checkpoint_interval_s;
   config_.max_pending_moves = config.max_pending_moves;
   config_.admin_group = config.admin_group;
+  config_.lease_timeout_s = config.lease_timeout_s;
+  moves_.set_lease_timeout_ticks(LeaseTimeoutTicks());
   moves_.mover().set_rate(config_.migrate_rate_mib_s << 20);
   // The planner's budget follows the new tick and rate (no engine yet: the
   // first hello builds it from config_).
@@ -333,7 +336,7 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
 
 // Copy mode: the daemon places each new block (CheckAdmit counted the room),
 // and the client holds its write lease until it has written the bytes.
-wire::AdmitOk Daemon::AdmitCopy(Client& c, const wire::Admit& m) {
+server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m) {
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
   for (const wire::AdmitEntry& e : m.entries) {
@@ -343,7 +346,7 @@ wire::AdmitOk Daemon::AdmitCopy(Client& c, const wire::Admit& m) {
       continue;
     }
     uint32_t pool = 0, index = 0;
-    if (PlaceNew(c, m.pool_id, &pool, &index)) break;  // CheckAdmit counted: cannot happen
+    if (auto full = PlaceNew(c, m.pool_id, &pool, &index)) return *full;  // CheckAdmit counted
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
     const engine::Slot es = engine_->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid);
     const uint32_t seg = clients_.Bind(c, es, pool, index, e.key);
@@ -360,7 +363,12 @@ void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
   if (!s.live) return;
   const BlockState& st = engine_->state(s.engine_slot);
   if (st.flags & kFlagMigrating) moves_.mover().Cancel(s.engine_slot, st.generation);
-  if (c.pools[s.pool].is_tier()) Retire(c, seg, tick_);
+  if (c.pools[s.pool].is_tier() && !Retire(c, seg, tick_) && !c.leaving) {
+    ClientWarning(c.peer, fmt::format("slot {} was released while its write lease was held: "
+                                      "writes after the release may land in a block that "
+                                      "another of this client's blocks is given",
+                                      seg));
+  }
   engine_->Release(s.engine_slot);
   clients_.Unbind(c, seg);
 }

@@ -104,7 +104,7 @@ class Daemon final : public server::Handler {
   // move) and frees the slot.
   void ReleaseSlot(Client& c, uint32_t seg_slot);
   // An admit into a client's tier pools (copy mode), checked.
-  wire::AdmitOk AdmitCopy(Client& c, const wire::Admit& m);
+  server::Answer<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
   // ClientWarning for the parts that know a Client.
   MoveDispatch::Warn ClientWarner();
   uint64_t LeaseTimeoutTicks() const;

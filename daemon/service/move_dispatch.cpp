@@ -98,6 +98,7 @@ void MoveDispatch::DispatchCopy(engine::Engine& engine, const engine::Move& mv, 
   j.dst_pool_id = static_cast<uint32_t>(to);
   j.dst_index = index;
   ++stats_.in_flight;
+  ++c.copy.copying[seg];
   MoveJob job{mv, {}, std::move(j), dst.node(), c.peer.session_id, seg, s.pool, s.block};
   mover_->Submit(std::move(job));
 }
@@ -119,6 +120,7 @@ void MoveDispatch::CompleteCopy(const MoveDone& d, engine::Engine* engine, Clien
   if (engine) engine->Complete(d.job.move, done);
   if (!c) return;  // its pools went with it
   const uint32_t seg = d.job.segment_slot;
+  CopyReturned(*c, seg, DecodeLocation(j.expected).version);
   const SegSlot& s = c->slots[seg];
   const bool current = s.live && engine && s.engine_slot == d.job.move.slot &&
                        engine->state(s.engine_slot).generation == d.job.move.generation;

@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -42,8 +43,10 @@ numa::MoveResult RunCopy(const CopyJob& j) {
   XXH3_freeState(a);
   XXH3_freeState(b);
   if (!same) {
+    // A writer that came during the copy (it cleared M) explains a difference.
+    const uint64_t now = std::atomic_ref<uint64_t>(j.words[j.seg]).load(std::memory_order_acquire);
     AbortMove(j.words, j.seg);
-    r.call_errno = EIO;
+    r.call_errno = now == (j.expected | kLocMoving) ? EIO : EBUSY;
     return r;
   }
   if (!PublishMove(j.words, j.seg, j.expected, j.next)) {

@@ -63,6 +63,34 @@ int cxltier_observe(cxltier_client* client, uint32_t slot, float mass);
 int cxltier_tier(const cxltier_client* client, uint32_t slot);
 int cxltier_reconnect(cxltier_client* client);
 
+/* ---- copy mode: a pool per tier, made by the daemon; blocks moved by copy ----
+ * devdax_path: NULL (the daemon makes tier 1's pool too) or "/dev/daxX.Y". */
+int cxltier_create_tier_pools(cxltier_client* client, uint32_t blocks, const char* devdax_path,
+                              uint64_t devdax_offset);
+/* Tier 0 or 1's pool: its id (for cxltier_admit, block index 0), mapping and length. */
+int cxltier_tier_pool(const cxltier_client* client, int tier, uint32_t* pool_id, void** base,
+                      uint64_t* bytes);
+/* The write lease: the block stays at *data until cxltier_end_write. A block
+ * just admitted into a tier pool comes with it: cxltier_write_address. */
+int cxltier_begin_write(cxltier_client* client, uint32_t slot, void** data);
+int cxltier_end_write(cxltier_client* client, uint32_t slot);
+/* NULL unless this client holds the slot's write lease. */
+void* cxltier_write_address(const cxltier_client* client, uint32_t slot);
+
+/* Read leases, one reader per thread (at most 64 per client, 32 leases each). */
+typedef struct cxltier_reader cxltier_reader;
+typedef struct cxltier_lease {
+  const void* data; /* the block's bytes, valid and unchanged until cxltier_lease_release */
+  uint32_t slot;
+  uint32_t entry;
+} cxltier_lease;
+int cxltier_reader_new(cxltier_client* client, cxltier_reader** out);
+void cxltier_reader_free(cxltier_reader* reader);
+int cxltier_lease_acquire(cxltier_reader* reader, uint32_t slot, cxltier_lease* lease);
+int cxltier_lease_release(cxltier_reader* reader, const cxltier_lease* lease);
+/* The message of this reader's last failed call ("" if none). */
+const char* cxltier_reader_last_error(const cxltier_reader* reader);
+
 #ifdef __cplusplus
 }
 #endif

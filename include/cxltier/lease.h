@@ -98,9 +98,12 @@ inline bool AcquireRead(uint64_t* words, LeaseEntry* entry, uint32_t slot, uint6
   std::atomic_ref<uint64_t> word(words[slot]);
   std::atomic_ref<uint64_t> held(entry->held);
   uint64_t seen = word.load(std::memory_order_acquire);
-  for (;;) {
+  for (bool stored = false;; stored = true) {
     const Location loc = DecodeLocation(seen);
-    if (!loc.has_place()) return false;
+    if (!loc.has_place()) {
+      if (stored) held.store(0, std::memory_order_release);  // released between our loads
+      return false;
+    }
     std::atomic_ref<uint64_t>(entry->since_tick).store(now_tick, std::memory_order_relaxed);
     held.store(LeaseWord(slot, loc.version), std::memory_order_seq_cst);
     const uint64_t again = word.load(std::memory_order_seq_cst);

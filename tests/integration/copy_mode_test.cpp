@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cxltier/client.h"
+#include "cxltier/cxltier.h"
 #include "daemon_harness.h"
 
 namespace cxltier {
@@ -290,6 +291,44 @@ TEST(CopyMode, AClientDyingWithLeasesLeavesOthersMoving) {
     return c->LocationOf(slots[15]).tier == 0;
   })) << d.Log();
   EXPECT_TRUE(d.Alive());
+}
+
+TEST(CopyMode, TheCApiWritesReadsAndRefusesBadLeases) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
+  const cxltier_model m{1, 1, 1, 128, 2, 16};
+  cxltier_client* c = nullptr;
+  char err[256] = {};
+  ASSERT_EQ(cxltier_connect(d.socket().c_str(), &m, 16, "c-copy", &c, err, sizeof(err)), 0) << err;
+  ASSERT_EQ(cxltier_create_tier_pools(c, 8, nullptr, 0), 0) << cxltier_last_error(c);
+  EXPECT_EQ(cxltier_create_tier_pools(c, 8, nullptr, 0), -CXLTIER_E_BAD_POOL);
+  uint32_t pool = 0;
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  ASSERT_EQ(cxltier_tier_pool(c, 0, &pool, &base, &bytes), 0);
+  EXPECT_EQ(bytes, 8 * kBlock);
+  EXPECT_EQ(cxltier_tier_pool(c, 2, &pool, &base, &bytes), -CXLTIER_E_BAD_POOL);
+  const cxltier_key key{91, 0};
+  const uint32_t index = 0;
+  uint32_t slot = 0;
+  ASSERT_EQ(cxltier_admit(c, pool, &key, &index, 1, &slot), 0) << cxltier_last_error(c);
+  auto* p = static_cast<uint8_t*>(cxltier_write_address(c, slot));
+  ASSERT_NE(p, nullptr);
+  auto* words = reinterpret_cast<uint64_t*>(p);
+  for (uint64_t w = 0; w < kBlock / 8; ++w) words[w] = Word(0, w);
+  ASSERT_EQ(cxltier_end_write(c, slot), 0);
+  EXPECT_EQ(cxltier_write_address(c, slot), nullptr);
+  EXPECT_EQ(cxltier_end_write(c, slot), -CXLTIER_E_NO_LEASE);
+  cxltier_reader* r = nullptr;
+  ASSERT_EQ(cxltier_reader_new(c, &r), 0);
+  cxltier_lease lease{};
+  ASSERT_EQ(cxltier_lease_acquire(r, slot, &lease), 0) << cxltier_reader_last_error(r);
+  EXPECT_TRUE(Intact(static_cast<const uint8_t*>(lease.data), 0));
+  EXPECT_EQ(cxltier_lease_release(r, &lease), 0);
+  EXPECT_EQ(cxltier_lease_release(r, &lease), -CXLTIER_E_NO_LEASE);
+  EXPECT_NE(std::string(cxltier_reader_last_error(r)), "");
+  EXPECT_EQ(cxltier_lease_acquire(r, 15, &lease), -CXLTIER_E_NO_LEASE);
+  cxltier_reader_free(r);
+  cxltier_close(c);
 }
 
 }  // namespace
