@@ -47,7 +47,7 @@ if [ "$SHAPE" = cxl ]; then
   cxl create-region -m -t pmem -d decoder0.0 -w 1 mem0 >/tmp/region.json || fail "cxl create-region"
   ndctl create-namespace -m devdax -r region0 >/tmp/ns.json || fail "ndctl create-namespace"
   [ -c /dev/dax0.0 ] || fail "no /dev/dax0.0"
-  echo "== copy mode, tier 1 the device-DAX device (never onlined), both pools pinned"
+  echo "== copy mode, tier 1 the device-DAX device (never onlined), tier 0 pinned"
   start_daemon
   cxltier-loadgen --socket "$SOCK" --pool copy --devdax /dev/dax0.0 --pin --readers 1 \
     --blocks 96 --block-bytes 1MiB --steps 300 --until-moves 1 --seconds 180 --step-ms 2 --seed 7 \

@@ -18,6 +18,7 @@
 
 #include "cxltier/client.h"
 #include "cxltier/cxltier.h"
+#include "cxltier/segment.h"
 #include "daemon_harness.h"
 
 namespace cxltier {
@@ -66,9 +67,10 @@ std::unique_ptr<Client> Connect(const DaemonProcess& d, uint32_t slots = 64) {
 
 // Admits n blocks into tier `tier`'s pool (the daemon places them) and
 // writes each one's pattern under its write lease. Returns the slots.
-std::vector<uint32_t> AdmitAndFill(Client& c, uint32_t n, uint8_t tier = 0) {
+std::vector<uint32_t> AdmitAndFill(Client& c, uint32_t n, uint8_t tier = 0,
+                                   uint64_t first_key = 0) {
   std::vector<wire::AdmitEntry> entries;
-  for (uint32_t i = 0; i < n; ++i) entries.push_back({K(i), 0});
+  for (uint32_t i = 0; i < n; ++i) entries.push_back({K(first_key + i), 0});
   std::vector<wire::AdmitResult> results;
   const Status st = c.Admit(c.tier_pool(tier), entries, &results);
   EXPECT_TRUE(st.ok()) << st.message;
@@ -291,6 +293,58 @@ TEST(CopyMode, AClientDyingWithLeasesLeavesOthersMoving) {
     return c->LocationOf(slots[15]).tier == 0;
   })) << d.Log();
   EXPECT_TRUE(d.Alive());
+}
+
+// A hostile client writes garbage over its location words and lease table
+// while its blocks move: only its own moves stall; the daemon and another
+// client's copies carry on, and the other client's bytes stay whole.
+TEST(CopyMode, GarbageInTheSegmentHurtsOnlyItsWriter) {
+  DaemonProcess d("[engine]\ntier0_budget = \"128KiB\"\n");
+  auto bad = Connect(d);
+  auto good = Connect(d);
+  ASSERT_TRUE(bad && good);
+  ASSERT_TRUE(bad->CreateTierPools(8).ok());
+  ASSERT_TRUE(good->CreateTierPools(16).ok());
+  const std::vector<uint32_t> bad_slots = AdmitAndFill(*bad, 8, 0, 1000);
+  const std::vector<uint32_t> slots = AdmitAndFill(*good, 16);
+  std::atomic<bool> stop{false};
+  std::thread vandal([&] {
+    // The segment's copy-mode parts, as the client maps them.
+    auto* seg =
+        reinterpret_cast<uint8_t*>(const_cast<BlockState*>(bad->SlotState(0))) - kSegmentSlotOffset;
+    auto* words = reinterpret_cast<uint64_t*>(seg + SegmentLocationOffset(bad->slots()));
+    auto* leases = reinterpret_cast<uint64_t*>(seg + SegmentLeaseOffset(bad->slots()));
+    uint64_t x = 88172645463325252ULL;
+    while (!stop.load()) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      std::atomic_ref<uint64_t>(words[x % bad->slots()]).store(x, std::memory_order_relaxed);
+      std::atomic_ref<uint64_t>(leases[x % (kLeaseRows * kLeasesPerRow * 2)])
+          .store(x >> 3, std::memory_order_relaxed);
+      for (uint32_t s : bad_slots) bad->Observe(s, 1.0f);
+    }
+  });
+  const bool moved = WaitFor([&] {
+    for (uint32_t i = 8; i < 16; ++i) good->Observe(slots[i], 1.0f);
+    for (uint32_t i = 8; i < 16; ++i) {
+      if (good->LocationOf(slots[i]).tier != 0) return false;
+    }
+    return true;
+  });
+  stop = true;
+  vandal.join();
+  EXPECT_TRUE(moved) << d.Log();
+  EXPECT_TRUE(d.Alive());
+  Status st;
+  auto reader = good->NewReader(&st);
+  ASSERT_TRUE(reader);
+  for (uint32_t i = 0; i < 16; ++i) {
+    Client::Reader::Lease lease;
+    ASSERT_TRUE(reader->Acquire(slots[i], &lease).ok());
+    EXPECT_TRUE(Intact(lease.data, i)) << i;
+    EXPECT_TRUE(reader->Release(lease).ok());
+  }
 }
 
 TEST(CopyMode, TheCApiWritesReadsAndRefusesBadLeases) {
