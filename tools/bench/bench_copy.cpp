@@ -68,7 +68,7 @@ void BM_CopyMemcpyBaseline(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBlock));
   Percentiles(state, us);
 }
-BENCHMARK(BM_CopyMemcpyBaseline)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+BENCHMARK(BM_CopyMemcpyBaseline)->Unit(benchmark::kMicrosecond);
 
 void BM_CopyMove(benchmark::State& state) {
   Pools& p = TheP();
@@ -97,7 +97,7 @@ void BM_CopyMove(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBlock));
   Percentiles(state, us);
 }
-BENCHMARK(BM_CopyMove)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+BENCHMARK(BM_CopyMove)->Unit(benchmark::kMicrosecond);
 
 void BM_LeaseAtomicIncrementBaseline(benchmark::State& state) {
   std::atomic<uint64_t> counter{0};
