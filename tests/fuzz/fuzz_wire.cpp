@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   (void)DecodeHeader(std::span(data, size));
   const std::span<const uint8_t> p(data + 1, size - 1);
-  switch (data[0] % 17 + 1) {
+  switch (data[0] % 19 + 1) {
     case 1:
       RoundTrip<Hello>(p);
       break;
@@ -84,6 +84,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 15:
       RoundTrip<Error>(p);
+      break;
+    case 16:
+      RoundTrip<Admin>(p);
+      break;
+    case 17:
+      RoundTrip<AdminOk>(p);
+      break;
+    case 18:
+      RoundTrip<CreateTierPool>(p);
+      break;
+    case 19:
+      RoundTrip<CreateTierPoolOk>(p);
       break;
   }
   return 0;

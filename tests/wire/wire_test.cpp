@@ -1,6 +1,8 @@
 // The wire codec: every message round-trips; hostile bytes are rejected with a reason.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <cmath>
 #include <random>
 
@@ -84,6 +86,37 @@ TEST(Wire, EveryMessageRoundTrips) {
   const Error e = RoundTrip(Error{ErrorCode::kLimit, "too many"}, MsgType::kError);
   EXPECT_EQ(e.code, ErrorCode::kLimit);
   EXPECT_EQ(e.message, "too many");
+}
+
+TEST(Wire, TierPoolMessagesRoundTripAndRefuseBadValues) {
+  CreateTierPool c;
+  c.tier = 1;
+  c.source = TierPoolSource::kDevdax;
+  c.blocks = 4096;
+  c.stride = 5 << 20;
+  c.offset = 2 << 20;
+  const CreateTierPool c2 = RoundTrip(c, MsgType::kCreateTierPool);
+  EXPECT_EQ(c2.tier, 1);
+  EXPECT_EQ(c2.source, TierPoolSource::kDevdax);
+  EXPECT_EQ(c2.blocks, 4096u);
+  EXPECT_EQ(c2.stride, uint64_t{5} << 20);
+  EXPECT_EQ(c2.offset, uint64_t{2} << 20);
+  const CreateTierPoolOk ok =
+      RoundTrip(CreateTierPoolOk{3, 24, 24u << 20, -1}, MsgType::kCreateTierPoolOk);
+  EXPECT_EQ(ok.pool_id, 3u);
+  EXPECT_EQ(ok.node, -1);
+  // Tier 2, source 2, reserved bytes set: each refused with its reason.
+  for (auto [at, value, why] :
+       {std::tuple{0, 2, "tier 2"}, std::tuple{1, 2, "source"}, std::tuple{2, 1, "reserved"}}) {
+    std::vector<uint8_t> buf;
+    Encode(c, 0, buf);
+    std::vector<uint8_t> p(buf.begin() + kHeaderBytes, buf.end());
+    p[at] = static_cast<uint8_t>(value);
+    CreateTierPool out;
+    const Status st = Decode(p, &out);
+    EXPECT_EQ(st.code, ErrorCode::kBadPayload);
+    EXPECT_NE(st.message.find(why), std::string::npos) << st.message;
+  }
 }
 
 // The Report payload is copied in bulk: its bytes must still be the
