@@ -1,10 +1,9 @@
 // The wire codec: every message round-trips; hostile bytes are rejected with a reason.
 #include <gtest/gtest.h>
 
-#include <tuple>
-
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "cxltier/client.h"
 #include "cxltier/segment.h"
