@@ -341,12 +341,26 @@ Location Client::LocationOf(uint32_t slot) const {
 
 namespace {
 
+// The daemon published a place this client has no pool for (it never does;
+// the segment is writable by the client's own threads, though).
+Status OutsidePools(uint32_t slot) {
+  return Status::Fail(ErrorCode::kInternal,
+                      "slot " + std::to_string(slot) + " names a place outside the tier pools");
+}
+
 Status NoPlace(uint32_t slot) {
   return Status::Fail(ErrorCode::kNoLease,
                       "slot " + std::to_string(slot) + " holds no block in copy mode");
 }
 
 }  // namespace
+
+uint8_t* Client::PlaceAddress(const Location& where) const {
+  if (where.tier > 1) return nullptr;
+  const TierPoolMap& t = tier_pools_[where.tier];
+  if (!t.base || uint64_t{where.index + 1} * tier_stride_ > t.bytes) return nullptr;
+  return t.base + uint64_t{where.index} * tier_stride_;
+}
 
 Status Client::BeginWrite(uint32_t slot, uint8_t** data) {
   if (slot >= slots_) return NoPlace(slot);
@@ -360,13 +374,12 @@ Status Client::BeginWrite(uint32_t slot, uint8_t** data) {
     case WriteStart::kOk:
       break;
   }
-  const TierPoolMap& t = tier_pools_[where.tier & 1];
-  if (where.tier > 1 || !t.base || uint64_t{where.index + 1} * tier_stride_ > t.bytes) {
+  uint8_t* p = PlaceAddress(where);
+  if (!p) {
     cxltier::EndWrite(location_words(), slot);
-    return Status::Fail(ErrorCode::kInternal,
-                        "slot " + std::to_string(slot) + " names a place outside the tier pools");
+    return OutsidePools(slot);
   }
-  *data = t.base + uint64_t{where.index} * tier_stride_;
+  *data = p;
   return Status::Ok();
 }
 
@@ -374,11 +387,7 @@ uint8_t* Client::WriteAddress(uint32_t slot) const {
   if (slot >= slots_) return nullptr;
   const uint64_t w =
       std::atomic_ref<uint64_t>(location_words()[slot]).load(std::memory_order_acquire);
-  const Location where = DecodeLocation(w);
-  if (!(w & kLocWriting) || where.tier > 1) return nullptr;
-  const TierPoolMap& t = tier_pools_[where.tier];
-  if (!t.base || uint64_t{where.index + 1} * tier_stride_ > t.bytes) return nullptr;
-  return t.base + uint64_t{where.index} * tier_stride_;
+  return (w & kLocWriting) ? PlaceAddress(DecodeLocation(w)) : nullptr;
 }
 
 Status Client::EndWrite(uint32_t slot) {
@@ -423,15 +432,13 @@ Status Client::Reader::Acquire(uint32_t slot, Lease* lease) {
   const uint64_t now = client_->daemon_ticks();
   Location where;
   if (!AcquireRead(client_->location_words(), entry, slot, now, &where)) return NoPlace(slot);
-  const TierPoolMap& t = client_->tier_pools_[where.tier & 1];
-  if (where.tier > 1 || !t.base || uint64_t{where.index + 1} * client_->tier_stride_ > t.bytes) {
+  const uint8_t* p = client_->PlaceAddress(where);
+  if (!p) {
     ReleaseRead(entry);
-    return Status::Fail(ErrorCode::kInternal,
-                        "slot " + std::to_string(slot) + " names a place outside the tier pools");
+    return OutsidePools(slot);
   }
   used_ |= 1u << e;
-  *lease = Lease{t.base + uint64_t{where.index} * client_->tier_stride_, slot, e,
-                 static_cast<Tier>(where.tier)};
+  *lease = Lease{p, slot, e, static_cast<Tier>(where.tier)};
   return Status::Ok();
 }
 

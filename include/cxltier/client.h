@@ -198,6 +198,8 @@ class Client {
   Status ConnectSocket();
   Status CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride);
   uint64_t* location_words() const;
+  // The address of a place in the tier pools; nullptr when it is outside them.
+  uint8_t* PlaceAddress(const Location& where) const;
   LeaseEntry* lease_row(uint32_t row) const;
   Status RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id);
   template <typename Req, typename Resp>
