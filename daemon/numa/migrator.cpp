@@ -272,7 +272,7 @@ std::string Summarize(const MoveResult& r) {
     if (call == "copy") {
       out << ", copy not done: "
           << (r.call_errno == EBUSY    ? "the client holds the block's write lease"
-              : r.call_errno == EIO    ? "the copy's xxHash differs from the source's"
+              : r.call_errno == EIO    ? "the copy differs from the source"
               : r.call_errno == ENOSPC ? "no free block in the target tier's pool"
                                        : std::strerror(r.call_errno));
       return out.str();

@@ -97,8 +97,8 @@ std::string MetricsExposition(const StatusSnapshot& s) {
            "Copy mode: copies not published, by reason.");
   x.Sample("cxltier_copies_dropped_total", static_cast<double>(m.moves.copies_written),
            "reason=\"write_lease\"");
-  x.Sample("cxltier_copies_dropped_total", static_cast<double>(m.moves.copies_bad_hash),
-           "reason=\"hash_mismatch\"");
+  x.Sample("cxltier_copies_dropped_total", static_cast<double>(m.moves.copies_mismatch),
+           "reason=\"mismatch\"");
   x.Sample("cxltier_copies_dropped_total", static_cast<double>(m.moves.copies_no_room),
            "reason=\"no_room\"");
   x.Metric("cxltier_places_draining", "gauge",

@@ -113,7 +113,7 @@ void MoveDispatch::CompleteCopy(const MoveDone& d, engine::Engine* engine, Clien
   } else if (d.result.call_errno == EBUSY) {
     ++stats_.copies_written;
   } else if (d.result.call_errno == EIO) {
-    ++stats_.copies_bad_hash;
+    ++stats_.copies_mismatch;
   } else if (d.result.call_errno != ECANCELED) {
     ++stats_.failed;
   }

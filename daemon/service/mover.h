@@ -33,10 +33,10 @@ struct CopyJob {
   uint32_t dst_pool_id = 0, dst_index = 0;
 };
 
-// Runs one copy: BeginMove, copy and hash both sides (xxHash, in chunks the
+// Runs one copy: BeginMove, copy and compare with the source (in chunks the
 // cache holds), PublishMove. Done, or call "copy" failed with EBUSY (the
-// client holds or took the write lease: the copy is dropped) or EIO (the
-// copy's hash differs from the source's).
+// client holds or took the write lease: the copy is dropped) or EIO (the copy
+// differs from the source).
 numa::MoveResult RunCopy(const CopyJob& job);
 
 struct MoveJob {

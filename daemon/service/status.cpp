@@ -97,7 +97,7 @@ nlohmann::json MigrationJson(const MigrationStatus& m) {
            {{"copies", m.moves.copies},
             {"copied_bytes", m.moves.copied_bytes},
             {"dropped_written", m.moves.copies_written},
-            {"dropped_bad_hash", m.moves.copies_bad_hash},
+            {"dropped_mismatch", m.moves.copies_mismatch},
             {"no_room", m.moves.copies_no_room},
             {"places_freed", m.moves.places_freed},
             {"places_draining", m.places_draining},

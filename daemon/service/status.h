@@ -98,7 +98,7 @@ struct MoveStats {
   uint64_t copies = 0;  // verified and published
   uint64_t copied_bytes = 0;
   uint64_t copies_written = 0;        // dropped: the client held or took the write lease
-  uint64_t copies_bad_hash = 0;       // dropped: the copy's hash differed from the source's
+  uint64_t copies_mismatch = 0;       // dropped: the copy differed from the source
   uint64_t copies_no_room = 0;        // not tried: no free block in the target tier's pool
   uint64_t places_freed = 0;          // old places reused after their readers left
   uint64_t lease_timeouts = 0;        // places a read lease held past lease_timeout_s

@@ -166,7 +166,7 @@ TEST(CopyMode, BlocksMoveByCopyWhileReadersCheckEveryByte) {
   const nlohmann::json copy = CopyStats(d);
   EXPECT_GE(copy["copies"].get<uint64_t>(), 8u) << copy.dump();
   EXPECT_GT(copy["places_freed"].get<uint64_t>(), 0u) << copy.dump();
-  EXPECT_EQ(copy["dropped_bad_hash"].get<uint64_t>(), 0u);
+  EXPECT_EQ(copy["dropped_mismatch"].get<uint64_t>(), 0u);
 }
 
 TEST(CopyMode, BadInputGetsClearErrorsAndTheDaemonServesOn) {

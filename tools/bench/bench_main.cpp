@@ -227,6 +227,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
                copy_base->counters.at(q), copy->counters.at(q) / copy_base->counters.at(q), "-",
                true);
       }
+      const Result* hashed = get("BM_CopyXxhashBothSides");
+      if (hashed && hashed->error.empty()) {
+        const double h = hashed->counters.at("bytes_per_second") / (1ull << 30);
+        figure("7_copy_xxhash_both_sides_gib_per_s", h, "GiB/s", base, h / base, "-", true);
+      }
     } else if (copy && !copy->error.empty()) {
       j["7_copy_move_gib_per_s"] = {{"skipped", copy->error}};
       std::printf("  7_copy_move_gib_per_s skipped: %s\n", copy->error.c_str());
