@@ -5,6 +5,13 @@
 #
 #   tools/qemu/guest.sh --shape numa|hmat|cxl [--run 'CMD'] [--shell] [--file SRC:DST]...
 #                       [--bin DIR] [--cache DIR] [--memory MiB] [--timeout SECONDS]
+#                       [--disk FILE] [--append 'KERNEL ARGS']
+#
+# --disk gives the guest FILE as a virtio disk (/dev/vda): a device that reads
+# guest memory by DMA (cxltier-replay --access device). --append adds to the
+# kernel's command line (the comparison passes rootfstype=ramfs: a ramfs root
+# cannot be reclaimed, so the kernel never demotes our binaries' pages to the
+# CXL node, from which QEMU's TCG cannot execute).
 #
 # The kernel package is fetched with `apt-get download` (the current
 # linux-image-*-amd64 that linux-image-amd64 points to) and unpacked with
@@ -21,6 +28,8 @@ INTERACTIVE=0
 MEMORY=2048
 TIMEOUT=600
 FILES=()
+DISK=""
+APPEND=""
 
 die() { echo "guest.sh: $*" >&2; exit 2; }
 
@@ -34,12 +43,15 @@ while [ $# -gt 0 ]; do
     --cache) CACHE=$2; shift 2 ;;
     --memory) MEMORY=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --disk) DISK=$2; shift 2 ;;
+    --append) APPEND=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) die "unknown argument '$1'" ;;
   esac
 done
 case "$SHAPE" in numa|hmat|cxl) ;; *) die "--shape must be numa, hmat or cxl" ;; esac
 [ -n "$RUN" ] || [ "$INTERACTIVE" = 1 ] || die "give --run 'command' or --shell"
+[ -z "$DISK" ] || [ -f "$DISK" ] || die "--disk $DISK: no such file"
 
 need() {
   local missing=()
@@ -77,7 +89,7 @@ copy_with_libs() {
       cp -L "$lib" "$STAGE$lib"
     done
 }
-for b in cxltierd cxltier-loadgen cxltierctl; do
+for b in cxltierd cxltier-loadgen cxltierctl cxltier-replay; do
   [ -x "$BIN/$b" ] || die "$BIN/$b not built"
   copy_with_libs "$BIN/$b" "/bin/$b"
 done
@@ -85,28 +97,30 @@ for f in "${FILES[@]}"; do
   copy_with_libs "${f%%:*}" "${f#*:}"
 done
 
-MODULES=""
+# Modules and their dependencies, in load order.
+declare -A seen=()
+order=()
+add_mod() {
+  local name=$1 path dep
+  [ -n "${seen[$name]:-}" ] && return 0
+  seen[$name]=1
+  path=$(find "$MODDIR" -name "$name.ko" -print -quit)
+  [ -n "$path" ] || return 0   # built in
+  # The module's own record of what it needs (the .modinfo section).
+  for dep in $(strings -a "$path" | sed -n 's/^depends=//p' | tr ',' ' '); do add_mod "$dep"; done
+  cp "$path" "$STAGE/lib/modules/"
+  order+=("$name")
+}
 if [ "$SHAPE" = cxl ]; then
   for t in cxl daxctl ndctl; do copy_with_libs "$(command -v $t)" "/bin/$t"; done
-  # Modules and their dependencies, in load order.
-  declare -A seen=()
-  order=()
-  add_mod() {
-    local name=$1 path dep
-    [ -n "${seen[$name]:-}" ] && return 0
-    seen[$name]=1
-    path=$(find "$MODDIR" -name "$name.ko" -print -quit)
-    [ -n "$path" ] || return 0   # built in
-    # The module's own record of what it needs (the .modinfo section).
-    for dep in $(strings -a "$path" | sed -n 's/^depends=//p' | tr ',' ' '); do add_mod "$dep"; done
-    cp "$path" "$STAGE/lib/modules/"
-    order+=("$name")
-  }
   for m in cxl_acpi cxl_pci cxl_port cxl_mem cxl_pmem libnvdimm nd_pmem dax_pmem device_dax kmem; do
     add_mod "$m"
   done
-  MODULES="${order[*]}"
 fi
+if [ -n "$DISK" ]; then
+  for m in virtio_pci virtio_blk; do add_mod "$m"; done
+fi
+MODULES="${order[*]}"
 
 cat > "$STAGE/init" <<INIT
 #!/bin/busybox sh
@@ -139,7 +153,7 @@ INITRD="$CACHE/initrd-$SHAPE.gz"
 HALF=$((MEMORY / 2))
 ARGS=(-accel tcg -cpu max -smp 2 -nographic -no-reboot -m "${MEMORY}M"
       -kernel "$VMLINUZ" -initrd "$INITRD"
-      -append "console=ttyS0 panic=-1 loglevel=3 memhp_default_state=offline")
+      -append "console=ttyS0 panic=-1 loglevel=3 memhp_default_state=offline $APPEND")
 case "$SHAPE" in
   numa)
     ARGS+=(-machine q35
@@ -172,6 +186,11 @@ case "$SHAPE" in
            -device cxl-type3,bus=root_port13,memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0
            -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G) ;;
 esac
+
+if [ -n "$DISK" ]; then
+  ARGS+=(-drive "file=$DISK,if=none,id=disk0,format=raw,cache=unsafe"
+         -device virtio-blk-pci,drive=disk0,bus=pcie.0)
+fi
 
 LOG="$CACHE/console-$SHAPE.log"
 start=$SECONDS

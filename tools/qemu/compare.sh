@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# cxltier against the kernel's own tiering, on the same work (docs/comparison.md).
+#
+#   tools/qemu/compare.sh [--short] [--shapes "cxl numa"] [--trace SPEC] [--out DIR]
+#                         [--bin DIR] [--cache DIR]
+#
+# One trace (the attention workload, or --trace FILE) is fitted to the pool
+# and replayed by cxltier-replay in every arm, in QEMU guests: no tiering, the
+# kernel's (NUMA balancing mode 2 with demotion, at the default and at one
+# tuned setting), and cxltierd (default policy, and LRU) with the tier-0
+# budget the kernel's default arm kept; for CPU loads and for device reads
+# (O_DIRECT writes to a virtio disk). cxltier-sim gives MIN on the same trace
+# at the same capacity. Results: DIR/report.md (the tables), DIR/share-*.png
+# (the fast-tier share over time), DIR/*.jsonl (every figure).
+# --short is the form the README's test command runs: a small trace, to check
+# that every arm runs and its figures parse; it says nothing about who wins.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN="$ROOT/build/bin"
+CACHE="$ROOT/build/qemu-cache"
+OUT=""
+SHAPES="cxl numa"
+TRACE=""
+SHORT=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --short) SHORT=1; shift ;;
+    --shapes) SHAPES=$2; shift 2 ;;
+    --trace) TRACE=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --bin) BIN=$2; shift 2 ;;
+    --cache) CACHE=$2; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "compare.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+
+# The two sizes. The fast tier is FREE of node 0 (a locked balloon takes the
+# rest); the pool is several times that.
+BLOCK=16384
+if [ "$SHORT" = 1 ]; then
+  ATTENTION="steps=300,sessions=6,batch=2,context_min=4096,context_max=8192,topk=16,turn_tokens=32,pause_steps=30,user_tokens=64,turns=4,shared_prefix_blocks=8,release_on_pause=0.5"
+  FREE=1MiB STEP_MS=0 MEMORY=768 TIMEOUT=1200
+  OUT=${OUT:-$ROOT/build/compare-short}
+else
+  ATTENTION="steps=2000,sessions=8,batch=4,context_min=4096,context_max=8192,topk=32,turn_tokens=128,pause_steps=200,user_tokens=256,turns=4,shared_prefix_blocks=16,release_on_pause=0.3"
+  FREE=16MiB STEP_MS=0 MEMORY=1024 TIMEOUT=7200
+  OUT=${OUT:-$ROOT/build/compare}
+fi
+for b in cxltier-replay cxltier-sim cxltierd; do
+  [ -x "$BIN/$b" ] || { echo "compare.sh: $BIN/$b not built (bash scripts/run.sh builds it)" >&2; exit 2; }
+done
+mkdir -p "$OUT" "$CACHE"
+rm -f "$OUT"/*.jsonl "$OUT"/console-*.log
+
+# The trace every arm replays (and cxltier-sim is given): the workload's
+# blocks fitted to a pool of the blocks it keeps live at most.
+if [ -n "$TRACE" ]; then src=(--trace "$TRACE"); else src=(--attention "$ATTENTION"); fi
+"$BIN/cxltier-replay" "${src[@]}" --block-bytes $BLOCK --write-trace "$OUT/trace.bin" > "$OUT/trace.json"
+echo "compare.sh: trace $(cat "$OUT/trace.json")"
+DISK="$CACHE/compare-disk.raw"
+rm -f "$DISK" && truncate -s 64M "$DISK"
+
+for shape in $SHAPES; do
+  start=$SECONDS
+  rc=0
+  bash "$ROOT/tools/qemu/guest.sh" --shape "$shape" --memory $MEMORY --bin "$BIN" --cache "$CACHE" \
+    --disk "$DISK" --timeout $TIMEOUT --append rootfstype=ramfs \
+    --file "$OUT/trace.bin:/root/trace.bin" \
+    --file "$ROOT/tools/qemu/compare_guest.sh:/bin/compare_guest.sh" \
+    --run "sh /bin/compare_guest.sh $shape /root/trace.bin $BLOCK $FREE $STEP_MS" \
+    > "$OUT/console-$shape.log" 2>&1 || rc=$?
+  grep -a '^COMPARE-RESULT ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/results.jsonl" || true
+  grep -a '^COMPARE-BUDGET ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/budgets.jsonl" || true
+  grep -a '^== \|^   \|FAIL' "$OUT/console-$shape.log" || true
+  echo "compare.sh: the $shape guest ran for $((SECONDS - start)) s"
+  if [ $rc -ne 0 ]; then
+    echo "compare.sh: the $shape guest failed (exit $rc); console tail:" >&2
+    tail -n 30 "$OUT/console-$shape.log" >&2
+    exit 1
+  fi
+done
+python3 "$ROOT/tools/qemu/compare_report.py" --out "$OUT" --bin "$BIN" --shapes "$SHAPES"

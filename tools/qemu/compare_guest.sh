@@ -1,0 +1,108 @@
+#!/bin/sh
+# Runs inside the QEMU guest (busybox sh), started by tools/qemu/compare.sh:
+# every arm of the comparison with the kernel's tiering, for both access
+# kinds, on the same fitted trace. Each arm's result is one line on the
+# console, "COMPARE-RESULT <json>".
+#
+# Usage (in the guest): compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS
+set -e
+SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5
+SOCK=/run/cxltierd/cxltierd.sock
+DISK=/dev/vda
+RATE_MIB_S=1024  # the daemon's default migration rate; the tuned kernel promotes no faster
+fail() { echo "COMPARE FAIL: $*"; [ -f /tmp/cxltierd.log ] && tail -n 30 /tmp/cxltierd.log; exit 1; }
+mkdir -p /run/cxltierd /var/lib/cxltierd
+mount -t debugfs none /sys/kernel/debug 2>/dev/null || true
+[ -b "$DISK" ] || fail "no $DISK (guest.sh --disk)"
+# QEMU 7.2 lets a device reach its emulated CXL memory only through one bounce
+# buffer of a page: the device writes go a page at a time there.
+DEVICE_IO=0
+[ "$SHAPE" = cxl ] && DEVICE_IO=4096
+
+if [ "$SHAPE" = cxl ]; then
+  # The emulated Type-3 device as system RAM, movable (daxctl's default): node 1,
+  # in a lower memory tier than node 0, which is what the kernel demotes to.
+  cxl create-region -m -t pmem -d decoder0.0 -w 1 mem0 >/tmp/region.json || fail "cxl create-region"
+  ndctl create-namespace -m devdax -r region0 >/tmp/ns.json || fail "ndctl create-namespace"
+  daxctl reconfigure-device --mode=system-ram dax0.0 >/tmp/dax.json || fail "daxctl reconfigure-device"
+fi
+echo "== $SHAPE guest: kernel $(uname -r), nodes $(cat /sys/devices/system/node/online)"
+for t in /sys/devices/virtual/memory_tiering/memory_tier*; do
+  [ -d "$t" ] && echo "   $(basename "$t"): nodes $(cat "$t/nodelist")"
+done
+echo "   demotion targets: $(cat /sys/kernel/mm/numa/demotion_enabled 2>/dev/null || echo '?') (demotion_enabled)"
+
+DBG=/sys/kernel/debug/sched/numa_balancing
+kernel_knobs() {  # numa_balancing demotion rate_limit scan_delay scan_min scan_max
+  echo "$1" > /proc/sys/kernel/numa_balancing
+  echo "$2" > /sys/kernel/mm/numa/demotion_enabled
+  echo "$3" > /proc/sys/kernel/numa_balancing_promote_rate_limit_MBps
+  if [ -d "$DBG" ]; then
+    echo "$4" > $DBG/scan_delay_ms
+    echo "$5" > $DBG/scan_period_min_ms
+    echo "$6" > $DBG/scan_period_max_ms
+  fi
+}
+# The kernel's defaults in 6.1 (rate limit 65536 MB/s, scans after 1 s, every 1 to 60 s).
+defaults() { kernel_knobs 0 false 65536 1000 1000 60000; }
+
+start_daemon() {  # policy budget_bytes
+  policy_line=""
+  [ "$1" != default ] && policy_line="policy = \"$1\""
+  cat > /etc/cxltierd.toml <<CONF
+[daemon]
+socket = "$SOCK"
+state_dir = "/var/lib/cxltierd"
+[engine]
+$policy_line
+tier0_budget = $2
+[metrics]
+enabled = false
+CONF
+  rm -f "$SOCK" /var/lib/cxltierd/*
+  cxltierd --config /etc/cxltierd.toml >/tmp/cxltierd.log 2>&1 &
+  DAEMON=$!
+  i=0
+  while [ ! -S "$SOCK" ] && [ $i -lt 1200 ] && kill -0 $DAEMON 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+  [ -S "$SOCK" ] || fail "cxltierd did not start"
+}
+stop_daemon() {
+  kill -TERM $DAEMON
+  wait $DAEMON || fail "cxltierd did not exit 0"
+}
+
+run_arm() {  # name access [replay flags...]
+  name=$1 access=$2
+  shift 2
+  echo "== arm $name, $access reads ($(date +%T))"
+  out=/tmp/arm-$name-$access.json
+  cxltier-replay --trace "bin:$TRACE" --block-bytes "$BLOCK" --fast-free "$FREE" \
+    --access "$access" --device "$DISK" --device-io $DEVICE_IO --step-ms "$STEP_MS" --arm "$name" \
+    --json "$out" "$@" ||
+    fail "arm $name ($access)"
+  echo "COMPARE-RESULT {\"shape\":\"$SHAPE\",\"result\":$(cat "$out")}"
+}
+
+for access in cpu device; do
+  defaults
+  run_arm none "$access"
+  kernel_knobs 2 true 65536 1000 1000 60000
+  run_arm kernel "$access"
+  # One tuned setting: scans ten times as often, and promotes no faster than
+  # cxltierd may migrate (its default rate).
+  kernel_knobs 2 true $RATE_MIB_S 100 100 1000
+  run_arm kernel-tuned "$access"
+  # Equal capacity: cxltierd's tier-0 budget is what the kernel kept of the
+  # pool on node 0 in the second half of its default arm.
+  budget=$(sed -n 's/.*"pool_fast_bytes_steady":\([0-9]*\).*/\1/p' /tmp/arm-kernel-$access.json)
+  [ -n "$budget" ] && [ "$budget" -gt 0 ] || fail "the kernel arm kept nothing on node 0"
+  budget=$((budget / BLOCK * BLOCK))
+  echo "COMPARE-BUDGET {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"tier0_budget\":$budget}"
+  defaults
+  for policy in default lru; do
+    start_daemon $policy $budget
+    run_arm cxltier-$policy "$access" --socket "$SOCK" --daemon-pid $DAEMON
+    stop_daemon
+  done
+done
+echo "COMPARE DONE ($SHAPE)"

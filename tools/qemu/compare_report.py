@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The tables and plots of docs/comparison.md, from tools/qemu/compare.sh's output.
+
+  compare_report.py --out DIR --bin BUILD/bin [--shapes "cxl numa"]
+
+Reads DIR/trace.json, DIR/results.jsonl (one arm per line) and
+DIR/budgets.jsonl (the tier-0 budget each shape and access kind gave
+cxltierd), runs cxltier-sim for MIN (and the daemon's policies) on DIR/trace.bin
+at that capacity, and writes DIR/report.md and DIR/share-SHAPE.png. Fails,
+naming what is missing, unless every arm of every shape and access kind ran
+and reported its figures.
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+
+ARMS = ["none", "kernel", "kernel-tuned", "cxltier-default", "cxltier-lru"]
+ACCESS = ["cpu", "device"]
+NEEDED = ["fast_share", "touched_bytes", "touches", "seconds", "pool_fast_bytes_steady", "series"]
+MIB = 1 << 20
+# cxltier-sim's default model (llama3-70b): its budget is in bytes of these blocks.
+SIM_BLOCK = 5 * MIB
+
+
+def fail(msg):
+    print(f"compare_report.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load_lines(path):
+    out = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    fail(f"{path}:{n}: not JSON ({e})")
+    return out
+
+
+def simulate(binary, trace, blocks, policies):
+    cmd = [binary, "--trace", f"bin:{trace}", "--policy", ",".join(policies), "--persist", "persist",
+           "--budget", f"{blocks * 5}MiB", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    return {row["policy"]: row for row in json.loads(r.stdout)}
+
+
+def pct(x):
+    return f"{100 * x:.1f}%"
+
+
+def mib(b):
+    return f"{b / MIB:.0f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--shapes", default="cxl numa")
+    a = ap.parse_args()
+    shapes = a.shapes.split()
+    with open(os.path.join(a.out, "trace.json")) as f:
+        trace = json.load(f)
+    results = {}
+    for line in load_lines(os.path.join(a.out, "results.jsonl")):
+        r = line["result"]
+        results[(line["shape"], r["access"], r["arm"])] = r
+    budgets = {(b["shape"], b["access"]): b["tier0_budget"]
+               for b in load_lines(os.path.join(a.out, "budgets.jsonl"))}
+    for shape in shapes:
+        for access in ACCESS:
+            if (shape, access) not in budgets:
+                fail(f"no tier-0 budget for {shape}/{access}: the kernel arm did not finish")
+            for arm in ARMS:
+                r = results.get((shape, access, arm))
+                if r is None:
+                    fail(f"arm {arm} ({shape}, {access} reads) reported nothing")
+                missing = [k for k in NEEDED if k not in r]
+                if missing:
+                    fail(f"arm {arm} ({shape}, {access}) lacks {', '.join(missing)}")
+                if r["touches"] == 0 or not r["series"]:
+                    fail(f"arm {arm} ({shape}, {access}) touched nothing")
+                if arm.startswith("cxltier") and "daemon" not in r:
+                    fail(f"arm {arm} ({shape}, {access}) has no daemon counters")
+
+    trace_bin = os.path.join(a.out, "trace.bin")
+    sim_bin = os.path.join(a.bin, "cxltier-sim")
+    md = []
+    md.append(f"Trace: {trace['touches']:,} touches of {trace['keys']:,} blocks "
+              f"({trace['admissions']:,} admissions, {trace['readmissions']:,} of them "
+              f"re-admissions), pool {trace['pool_blocks']:,} blocks.")
+    md.append(f"Host: {platform.node()}, {platform.machine()}, Linux {platform.release()}, "
+              f"{os.cpu_count()} CPUs.")
+    md.append("")
+    for shape in shapes:
+        any_r = results[(shape, "cpu", "none")]
+        block = any_r["block_bytes"]
+        md.append(f"### {shape} guest: pool {mib(any_r['pool_bytes'])} MiB of "
+                  f"{block // 1024} KiB blocks, node 0 left "
+                  f"{mib(any_r['fast_free_at_start'])} MiB free by the balloon")
+        md.append("")
+        for access in ACCESS:
+            budget = budgets[(shape, access)]
+            blocks = budget // block
+            policy = results[(shape, access, "cxltier-default")]["daemon"].get("policy") or "lfu"
+            sim = simulate(sim_bin, trace_bin, blocks, ["min", "lru", policy])
+            md.append(f"**{access} reads**; equal capacity: {mib(budget)} MiB ({blocks} blocks) "
+                      f"of the pool on node 0, what the kernel kept there")
+            md.append("")
+            md.append("| arm | touched bytes on node 0 | promoted MiB | demoted MiB | "
+                      "hint faults | replay CPU user / sys s | kswapd s | cxltierd s | "
+                      "client calls s | pool on node 0, 2nd half, MiB | run s |")
+            md.append("|---|---|---|---|---|---|---|---|---|---|---|")
+            for arm in ARMS:
+                r = results[(shape, access, arm)]
+                k, c = r["kernel"], r["cpu"]
+                if arm.startswith("cxltier"):
+                    d = r["daemon"]
+                    prom, dem = d["promoted_bytes"], d["demoted_bytes"]
+                    name = f"{arm} ({d.get('policy', '?')})"
+                else:
+                    prom, dem = k["promoted_bytes"], k["demoted_bytes"]
+                    name = arm
+                md.append(f"| {name} | **{pct(r['fast_share'])}** | {mib(prom)} | {mib(dem)} | "
+                          f"{k['numa_hint_faults']:,} | {c['replay_user_s']:.1f} / "
+                          f"{c['replay_system_s']:.1f} | {c['kswapd_s']:.1f} | "
+                          f"{c['daemon_s']:.1f} | {c['client_calls_s']:.2f} | "
+                          f"{mib(r['pool_fast_bytes_steady'])} | {r['seconds']:.0f} |")
+            for p in ["min", "lru", policy]:
+                row = sim[p]
+                md.append(f"| cxltier-sim {p} (demand) | {pct(row['hit_rate'])} | "
+                          f"{mib(row['promoted_bytes'] * block // SIM_BLOCK)} | "
+                          f"{mib(row['demoted_bytes'] * block // SIM_BLOCK)} | - | - | - | - | - | "
+                          f"{mib(blocks * block)} | - |")
+            md.append("")
+        md.append(f"![fast-tier share over time, {shape} guest](img/comparison-{shape}.png)")
+        md.append("")
+        plot(a.out, shape, results)
+    report = "\n".join(md) + "\n"
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write(report)
+    print(report)
+
+
+def plot(out, shape, results):
+    data = os.path.join(out, f"share-{shape}.dat")
+    with open(data, "w") as f:
+        for access in ACCESS:
+            for arm in ARMS:
+                f.write(f"# {access} {arm}\n")
+                for p in results[(shape, access, arm)]["series"]:
+                    f.write(f"{p['step']} {100 * p['share']:.2f}\n")
+                f.write("\n\n")
+    png = os.path.join(out, f"share-{shape}.png")
+    lines = []
+    for i, access in enumerate(ACCESS):
+        series = ", ".join(
+            f"'{data}' index {i * len(ARMS) + j} using 1:2 with linespoints title '{arm}'"
+            for j, arm in enumerate(ARMS))
+        lines.append(f"set title '{shape} guest, {access} reads: touched bytes found on node 0'\n"
+                     f"plot {series}\n")
+    script = ("set terminal pngcairo size 1400,500 noenhanced font 'sans,10'\n"
+              f"set output '{png}'\nset multiplot layout 1,2\n"
+              "set xlabel 'workload step'\nset ylabel '% of touched bytes on node 0'\n"
+              "set yrange [0:100]\nset key bottom right\n" + "".join(lines) + "unset multiplot\n")
+    r = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"gnuplot failed: {r.stderr.strip()}")
+
+
+if __name__ == "__main__":
+    main()

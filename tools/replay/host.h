@@ -1,0 +1,72 @@
+// What cxltier-replay asks the kernel: where pages are, what it migrated, and
+// how much CPU time it and others spent. Linux only; every reader returns what
+// it could read and says what it could not.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cxltier::replay {
+
+// /proc/vmstat, every counter (pgpromote_success, pgdemote_kswapd, numa_hint_faults...).
+std::map<std::string, uint64_t> ReadVmstat();
+
+// Free bytes of one node (/sys/devices/system/node/nodeN/meminfo, MemFree); -1 unknown.
+int64_t NodeFreeBytes(int node);
+// The sum of the high watermarks of a node's zones (/proc/zoneinfo), in bytes:
+// below it kswapd reclaims (and, with demotion on, demotes).
+uint64_t NodeHighWatermarkBytes(int node);
+
+// utime + stime of a process, in seconds (/proc/PID/stat); -1 when it is gone.
+double ProcessCpuSeconds(pid_t pid);
+// Processes whose comm starts with `prefix` ("kswapd"): their pids.
+std::vector<pid_t> FindProcesses(const std::string& prefix);
+
+// Where pages are. move_pages(2) with no target nodes, as the issue of a
+// touch asks it; a page it cannot answer for (NUMA balancing makes pages it
+// is sampling read as -ENOENT) is looked up through /proc/self/pagemap and
+// the nodes' memory blocks (root only: the pagemap hides frame numbers from
+// others).
+class Residency {
+ public:
+  Residency();
+  // Counts the pages of [base, base + bytes) on `fast` nodes, on other nodes,
+  // and those nobody could place.
+  struct Count {
+    uint64_t fast = 0, other = 0, unknown = 0, via_pagemap = 0;
+  };
+  Count Query(const void* base, uint64_t bytes, const std::vector<int>& fast);
+
+ private:
+  int NodeOfPage(uintptr_t address);  // via pagemap; -1 unknown
+  int pagemap_ = -1;
+  uint64_t block_bytes_ = 0;
+  std::map<uint64_t, int> block_node_;  // first physical byte of a memory block -> node
+  std::vector<void*> pages_;
+  std::vector<int> status_;
+};
+
+// Locked memory on one node that leaves it `free_bytes` free above its high
+// watermark (so the balloon itself never wakes reclaim): the same
+// fast-tier capacity in every arm of a comparison (mbind MPOL_BIND, then
+// mlock, so the kernel can neither reclaim, demote nor move it).
+class Balloon {
+ public:
+  Balloon() = default;
+  ~Balloon();
+  Balloon(const Balloon&) = delete;
+  Balloon& operator=(const Balloon&) = delete;
+  // Returns "" or what went wrong.
+  std::string Inflate(int node, uint64_t free_bytes);
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void* base_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace cxltier::replay

@@ -1,0 +1,466 @@
+// cxltier-replay: one arm of the comparison with the kernel's own tiering
+// (docs/comparison.md). It replays a block trace against real memory: a pool
+// of blocks in this process, each admitted block written, each touched block
+// read (by the CPU, or by a device through O_DIRECT), and, before every
+// touch, the kernel asked where the block's pages are. Whoever tiers the
+// memory (nobody, the kernel, or cxltierd through --socket) is set up outside;
+// this tool measures what they achieved and what it cost, the same way in
+// every arm.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "attention_workload.h"
+#include "cxltier/client.h"
+#include "cxltier/model.h"
+#include "fit.h"
+#include "host.h"
+#include "trace.h"
+
+namespace {
+
+using namespace cxltier;
+using Clock = std::chrono::steady_clock;
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "cxltier-replay: %s\n", msg.c_str());
+  return 2;
+}
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+double RusageSeconds(const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; }
+
+// The bytes of an admitted block: a function of its key, so a block read back
+// after any number of moves can be checked.
+uint64_t Word(const BlockKey& key, uint64_t i) {
+  uint64_t x = (key.hi ^ (key.lo * 0x9E3779B97F4A7C15ULL)) + i * 0xC2B2AE3D27D4EB4FULL;
+  return x ^ (x >> 31);
+}
+
+// The guest-sized default: 8 sessions of 4K to 8K tokens (256 to 512 blocks
+// each), a third of paused sessions freeing their blocks (they come back by
+// key), 4 sequences decoding per step over 32 blocks each.
+constexpr const char* kDefaultAttention =
+    "steps=3000,sessions=8,batch=4,context_min=4096,context_max=8192,topk=32,turn_tokens=128,"
+    "pause_steps=200,user_tokens=256,turns=4,shared_prefix_blocks=16,release_on_pause=0.3";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "cxltier-replay: replay a block trace against real memory and measure where the "
+      "touched bytes were (one arm of docs/comparison.md)"};
+  std::string trace_spec, attention = kDefaultAttention, write_trace, block_text = "64KiB";
+  std::string arm = "unnamed", access = "cpu", device, socket_path, json_path, fast_free_text = "0";
+  std::string device_io_text = "0";
+  std::vector<int> fast_nodes = {0};
+  uint32_t pool_blocks = 0, step_ms = 0, intervals = 40;
+  double max_seconds = 0;
+  pid_t daemon_pid = 0;
+  auto* trace_opt =
+      app.add_option("--trace", trace_spec, "trace file: mooncake:FILE, bin:FILE, csv:FILE");
+  app.add_option("--attention", attention, "or the attention workload, k=v,... (cxltier-sim's)")
+      ->capture_default_str()
+      ->excludes(trace_opt);
+  app.add_option("--pool-blocks", pool_blocks,
+                 "blocks in the pool; when a block must be admitted into a full pool the least "
+                 "recently touched one is released (0: as many as the trace keeps live)");
+  app.add_option("--write-trace", write_trace,
+                 "write the trace fitted to --pool-blocks (FILE.bin or FILE.csv) and exit: the "
+                 "file every arm and cxltier-sim replay");
+  app.add_option("--block-bytes", block_text, "bytes per block, a multiple of 4 KiB")
+      ->capture_default_str();
+  app.add_option("--arm", arm, "the arm's name, recorded in the output")->capture_default_str();
+  app.add_option("--access", access,
+                 "cpu (the CPU reads every byte of a touched block) or device (the block is "
+                 "written to --device with O_DIRECT: the device reads it by DMA)")
+      ->capture_default_str();
+  app.add_option("--device", device, "block device (or file) for --access device");
+  app.add_option("--device-io", device_io_text,
+                 "bytes per device write, a multiple of 4 KiB dividing the block (0: the block; "
+                 "the cxl guest needs 4KiB: QEMU 7.2 bounces a device's access to its emulated "
+                 "CXL memory through one page-sized buffer)")
+      ->capture_default_str();
+  app.add_option("--fast-nodes", fast_nodes, "the fast tier's nodes")->capture_default_str();
+  app.add_option("--fast-free", fast_free_text,
+                 "lock memory on the first fast node until only this much is free above its "
+                 "high watermark (the same fast-tier capacity in every arm); 0: no balloon")
+      ->capture_default_str();
+  app.add_option("--socket", socket_path,
+                 "cxltierd's socket: register the pool, admit, observe and release through the "
+                 "client library (the cxltier arms)");
+  app.add_option("--daemon-pid", daemon_pid, "cxltierd's pid, for its CPU time");
+  app.add_option("--step-ms", step_ms, "each step lasts at least this long")->capture_default_str();
+  app.add_option("--intervals", intervals, "points of the fast-tier share over time")
+      ->capture_default_str();
+  app.add_option("--seconds", max_seconds, "stop after this long (0: the whole trace)");
+  app.add_option("--json", json_path, "write the result here (default: stdout)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const auto block = ParseSize(block_text);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (!block || *block == 0 || *block % page != 0 || *block > (1ull << 32)) {
+    return Fail("--block-bytes must be a positive multiple of the page size, up to 4 GiB");
+  }
+  const auto fast_free = ParseSize(fast_free_text);
+  if (!fast_free) return Fail("bad --fast-free '" + fast_free_text + "'");
+  if (access != "cpu" && access != "device") return Fail("--access must be cpu or device");
+  if (access == "device" && device.empty()) return Fail("--access device needs --device");
+  const auto device_io_arg = ParseSize(device_io_text);
+  const uint64_t device_io = device_io_arg && *device_io_arg ? *device_io_arg : *block;
+  if (!device_io_arg || device_io % 4096 != 0 || *block % device_io != 0) {
+    return Fail("--device-io must be a multiple of 4 KiB that divides --block-bytes");
+  }
+  if (fast_nodes.empty()) return Fail("--fast-nodes needs a node");
+  if (intervals == 0) intervals = 1;
+
+  // ---- the trace, fitted to the pool ----
+  sim::Trace raw;
+  if (!trace_spec.empty()) {
+    sim::TraceResult r = sim::OpenTrace(trace_spec);
+    if (!r.ok()) return Fail(r.error);
+    raw = std::move(r.trace);
+  } else {
+    sim::AttentionParams p;
+    if (std::string err = p.Parse(attention); !err.empty()) return Fail(err);
+    if (std::string err = p.Validate(); !err.empty()) return Fail(err);
+    raw = sim::GenerateAttention(p);
+  }
+  if (raw.events.empty()) return Fail("the trace is empty");
+  replay::FitStats fit_stats;
+  if (pool_blocks == 0) {
+    replay::FitToPool(raw, UINT32_MAX, &fit_stats);
+    pool_blocks = std::max<uint32_t>(1, fit_stats.max_live);
+  }
+  const sim::Trace trace = replay::FitToPool(raw, pool_blocks, &fit_stats);
+  if (!write_trace.empty()) {
+    if (std::string err = sim::SaveTrace(trace, write_trace); !err.empty()) return Fail(err);
+    const nlohmann::json j = {{"trace", write_trace},
+                              {"events", trace.events.size()},
+                              {"touches", trace.touches()},
+                              {"keys", trace.keys.size()},
+                              {"pool_blocks", pool_blocks},
+                              {"max_live", fit_stats.max_live},
+                              {"admissions", fit_stats.admissions},
+                              {"readmissions", fit_stats.readmissions},
+                              {"forced_releases", fit_stats.forced_releases}};
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+
+  // ---- capacity, pool, device ----
+  replay::Balloon balloon;
+  if (*fast_free > 0) {
+    if (std::string err = balloon.Inflate(fast_nodes.front(), *fast_free); !err.empty()) {
+      return Fail(err);
+    }
+  }
+  const int64_t fast_free_at_start = replay::NodeFreeBytes(fast_nodes.front());
+  const uint64_t stride = *block;
+  const uint64_t length = stride * pool_blocks;
+  auto* pool = static_cast<uint8_t*>(
+      mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (pool == MAP_FAILED) return Fail("cannot map a pool of " + FormatBytes(length));
+  // THP off: a huge page spanning blocks would make them move together. Pages
+  // come at admission, where the kernel's first touch puts them.
+  madvise(pool, length, MADV_NOHUGEPAGE);
+  int dev = -1;
+  uint64_t dev_slots = 0;
+  if (access == "device") {
+    dev = open(device.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (dev < 0) return Fail(device + ": " + std::strerror(errno));
+    const off_t size = lseek(dev, 0, SEEK_END);
+    dev_slots = size > 0 ? static_cast<uint64_t>(size) / *block : 0;
+    if (dev_slots == 0) return Fail(device + " is smaller than one block");
+  }
+
+  // ---- cxltierd, in the cxltier arms ----
+  std::unique_ptr<Client> client;
+  uint32_t pool_id = 0;
+  nlohmann::json daemon_before = nlohmann::json::object();
+  std::string policy;
+  auto daemon_status = [&]() -> nlohmann::json {
+    std::string text;
+    if (!client || !client->Stats("status", &text).ok()) return nlohmann::json::object();
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    return j.is_object() ? j : nlohmann::json::object();
+  };
+  if (!socket_path.empty()) {
+    ModelGeometry model{"replay", static_cast<uint32_t>(*block / 8192), 1, 1, 128, 2, 16};
+    if (*block % 8192 != 0) return Fail("with --socket, --block-bytes must be a multiple of 8 KiB");
+    Status st;
+    client = Client::Connect({socket_path, model, pool_blocks, "replay-" + arm}, &st);
+    if (!client) return Fail(st.message);
+    st = client->RegisterRangePool(pool, length, stride, pool_blocks, &pool_id);
+    if (!st.ok()) return Fail("register pool: " + st.message);
+    daemon_before = daemon_status();
+  }
+
+  // ---- the replay ----
+  replay::Residency where;
+  const std::map<std::string, uint64_t> vm_before = replay::ReadVmstat();
+  const std::vector<pid_t> kswapd = replay::FindProcesses("kswapd");
+  double kswapd_before = 0;
+  for (pid_t p : kswapd) kswapd_before += std::max(0.0, replay::ProcessCpuSeconds(p));
+  const double daemon_cpu_before = daemon_pid ? replay::ProcessCpuSeconds(daemon_pid) : 0;
+  rusage ru_before{};
+  getrusage(RUSAGE_SELF, &ru_before);
+
+  struct Live {
+    uint32_t block = 0, slot = 0;
+  };
+  std::vector<Live> live(trace.keys.size());
+  std::vector<bool> is_live(trace.keys.size(), false);
+  std::vector<uint32_t> free_blocks;
+  for (uint32_t b = pool_blocks; b-- > 0;) free_blocks.push_back(b);
+  const uint32_t last_step = trace.events.back().step;
+  const uint32_t first_step = trace.events.front().step;
+  const uint32_t per_point =
+      std::max<uint32_t>(1, (last_step - first_step + intervals) / intervals);
+  uint64_t touches = 0, touched_pages = 0, fast_pages = 0, unknown_pages = 0, pagemap_pages = 0;
+  uint64_t admissions = 0, releases = 0, restored = 0, corrupt = 0, io_errors = 0, dev_next = 0;
+  uint64_t point_pages = 0, point_fast = 0;
+  double client_seconds = 0;
+  volatile uint64_t sink = 0;
+  nlohmann::json series = nlohmann::json::array();
+  const uint64_t words = *block / 8;
+  const auto start = Clock::now();
+  uint32_t next_point = first_step + per_point;
+  auto point = [&](uint32_t step) {
+    const replay::Residency::Count pool_now = where.Query(pool, length, fast_nodes);
+    series.push_back({{"t", Seconds(start)},
+                      {"step", step},
+                      {"share", point_pages ? double(point_fast) / point_pages : 0.0},
+                      {"pool_fast_bytes", pool_now.fast * page},
+                      {"pool_other_bytes", pool_now.other * page}});
+    point_pages = point_fast = 0;
+  };
+  size_t i = 0;
+  bool stopped_early = false;
+  while (i < trace.events.size()) {
+    if (max_seconds > 0 && Seconds(start) >= max_seconds) {
+      stopped_early = true;
+      break;
+    }
+    const auto step_start = Clock::now();
+    const uint32_t step = trace.events[i].step;
+    size_t end = i;
+    while (end < trace.events.size() && trace.events[end].step == step) ++end;
+    // The step's events in order, with the daemon's calls batched as an engine
+    // batches them: releases, then admissions, then the touches; a release
+    // after an admission or touch of the same step sends those first.
+    std::vector<BlockKey> release;
+    std::vector<wire::AdmitEntry> admit;
+    std::vector<uint32_t> admit_keys;
+    std::vector<size_t> touch_events;
+    auto flush_releases = [&]() -> Status {
+      if (!client || release.empty()) return Status::Ok();
+      const auto t0 = Clock::now();
+      Status r = client->Release(release);
+      client_seconds += Seconds(t0);
+      release.clear();
+      return r;
+    };
+    auto flush = [&]() -> Status {
+      if (Status r = flush_releases(); !r.ok()) return r;
+      if (client && !admit.empty()) {
+        const auto t0 = Clock::now();
+        std::vector<wire::AdmitResult> results;
+        if (Status a = client->Admit(pool_id, admit, &results); !a.ok()) return a;
+        client_seconds += Seconds(t0);
+        for (size_t k = 0; k < admit.size(); ++k) {
+          live[admit_keys[k]].slot = results[k].slot;
+          restored += results[k].restored;
+        }
+      }
+      admit.clear();
+      admit_keys.clear();
+      for (size_t k : touch_events) {
+        const sim::TraceEvent& e = trace.events[k];
+        uint8_t* at = pool + uint64_t{live[e.key].block} * stride;
+        // Where the block is, asked of the kernel just before the read.
+        const replay::Residency::Count c = where.Query(at, *block, fast_nodes);
+        ++touches;
+        touched_pages += c.fast + c.other + c.unknown;
+        fast_pages += c.fast;
+        unknown_pages += c.unknown;
+        pagemap_pages += c.via_pagemap;
+        point_pages += c.fast + c.other + c.unknown;
+        point_fast += c.fast;
+        if (dev >= 0) {
+          const off_t off = static_cast<off_t>((dev_next++ % dev_slots) * *block);
+          for (uint64_t o = 0; o < *block; o += device_io) {
+            io_errors += pwrite(dev, at + o, device_io, off + static_cast<off_t>(o)) !=
+                         static_cast<ssize_t>(device_io);
+          }
+        } else {
+          const auto* w = reinterpret_cast<const uint64_t*>(at);
+          uint64_t sum = 0;
+          for (uint64_t x = 0; x < words; ++x) sum += w[x];
+          sink = sink + sum;
+          // Every 64th touch checks the bytes too (a move must never change them).
+          if (touches % 64 == 0) {
+            for (uint64_t x = 0; x < words; x += 509) corrupt += w[x] != Word(trace.keys[e.key], x);
+          }
+        }
+        if (client) {
+          const auto t0 = Clock::now();
+          client->Observe(live[e.key].slot, e.obs);
+          client_seconds += Seconds(t0);
+        }
+      }
+      touch_events.clear();
+      return Status::Ok();
+    };
+    for (size_t k = i; k < end; ++k) {
+      const sim::TraceEvent& e = trace.events[k];
+      if (e.kind == sim::EventKind::kRelease) {
+        if (!is_live[e.key]) continue;
+        if (!admit.empty() || !touch_events.empty()) {
+          if (Status r = flush(); !r.ok()) return Fail("daemon: " + r.message);
+        }
+        is_live[e.key] = false;
+        // The engine frees the block's memory: the kernel forgets its pages.
+        madvise(pool + uint64_t{live[e.key].block} * stride, stride, MADV_DONTNEED);
+        free_blocks.push_back(live[e.key].block);
+        release.push_back(trace.keys[e.key]);
+        ++releases;
+        continue;
+      }
+      if (!is_live[e.key]) {
+        // An admission: the key's release (if this step had one) goes first.
+        if (Status r = flush_releases(); !r.ok()) return Fail("release: " + r.message);
+        if (free_blocks.empty()) return Fail("the pool is full (the fitted trace prevents that)");
+        const uint32_t b = free_blocks.back();
+        free_blocks.pop_back();
+        // Prefill (or loading a block back): the engine writes every byte.
+        auto* w = reinterpret_cast<uint64_t*>(pool + uint64_t{b} * stride);
+        for (uint64_t x = 0; x < words; ++x) w[x] = Word(trace.keys[e.key], x);
+        live[e.key].block = b;
+        is_live[e.key] = true;
+        admit.push_back({trace.keys[e.key], b});
+        admit_keys.push_back(e.key);
+        ++admissions;
+      }
+      touch_events.push_back(k);
+    }
+    if (Status r = flush(); !r.ok()) return Fail("daemon: " + r.message);
+    i = end;
+    if (step >= next_point || i == trace.events.size()) {
+      point(step);
+      next_point = step + per_point;
+    }
+    if (step_ms) std::this_thread::sleep_until(step_start + std::chrono::milliseconds(step_ms));
+  }
+  const double seconds = Seconds(start);
+  rusage ru_after{};
+  getrusage(RUSAGE_SELF, &ru_after);
+  double kswapd_after = 0;
+  for (pid_t p : kswapd) kswapd_after += std::max(0.0, replay::ProcessCpuSeconds(p));
+  const double daemon_cpu_after = daemon_pid ? replay::ProcessCpuSeconds(daemon_pid) : 0;
+  const std::map<std::string, uint64_t> vm_after = replay::ReadVmstat();
+  auto vm = [&](const char* name) -> uint64_t {
+    auto a = vm_after.find(name);
+    auto b = vm_before.find(name);
+    if (a == vm_after.end()) return 0;
+    return a->second - std::min(a->second, b == vm_before.end() ? 0 : b->second);
+  };
+  nlohmann::json kernel = nlohmann::json::object();
+  for (const char* name :
+       {"numa_pte_updates", "numa_hint_faults", "numa_hint_faults_local", "numa_pages_migrated",
+        "pgpromote_success", "pgpromote_candidate", "pgdemote_kswapd", "pgdemote_direct",
+        "pgmigrate_success", "pgmigrate_fail"}) {
+    kernel[name] = vm(name);
+  }
+  kernel["promoted_bytes"] = vm("pgpromote_success") * page;
+  kernel["demoted_bytes"] = (vm("pgdemote_kswapd") + vm("pgdemote_direct")) * page;
+
+  // The steady state: the pool's bytes on the fast nodes over the second half.
+  uint64_t steady_sum = 0, steady_n = 0;
+  for (size_t p = series.size() / 2; p < series.size(); ++p) {
+    steady_sum += series[p]["pool_fast_bytes"].get<uint64_t>();
+    ++steady_n;
+  }
+  nlohmann::json out = {
+      {"arm", arm},
+      {"access", access},
+      {"trace",
+       {{"name", trace.name}, {"events", trace.events.size()}, {"keys", trace.keys.size()}}},
+      {"block_bytes", *block},
+      {"pool_blocks", pool_blocks},
+      {"pool_bytes", length},
+      {"fast_nodes", fast_nodes},
+      {"balloon_bytes", balloon.bytes()},
+      {"fast_free_at_start", fast_free_at_start},
+      {"fast_high_watermark", replay::NodeHighWatermarkBytes(fast_nodes.front())},
+      {"seconds", seconds},
+      {"stopped_early", stopped_early},
+      {"touches", touches},
+      {"touched_bytes", touched_pages * page},
+      {"fast_bytes", fast_pages * page},
+      {"fast_share", touched_pages ? double(fast_pages) / touched_pages : 0.0},
+      {"unknown_pages", unknown_pages},
+      {"pages_placed_by_pagemap", pagemap_pages},
+      {"admissions", admissions},
+      {"releases", releases},
+      {"corrupt_words", corrupt},
+      {"io_errors", io_errors},
+      {"pool_fast_bytes_steady", steady_n ? steady_sum / steady_n : 0},
+      {"kernel", kernel},
+      {"cpu",
+       {{"replay_user_s", RusageSeconds(ru_after.ru_utime) - RusageSeconds(ru_before.ru_utime)},
+        {"replay_system_s", RusageSeconds(ru_after.ru_stime) - RusageSeconds(ru_before.ru_stime)},
+        {"kswapd_s", kswapd_after - kswapd_before},
+        {"daemon_s", daemon_pid ? daemon_cpu_after - daemon_cpu_before : 0.0},
+        {"client_calls_s", client_seconds}}},
+      {"series", series}};
+  if (client) {
+    // Let the daemon see the last observations, then take its counters.
+    const nlohmann::json after = daemon_status();
+    const nlohmann::json& mb = daemon_before.value("migrations", nlohmann::json::object());
+    const nlohmann::json& ma = after.value("migrations", nlohmann::json::object());
+    auto delta = [&](const char* k) {
+      const uint64_t a = ma.value(k, uint64_t{0}), b = mb.value(k, uint64_t{0});
+      return a - std::min(a, b);
+    };
+    out["daemon"] = {{"policy", after.value("policy", std::string())},
+                     {"promotions", delta("promotions")},
+                     {"demotions", delta("demotions")},
+                     {"promoted_bytes", delta("promoted_bytes")},
+                     {"demoted_bytes", delta("demoted_bytes")},
+                     {"failed", delta("failed")},
+                     {"restored", restored}};
+  }
+  const std::string text = out.dump() + "\n";
+  if (json_path.empty()) {
+    std::cout << text;
+  } else {
+    std::ofstream f(json_path);
+    f << text;
+    if (!f) return Fail("cannot write " + json_path);
+  }
+  if (corrupt || io_errors) {
+    return Fail(std::to_string(corrupt) + " corrupt words, " + std::to_string(io_errors) +
+                " failed device writes");
+  }
+  return 0;
+}
