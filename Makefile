@@ -1,6 +1,6 @@
 # Conveniences over scripts/ (make itself is not needed: the README uses the scripts).
 BUILD_DIR ?= build
-.PHONY: run test check build format format-check bench fuzz load clean
+.PHONY: run test check build format format-check bench fuzz load compare clean
 
 run:
 	bash scripts/run.sh
@@ -23,6 +23,11 @@ bench: build
 # 256 clients x 1K blocks reporting for 60 s against one cxltierd (docs/security.md).
 load: build
 	BUILD_DIR=$(abspath $(BUILD_DIR)) bash scripts/load.sh 256 1024 60
+
+# cxltier against the kernel's own tiering in the QEMU guests (docs/comparison.md):
+# every arm, both access kinds; the report in build/compare/report.md.
+compare: build
+	bash tools/qemu/compare.sh --bin $(abspath $(BUILD_DIR))/bin --cache $(abspath $(BUILD_DIR))/qemu-cache --out $(abspath $(BUILD_DIR))/compare
 
 # libFuzzer targets (clang), FUZZ_SECONDS each; the tests run them for 30 s.
 FUZZ_SECONDS ?= 600

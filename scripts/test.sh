@@ -53,6 +53,13 @@ guest() {
 stage e2e-numa guest numa
 stage e2e-hmat guest hmat
 stage e2e-cxl guest cxl
+# The comparison with the kernel's own tiering, short: every arm runs in both
+# guests and its figures parse (`make compare` is the full run).
+compare_short() {
+  bash "$CXLTIER_ROOT/tools/qemu/compare.sh" --short --bin "$BUILD_DIR/bin" \
+    --cache "$BUILD_DIR/qemu-cache" --out "$BUILD_DIR/compare-short" && GUESTS_PASSED=$((GUESTS_PASSED + 1))
+}
+stage compare-short compare_short
 # A real systemd host: debootstrapped Debian 12 (cached), systemd as PID 1, our
 # .deb installed with dpkg -i, socket activation, sandboxed migration, watchdog.
 systemd_guest() {

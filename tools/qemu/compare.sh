@@ -35,16 +35,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# The two sizes. The fast tier is FREE of node 0 (a locked balloon takes the
-# rest); the pool is several times that.
+# The two sizes. A locked balloon leaves FREE bytes of node 0 free above its
+# high watermark; the pool is several times that.
 BLOCK=16384
 if [ "$SHORT" = 1 ]; then
-  ATTENTION="steps=300,sessions=6,batch=2,context_min=4096,context_max=8192,topk=16,turn_tokens=32,pause_steps=30,user_tokens=64,turns=4,shared_prefix_blocks=8,release_on_pause=0.5"
-  FREE=1MiB STEP_MS=0 MEMORY=768 TIMEOUT=1200
+  ATTENTION="steps=120,sessions=4,batch=2,context_min=4096,context_max=8192,topk=8,turn_tokens=16,pause_steps=15,user_tokens=64,turns=4,shared_prefix_blocks=8,release_on_pause=0.5"
+  FREE=$((1 << 20)) STEP_MS=0 MEMORY=768 TIMEOUT=1200
   OUT=${OUT:-$ROOT/build/compare-short}
 else
-  ATTENTION="steps=2000,sessions=8,batch=4,context_min=4096,context_max=8192,topk=32,turn_tokens=128,pause_steps=200,user_tokens=256,turns=4,shared_prefix_blocks=16,release_on_pause=0.3"
-  FREE=16MiB STEP_MS=0 MEMORY=1024 TIMEOUT=7200
+  ATTENTION="steps=600,sessions=8,batch=4,context_min=4096,context_max=8192,topk=16,turn_tokens=64,pause_steps=60,user_tokens=128,turns=4,shared_prefix_blocks=16,release_on_pause=0.3"
+  FREE=$((1 << 20)) STEP_MS=0 MEMORY=1024 TIMEOUT=7200
   OUT=${OUT:-$ROOT/build/compare}
 fi
 for b in cxltier-replay cxltier-sim cxltierd; do

@@ -10,7 +10,12 @@ SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5
 SOCK=/run/cxltierd/cxltierd.sock
 DISK=/dev/vda
 RATE_MIB_S=1024  # the daemon's default migration rate; the tuned kernel promotes no faster
-fail() { echo "COMPARE FAIL: $*"; [ -f /tmp/cxltierd.log ] && tail -n 30 /tmp/cxltierd.log; exit 1; }
+fail() {
+  echo "COMPARE FAIL: $*"
+  [ -f /tmp/cxltierd.log ] && tail -n 30 /tmp/cxltierd.log
+  dmesg | grep -i -A12 "invoked oom\|out of memory" | tail -n 40
+  exit 1
+}
 mkdir -p /run/cxltierd /var/lib/cxltierd
 mount -t debugfs none /sys/kernel/debug 2>/dev/null || true
 [ -b "$DISK" ] || fail "no $DISK (guest.sh --disk)"
@@ -20,12 +25,19 @@ DEVICE_IO=0
 [ "$SHAPE" = cxl ] && DEVICE_IO=4096
 
 if [ "$SHAPE" = cxl ]; then
-  # The emulated Type-3 device as system RAM, movable (daxctl's default): node 1,
-  # in a lower memory tier than node 0, which is what the kernel demotes to.
+  # The emulated Type-3 device as system RAM: node 1, in a lower memory tier
+  # than node 0, which is what the kernel demotes to. Not movable, so that the
+  # kernel's own allocations may use it too when node 0 runs low (a movable
+  # zone takes only user pages, and node 0 is kept nearly full here).
   cxl create-region -m -t pmem -d decoder0.0 -w 1 mem0 >/tmp/region.json || fail "cxl create-region"
   ndctl create-namespace -m devdax -r region0 >/tmp/ns.json || fail "ndctl create-namespace"
-  daxctl reconfigure-device --mode=system-ram dax0.0 >/tmp/dax.json || fail "daxctl reconfigure-device"
+  daxctl reconfigure-device --mode=system-ram --no-movable dax0.0 >/tmp/dax.json ||
+    fail "daxctl reconfigure-device"
 fi
+# Watermarks to the guest's size: khugepaged raises min_free_kbytes to tens of
+# MiB on any machine, as much as the whole KV pool here (a host's hundreds of
+# GiB make them a rounding error). 4 MiB, and the low-to-high gap 1 MiB.
+echo 4096 > /proc/sys/vm/min_free_kbytes
 echo "== $SHAPE guest: kernel $(uname -r), nodes $(cat /sys/devices/system/node/online)"
 for t in /sys/devices/virtual/memory_tiering/memory_tier*; do
   [ -d "$t" ] && echo "   $(basename "$t"): nodes $(cat "$t/nodelist")"
@@ -71,12 +83,12 @@ stop_daemon() {
   wait $DAEMON || fail "cxltierd did not exit 0"
 }
 
-run_arm() {  # name access [replay flags...]
+run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
   name=$1 access=$2
   shift 2
   echo "== arm $name, $access reads ($(date +%T))"
   out=/tmp/arm-$name-$access.json
-  cxltier-replay --trace "bin:$TRACE" --block-bytes "$BLOCK" --fast-free "$FREE" \
+  cxltier-replay --trace "bin:$TRACE" --block-bytes "$BLOCK" --fast-free "$ARM_FREE" \
     --access "$access" --device "$DISK" --device-io $DEVICE_IO --step-ms "$STEP_MS" --arm "$name" \
     --json "$out" "$@" ||
     fail "arm $name ($access)"
@@ -84,6 +96,7 @@ run_arm() {  # name access [replay flags...]
 }
 
 for access in cpu device; do
+  ARM_FREE=$FREE
   defaults
   run_arm none "$access"
   kernel_knobs 2 true 65536 1000 1000 60000
@@ -93,12 +106,17 @@ for access in cpu device; do
   kernel_knobs 2 true $RATE_MIB_S 100 100 1000
   run_arm kernel-tuned "$access"
   # Equal capacity: cxltierd's tier-0 budget is what the kernel kept of the
-  # pool on node 0 in the second half of its default arm.
+  # pool on node 0 in the second half of its default arm. The kernel kept it
+  # by running node 0 down into its watermarks (reclaim demotes from there);
+  # cxltierd does not reclaim, so its balloon leaves that budget free above
+  # the high watermark on top of FREE: every arm has FREE for everything but
+  # the pool, and the pool gets the same bytes of node 0.
   budget=$(sed -n 's/.*"pool_fast_bytes_steady":\([0-9]*\).*/\1/p' /tmp/arm-kernel-$access.json)
   [ -n "$budget" ] && [ "$budget" -gt 0 ] || fail "the kernel arm kept nothing on node 0"
   budget=$((budget / BLOCK * BLOCK))
   echo "COMPARE-BUDGET {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"tier0_budget\":$budget}"
   defaults
+  ARM_FREE=$((FREE + budget))
   for policy in default lru; do
     start_daemon $policy $budget
     run_arm cxltier-$policy "$access" --socket "$SOCK" --daemon-pid $DAEMON

@@ -38,23 +38,28 @@ int64_t NodeFreeBytes(int node) {
   return -1;
 }
 
-uint64_t NodeHighWatermarkBytes(int node) {
+ZoneMemory NodeUserZones(int node) {
   std::ifstream in("/proc/zoneinfo");
   std::string line;
   bool ours = false;
-  uint64_t pages = 0;
+  ZoneMemory m;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   while (std::getline(in, line)) {
     int n = -1;
     char zone[32];
     if (std::sscanf(line.c_str(), "Node %d, zone %31s", &n, zone) == 2) {
-      ours = n == node;
+      ours = n == node && std::strcmp(zone, "DMA") != 0;
       continue;
     }
     unsigned long long v = 0;
-    if (ours && std::sscanf(line.c_str(), " high %llu", &v) == 1) pages += v;
+    if (!ours) continue;
+    if (std::sscanf(line.c_str(), " pages free %llu", &v) == 1) m.free += v * page;
+    if (std::sscanf(line.c_str(), " high %llu", &v) == 1) m.high += v * page;
   }
-  return pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return m;
 }
+
+uint64_t NodeHighWatermarkBytes(int node) { return NodeUserZones(node).high; }
 
 double ProcessCpuSeconds(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
@@ -125,61 +130,108 @@ int Residency::NodeOfPage(uintptr_t address) {
   return phys - it->first < block_bytes_ ? it->second : -1;
 }
 
-Residency::Count Residency::Query(const void* base, uint64_t bytes, const std::vector<int>& fast) {
+void Residency::Add(size_t i, const std::vector<int>& fast, Count* c) {
+  int node = status_[i];
+  if (node < 0) {
+    node = NodeOfPage(reinterpret_cast<uintptr_t>(pages_[i]));
+    c->via_pagemap += node >= 0;
+  }
+  if (node < 0) {
+    ++c->unknown;
+  } else if (std::find(fast.begin(), fast.end(), node) != fast.end()) {
+    ++c->fast;
+  } else {
+    ++c->other;
+  }
+}
+
+std::vector<Residency::Count> Residency::QueryMany(const std::vector<const void*>& bases,
+                                                   uint64_t bytes, const std::vector<int>& fast) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const size_t n = (bytes + page - 1) / page;
-  pages_.resize(n);
-  status_.assign(n, -1);
-  for (size_t i = 0; i < n; ++i)
-    pages_[i] = const_cast<char*>(static_cast<const char*>(base)) + i * page;
-  Count c;
-  if (numa_move_pages(0, n, pages_.data(), nullptr, status_.data(), 0) < 0) {
-    status_.assign(n, -errno);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    int node = status_[i];
-    if (node < 0) {
-      node = NodeOfPage(reinterpret_cast<uintptr_t>(pages_[i]));
-      c.via_pagemap += node >= 0;
-    }
-    if (node < 0) {
-      ++c.unknown;
-    } else if (std::find(fast.begin(), fast.end(), node) != fast.end()) {
-      ++c.fast;
-    } else {
-      ++c.other;
+  const size_t per = (bytes + page - 1) / page;
+  pages_.clear();
+  for (const void* base : bases) {
+    for (size_t i = 0; i < per; ++i) {
+      pages_.push_back(const_cast<char*>(static_cast<const char*>(base)) + i * page);
     }
   }
-  return c;
+  status_.assign(pages_.size(), -1);
+  if (!pages_.empty() &&
+      numa_move_pages(0, pages_.size(), pages_.data(), nullptr, status_.data(), 0) < 0) {
+    status_.assign(pages_.size(), -errno);
+  }
+  std::vector<Count> out(bases.size());
+  for (size_t b = 0; b < bases.size(); ++b) {
+    for (size_t i = 0; i < per; ++i) Add(b * per + i, fast, &out[b]);
+  }
+  return out;
+}
+
+Residency::Count Residency::Query(const void* base, uint64_t bytes, const std::vector<int>& fast) {
+  return QueryMany({base}, bytes, fast).front();
 }
 
 Balloon::~Balloon() {
-  if (base_) munmap(base_, bytes_);
+  for (const Chunk& c : chunks_) munmap(c.base, c.bytes);
 }
 
-std::string Balloon::Inflate(int node, uint64_t free_bytes) {
-  const int64_t free_now = NodeFreeBytes(node);
-  if (free_now < 0) return "cannot read node " + std::to_string(node) + "'s free memory";
-  const uint64_t keep = free_bytes + NodeHighWatermarkBytes(node);
-  if (static_cast<uint64_t>(free_now) <= keep) return "";  // already no more free than that
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  bytes_ = (static_cast<uint64_t>(free_now) - keep) / page * page;
-  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base_ == MAP_FAILED) {
-    base_ = nullptr;
-    return "cannot map a balloon of " + std::to_string(bytes_) + " bytes";
-  }
-  madvise(base_, bytes_, MADV_NOHUGEPAGE);
+uint64_t Balloon::bytes() const {
+  uint64_t n = 0;
+  for (const Chunk& c : chunks_) n += c.bytes;
+  return n;
+}
+
+std::string Balloon::Grow(int node, uint64_t bytes) {
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return "cannot map " + std::to_string(bytes) + " bytes of balloon";
+  chunks_.push_back({base, bytes});
+  madvise(base, bytes, MADV_NOHUGEPAGE);
   unsigned long mask[16] = {};
   mask[node / 64] |= 1UL << (node % 64);
-  if (mbind(base_, bytes_, MPOL_BIND, mask, 1024, 0) != 0) {
+  if (mbind(base, bytes, MPOL_BIND, mask, 1024, 0) != 0) {
     return std::string("mbind of the balloon: ") + std::strerror(errno);
   }
-  if (mlock(base_, bytes_) != 0) {
+  if (mlock(base, bytes) != 0) {
     return std::string("mlock of the balloon (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK): ") +
            std::strerror(errno);
   }
   return "";
+}
+
+void Balloon::Shrink(uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  while (bytes > 0 && !chunks_.empty()) {
+    Chunk& c = chunks_.back();
+    const uint64_t cut = std::min(c.bytes, bytes) / page * page;
+    if (cut == 0) break;
+    munmap(static_cast<char*>(c.base) + (c.bytes - cut), cut);
+    c.bytes -= cut;
+    bytes -= cut;
+    if (c.bytes == 0) chunks_.pop_back();
+  }
+}
+
+std::string Balloon::Inflate(int node, uint64_t free_bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  constexpr int64_t kSlack = 256 << 10;
+  for (int round = 0; round < 50; ++round) {
+    const ZoneMemory m = NodeUserZones(node);
+    if (m.free == 0) return "cannot read node " + std::to_string(node) + "'s zones";
+    const int64_t free_now = static_cast<int64_t>(m.free);
+    const int64_t keep = static_cast<int64_t>(free_bytes + m.high);
+    const int64_t off = free_now - keep;
+    if (off > kSlack) {
+      if (std::string err = Grow(node, static_cast<uint64_t>(off) / page * page); !err.empty()) {
+        return err;
+      }
+    } else if (off < -kSlack && bytes() > 0) {
+      Shrink(static_cast<uint64_t>(-off));
+    } else if (round > 0) {
+      return "";  // within the slack, and it held for a round
+    }
+    usleep(100 * 1000);
+  }
+  return "";  // as close as 5 s of settling got; fast_free_at_start says how close
 }
 
 }  // namespace cxltier::replay

@@ -17,8 +17,14 @@ std::map<std::string, uint64_t> ReadVmstat();
 
 // Free bytes of one node (/sys/devices/system/node/nodeN/meminfo, MemFree); -1 unknown.
 int64_t NodeFreeBytes(int node);
-// The sum of the high watermarks of a node's zones (/proc/zoneinfo), in bytes:
-// below it kswapd reclaims (and, with demotion on, demotes).
+// A node's free memory and high watermark (below it kswapd reclaims and, with
+// demotion on, demotes), summed over its zones but DMA (/proc/zoneinfo), in
+// bytes: ZONE_DMA's free pages are kept for DMA allocations by its lowmem
+// reserve, and user memory never gets them.
+struct ZoneMemory {
+  uint64_t free = 0, high = 0;
+};
+ZoneMemory NodeUserZones(int node);
 uint64_t NodeHighWatermarkBytes(int node);
 
 // utime + stime of a process, in seconds (/proc/PID/stat); -1 when it is gone.
@@ -40,9 +46,14 @@ class Residency {
     uint64_t fast = 0, other = 0, unknown = 0, via_pagemap = 0;
   };
   Count Query(const void* base, uint64_t bytes, const std::vector<int>& fast);
+  // The same for several ranges of `bytes` each, in one move_pages call: one
+  // Count per range.
+  std::vector<Count> QueryMany(const std::vector<const void*>& bases, uint64_t bytes,
+                               const std::vector<int>& fast);
 
  private:
   int NodeOfPage(uintptr_t address);  // via pagemap; -1 unknown
+  void Add(size_t page, const std::vector<int>& fast, Count* c);
   int pagemap_ = -1;
   uint64_t block_bytes_ = 0;
   std::map<uint64_t, int> block_node_;  // first physical byte of a memory block -> node
@@ -60,13 +71,21 @@ class Balloon {
   ~Balloon();
   Balloon(const Balloon&) = delete;
   Balloon& operator=(const Balloon&) = delete;
-  // Returns "" or what went wrong.
+  // Returns "" or what went wrong. Inflating can wake kswapd (and, with
+  // demotion on, make it demote), which frees more than it took: the balloon
+  // grows and shrinks until the node's free memory is within 256 KiB of the
+  // target, for up to 50 rounds of 100 ms.
   std::string Inflate(int node, uint64_t free_bytes);
-  uint64_t bytes() const { return bytes_; }
+  uint64_t bytes() const;
 
  private:
-  void* base_ = nullptr;
-  uint64_t bytes_ = 0;
+  std::string Grow(int node, uint64_t bytes);
+  void Shrink(uint64_t bytes);
+  struct Chunk {
+    void* base;
+    uint64_t bytes;
+  };
+  std::vector<Chunk> chunks_;
 };
 
 }  // namespace cxltier::replay

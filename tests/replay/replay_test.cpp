@@ -1,0 +1,95 @@
+// cxltier-replay's parts: FitToPool (the trace every arm of the comparison
+// and cxltier-sim replay) and Residency (where the kernel says pages are).
+#include <gtest/gtest.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+
+#include "fit.h"
+#include "host.h"
+
+namespace cxltier::replay {
+namespace {
+
+sim::Trace Touches(std::initializer_list<std::pair<uint32_t, uint32_t>> step_key, uint32_t keys) {
+  sim::Trace t;
+  for (uint32_t k = 0; k < keys; ++k) t.keys.push_back(BlockKey{1, k});
+  for (auto [step, key] : step_key) {
+    t.events.push_back(sim::TraceEvent{step, key, 1.0f, sim::EventKind::kTouch});
+  }
+  return t;
+}
+
+TEST(FitToPool, AFullPoolReleasesItsLeastRecentlyTouchedBlock) {
+  // Keys 0, 1, then 0 again (now the most recent), then 2: the pool of two
+  // must free key 1, not key 0.
+  const sim::Trace t = Touches({{0, 0}, {1, 1}, {2, 0}, {3, 2}, {4, 1}}, 3);
+  FitStats s;
+  const sim::Trace f = FitToPool(t, 2, &s);
+  ASSERT_EQ(f.events.size(), 7u);
+  EXPECT_EQ(f.events[3].kind, sim::EventKind::kRelease);
+  EXPECT_EQ(f.events[3].key, 1u);
+  EXPECT_EQ(f.events[3].step, 3u);  // at the step of the admission that needed room
+  EXPECT_EQ(f.events[4].key, 2u);
+  EXPECT_EQ(f.events[5].kind, sim::EventKind::kRelease);  // key 1 comes back: key 0 goes
+  EXPECT_EQ(f.events[5].key, 0u);
+  EXPECT_EQ(s.forced_releases, 2u);
+  EXPECT_EQ(s.max_live, 2u);
+  EXPECT_EQ(s.admissions, 4u);
+  EXPECT_EQ(s.readmissions, 1u);
+  EXPECT_TRUE(f.Validate().empty()) << f.Validate();
+}
+
+TEST(FitToPool, KeepsTheTracesOwnReleasesAndDropsReleasesOfBlocksNotLive) {
+  sim::Trace t = Touches({{0, 0}, {0, 1}}, 2);
+  t.events.push_back(sim::TraceEvent{1, 0, 0.0f, sim::EventKind::kRelease});
+  t.events.push_back(sim::TraceEvent{1, 0, 0.0f, sim::EventKind::kRelease});  // not live now
+  t.events.push_back(sim::TraceEvent{2, 0, 1.0f, sim::EventKind::kTouch});
+  FitStats s;
+  const sim::Trace f = FitToPool(t, 8, &s);
+  ASSERT_EQ(f.events.size(), 4u);
+  EXPECT_EQ(f.events[2].kind, sim::EventKind::kRelease);
+  EXPECT_EQ(s.forced_releases, 0u);
+  EXPECT_EQ(s.readmissions, 1u);
+  // Big enough for everything: the trace is unchanged but for the dropped release.
+  EXPECT_EQ(f.touches(), t.touches());
+}
+
+TEST(Residency, PresentPagesAreOnANodeAndMissingOnesAreUnknown) {
+  const long page = sysconf(_SC_PAGESIZE);
+  auto* p = static_cast<char*>(
+      mmap(nullptr, 8 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  std::memset(p, 1, 5 * page);  // five pages exist, three were never touched
+  Residency r;
+  // Every present page is on some node; which one the test cannot know on
+  // every machine, so it asks with every node counted fast, then with none.
+  std::vector<int> all;
+  for (int n = 0; n < 64; ++n) all.push_back(n);
+  const Residency::Count c = r.Query(p, 8 * page, all);
+  EXPECT_EQ(c.fast, 5u);
+  EXPECT_EQ(c.other, 0u);
+  EXPECT_EQ(c.unknown, 3u);
+  const Residency::Count none = r.Query(p, 8 * page, {-5});
+  EXPECT_EQ(none.fast, 0u);
+  EXPECT_EQ(none.other, 5u);
+  munmap(p, 8 * page);
+}
+
+TEST(Host, VmstatCpuTimeAndFreeMemoryAreRead) {
+  const std::map<std::string, uint64_t> vm = ReadVmstat();
+  EXPECT_TRUE(vm.count("pgfault")) << "no pgfault in /proc/vmstat";
+  EXPECT_GE(ProcessCpuSeconds(getpid()), 0.0);
+  EXPECT_LT(ProcessCpuSeconds(999999999), 0.0);  // no such process
+  EXPECT_GT(NodeFreeBytes(0), 0);
+  EXPECT_GT(NodeHighWatermarkBytes(0), 0u);
+  EXPECT_GT(NodeUserZones(0).free, 0u);
+  EXPECT_LE(NodeUserZones(0).free, static_cast<uint64_t>(NodeFreeBytes(0)) + (64u << 20));
+  EXPECT_LT(NodeFreeBytes(4000), 0);
+}
+
+}  // namespace
+}  // namespace cxltier::replay
