@@ -10,7 +10,7 @@
 # tuned setting), and cxltierd (default policy, and LRU) with the tier-0
 # budget the kernel's default arm kept; for CPU loads and for device reads
 # (O_DIRECT writes to a virtio disk). cxltier-sim gives MIN on the same trace
-# at the same capacity. Results: DIR/report.md (the tables), DIR/share-*.png
+# at the same capacity. Results: DIR/report.md (the tables), DIR/comparison-*.png
 # (the fast-tier share over time), DIR/*.jsonl (every figure).
 # --short is the form the README's test command runs: a small trace, to check
 # that every arm runs and its figures parse; it says nothing about who wins.

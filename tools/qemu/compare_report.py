@@ -6,7 +6,7 @@
 Reads DIR/trace.json, DIR/results.jsonl (one arm per line) and
 DIR/budgets.jsonl (the tier-0 budget each shape and access kind gave
 cxltierd), runs cxltier-sim for MIN (and the daemon's policies) on DIR/trace.bin
-at that capacity, and writes DIR/report.md and DIR/share-SHAPE.png. Fails,
+at that capacity, and writes DIR/report.md and DIR/comparison-SHAPE.png. Fails,
 naming what is missing, unless every arm of every shape and access kind ran
 and reported its figures.
 """
@@ -21,8 +21,12 @@ ARMS = ["none", "kernel", "kernel-tuned", "cxltier-default", "cxltier-lru"]
 ACCESS = ["cpu", "device"]
 NEEDED = ["fast_share", "fast_share_retouch", "touched_bytes", "touches", "seconds", "pool_fast_bytes_steady", "series"]
 MIB = 1 << 20
-# cxltier-sim's default model (llama3-70b): its budget is in bytes of these blocks.
-SIM_BLOCK = 5 * MIB
+# cxltier-sim's default model (llama3-70b) stores 320 KiB a token: its budget
+# is in bytes of blocks of the trace's tokens.
+SIM_BYTES_PER_TOKEN = 320 << 10
+# The balloon settles within 256 KiB of its target; a little more for the
+# kernel's own allocations between the settling and the first touch.
+SETTLE_SLACK = 512 << 10
 
 
 def fail(msg):
@@ -45,9 +49,9 @@ def load_lines(path):
     return out
 
 
-def simulate(binary, trace, blocks, policies):
+def simulate(binary, trace, blocks, sim_block, policies):
     cmd = [binary, "--trace", f"bin:{trace}", "--policy", ",".join(policies), "--persist", "persist",
-           "--budget", f"{blocks * 5}MiB", "--json"]
+           "--budget", str(blocks * sim_block), "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         fail(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
@@ -59,7 +63,7 @@ def pct(x):
 
 
 def mib(b):
-    return f"{b / MIB:.0f}"
+    return f"{b / MIB:.2f}"
 
 
 def main():
@@ -72,9 +76,11 @@ def main():
     with open(os.path.join(a.out, "trace.json")) as f:
         trace = json.load(f)
     results = {}
+    lower_tier = {}
     for line in load_lines(os.path.join(a.out, "results.jsonl")):
         r = line["result"]
         results[(line["shape"], r["access"], r["arm"])] = r
+        lower_tier[line["shape"]] = line.get("lower_tier")
     budgets = {(b["shape"], b["access"]): b["tier0_budget"]
                for b in load_lines(os.path.join(a.out, "budgets.jsonl"))}
     for shape in shapes:
@@ -92,9 +98,19 @@ def main():
                     fail(f"arm {arm} ({shape}, {access}) touched nothing")
                 if arm.startswith("cxltier") and "daemon" not in r:
                     fail(f"arm {arm} ({shape}, {access}) has no daemon counters")
+                if r.get("stopped_early"):
+                    fail(f"arm {arm} ({shape}, {access}) stopped before the end of the trace")
+                # Equal capacity: every arm started with the same memory of
+                # node 0 free above its high watermark but the pool's budget.
+                want = r["fast_free_target"]
+                got = r["fast_above_high_at_start"]
+                if abs(got - want) > SETTLE_SLACK:
+                    fail(f"arm {arm} ({shape}, {access}): node 0 had {got} bytes free above its "
+                         f"high watermark at the start, not {want}")
 
     trace_bin = os.path.join(a.out, "trace.bin")
     sim_bin = os.path.join(a.bin, "cxltier-sim")
+    sim_block = SIM_BYTES_PER_TOKEN * trace["block_tokens"]
     md = []
     md.append(f"Trace: {trace['touches']:,} touches of {trace['keys']:,} blocks "
               f"({trace['admissions']:,} admissions, {trace['readmissions']:,} of them "
@@ -106,14 +122,20 @@ def main():
         any_r = results[(shape, "cpu", "none")]
         block = any_r["block_bytes"]
         md.append(f"### {shape} guest: pool {mib(any_r['pool_bytes'])} MiB of "
-                  f"{block // 1024} KiB blocks, node 0 left "
-                  f"{mib(any_r['fast_free_at_start'])} MiB free by the balloon")
+                  f"{block // 1024} KiB blocks; the balloon leaves node 0 "
+                  f"{mib(any_r['fast_free_target'])} MiB free above its high watermark "
+                  f"({mib(any_r['fast_high_watermark'])} MiB)")
         md.append("")
+        if lower_tier.get(shape) is False:
+            md.append("Node 1 is in node 0's memory tier here (a CPU-less DRAM node, in 6.1): "
+                      "the kernel has no tier to demote to, and NUMA balancing's tiering mode "
+                      "leaves pages on top-tier nodes alone, so its arms run as first touch.")
+            md.append("")
         for access in ACCESS:
             budget = budgets[(shape, access)]
             blocks = budget // block
             policy = results[(shape, access, "cxltier-default")]["daemon"].get("policy") or "lfu"
-            sim = simulate(sim_bin, trace_bin, blocks, ["min", "lru", policy])
+            sim = simulate(sim_bin, trace_bin, blocks, sim_block, ["min", "lru", policy])
             md.append(f"**{access} reads**; equal capacity: {mib(budget)} MiB ({blocks} blocks) "
                       f"of the pool on node 0, what the kernel kept there")
             md.append("")
@@ -142,9 +164,9 @@ def main():
                 row = sim[p]
                 # The simulator counts an admission's first touch in no tier.
                 retouch = row["hits"] / max(1, row["touches"] - row["admits"])
-                md.append(f"| cxltier-sim {p} (demand) | {pct(retouch)} | {pct(row['hit_rate'])} | "
-                          f"{mib(row['promoted_bytes'] * block // SIM_BLOCK)} | "
-                          f"{mib(row['demoted_bytes'] * block // SIM_BLOCK)} | - | - | - | - | - | "
+                md.append(f"| cxltier-sim {p} (demand) | {pct(retouch)} | - | "
+                          f"{mib(row['promoted_bytes'] * block // sim_block)} | "
+                          f"{mib(row['demoted_bytes'] * block // sim_block)} | - | - | - | - | - | "
                           f"{mib(blocks * block)} | - |")
             md.append("")
         md.append(f"![fast-tier share over time, {shape} guest](img/comparison-{shape}.png)")
@@ -165,17 +187,17 @@ def plot(out, shape, results):
                 for p in results[(shape, access, arm)]["series"]:
                     f.write(f"{p['step']} {100 * p['share']:.2f}\n")
                 f.write("\n\n")
-    png = os.path.join(out, f"share-{shape}.png")
+    png = os.path.join(out, f"comparison-{shape}.png")
     lines = []
     for i, access in enumerate(ACCESS):
         series = ", ".join(
             f"'{data}' index {i * len(ARMS) + j} using 1:2 with linespoints title '{arm}'"
             for j, arm in enumerate(ARMS))
-        lines.append(f"set title '{shape} guest, {access} reads: touched bytes found on node 0'\n"
+        lines.append(f"set title '{shape} guest, {access} reads: re-touched bytes found on node 0'\n"
                      f"plot {series}\n")
     script = ("set terminal pngcairo size 1400,500 noenhanced font 'sans,10'\n"
               f"set output '{png}'\nset multiplot layout 1,2\n"
-              "set xlabel 'workload step'\nset ylabel '% of touched bytes on node 0'\n"
+              "set xlabel 'workload step'\nset ylabel '% of re-touched bytes on node 0'\n"
               "set yrange [0:100]\nset key bottom right\n" + "".join(lines) + "unset multiplot\n")
     r = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True)
     if r.returncode != 0:

@@ -43,6 +43,7 @@ ZoneMemory NodeUserZones(int node) {
   std::string line;
   bool ours = false;
   ZoneMemory m;
+  uint64_t zone_free = 0;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   while (std::getline(in, line)) {
     int n = -1;
@@ -53,8 +54,15 @@ ZoneMemory NodeUserZones(int node) {
     }
     unsigned long long v = 0;
     if (!ours) continue;
-    if (std::sscanf(line.c_str(), " pages free %llu", &v) == 1) m.free += v * page;
-    if (std::sscanf(line.c_str(), " high %llu", &v) == 1) m.high += v * page;
+    // "pages free" comes before "high" in each zone's block.
+    if (std::sscanf(line.c_str(), " pages free %llu", &v) == 1) {
+      zone_free = v * page;
+      m.free += zone_free;
+    }
+    if (std::sscanf(line.c_str(), " high %llu", &v) == 1) {
+      m.high += v * page;
+      m.above_high += zone_free > v * page ? zone_free - v * page : 0;
+    }
   }
   return m;
 }
@@ -214,24 +222,27 @@ void Balloon::Shrink(uint64_t bytes) {
 std::string Balloon::Inflate(int node, uint64_t free_bytes) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   constexpr int64_t kSlack = 256 << 10;
+  int64_t off = 0;
   for (int round = 0; round < 50; ++round) {
     const ZoneMemory m = NodeUserZones(node);
     if (m.free == 0) return "cannot read node " + std::to_string(node) + "'s zones";
-    const int64_t free_now = static_cast<int64_t>(m.free);
-    const int64_t keep = static_cast<int64_t>(free_bytes + m.high);
-    const int64_t off = free_now - keep;
+    off = static_cast<int64_t>(m.above_high) - static_cast<int64_t>(free_bytes);
     if (off > kSlack) {
       if (std::string err = Grow(node, static_cast<uint64_t>(off) / page * page); !err.empty()) {
         return err;
       }
     } else if (off < -kSlack && bytes() > 0) {
       Shrink(static_cast<uint64_t>(-off));
+    } else if (off < -kSlack) {
+      return "";  // less free than that already: the output's fast_above_high_at_start says so
     } else if (round > 0) {
       return "";  // within the slack, and it held for a round
     }
     usleep(100 * 1000);
   }
-  return "";  // as close as 5 s of settling got; fast_free_at_start says how close
+  return "node " + std::to_string(node) + "'s free memory did not settle within 256 KiB of " +
+         std::to_string(free_bytes) + " bytes above its high watermark in 5 s (" +
+         std::to_string(off) + " bytes off)";
 }
 
 }  // namespace cxltier::replay

@@ -23,6 +23,7 @@ int64_t NodeFreeBytes(int node);
 // reserve, and user memory never gets them.
 struct ZoneMemory {
   uint64_t free = 0, high = 0;
+  uint64_t above_high = 0;  // the sum over the zones of what each has free above its own high
 };
 ZoneMemory NodeUserZones(int node);
 uint64_t NodeHighWatermarkBytes(int node);
@@ -73,8 +74,9 @@ class Balloon {
   Balloon& operator=(const Balloon&) = delete;
   // Returns "" or what went wrong. Inflating can wake kswapd (and, with
   // demotion on, make it demote), which frees more than it took: the balloon
-  // grows and shrinks until the node's free memory is within 256 KiB of the
-  // target, for up to 50 rounds of 100 ms.
+  // grows and shrinks until the node's free memory above the high watermark
+  // is within 256 KiB of the target and stays so for a round; an error if it
+  // has not after 50 rounds of 100 ms.
   std::string Inflate(int node, uint64_t free_bytes);
   uint64_t bytes() const;
 

@@ -134,30 +134,32 @@ int main(int argc, char** argv) {
   if (intervals == 0) intervals = 1;
 
   // ---- the trace, fitted to the pool ----
-  sim::Trace raw;
+  auto raw = std::make_unique<sim::Trace>();
   if (!trace_spec.empty()) {
     sim::TraceResult r = sim::OpenTrace(trace_spec);
     if (!r.ok()) return Fail(r.error);
-    raw = std::move(r.trace);
+    *raw = std::move(r.trace);
   } else {
     sim::AttentionParams p;
     if (std::string err = p.Parse(attention); !err.empty()) return Fail(err);
     if (std::string err = p.Validate(); !err.empty()) return Fail(err);
-    raw = sim::GenerateAttention(p);
+    *raw = sim::GenerateAttention(p);
   }
-  if (raw.events.empty()) return Fail("the trace is empty");
+  if (raw->events.empty()) return Fail("the trace is empty");
   replay::FitStats fit_stats;
   if (pool_blocks == 0) {
-    replay::FitToPool(raw, UINT32_MAX, &fit_stats);
+    replay::FitToPool(*raw, UINT32_MAX, &fit_stats);
     pool_blocks = std::max<uint32_t>(1, fit_stats.max_live);
   }
-  const sim::Trace trace = replay::FitToPool(raw, pool_blocks, &fit_stats);
+  const sim::Trace trace = replay::FitToPool(*raw, pool_blocks, &fit_stats);
+  raw.reset();  // nothing of it is needed again: no memory of ours beyond what every arm has
   if (!write_trace.empty()) {
     if (std::string err = sim::SaveTrace(trace, write_trace); !err.empty()) return Fail(err);
     const nlohmann::json j = {{"trace", write_trace},
                               {"events", trace.events.size()},
                               {"touches", trace.touches()},
                               {"keys", trace.keys.size()},
+                              {"block_tokens", trace.block_tokens},
                               {"pool_blocks", pool_blocks},
                               {"max_live", fit_stats.max_live},
                               {"admissions", fit_stats.admissions},
@@ -167,7 +169,40 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // ---- capacity, pool, device ----
+  // ---- device, daemon, capacity, pool (in that order) ----
+  int dev = -1;
+  uint64_t dev_slots = 0;
+  if (access == "device") {
+    dev = open(device.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (dev < 0) return Fail(device + ": " + std::strerror(errno));
+    const off_t size = lseek(dev, 0, SEEK_END);
+    dev_slots = size > 0 ? static_cast<uint64_t>(size) / *block : 0;
+    if (dev_slots == 0) return Fail(device + " is smaller than one block");
+  }
+  std::unique_ptr<Client> client;
+  uint32_t pool_id = 0;
+  nlohmann::json daemon_before = nlohmann::json::object();
+  auto daemon_status = [&]() -> nlohmann::json {
+    std::string text;
+    if (!client || !client->Stats("status", &text).ok()) return nlohmann::json::object();
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    return j.is_object() ? j : nlohmann::json::object();
+  };
+  if (!socket_path.empty()) {
+    if (*block % 8192 != 0) return Fail("with --socket, --block-bytes must be a multiple of 8 KiB");
+    ModelGeometry model{"replay", static_cast<uint32_t>(*block / 8192), 1, 1, 128, 2, 16};
+    Status st;
+    client = Client::Connect({socket_path, model, pool_blocks, "replay-" + arm}, &st);
+    if (!client) return Fail(st.message);
+  }
+  // Everything of ours but the pool stays where it is: locked before the
+  // balloon is sized, so that no arm's kswapd can demote it and free node 0
+  // for the pool (the pool, mapped after, is not locked).
+  const bool locked = mlockall(MCL_CURRENT) == 0;
+  if (!locked) {
+    std::fprintf(stderr, "cxltier-replay: mlockall: %s (our own memory may be demoted)\n",
+                 std::strerror(errno));
+  }
   replay::Balloon balloon;
   if (*fast_free > 0) {
     if (std::string err = balloon.Inflate(fast_nodes.front(), *fast_free); !err.empty()) {
@@ -183,34 +218,8 @@ int main(int argc, char** argv) {
   // THP off: a huge page spanning blocks would make them move together. Pages
   // come at admission, where the kernel's first touch puts them.
   madvise(pool, length, MADV_NOHUGEPAGE);
-  int dev = -1;
-  uint64_t dev_slots = 0;
-  if (access == "device") {
-    dev = open(device.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-    if (dev < 0) return Fail(device + ": " + std::strerror(errno));
-    const off_t size = lseek(dev, 0, SEEK_END);
-    dev_slots = size > 0 ? static_cast<uint64_t>(size) / *block : 0;
-    if (dev_slots == 0) return Fail(device + " is smaller than one block");
-  }
-
-  // ---- cxltierd, in the cxltier arms ----
-  std::unique_ptr<Client> client;
-  uint32_t pool_id = 0;
-  nlohmann::json daemon_before = nlohmann::json::object();
-  std::string policy;
-  auto daemon_status = [&]() -> nlohmann::json {
-    std::string text;
-    if (!client || !client->Stats("status", &text).ok()) return nlohmann::json::object();
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    return j.is_object() ? j : nlohmann::json::object();
-  };
-  if (!socket_path.empty()) {
-    ModelGeometry model{"replay", static_cast<uint32_t>(*block / 8192), 1, 1, 128, 2, 16};
-    if (*block % 8192 != 0) return Fail("with --socket, --block-bytes must be a multiple of 8 KiB");
-    Status st;
-    client = Client::Connect({socket_path, model, pool_blocks, "replay-" + arm}, &st);
-    if (!client) return Fail(st.message);
-    st = client->RegisterRangePool(pool, length, stride, pool_blocks, &pool_id);
+  if (client) {
+    Status st = client->RegisterRangePool(pool, length, stride, pool_blocks, &pool_id);
     if (!st.ok()) return Fail("register pool: " + st.message);
     daemon_before = daemon_status();
   }
@@ -243,6 +252,7 @@ int main(int argc, char** argv) {
       std::max<uint32_t>(1, (last_step - first_step + intervals) / intervals);
   uint64_t touches = 0, touched_pages = 0, fast_pages = 0, unknown_pages = 0, pagemap_pages = 0;
   uint64_t admissions = 0, releases = 0, restored = 0, corrupt = 0, io_errors = 0, dev_next = 0;
+  uint64_t observe_failures = 0;
   uint64_t point_pages = 0, point_fast = 0, retouch_pages = 0, retouch_fast = 0;
   double client_seconds = 0;
   volatile uint64_t sink = 0;
@@ -277,12 +287,22 @@ int main(int argc, char** argv) {
     std::vector<wire::AdmitEntry> admit;
     std::vector<uint32_t> admit_keys;
     std::vector<size_t> touch_events;
+    std::vector<uint32_t> freed;  // blocks released, their memory freed after the Release
     auto flush_releases = [&]() -> Status {
-      if (!client || release.empty()) return Status::Ok();
-      const auto t0 = Clock::now();
-      Status r = client->Release(release);
-      client_seconds += Seconds(t0);
+      Status r = Status::Ok();
+      if (client && !release.empty()) {
+        const auto t0 = Clock::now();
+        r = client->Release(release);
+        client_seconds += Seconds(t0);
+      }
       release.clear();
+      // The engine frees the blocks' memory (the kernel forgets their pages),
+      // once the daemon no longer moves them.
+      for (uint32_t b : freed) {
+        madvise(pool + uint64_t{b} * stride, stride, MADV_DONTNEED);
+        free_blocks.push_back(b);
+      }
+      freed.clear();
       return r;
     };
     auto flush = [&]() -> Status {
@@ -292,6 +312,11 @@ int main(int argc, char** argv) {
         std::vector<wire::AdmitResult> results;
         if (Status a = client->Admit(pool_id, admit, &results); !a.ok()) return a;
         client_seconds += Seconds(t0);
+        if (results.size() != admit.size()) {
+          return Status::Fail(wire::ErrorCode::kBadPayload,
+                              "the daemon answered " + std::to_string(results.size()) +
+                                  " admissions of " + std::to_string(admit.size()));
+        }
         for (size_t k = 0; k < admit.size(); ++k) {
           live[admit_keys[k]].slot = results[k].slot;
           restored += results[k].restored;
@@ -341,7 +366,7 @@ int main(int argc, char** argv) {
         }
         if (client) {
           const auto t0 = Clock::now();
-          client->Observe(live[e.key].slot, e.obs);
+          observe_failures += !client->Observe(live[e.key].slot, e.obs);
           client_seconds += Seconds(t0);
         }
       }
@@ -356,9 +381,7 @@ int main(int argc, char** argv) {
           if (Status r = flush(); !r.ok()) return Fail("daemon: " + r.message);
         }
         is_live[e.key] = false;
-        // The engine frees the block's memory: the kernel forgets its pages.
-        madvise(pool + uint64_t{live[e.key].block} * stride, stride, MADV_DONTNEED);
-        free_blocks.push_back(live[e.key].block);
+        freed.push_back(live[e.key].block);
         release.push_back(trace.keys[e.key]);
         ++releases;
         continue;
@@ -430,6 +453,9 @@ int main(int argc, char** argv) {
       {"balloon_bytes", balloon.bytes()},
       {"fast_free_at_start", fast_at_start.free},
       {"fast_high_watermark", fast_at_start.high},
+      {"fast_above_high_at_start", fast_at_start.above_high},
+      {"fast_free_target", *fast_free},
+      {"locked", locked},
       {"seconds", seconds},
       {"stopped_early", stopped_early},
       {"touches", touches},
@@ -442,6 +468,7 @@ int main(int argc, char** argv) {
       {"admissions", admissions},
       {"releases", releases},
       {"corrupt_words", corrupt},
+      {"observe_failures", observe_failures},
       {"io_errors", io_errors},
       {"pool_fast_bytes_steady", steady_n ? steady_sum / steady_n : 0},
       {"kernel", kernel},
@@ -453,7 +480,9 @@ int main(int argc, char** argv) {
         {"client_calls_s", client_seconds}}},
       {"series", series}};
   if (client) {
-    // Let the daemon see the last observations, then take its counters.
+    // Let the daemon fold the last observations and finish its moves, then
+    // take its counters.
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms()));
     const nlohmann::json after = daemon_status();
     const nlohmann::json& mb = daemon_before.value("migrations", nlohmann::json::object());
     const nlohmann::json& ma = after.value("migrations", nlohmann::json::object());
@@ -477,9 +506,10 @@ int main(int argc, char** argv) {
     f << text;
     if (!f) return Fail("cannot write " + json_path);
   }
-  if (corrupt || io_errors) {
+  if (corrupt || io_errors || observe_failures) {
     return Fail(std::to_string(corrupt) + " corrupt words, " + std::to_string(io_errors) +
-                " failed device writes");
+                " failed device writes, " + std::to_string(observe_failures) +
+                " observations refused");
   }
   return 0;
 }
