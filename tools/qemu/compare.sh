@@ -43,7 +43,7 @@ if [ "$SHORT" = 1 ]; then
   FREE=$((1 << 20)) STEP_MS=0 MEMORY=768 TIMEOUT=1200
   OUT=${OUT:-$ROOT/build/compare-short}
 else
-  ATTENTION="steps=600,sessions=8,batch=4,context_min=4096,context_max=8192,topk=16,turn_tokens=64,pause_steps=60,user_tokens=128,turns=4,shared_prefix_blocks=16,release_on_pause=0.3"
+  ATTENTION="steps=400,sessions=8,batch=4,context_min=4096,context_max=8192,topk=16,turn_tokens=64,pause_steps=60,user_tokens=128,turns=4,shared_prefix_blocks=16,release_on_pause=0.3"
   FREE=$((1 << 20)) STEP_MS=0 MEMORY=1024 TIMEOUT=7200
   OUT=${OUT:-$ROOT/build/compare}
 fi

@@ -198,8 +198,10 @@ if [ "$INTERACTIVE" = 1 ]; then
   exec qemu-system-x86_64 "${ARGS[@]}"
 fi
 set +e
-timeout "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | tr -d '\r' | tee "$LOG" |
-  sed -n '/CXLTIER-GUEST-START/,$p' | grep -v '^CXLTIER-GUEST-START'
+# Line-buffered all the way: the console log and our output follow the guest
+# as it runs (a block-buffered tr held back up to 4 KiB).
+timeout "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | stdbuf -oL tr -d '\r' |
+  tee "$LOG" | sed -u -n '/CXLTIER-GUEST-START/,$p' | grep --line-buffered -v '^CXLTIER-GUEST-START'
 qemu_rc=${PIPESTATUS[0]}
 set -e
 finish_guest "guest.sh: the $SHAPE guest (qemu exit $qemu_rc)" "$LOG" CXLTIER-GUEST-EXIT "$start"
