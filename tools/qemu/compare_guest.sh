@@ -25,14 +25,14 @@ DEVICE_IO=0
 [ "$SHAPE" = cxl ] && DEVICE_IO=4096
 
 if [ "$SHAPE" = cxl ]; then
-  # The emulated Type-3 device as system RAM: node 1, in a lower memory tier
-  # than node 0, which is what the kernel demotes to. Not movable, so that the
-  # kernel's own allocations may use it too when node 0 runs low (a movable
-  # zone takes only user pages, and node 0 is kept nearly full here).
+  # The emulated Type-3 device as system RAM, movable (daxctl's default): node
+  # 1, in a lower memory tier than node 0, which is what the kernel demotes
+  # to. Movable, so that only user pages go there: with --no-movable the
+  # kernel puts its own page tables and slab there when node 0 runs low, and
+  # QEMU 7.2's TCG hangs walking page tables in its emulated CXL memory.
   cxl create-region -m -t pmem -d decoder0.0 -w 1 mem0 >/tmp/region.json || fail "cxl create-region"
   ndctl create-namespace -m devdax -r region0 >/tmp/ns.json || fail "ndctl create-namespace"
-  daxctl reconfigure-device --mode=system-ram --no-movable dax0.0 >/tmp/dax.json ||
-    fail "daxctl reconfigure-device"
+  daxctl reconfigure-device --mode=system-ram dax0.0 >/tmp/dax.json || fail "daxctl reconfigure-device"
 fi
 # Watermarks to the guest's size: khugepaged raises min_free_kbytes to tens of
 # MiB on any machine, as much as the whole KV pool here (a host's hundreds of
