@@ -200,7 +200,7 @@ fi
 set +e
 # Line-buffered all the way: the console log and our output follow the guest
 # as it runs (a block-buffered tr held back up to 4 KiB).
-timeout "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | stdbuf -oL tr -d '\r' |
+timeout --kill-after=30 "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | stdbuf -oL tr -d '\r' |
   tee "$LOG" | sed -u -n '/CXLTIER-GUEST-START/,$p' | grep --line-buffered -v '^CXLTIER-GUEST-START'
 qemu_rc=${PIPESTATUS[0]}
 set -e

@@ -114,7 +114,7 @@ HALF=$((MEMORY / 2))
 LOG="$CACHE/console-systemd.log"
 start=$SECONDS
 set +e
-timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -nographic -no-reboot \
+timeout --kill-after=30 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -nographic -no-reboot \
   -m "${MEMORY}M" -machine q35 \
   -object memory-backend-ram,id=m0,size=${HALF}M -object memory-backend-ram,id=m1,size=${HALF}M \
   -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,memdev=m1 -numa dist,src=0,dst=1,val=20 \
