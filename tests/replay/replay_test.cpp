@@ -102,11 +102,11 @@ TEST(Host, VmstatCpuTimeAndFreeMemoryAreRead) {
   EXPECT_TRUE(vm.count("pgfault")) << "no pgfault in /proc/vmstat";
   EXPECT_GE(ProcessCpuSeconds(getpid()), 0.0);
   EXPECT_LT(ProcessCpuSeconds(999999999), 0.0);  // no such process
-  EXPECT_GT(NodeFreeBytes(0), 0);
-  EXPECT_GT(NodeHighWatermarkBytes(0), 0u);
-  EXPECT_GT(NodeUserZones(0).free, 0u);
-  EXPECT_LE(NodeUserZones(0).free, static_cast<uint64_t>(NodeFreeBytes(0)) + (64u << 20));
-  EXPECT_LT(NodeFreeBytes(4000), 0);
+  const ZoneMemory z = NodeUserZones(0);
+  EXPECT_GT(z.free, 0u);
+  EXPECT_GT(z.high, 0u);
+  EXPECT_LE(z.above_high, z.free);
+  EXPECT_EQ(NodeUserZones(4000).free, 0u);  // no such node
 }
 
 }  // namespace

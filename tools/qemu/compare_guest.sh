@@ -63,7 +63,8 @@ kernel_knobs() {  # numa_balancing demotion rate_limit scan_delay scan_min scan_
   echo "$6" > $DBG/scan_period_max_ms
 }
 # The kernel's defaults in 6.1 (rate limit 65536 MB/s, scans after 1 s, every 1 to 60 s).
-defaults() { kernel_knobs 0 false 65536 1000 1000 60000; }
+KERNEL_DEFAULTS="65536 1000 1000 60000"
+defaults() { kernel_knobs 0 false $KERNEL_DEFAULTS; }
 
 start_daemon() {  # policy budget_bytes
   policy_line=""
@@ -106,7 +107,7 @@ for access in cpu device; do
   ARM_FREE=$FREE
   defaults
   run_arm none "$access"
-  kernel_knobs 2 true 65536 1000 1000 60000
+  kernel_knobs 2 true $KERNEL_DEFAULTS
   run_arm kernel "$access"
   # One tuned setting: scans ten times as often, and promotes no faster than
   # cxltierd may migrate (its default rate).

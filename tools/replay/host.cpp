@@ -25,19 +25,6 @@ std::map<std::string, uint64_t> ReadVmstat() {
   return out;
 }
 
-int64_t NodeFreeBytes(int node) {
-  std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    unsigned long long kib = 0;
-    int n = 0;
-    if (std::sscanf(line.c_str(), "Node %d MemFree: %llu kB", &n, &kib) == 2) {
-      return static_cast<int64_t>(kib) * 1024;
-    }
-  }
-  return -1;
-}
-
 ZoneMemory NodeUserZones(int node) {
   std::ifstream in("/proc/zoneinfo");
   std::string line;
@@ -66,8 +53,6 @@ ZoneMemory NodeUserZones(int node) {
   }
   return m;
 }
-
-uint64_t NodeHighWatermarkBytes(int node) { return NodeUserZones(node).high; }
 
 double ProcessCpuSeconds(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");

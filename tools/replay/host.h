@@ -15,8 +15,6 @@ namespace cxltier::replay {
 // /proc/vmstat, every counter (pgpromote_success, pgdemote_kswapd, numa_hint_faults...).
 std::map<std::string, uint64_t> ReadVmstat();
 
-// Free bytes of one node (/sys/devices/system/node/nodeN/meminfo, MemFree); -1 unknown.
-int64_t NodeFreeBytes(int node);
 // A node's free memory and high watermark (below it kswapd reclaims and, with
 // demotion on, demotes), summed over its zones but DMA (/proc/zoneinfo), in
 // bytes: ZONE_DMA's free pages are kept for DMA allocations by its lowmem
@@ -25,8 +23,7 @@ struct ZoneMemory {
   uint64_t free = 0, high = 0;
   uint64_t above_high = 0;  // the sum over the zones of what each has free above its own high
 };
-ZoneMemory NodeUserZones(int node);
-uint64_t NodeHighWatermarkBytes(int node);
+ZoneMemory NodeUserZones(int node);  // all 0 for a node that is not there
 
 // utime + stime of a process, in seconds (/proc/PID/stat); -1 when it is gone.
 double ProcessCpuSeconds(pid_t pid);

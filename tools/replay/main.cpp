@@ -336,15 +336,16 @@ int main(int argc, char** argv) {
         const sim::TraceEvent& e = trace.events[touch_events[t]];
         uint8_t* at = pool + uint64_t{live[e.key].block} * stride;
         const replay::Residency::Count& c = counts[t];
+        const uint64_t pages = c.fast + c.other + c.unknown;
         ++touches;
-        touched_pages += c.fast + c.other + c.unknown;
+        touched_pages += pages;
         fast_pages += c.fast;
         unknown_pages += c.unknown;
         pagemap_pages += c.via_pagemap;
         if (!fresh[e.key]) {
-          retouch_pages += c.fast + c.other + c.unknown;
+          retouch_pages += pages;
           retouch_fast += c.fast;
-          point_pages += c.fast + c.other + c.unknown;
+          point_pages += pages;
           point_fast += c.fast;
         }
         fresh[e.key] = false;
