@@ -32,7 +32,12 @@ sanitized() {
     -DCXLTIER_SANITIZE="$kind" >/dev/null &&
     cmake --build "$dir" -j "$JOBS" --target "$@" cxltierd cxltier-loadgen cxltier-sim cxltierctl >/dev/null &&
     for t in "$@"; do
-      ASAN_OPTIONS=detect_leaks=1 TSAN_OPTIONS=halt_on_error=1 "$dir/bin/$t" --gtest_brief=1 || return 1
+      # Bounded, like ctest's --timeout: a hung test fails its stage, named.
+      ASAN_OPTIONS=detect_leaks=1 TSAN_OPTIONS=halt_on_error=1 \
+        timeout --kill-after=30 900 "$dir/bin/$t" --gtest_brief=1 || {
+        echo "$kind: $t failed or ran over 900 s (exit $?)" >&2
+        return 1
+      }
     done
 }
 stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test daemon_test isolation_test systemd_test hostile_test lease_test copy_mode_test

@@ -66,11 +66,12 @@ inline bool EnsureHostileUsers() {
 class HeldAttacker {
  public:
   explicit HeldAttacker(const std::function<char()>& setup) {
+    const Identity evil = IdentityOf(kEvil);
     int to[2], from[2];
     if (pipe(to) != 0 || pipe(from) != 0) return;
-    pid_ = fork();
+    pid_ = ForkAlone();
     if (pid_ == 0) {
-      char c = DropTo(kEvil) ? setup() : '!';
+      char c = DropTo(evil) ? setup() : '!';
       if (write(from[1], &c, 1) != 1) _exit(1);
       if (read(to[0], &c, 1) < 0) _exit(1);  // hold everything until told
       _exit(0);
@@ -259,8 +260,10 @@ class GoodClient {
   // Starts the client and waits (bounded) until it has finished one round.
   bool Start(const std::string& socket_path) {
     if (!shared_) return false;
-    pid_ = fork();
-    if (pid_ == 0) _exit(Run(socket_path));
+    const Identity good = IdentityOf(kGood);
+    pid_ = ForkAlone();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) _exit(Run(socket_path, good));
     return WaitFor([this] { return shared_->rounds.load() > 0 || shared_->failures.load() > 0; });
   }
 
@@ -317,8 +320,8 @@ class GoodClient {
     }
   }
 
-  int Run(const std::string& socket_path) {
-    if (!DropTo(kGood)) {
+  int Run(const std::string& socket_path, const Identity& good) {
+    if (!DropTo(good)) {
       Fail("cannot become the good user");
       return 1;
     }

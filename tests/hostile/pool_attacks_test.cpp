@@ -278,12 +278,13 @@ TEST(HostilePool, APoolCostsTheDaemonNoFd) {
   int to_attacker[2], from_attacker[2];
   ASSERT_EQ(pipe(to_attacker), 0);
   ASSERT_EQ(pipe(from_attacker), 0);
-  const pid_t attacker = fork();
+  const Identity evil = IdentityOf(kEvil);
+  const pid_t attacker = ForkAlone();
   if (attacker == 0) {
     char c = 'n';
     Status st;
     std::unique_ptr<Client> cl;
-    if (DropTo(kEvil)) cl = Client::Connect({socket, kHostileModel, 64, "evil-fds"}, &st);
+    if (DropTo(evil)) cl = Client::Connect({socket, kHostileModel, 64, "evil-fds"}, &st);
     // Connected, no pools yet: the baseline.
     c = cl ? 'c' : 'n';
     if (write(from_attacker[1], &c, 1) != 1 || read(to_attacker[0], &c, 1) != 1) _exit(1);
@@ -361,9 +362,10 @@ TEST(HostilePool, AStalePidIsNeverUsedAgain) {
     sh->done = true;
   };
 
-  const pid_t registrar = fork();
+  const Identity evil = IdentityOf(kEvil), good_user = IdentityOf(kGood);
+  const pid_t registrar = ForkAlone();
   if (registrar == 0) {
-    if (!DropTo(kEvil)) {
+    if (!DropTo(evil)) {
       finish("cannot become the attacker");
       _exit(1);
     }
@@ -385,7 +387,7 @@ TEST(HostilePool, AStalePidIsNeverUsedAgain) {
       _exit(1);
     }
     sh->registrar = getpid();
-    const pid_t keeper = fork();
+    const pid_t keeper = ForkAlone();
     if (keeper != 0) _exit(0);  // the registering process goes; its child keeps the socket
     sh->keeper = getpid();
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(90);
@@ -448,9 +450,9 @@ TEST(HostilePool, AStalePidIsNeverUsedAgain) {
       std::fprintf(f, "%d", freed - 1);
       std::fclose(f);
     }
-    victim = fork();
+    victim = ForkAlone();
     if (victim == 0) {
-      if (!DropTo(kGood) || !MapAtStaleAddress()) _exit(1);
+      if (!DropTo(good_user) || !MapAtStaleAddress()) _exit(1);
       while (sh->stage.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       _exit(0);
     }

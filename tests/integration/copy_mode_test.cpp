@@ -261,7 +261,7 @@ TEST(CopyMode, ALeaseNeverReleasedKeepsItsPlaceAndIsCounted) {
 
 TEST(CopyMode, AClientDyingWithLeasesLeavesOthersMoving) {
   DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
-  const pid_t child = fork();
+  const pid_t child = testing::ForkAlone();
   if (child == 0) {
     Status st;
     auto c = Client::Connect({d.socket(), kTiny, 16, "dies"}, &st);

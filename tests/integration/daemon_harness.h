@@ -16,6 +16,8 @@
 #include <string>
 #include <thread>
 
+#include "fork_alone.h"
+
 namespace cxltier::testing {
 
 class DaemonProcess {
@@ -50,6 +52,8 @@ class DaemonProcess {
   void Start() {
     ::unlink(socket_.c_str());
     log_ = (dir_ / ("daemon-" + std::to_string(starts_++) + ".log")).string();
+    // A raw fork is safe here with other threads running: the child only
+    // opens, dup2s and execs (no allocation; see fork_alone.h).
     pid_ = fork();
     if (pid_ == 0) {
       const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -223,7 +223,7 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
   DaemonProcess d("[engine]\ntier0_budget = \"4MiB\"\n", "", "checkpoint_interval_s = 1");
   const std::string out_path = (d.dir() / "loadgen.json").string();
   // The loadgen runs until the ten kills are done (SIGUSR1), not for a fixed time.
-  const pid_t loadgen = fork();
+  const pid_t loadgen = testing::ForkAlone();
   if (loadgen == 0) {
     const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
@@ -834,7 +834,7 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
   still_serving();
   {  // a client killed with SIGKILL mid-batch: its pool is dropped, its states become ghosts
     const uint64_t ghosts_before = StatusOf(d)["ghosts"];
-    const pid_t child = fork();
+    const pid_t child = testing::ForkAlone();
     if (child == 0) {
       Status st;
       auto c = Client::Connect({d.socket(), kTiny, 64, "doomed"}, &st);

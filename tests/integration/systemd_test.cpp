@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cxltier/client.h"
+#include "fork_alone.h"
 
 namespace cxltier {
 namespace {
@@ -68,7 +69,7 @@ TEST(Systemd, SocketActivationNotifyWatchdogAndJournal) {
   struct stat st {};
   ASSERT_EQ(fstat(log_fd, &st), 0);
   const std::string journal = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-  const pid_t pid = fork();
+  const pid_t pid = testing::ForkAlone();
   if (pid == 0) {
     dup2(log_fd, 1);
     dup2(log_fd, 2);

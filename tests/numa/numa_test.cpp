@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "fork_alone.h"
 #include "numa/migrator.h"
 #include "numa/topology.h"
 
@@ -135,7 +136,7 @@ TEST(ProcessHandle, PinsALiveProcessOfTheGivenUidOnly) {
 pid_t WaitingChild(int* release_fd) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
-  const pid_t pid = fork();
+  const pid_t pid = cxltier::testing::ForkAlone();
   if (pid == 0) {
     close(fds[1]);
     char c;
@@ -201,7 +202,7 @@ TEST(Migrator, RangeOfALiveProcessMovesThroughItsHandle) {
 std::string InChild(const std::function<std::string()>& fn) {
   int fds[2];
   if (pipe(fds) != 0) return "pipe";
-  const pid_t pid = fork();
+  const pid_t pid = cxltier::testing::ForkAlone();
   if (pid == 0) {
     close(fds[0]);
     const std::string out = fn();
