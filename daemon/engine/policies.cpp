@@ -192,16 +192,18 @@ class ArcPolicy final : public Policy {
     const size_t c = capacity_;
     Slot victim = kNoSlot;
     if (lists_.Contains(kB1, s)) {
-      const size_t delta = std::max<size_t>(1, lists_.Size(kB2) / lists_.Size(kB1));
-      p_ = std::min(c, p_ + delta);
+      const double delta = std::max(
+          1.0, static_cast<double>(lists_.Size(kB2)) / static_cast<double>(lists_.Size(kB1)));
+      p_ = std::min(static_cast<double>(c), p_ + delta);
       if (Full()) victim = Replace(false);
       lists_.Remove(s);
       lists_.PushFront(kT2, s);
       return victim;
     }
     if (lists_.Contains(kB2, s)) {
-      const size_t delta = std::max<size_t>(1, lists_.Size(kB1) / lists_.Size(kB2));
-      p_ = p_ > delta ? p_ - delta : 0;
+      const double delta = std::max(
+          1.0, static_cast<double>(lists_.Size(kB1)) / static_cast<double>(lists_.Size(kB2)));
+      p_ = std::max(0.0, p_ - delta);
       if (Full()) victim = Replace(true);
       lists_.Remove(s);
       lists_.PushFront(kT2, s);
@@ -232,7 +234,7 @@ class ArcPolicy final : public Policy {
   enum { kT1 = 0, kT2 = 1, kB1 = 2, kB2 = 3 };
   bool Full() const { return lists_.Size(kT1) + lists_.Size(kT2) >= capacity_; }
   Slot Replace(bool in_b2) {
-    const size_t t1 = lists_.Size(kT1);
+    const double t1 = static_cast<double>(lists_.Size(kT1));
     const bool from_t1 = t1 >= 1 && ((in_b2 && t1 == p_) || t1 > p_ || lists_.Size(kT2) == 0);
     const Slot v = lists_.PopBack(from_t1 ? kT1 : kT2);
     lists_.PushFront(from_t1 ? kB1 : kB2, v);
@@ -240,7 +242,9 @@ class ArcPolicy final : public Policy {
   }
 
   SlotLists lists_{4};
-  size_t p_ = 0;
+  // The target size of T1. Real-valued, as in the paper (and libCacheSim):
+  // a ghost hit moves it by |B2|/|B1| (or |B1|/|B2|), not by its floor.
+  double p_ = 0;
 };
 
 // S3-FIFO (Yang et al., SOSP'23): small FIFO, main FIFO with 2-bit counters, ghost FIFO.
@@ -274,7 +278,8 @@ class S3FifoPolicy final : public Policy {
  protected:
   void OnBind() override {
     small_cap_ = std::max<size_t>(1, capacity_ / 10);
-    ghost_cap_ = std::max<size_t>(1, capacity_ - std::min(capacity_, small_cap_));
+    main_cap_ = capacity_ - std::min(capacity_, small_cap_);
+    ghost_cap_ = std::max<size_t>(1, capacity_ * 9 / 10);
   }
 
  private:
@@ -283,13 +288,15 @@ class S3FifoPolicy final : public Policy {
     GrowFor(freq_, s);
     return freq_[s];
   }
+  // As libCacheSim's S3FIFO.c (by the paper's authors): S gives the victim
+  // unless M is over its share, so S holds more than its share while M has room.
   Slot Evict() {
-    return lists_.Size(kS) >= small_cap_ || lists_.Size(kM) == 0 ? EvictSmall() : EvictMain();
+    return lists_.Size(kM) > main_cap_ || lists_.Size(kS) == 0 ? EvictMain() : EvictSmall();
   }
   Slot EvictSmall() {
     while (lists_.Size(kS) > 0) {
       const Slot t = lists_.PopBack(kS);
-      if (Freq(t) >= 1) {
+      if (Freq(t) >= kMoveToMain) {
         Freq(t) = 0;
         lists_.PushFront(kM, t);
         continue;
@@ -315,8 +322,10 @@ class S3FifoPolicy final : public Policy {
   }
 
   SlotLists lists_{3};
+  // Touches while in S that move a block to M when it leaves S.
+  static constexpr uint8_t kMoveToMain = 2;
   std::vector<uint8_t> freq_;
-  size_t small_cap_ = 1, ghost_cap_ = 1;
+  size_t small_cap_ = 1, main_cap_ = 0, ghost_cap_ = 1;
 };
 
 // SIEVE (Zhang et al., NSDI'24): a FIFO with a visited bit and a moving hand.

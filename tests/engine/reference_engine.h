@@ -47,7 +47,8 @@ class ReferenceEngine {
       alpha_ = std::stod(policy.substr(4));
     }
     small_cap_ = std::max<size_t>(1, cap_ / 10);
-    s3_ghost_cap_ = std::max<size_t>(1, cap_ - std::min(cap_, small_cap_));
+    s3_main_cap_ = cap_ - std::min(cap_, small_cap_);
+    s3_ghost_cap_ = std::max<size_t>(1, cap_ * 9 / 10);
     window_cap_ = std::max<size_t>(1, cap_ / 100);
     protected_cap_ = (cap_ > window_cap_ ? cap_ - window_cap_ : 0) * 8 / 10;
     sketch_ = std::make_unique<CountMinSketch>(std::max<size_t>(16, cap_),
@@ -389,7 +390,7 @@ class ReferenceEngine {
   }
 
   std::optional<size_t> ArcReplace(bool in_b2) {
-    const size_t t1 = Size(0);
+    const double t1 = static_cast<double>(Size(0));
     const bool from_t1 = t1 >= 1 && ((in_b2 && t1 == p_) || t1 > p_ || Size(1) == 0);
     const size_t v = *Back(from_t1 ? 0 : 1);
     Push(from_t1 ? 2 : 3, v);
@@ -401,10 +402,10 @@ class ReferenceEngine {
     const int where = blocks_[id].list;
     if (where == 2 || where == 3) {
       if (where == 2) {
-        p_ = std::min(cap_, p_ + std::max<size_t>(1, Size(3) / Size(2)));
+        p_ = std::min<double>(static_cast<double>(cap_),
+                              p_ + std::max(1.0, double(Size(3)) / double(Size(2))));
       } else {
-        const size_t d = std::max<size_t>(1, Size(2) / Size(3));
-        p_ = p_ > d ? p_ - d : 0;
+        p_ = std::max(0.0, p_ - std::max(1.0, double(Size(2)) / double(Size(3))));
       }
       if (full()) victim = ArcReplace(where == 3);
       Push(1, id);
@@ -444,14 +445,14 @@ class ReferenceEngine {
   std::optional<size_t> S3Miss(size_t id) {
     std::optional<size_t> victim;
     if (Size(0) + Size(1) >= cap_) {
-      if (Size(0) >= small_cap_ || Size(1) == 0) {
+      if (Size(1) <= s3_main_cap_ && Size(0) > 0) {
         for (;;) {
           auto t = PopBack(0);
           if (!t) {
             victim = S3EvictMain();
             break;
           }
-          if (blocks_[*t].freq >= 1) {
+          if (blocks_[*t].freq >= 2) {
             blocks_[*t].freq = 0;
             Push(1, *t);
             continue;
@@ -533,13 +534,13 @@ class ReferenceEngine {
   Kind kind_;
   double alpha_ = 0;
   size_t cap_;
-  size_t small_cap_, s3_ghost_cap_, window_cap_, protected_cap_;
+  size_t small_cap_, s3_main_cap_, s3_ghost_cap_, window_cap_, protected_cap_;
   std::unique_ptr<CountMinSketch> sketch_;
   std::vector<B> blocks_;
   std::map<BlockKey, size_t> live_;
   std::deque<Ghost> ghosts_;
   uint64_t seq_ = 0, stamp_ = 0, qstamp_ = 0, tick_ = 0;
-  size_t p_ = 0;
+  double p_ = 0;  // ARC's T1 target, real-valued
   std::optional<size_t> hand_;
 };
 

@@ -261,6 +261,48 @@ TEST(Simulate, MinBeatsEveryPolicyOnTheMooncakeSample) {
   }
 }
 
+// Our baselines against libCacheSim (github.com/1a1a11a/libCacheSim, commit
+// aa0fc40; S3-FIFO there is by the S3-FIFO authors) on the Mooncake sample,
+// one object per 512-token block. The miss ratios are what its cachesim
+// printed, from `bash scripts/libcachesim.sh DIR` (docs/policies.md):
+//   cachesim mooncake.txt txt <policy> <blocks> --ignore-obj-size 1
+// Ours must give the same ratio to its four printed digits. W-TinyLFU is not
+// here: libCacheSim's differs from ours (Caffeine's) on purpose, see
+// docs/policies.md.
+TEST(Simulate, BaselinesEqualLibCacheSimOnTheMooncakeSample) {
+  const TraceResult r = ReadMooncakeFile(kMooncake);
+  ASSERT_TRUE(r.ok());
+  struct Row {
+    const char* ours;
+    uint64_t blocks;
+    double miss_ratio;  // libCacheSim's, as printed
+  };
+  const Row rows[] = {
+      {"lru", 51, 0.9977},       {"lru", 204, 0.9877},     {"lru", 819, 0.9277},
+      {"lru", 3276, 0.7999},     {"lru", 13107, 0.5164},   {"lfu", 51, 0.9978},
+      {"lfu", 204, 0.9940},      {"lfu", 819, 0.9670},     {"lfu", 3276, 0.8640},
+      {"lfu", 13107, 0.5515},    {"arc", 51, 0.9958},      {"arc", 204, 0.9855},
+      {"arc", 819, 0.9242},      {"arc", 3276, 0.7934},    {"arc", 13107, 0.4927},
+      {"sieve", 51, 0.9978},     {"sieve", 204, 0.9940},   {"sieve", 819, 0.9665},
+      {"sieve", 3276, 0.8640},   {"sieve", 13107, 0.5515}, {"s3fifo", 51, 0.9967},
+      {"s3fifo", 204, 0.9877},   {"s3fifo", 819, 0.9258},  {"s3fifo", 3276, 0.7899},
+      {"s3fifo", 13107, 0.5152},
+  };
+  for (const Row& row : rows) {
+    SimConfig c;
+    c.block_bytes = kLlama3_70B.bytes_per_token() * 512;
+    c.budget_bytes = row.blocks * c.block_bytes;
+    c.policy = row.ours;
+    c.persistence = engine::Persistence::kReset;
+    std::string err;
+    const SimResult s = Simulate(r.trace, c, nullptr, &err);
+    ASSERT_EQ(err, "");
+    const double miss =
+        1.0 - static_cast<double>(s.counters.hits) / static_cast<double>(r.trace.events.size());
+    EXPECT_NEAR(miss, row.miss_ratio, 0.00005) << row.ours << " at " << row.blocks << " blocks";
+  }
+}
+
 TEST(Simulate, MinWithoutFutureIsAnError) {
   std::string err;
   SimConfig c;
