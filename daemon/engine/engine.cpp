@@ -21,7 +21,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   owners_.resize(options.expected_blocks, 0);
   retry_.resize(options.expected_blocks);
   index_.Reserve(options.expected_blocks);
-  policy_->Bind(&states_, capacity_, options.persistence);
+  policy_->Bind(&states_, capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
 }
 
@@ -310,7 +310,7 @@ void Engine::Complete(const Move& m, bool done) {
 void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   assert(policy && options_.mode == Mode::kTick);
   policy_ = std::move(policy);
-  policy_->Bind(&states_, capacity_, options_.persistence);
+  policy_->Bind(&states_, capacity_, options_.persistence, options_.mode);
   policy_->Reserve(states_.size());
   std::vector<Slot> live;
   for (Slot s = 0; s < next_slot_; ++s) {

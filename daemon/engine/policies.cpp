@@ -224,7 +224,7 @@ class ArcPolicy final : public Policy {
         if (Full()) victim = Replace(false);
       }
     }
-    lists_.PushFront(Returning(s) ? kT2 : kT1, s);
+    lists_.PushFront(BackFromGhost(s) ? kT2 : kT1, s);
     return victim;
   }
 
@@ -268,7 +268,7 @@ class S3FifoPolicy final : public Policy {
       lists_.Remove(s);
       lists_.PushFront(kM, s);
     } else {
-      lists_.PushFront(Returning(s) ? kM : kS, s);
+      lists_.PushFront(BackFromGhost(s) ? kM : kS, s);
     }
     Freq(s) = 0;
     return victim;
@@ -445,22 +445,308 @@ class TinyLfuPolicy final : public Policy {
     const Slot v = lists_.Back(kProbation);
     return v != kNoSlot ? v : lists_.Back(kProtected);
   }
-  unsigned Freq(Slot s) const {
-    unsigned f = sketch_->Estimate(state(s).key);
-    if (persistence_ == Persistence::kPersist) {
-      f = std::max(f, std::min<unsigned>(state(s).touch_count, CountMinSketch::kMaxCount));
-    }
-    return f;
-  }
+  // With persist as with reset: the sketch is keyed by block, outlives
+  // eviction and release, and ages by halving. (The engine's lifetime count,
+  // which never ages, used to be a floor here: it cost 25 to 30 points.)
+  unsigned Freq(Slot s) const { return sketch_->Estimate(state(s).key); }
 
   SlotLists lists_{3};
   std::unique_ptr<CountMinSketch> sketch_;
   size_t window_cap_ = 1, protected_cap_ = 0;
 };
 
+// EMA over a per-slot score of its own, for an expert of AdaptivePolicy that
+// is not the one whose score the engine keeps. Its history follows the slot:
+// kept while the block stays (in either tier), lost when it is released.
+class OwnEmaPolicy final : public Policy {
+ public:
+  explicit OwnEmaPolicy(double alpha) : alpha_(alpha) {}
+  std::string Name() const override { return "ema:" + std::to_string(alpha_); }
+  double Score(const BlockState&, double prev, uint64_t, bool, const Touch&) const override {
+    return prev;
+  }
+  void Reserve(size_t n) override {
+    heap_.Reserve(n);
+    if (n > own_.size()) own_.resize(n);
+  }
+  void OnHit(Slot s, const Touch& t) override {
+    Update(s, t);
+    heap_.Set(s, Key(s), state(s).touch_seq);
+  }
+  Slot OnMiss(Slot s, const Touch& t) override {
+    Update(s, t);
+    const Slot victim = heap_.Size() >= capacity_ ? heap_.Pop() : kNoSlot;
+    heap_.Set(s, Key(s), state(s).touch_seq);
+    return victim;
+  }
+  void Erase(Slot s) override { heap_.Erase(s); }
+
+ private:
+  struct Own {
+    double score = 0;
+    uint64_t time = 0;
+    uint32_t generation = 0;
+  };
+  void Update(Slot s, const Touch& t) {
+    GrowFor(own_, s);
+    Own& o = own_[s];
+    const BlockState& st = state(s);
+    // A new occupant of the slot, or a block the engine reset: no history.
+    const bool fresh = o.generation != st.generation || st.touch_count <= 1;
+    const double decayed =
+        fresh ? 0.0 : o.score * std::pow(1.0 - alpha_, static_cast<double>(Elapsed(t.now, o.time)));
+    o = Own{decayed + alpha_ * t.obs, t.now, st.generation};
+  }
+  double Key(Slot s) const { return EmaOrderKey(own_[s].score, own_[s].time, alpha_); }
+
+  double alpha_;
+  SlotHeap heap_;
+  std::vector<Own> own_;
+};
+
+// Follows the best of several policies (docs/policies.md, "adaptive"). Every
+// expert keeps a set of C blocks of its own, fed every touch, as if it alone
+// decided; the set the engine sees (R) follows the expert with the most hits
+// lately (the leader): on a miss R evicts a block the leader does not hold,
+// the one the leader dropped longest ago. While the leader does not change, R
+// converges to the leader's set and then evicts exactly what the leader
+// evicts. The first expert's score is the block's score.
+class AdaptivePolicy final : public Policy {
+ public:
+  struct ExpertSpec {
+    std::unique_ptr<Policy> policy;
+    bool reset = false;  // bound with Persistence::kReset whatever the engine's
+  };
+  AdaptivePolicy(std::string name, std::vector<ExpertSpec> experts, uint32_t epoch_touches,
+                 double decay, double z, uint32_t hold)
+      : name_(std::move(name)), epoch_(epoch_touches), decay_(decay), z_(z), hold_(hold) {
+    for (ExpertSpec& e : experts) {
+      Expert x;
+      x.policy = std::move(e.policy);
+      x.reset = e.reset;
+      experts_.push_back(std::move(x));
+    }
+  }
+  std::string Name() const override { return name_; }
+  double Score(const BlockState& st, double prev_score, uint64_t prev_time, bool fresh,
+               const Touch& t) const override {
+    return experts_[0].policy->Score(st, prev_score, prev_time, fresh, t);
+  }
+  void Reserve(size_t n) override {
+    lists_.Reserve(n);
+    for (Expert& e : experts_) {
+      e.policy->Reserve(n);
+      if (n > e.member.size()) e.member.resize(n, 0);
+    }
+  }
+  void Prefetch(Slot s) const override {
+    for (const Expert& e : experts_) e.policy->Prefetch(s);
+  }
+  void OnHit(Slot s, const Touch& t) override {
+    Feed(s, t);
+    EndTouch();
+  }
+  Slot OnMiss(Slot s, const Touch& t) override {
+    Feed(s, t);
+    Slot victim = kNoSlot;
+    if (lists_.Size(kAgree) + lists_.Size(kOther) >= capacity_) {
+      // R plus s hold C + 1 blocks and the leader only C, s among them: one
+      // of R is outside the leader's set.
+      victim = lists_.Back(kOther);
+      if (victim == kNoSlot) victim = lists_.Back(kAgree);  // (not reached)
+      lists_.Remove(victim);
+    }
+    lists_.PushFront(kAgree, s);
+    EndTouch();
+    return victim;
+  }
+  void Erase(Slot s) override {
+    lists_.Remove(s);
+    for (Expert& e : experts_) {
+      e.policy->Erase(s);  // members or not: ARC's and S3-FIFO's ghosts know s too
+      if (s < e.member.size()) e.member[s] = 0;
+      if (s < e.dropped.size()) e.dropped[s] = 0;
+    }
+  }
+
+  // For tests: the expert R follows now.
+  size_t leader() const { return leader_; }
+
+ protected:
+  void OnBind() override {
+    for (Expert& e : experts_) {
+      e.policy->Bind(states_, capacity_, e.reset ? Persistence::kReset : persistence_);
+    }
+  }
+
+ private:
+  enum { kAgree = 0, kOther = 1 };  // R's blocks the leader holds, and the rest
+  struct Expert {
+    std::unique_ptr<Policy> policy;
+    bool reset = false;
+    std::vector<uint8_t> member;    // in this expert's set
+    std::vector<uint64_t> dropped;  // when this expert last evicted the block (0: never)
+    std::vector<uint8_t> held;      // tick mode: in its set when the epoch began
+    // Against the leader, decayed over epochs: touches this expert hit and the
+    // leader missed (wins), and the other way round (losses).
+    double wins = 0, losses = 0;
+    uint32_t epoch_wins = 0, epoch_losses = 0;
+    bool hit = false;  // on the touch being fed
+  };
+
+  void Feed(Slot s, const Touch& t) {
+    for (size_t k = 0; k < experts_.size(); ++k) {
+      Expert& e = experts_[k];
+      GrowFor(e.member, s);
+      if (e.member[s]) {
+        // In tick mode tier 0 follows the set late, by the migration budget:
+        // a hit counts for an expert only on a block it already held when
+        // the last hold window began.
+        e.hit = mode_ != Mode::kTick || (s < e.held.size() && e.held[s]);
+        e.policy->OnHit(s, t);
+        continue;
+      }
+      e.hit = false;
+      const Slot v = e.policy->OnMiss(s, t);
+      e.member[s] = 1;
+      if (v != kNoSlot) {
+        e.member[v] = 0;
+        GrowFor(e.dropped, v);
+        e.dropped[v] = ++drops_;
+      }
+      if (k == leader_) {
+        if (lists_.Contains(kOther, s)) {
+          lists_.Remove(s);
+          lists_.PushFront(kAgree, s);
+        }
+        if (v != kNoSlot && lists_.Contains(kAgree, v)) {
+          lists_.Remove(v);
+          lists_.PushFront(kOther, v);
+        }
+      }
+    }
+    const bool leader_hit = experts_[leader_].hit;
+    for (Expert& e : experts_) {
+      e.epoch_wins += e.hit && !leader_hit;
+      e.epoch_losses += !e.hit && leader_hit;
+    }
+  }
+
+  void EndTouch() {
+    if (mode_ == Mode::kTick && ++hold_touches_ >= hold_ * std::max<size_t>(1, capacity_)) {
+      hold_touches_ = 0;
+      for (Expert& e : experts_) e.held = e.member;
+    }
+    if (++touches_ < epoch_) return;
+    touches_ = 0;
+    size_t best = leader_;
+    double best_lead = 0;
+    for (size_t k = 0; k < experts_.size(); ++k) {
+      Expert& e = experts_[k];
+      e.wins = e.wins * decay_ + e.epoch_wins;
+      e.losses = e.losses * decay_ + e.epoch_losses;
+      e.epoch_wins = e.epoch_losses = 0;
+      // A sign test: were k and the leader equally good, wins - losses would
+      // be about normal with variance wins + losses. Switch only on a lead
+      // beyond z standard deviations: a switch costs the hits R misses while
+      // it moves to the new leader's set.
+      const double lead = e.wins - e.losses;
+      if (lead > z_ * std::sqrt(e.wins + e.losses) && lead > best_lead) {
+        best = k;
+        best_lead = lead;
+      }
+    }
+    if (best != leader_) {
+      for (Expert& e : experts_) e.wins = e.losses = 0;  // they were against the old leader
+      Follow(best);
+    }
+  }
+
+  // R's blocks sorted again by the new leader's set; those outside it queue
+  // for eviction in the order the new leader dropped them (never held first,
+  // by their last touch), so R evicts as that leader did.
+  void Follow(size_t k) {
+    leader_ = k;
+    std::vector<Slot> out;
+    const std::vector<uint8_t>& in = experts_[k].member;
+    for (int l : {kAgree, kOther}) {
+      for (Slot x = lists_.Back(l); x != kNoSlot;) {
+        const Slot prev = lists_.Prev(x);
+        if (!(x < in.size() && in[x])) {
+          lists_.Remove(x);
+          out.push_back(x);
+        } else if (l == kOther) {
+          lists_.Remove(x);
+          lists_.PushFront(kAgree, x);
+        }
+        x = prev;
+      }
+    }
+    const std::vector<uint64_t>& dropped = experts_[k].dropped;
+    const auto when = [&dropped](Slot x) { return x < dropped.size() ? dropped[x] : 0; };
+    std::sort(out.begin(), out.end(), [&](Slot a, Slot b) {
+      return when(a) != when(b) ? when(a) < when(b) : state(a).touch_seq < state(b).touch_seq;
+    });
+    for (Slot x : out) lists_.PushFront(kOther, x);
+  }
+
+  std::string name_;
+  std::vector<Expert> experts_;
+  uint32_t epoch_;
+  double decay_, z_;
+  uint32_t hold_;  // tick mode: the hold window, in touches per tier-0 block
+  uint32_t touches_ = 0;
+  uint64_t hold_touches_ = 0;
+  uint64_t drops_ = 0;  // evictions by any expert, for Expert::dropped
+  size_t leader_ = 0;
+  SlotLists lists_{2};
+};
+
+// "adaptive:E1+E2+...": experts by name (ema:A, lru, arc, s3fifo, sieve,
+// tinylfu, lfu), each optionally "/reset"; only the first may be an ema that
+// uses the engine's score (later emas keep their own).
+Result<std::unique_ptr<Policy>> MakeAdaptive(std::string_view name, std::string_view experts,
+                                             uint32_t epoch, double decay, double z,
+                                             uint32_t hold) {
+  std::vector<AdaptivePolicy::ExpertSpec> specs;
+  while (!experts.empty()) {
+    const size_t plus = experts.find('+');
+    std::string_view one = experts.substr(0, plus);
+    experts = plus == std::string_view::npos ? std::string_view{} : experts.substr(plus + 1);
+    AdaptivePolicy::ExpertSpec e;
+    if (one.ends_with("/reset")) {
+      e.reset = true;
+      one.remove_suffix(6);
+    }
+    if (!specs.empty() && one.starts_with("ema:")) {
+      double alpha = 0;
+      const auto [end, ec] = std::from_chars(one.data() + 4, one.data() + one.size(), alpha);
+      if (ec != std::errc() || end != one.data() + one.size() || !(alpha > 0.0 && alpha < 1.0)) {
+        return Status::Fail(wire::ErrorCode::kBadPayload,
+                            "adaptive: bad expert '" + std::string(one) + "'");
+      }
+      e.policy = std::make_unique<OwnEmaPolicy>(alpha);
+    } else if (one == "min" || one.starts_with("adaptive") || one == "default") {
+      return Status::Fail(wire::ErrorCode::kBadPayload,
+                          "adaptive: '" + std::string(one) + "' cannot be an expert");
+    } else {
+      auto p = MakePolicy(one);
+      if (!p.ok()) return p.status();
+      e.policy = std::move(p.value());
+    }
+    specs.push_back(std::move(e));
+  }
+  if (specs.empty()) {
+    return Status::Fail(wire::ErrorCode::kBadPayload, "adaptive needs at least one expert");
+  }
+  return std::make_unique<AdaptivePolicy>(std::string(name), std::move(specs), epoch, decay, z,
+                                          hold);
+}
 }  // namespace
 
-std::string PolicyNames() { return "lru, lfu, ema:<alpha>, arc, s3fifo, sieve, tinylfu, min"; }
+std::string PolicyNames() {
+  return "default, adaptive[:E1+E2...], lru, lfu, ema:<alpha>, arc, s3fifo, sieve, tinylfu, min";
+}
 
 Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {
   const auto bad = [](std::string why) { return Status::Fail(wire::ErrorCode::kBadPayload, why); };
@@ -471,6 +757,43 @@ Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {
   if (spec == "sieve") return std::make_unique<SievePolicy>();
   if (spec == "tinylfu") return std::make_unique<TinyLfuPolicy>();
   if (spec == "min") return std::make_unique<MinPolicy>();
+  if (spec == "default") return MakePolicy(kDefaultPolicy);
+  if (spec == "adaptive") return MakePolicy(kAdaptivePolicy);
+  if (spec.starts_with("adaptive:")) {
+    // adaptive:E1+E2+...[;epoch=N][;decay=X][;z=Y][;hold=N]
+    std::string_view rest = spec.substr(9);
+    std::string_view experts = rest.substr(0, rest.find(';'));
+    rest = rest.substr(experts.size());
+    uint32_t epoch = 4096, hold = 16;
+    double decay = 0.99, z = 3;
+    while (!rest.empty()) {
+      rest.remove_prefix(1);  // ';'
+      const std::string_view kv = rest.substr(0, rest.find(';'));
+      rest = rest.substr(kv.size());
+      const size_t eq = kv.find('=');
+      const std::string_view k = kv.substr(0, eq);
+      const std::string_view v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
+      std::from_chars_result r{nullptr, std::errc::invalid_argument};
+      if (k == "epoch") {
+        r = std::from_chars(v.data(), v.data() + v.size(), epoch);
+        if (epoch == 0) r.ec = std::errc::invalid_argument;
+      } else if (k == "decay") {
+        r = std::from_chars(v.data(), v.data() + v.size(), decay);
+        if (!(decay >= 0 && decay < 1)) r.ec = std::errc::invalid_argument;
+      } else if (k == "hold") {
+        r = std::from_chars(v.data(), v.data() + v.size(), hold);
+        if (hold == 0) r.ec = std::errc::invalid_argument;
+      } else if (k == "z") {
+        r = std::from_chars(v.data(), v.data() + v.size(), z);
+        if (!(z >= 0 && z < 100)) r.ec = std::errc::invalid_argument;
+      }
+      if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
+        return bad("adaptive: bad setting '" + std::string(kv) +
+                   "' (epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), hold=N >= 1)");
+      }
+    }
+    return MakeAdaptive(spec, experts, epoch, decay, z, hold);
+  }
   if (spec.starts_with("ema:")) {
     const std::string_view text = spec.substr(4);
     double alpha = 0;

@@ -26,10 +26,12 @@ class Policy {
   virtual std::string Name() const = 0;
 
   // Called once by the engine before any other call. `states` outlives the policy.
-  void Bind(const std::vector<BlockState>* states, size_t capacity, Persistence persistence) {
+  void Bind(const std::vector<BlockState>* states, size_t capacity, Persistence persistence,
+            Mode mode = Mode::kDemand) {
     states_ = states;
     capacity_ = capacity;
     persistence_ = persistence;
+    mode_ = mode;
     OnBind();
   }
 
@@ -65,14 +67,35 @@ class Policy {
   bool Returning(Slot s) const {
     return persistence_ == Persistence::kPersist && state(s).touch_count >= 2;
   }
+  // A block whose state came back from the ghost store (it was released and
+  // is admitted again, with `persist`), on its first miss since: ARC's and
+  // S3-FIFO's own ghost lists forgot it when its slot was freed. Call it
+  // once per miss.
+  bool BackFromGhost(Slot s) {
+    const BlockState& st = state(s);
+    if (persistence_ != Persistence::kPersist || !(st.flags & kFlagRestored)) return false;
+    GrowFor(back_from_ghost_, s);
+    if (back_from_ghost_[s] == st.generation) return false;
+    back_from_ghost_[s] = st.generation;
+    return true;
+  }
 
   const std::vector<BlockState>* states_ = nullptr;
+  std::vector<uint32_t> back_from_ghost_;  // the generation BackFromGhost last said yes to
   size_t capacity_ = 0;
   Persistence persistence_ = Persistence::kPersist;
+  Mode mode_ = Mode::kDemand;  // how the engine realises the set (only adaptive asks)
 };
 
-// Builds a policy from its name: lru, lfu, ema:<alpha>, arc, s3fifo, sieve,
-// tinylfu, min. A bad name is kBadPayload, saying what is known.
+// The policy "default" stands for the daemon's default, whatever it is.
+inline constexpr std::string_view kDefaultPolicy = "lfu";
+// "adaptive" alone: these experts (docs/policies.md, "adaptive").
+inline constexpr std::string_view kAdaptivePolicy =
+    "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu";
+
+// Builds a policy from its name: default, adaptive[:experts], lru, lfu,
+// ema:<alpha>, arc, s3fifo, sieve, tinylfu, min. A bad name is kBadPayload,
+// saying what is known.
 Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec);
 
 // The names MakePolicy accepts, for help texts.

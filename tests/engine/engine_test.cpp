@@ -725,6 +725,199 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<2>(param_info.param) == Mode::kDemand ? "_demand" : "_tick");
     });
 
+// ------------------------------------------------------------ adaptive
+
+// With one expert, adaptive is that expert: the same events, in every mode.
+TEST(Adaptive, OneExpertIsThatExpert) {
+  std::mt19937_64 rng(16);
+  for (const char* expert : {"lru", "lfu", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
+    for (auto persistence : {Persistence::kPersist, Persistence::kReset}) {
+      for (auto mode : {Mode::kDemand, Mode::kTick}) {
+        for (int t = 0; t < 20; ++t) {
+          const int universe = 2 + static_cast<int>(rng() % 40);
+          const std::vector<Op> ops = RandomTrace(rng, universe, 300, 0.03, 0.6);
+          EngineOptions o = Options(rng() % (universe + 2), persistence, mode);
+          const std::string what = std::string(expert) + " trace " + std::to_string(t);
+          ExpectSame(RunEngine(o, std::string("adaptive:") + expert, ops, 2),
+                     RunEngine(o, expert, ops, 2), what);
+        }
+      }
+    }
+  }
+}
+
+// The definition (docs/policies.md), with every expert a standalone engine of
+// its own: R evicts, of its blocks the leader does not hold, the one the
+// leader dropped longest ago (never held: touched longest ago first); the
+// leader changes to the expert with the largest lead in a sign test of wins
+// against losses, once that lead is over z standard deviations.
+struct AdaptiveModel {
+  AdaptiveModel(const std::vector<std::string>& experts, size_t capacity, uint32_t epoch_touches,
+                double decay_per_epoch, double z_sigmas)
+      : cap(capacity),
+        epoch(epoch_touches),
+        decay(decay_per_epoch),
+        z(z_sigmas),
+        wins(experts.size(), 0),
+        losses(experts.size(), 0),
+        epoch_wins(experts.size(), 0),
+        epoch_losses(experts.size(), 0),
+        dropped(experts.size()) {
+    for (const std::string& x : experts) {
+      engines.push_back(
+          std::make_unique<Engine>(Options(cap, Persistence::kPersist, Mode::kDemand), P(x)));
+    }
+  }
+  bool InSet(size_t k, int key) const {
+    const Slot s = engines[k]->Find(K(key));
+    return s != kNoSlot && engines[k]->state(s).tier == Tier::kFast;
+  }
+  uint64_t Dropped(size_t k, int key) const {
+    const auto it = dropped[k].find(key);
+    return it == dropped[k].end() ? 0 : it->second;
+  }
+  // R's blocks the leader does not hold, the next victim first.
+  std::vector<int> Others() const {
+    std::vector<int> out;
+    for (int x : r) {
+      if (!InSet(leader, x)) out.push_back(x);
+    }
+    std::sort(out.begin(), out.end(), [&](int a, int b) {
+      const uint64_t da = Dropped(leader, a), db = Dropped(leader, b);
+      return da != db ? da < db : last_touch.at(a) < last_touch.at(b);
+    });
+    return out;
+  }
+  bool Touch(int key, double obs, uint64_t now) {
+    const bool hit = r.count(key) > 0;
+    last_touch[key] = ++seq;
+    std::vector<bool> hits;
+    for (size_t k = 0; k < engines.size(); ++k) {
+      hits.push_back(InSet(k, key));
+      std::vector<int> before;
+      for (const auto& [x, t] : last_touch) {
+        if (InSet(k, x)) before.push_back(x);
+      }
+      Engine& e = *engines[k];
+      e.Touch(e.Admit(K(key)), engine::Touch{obs, now, kNever});
+      for (int x : before) {
+        if (!InSet(k, x)) dropped[k][x] = ++drops;
+      }
+    }
+    for (size_t k = 0; k < engines.size(); ++k) {
+      epoch_wins[k] += hits[k] && !hits[leader];
+      epoch_losses[k] += !hits[k] && hits[leader];
+    }
+    if (cap > 0 && !hit) {
+      if (r.size() >= cap) {
+        const std::vector<int> others = Others();
+        EXPECT_FALSE(others.empty());
+        if (!others.empty()) r.erase(others.front());
+      }
+      r.insert(key);
+    }
+    if (cap > 0 && ++touches == epoch) {
+      touches = 0;
+      size_t best = leader;
+      double best_lead = 0;
+      for (size_t k = 0; k < engines.size(); ++k) {
+        wins[k] = wins[k] * decay + epoch_wins[k];
+        losses[k] = losses[k] * decay + epoch_losses[k];
+        epoch_wins[k] = epoch_losses[k] = 0;
+        const double lead = wins[k] - losses[k];
+        if (lead > z * std::sqrt(wins[k] + losses[k]) && lead > best_lead) {
+          best = k;
+          best_lead = lead;
+        }
+      }
+      if (best != leader) {
+        leader = best;
+        std::fill(wins.begin(), wins.end(), 0);
+        std::fill(losses.begin(), losses.end(), 0);
+      }
+    }
+    return hit;
+  }
+  void Release(int key) {
+    r.erase(key);
+    last_touch.erase(key);
+    for (auto& d : dropped) d.erase(key);
+    for (auto& e : engines) e->Release(e->Find(K(key)));
+  }
+
+  size_t cap;
+  uint32_t epoch;
+  double decay, z;
+  std::vector<double> wins, losses;
+  std::vector<uint32_t> epoch_wins, epoch_losses;
+  std::vector<std::map<int, uint64_t>> dropped;  // per expert: key -> when it last evicted it
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::set<int> r;                     // R
+  std::map<int, uint64_t> last_touch;  // live keys
+  uint64_t seq = 0, drops = 0;
+  uint32_t touches = 0;
+  size_t leader = 0;
+};
+
+TEST(Adaptive, FollowsItsDefinitionOnRandomTraces) {
+  std::mt19937_64 rng(1616);
+  // Experts whose standalone engines see the same states as inside adaptive
+  // (persist; the first ema owns the score, a later one keeps its own, which
+  // a release forgets: those traces release nothing).
+  const std::vector<std::vector<std::string>> sets = {
+      {"lru", "lfu"},
+      {"ema:0.3", "arc", "s3fifo", "sieve", "tinylfu"},
+      {"arc", "lru", "ema:0.05"},
+  };
+  int switched = 0;
+  for (int t = 0; t < 240; ++t) {
+    const std::vector<std::string>& experts = sets[t % sets.size()];
+    const bool own_ema = t % sets.size() == 2;
+    const int universe = 2 + static_cast<int>(rng() % 40);
+    const std::vector<Op> ops =
+        RandomTrace(rng, universe, 200 + static_cast<int>(rng() % 600), own_ema ? 0 : 0.03, 0.7);
+    const size_t cap = rng() % (universe + 2);
+    const uint32_t epoch = 1 + static_cast<uint32_t>(rng() % 20);
+    const double decay = (rng() % 4) / 4.0, z = (rng() % 3) * 0.5;
+    std::string spec = "adaptive:";
+    for (const std::string& x : experts) spec += (spec.back() == ':' ? "" : "+") + x;
+    spec += ";epoch=" + std::to_string(epoch) + ";decay=" + std::to_string(decay) +
+            ";z=" + std::to_string(z);
+    EngineOptions o = Options(cap, Persistence::kPersist, Mode::kDemand);
+    const Outcome got = RunEngine(o, spec, ops, 0);
+    AdaptiveModel m(experts, cap, epoch, decay, z);
+    std::vector<bool> want;
+    for (const Op& op : ops) {
+      if (op.kind == Op::kRelease) {
+        m.Release(op.key);
+      } else {
+        want.push_back(m.Touch(op.key, op.obs, op.step));
+      }
+    }
+    switched += m.leader != 0;
+    ASSERT_EQ(got.hits, want) << spec << " trace " << t << " capacity " << cap;
+  }
+  EXPECT_GT(switched, 20) << "the traces should change leaders";
+}
+
+TEST(Adaptive, NamesAndErrors) {
+  for (const char* ok : {"default", "adaptive", "adaptive:lru", "adaptive:ema:0.1+lru+arc/reset",
+                         "adaptive:lru+arc;epoch=10;decay=0.25;z=0;hold=2"}) {
+    EXPECT_TRUE(MakePolicy(ok).ok()) << ok;
+  }
+  EXPECT_EQ(P("default")->Name(), std::string(kDefaultPolicy));
+  EXPECT_EQ(P("adaptive")->Name(), std::string(kAdaptivePolicy));
+  for (const char* bad : {"adaptive:", "adaptive:min", "adaptive:lru+default", "adaptive:fifo",
+                          "adaptive:lru;epoch=0", "adaptive:lru;decay=1", "adaptive:lru;x=1",
+                          "adaptive:lru+ema:2", "adaptive:lru;z=-1", "adaptive:lru;hold=0"}) {
+    const auto p = MakePolicy(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+    if (!p.ok()) {
+      EXPECT_EQ(p.status().code, wire::ErrorCode::kBadPayload) << bad;
+    }
+  }
+}
+
 // ------------------------------------------------------------ MIN and bounds
 
 int Hits(const std::string& policy, Persistence p, Mode m, size_t cap, const std::vector<Op>& ops,

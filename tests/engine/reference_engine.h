@@ -69,6 +69,7 @@ class ReferenceEngine {
           b.time = it->time;
           b.count = it->count;
           b.seq = it->seq;
+          b.restored = true;
           ghosts_.erase(it);
           ++counters.ghost_restores;
           break;
@@ -227,9 +228,10 @@ class ReferenceEngine {
     Tier tier = Tier::kNone;
     bool in_set = false;
     int list = kNone;
-    uint64_t stamp = 0;    // larger = nearer the front of its list
-    int freq = 0;          // S3-FIFO
-    bool visited = false;  // SIEVE
+    uint64_t stamp = 0;     // larger = nearer the front of its list
+    int freq = 0;           // S3-FIFO
+    bool visited = false;   // SIEVE
+    bool restored = false;  // its state came from a ghost; no miss since
     int queue = kNone;
     uint64_t queue_stamp = 0;
     uint64_t moved_tick = 0;
@@ -244,6 +246,12 @@ class ReferenceEngine {
 
   bool Persist() const { return o_.persistence == Persistence::kPersist; }
   bool Returning(size_t id) const { return Persist() && blocks_[id].count >= 2; }
+  // ARC and S3-FIFO: the first miss of a block restored from a ghost.
+  bool BackFromGhost(size_t id) {
+    const bool back = Persist() && blocks_[id].restored;
+    blocks_[id].restored = false;
+    return back;
+  }
   void Log(EngineEvent::Kind k, size_t id) { log.push_back(EngineEvent{k, blocks_[id].key}); }
   size_t CountTier(Tier t) const {
     size_t n = 0;
@@ -426,7 +434,7 @@ class ReferenceEngine {
         if (full()) victim = ArcReplace(false);
       }
     }
-    Push(Returning(id) ? 1 : 0, id);
+    Push(BackFromGhost(id) ? 1 : 0, id);
     return victim;
   }
 
@@ -469,7 +477,7 @@ class ReferenceEngine {
     if (blocks_[id].list == 2) {
       Push(1, id);
     } else {
-      Push(Returning(id) ? 1 : 0, id);
+      Push(BackFromGhost(id) ? 1 : 0, id);
     }
     blocks_[id].freq = 0;
     return victim;
@@ -494,9 +502,7 @@ class ReferenceEngine {
   }
 
   unsigned TinyFreq(size_t id) const {
-    unsigned f = sketch_->Estimate(blocks_[id].key);
-    if (Persist()) f = std::max(f, std::min<unsigned>(blocks_[id].count, 15));
-    return f;
+    return sketch_->Estimate(blocks_[id].key);  // persist adds nothing: the sketch is keyed
   }
   std::optional<size_t> TinyMiss(size_t id) {
     sketch_->Increment(blocks_[id].key);
