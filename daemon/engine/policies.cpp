@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/count_min.h"
@@ -141,6 +142,26 @@ class LfuPolicy final : public Policy {
   size_t members_ = 0;
 };
 
+// An EMA after one touch: the value at `prev_time` decayed to now, plus this
+// touch's share. A previous touch ahead of now decays nothing (Elapsed is 0),
+// not (1-alpha)^(~2^64) = 0.
+double EmaAfter(double prev, uint64_t prev_time, bool fresh, double alpha, const Touch& t) {
+  const double decayed =
+      fresh ? 0.0 : prev * std::pow(1.0 - alpha, static_cast<double>(Elapsed(t.now, prev_time)));
+  return decayed + alpha * t.obs;
+}
+
+// The alpha of "ema:<alpha>" (the text after "ema:"), if it is one: strictly
+// between 0 and 1.
+std::optional<double> ParseAlpha(std::string_view text) {
+  double alpha = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), alpha);
+  if (ec != std::errc() || end != text.data() + text.size() || !(alpha > 0.0 && alpha < 1.0)) {
+    return std::nullopt;
+  }
+  return alpha;
+}
+
 // Score = exponential moving average of observations on the workload clock.
 class EmaPolicy final : public HeapPolicy {
  public:
@@ -148,11 +169,7 @@ class EmaPolicy final : public HeapPolicy {
   std::string Name() const override { return name_; }
   double Score(const BlockState&, double prev_score, uint64_t prev_time, bool fresh,
                const Touch& t) const override {
-    // A previous touch ahead of now decays nothing (Elapsed is 0), not (1-alpha)^(~2^64) = 0.
-    const double decayed =
-        fresh ? 0.0
-              : prev_score * std::pow(1.0 - alpha_, static_cast<double>(Elapsed(t.now, prev_time)));
-    return decayed + alpha_ * t.obs;
+    return EmaAfter(prev_score, prev_time, fresh, alpha_, t);
   }
 
  private:
@@ -493,9 +510,7 @@ class OwnEmaPolicy final : public Policy {
     const BlockState& st = state(s);
     // A new occupant of the slot, or a block the engine reset: no history.
     const bool fresh = o.generation != st.generation || st.touch_count <= 1;
-    const double decayed =
-        fresh ? 0.0 : o.score * std::pow(1.0 - alpha_, static_cast<double>(Elapsed(t.now, o.time)));
-    o = Own{decayed + alpha_ * t.obs, t.now, st.generation};
+    o = Own{EmaAfter(o.score, o.time, fresh, alpha_, t), t.now, st.generation};
   }
   double Key(Slot s) const { return EmaOrderKey(own_[s].score, own_[s].time, alpha_); }
 
@@ -568,9 +583,6 @@ class AdaptivePolicy final : public Policy {
       if (s < e.dropped.size()) e.dropped[s] = 0;
     }
   }
-
-  // For tests: the expert R follows now.
-  size_t leader() const { return leader_; }
 
  protected:
   void OnBind() override {
@@ -719,13 +731,12 @@ Result<std::unique_ptr<Policy>> MakeAdaptive(std::string_view name, std::string_
       one.remove_suffix(6);
     }
     if (!specs.empty() && one.starts_with("ema:")) {
-      double alpha = 0;
-      const auto [end, ec] = std::from_chars(one.data() + 4, one.data() + one.size(), alpha);
-      if (ec != std::errc() || end != one.data() + one.size() || !(alpha > 0.0 && alpha < 1.0)) {
+      const std::optional<double> alpha = ParseAlpha(one.substr(4));
+      if (!alpha) {
         return Status::Fail(wire::ErrorCode::kBadPayload,
                             "adaptive: bad expert '" + std::string(one) + "'");
       }
-      e.policy = std::make_unique<OwnEmaPolicy>(alpha);
+      e.policy = std::make_unique<OwnEmaPolicy>(*alpha);
     } else if (one == "min" || one.starts_with("adaptive") || one == "default") {
       return Status::Fail(wire::ErrorCode::kBadPayload,
                           "adaptive: '" + std::string(one) + "' cannot be an expert");
@@ -795,13 +806,11 @@ Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {
     return MakeAdaptive(spec, experts, epoch, decay, z, hold);
   }
   if (spec.starts_with("ema:")) {
-    const std::string_view text = spec.substr(4);
-    double alpha = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), alpha);
-    if (ec != std::errc() || end != text.data() + text.size() || !(alpha > 0.0 && alpha < 1.0)) {
+    const std::optional<double> alpha = ParseAlpha(spec.substr(4));
+    if (!alpha) {
       return bad("ema needs an alpha strictly between 0 and 1, as in ema:0.01");
     }
-    return std::make_unique<EmaPolicy>(alpha, std::string(spec));
+    return std::make_unique<EmaPolicy>(*alpha, std::string(spec));
   }
   return bad(spec == "ema" ? "ema needs an alpha, as in ema:0.01"
                            : "unknown policy '" + std::string(spec) + "'; known: " + PolicyNames());

@@ -9,6 +9,7 @@
 #include "cxltier/socket_path.h"
 #include "cxltier/status.h"
 #include "engine/engine.h"
+#include "engine/policy.h"
 
 namespace cxltier::service {
 
@@ -22,12 +23,12 @@ struct DaemonConfig {
   std::string socket_group = "cxltier";          // group of the socket (mode 0660): clients
   std::string admin_group = "cxltier-admin";     // may change policy and reload (and root)
   // [engine]
-  std::string policy = "lfu";                 // any cxltier-sim policy but min
-  bool persist = true;                        // keep state across eviction and release
-  uint64_t tier0_budget_bytes = 32ull << 30;  // tier-0 bytes cxltier may fill
-  uint64_t block_bytes = 0;                   // 0: set by the first client's model
-  uint64_t ghost_capacity = 1u << 20;         // ghosts kept
-  uint32_t hysteresis_ticks = 2;              // ticks a moved block stays put
+  std::string policy{engine::kDefaultPolicy};  // any cxltier-sim policy but min
+  bool persist = true;                         // keep state across eviction and release
+  uint64_t tier0_budget_bytes = 32ull << 30;   // tier-0 bytes cxltier may fill
+  uint64_t block_bytes = 0;                    // 0: set by the first client's model
+  uint64_t ghost_capacity = 1u << 20;          // ghosts kept
+  uint32_t hysteresis_ticks = 2;               // ticks a moved block stays put
   // [migration]
   bool migrate = true;                 // false: score and plan, never move pages
   uint64_t migrate_rate_mib_s = 1024;  // bytes moved per second, at most
