@@ -753,6 +753,44 @@ Result<std::unique_ptr<Policy>> MakeAdaptive(std::string_view name, std::string_
   return std::make_unique<AdaptivePolicy>(std::string(name), std::move(specs), epoch, decay, z,
                                           hold);
 }
+
+// "adaptive:E1+E2+...[;epoch=N][;decay=X][;z=Y][;hold=N]", named `name`.
+Result<std::unique_ptr<Policy>> ParseAdaptive(std::string_view spec, std::string_view name) {
+  const auto bad = [](std::string why) { return Status::Fail(wire::ErrorCode::kBadPayload, why); };
+  std::string_view rest = spec.substr(9);
+  std::string_view experts = rest.substr(0, rest.find(';'));
+  rest = rest.substr(experts.size());
+  uint32_t epoch = 4096, hold = 16;
+  double decay = 0.99, z = 3;
+  while (!rest.empty()) {
+    rest.remove_prefix(1);  // ';'
+    const std::string_view kv = rest.substr(0, rest.find(';'));
+    rest = rest.substr(kv.size());
+    const size_t eq = kv.find('=');
+    const std::string_view k = kv.substr(0, eq);
+    const std::string_view v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
+    std::from_chars_result r{nullptr, std::errc::invalid_argument};
+    if (k == "epoch") {
+      r = std::from_chars(v.data(), v.data() + v.size(), epoch);
+      if (epoch == 0) r.ec = std::errc::invalid_argument;
+    } else if (k == "decay") {
+      r = std::from_chars(v.data(), v.data() + v.size(), decay);
+      if (!(decay >= 0 && decay < 1)) r.ec = std::errc::invalid_argument;
+    } else if (k == "hold") {
+      r = std::from_chars(v.data(), v.data() + v.size(), hold);
+      if (hold == 0) r.ec = std::errc::invalid_argument;
+    } else if (k == "z") {
+      r = std::from_chars(v.data(), v.data() + v.size(), z);
+      if (!(z >= 0 && z < 100)) r.ec = std::errc::invalid_argument;
+    }
+    if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
+      return bad("adaptive: bad setting '" + std::string(kv) +
+                 "' (epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), hold=N >= 1)");
+    }
+  }
+  return MakeAdaptive(name, experts, epoch, decay, z, hold);
+}
+
 }  // namespace
 
 std::string PolicyNames() {
@@ -769,42 +807,8 @@ Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {
   if (spec == "tinylfu") return std::make_unique<TinyLfuPolicy>();
   if (spec == "min") return std::make_unique<MinPolicy>();
   if (spec == "default") return MakePolicy(kDefaultPolicy);
-  if (spec == "adaptive") return MakePolicy(kAdaptivePolicy);
-  if (spec.starts_with("adaptive:")) {
-    // adaptive:E1+E2+...[;epoch=N][;decay=X][;z=Y][;hold=N]
-    std::string_view rest = spec.substr(9);
-    std::string_view experts = rest.substr(0, rest.find(';'));
-    rest = rest.substr(experts.size());
-    uint32_t epoch = 4096, hold = 16;
-    double decay = 0.99, z = 3;
-    while (!rest.empty()) {
-      rest.remove_prefix(1);  // ';'
-      const std::string_view kv = rest.substr(0, rest.find(';'));
-      rest = rest.substr(kv.size());
-      const size_t eq = kv.find('=');
-      const std::string_view k = kv.substr(0, eq);
-      const std::string_view v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
-      std::from_chars_result r{nullptr, std::errc::invalid_argument};
-      if (k == "epoch") {
-        r = std::from_chars(v.data(), v.data() + v.size(), epoch);
-        if (epoch == 0) r.ec = std::errc::invalid_argument;
-      } else if (k == "decay") {
-        r = std::from_chars(v.data(), v.data() + v.size(), decay);
-        if (!(decay >= 0 && decay < 1)) r.ec = std::errc::invalid_argument;
-      } else if (k == "hold") {
-        r = std::from_chars(v.data(), v.data() + v.size(), hold);
-        if (hold == 0) r.ec = std::errc::invalid_argument;
-      } else if (k == "z") {
-        r = std::from_chars(v.data(), v.data() + v.size(), z);
-        if (!(z >= 0 && z < 100)) r.ec = std::errc::invalid_argument;
-      }
-      if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
-        return bad("adaptive: bad setting '" + std::string(kv) +
-                   "' (epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), hold=N >= 1)");
-      }
-    }
-    return MakeAdaptive(spec, experts, epoch, decay, z, hold);
-  }
+  if (spec == "adaptive") return ParseAdaptive(kAdaptivePolicy, "adaptive");
+  if (spec.starts_with("adaptive:")) return ParseAdaptive(spec, spec);
   if (spec.starts_with("ema:")) {
     const std::optional<double> alpha = ParseAlpha(spec.substr(4));
     if (!alpha) {

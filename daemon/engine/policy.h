@@ -87,8 +87,9 @@ class Policy {
   Mode mode_ = Mode::kDemand;  // how the engine realises the set (only adaptive asks)
 };
 
-// The policy "default" stands for the daemon's default, whatever it is.
-inline constexpr std::string_view kDefaultPolicy = "lfu";
+// The policy "default" stands for the daemon's default, whatever it is
+// (docs/policies.md, "default and adaptive", says why it is this one).
+inline constexpr std::string_view kDefaultPolicy = "adaptive";
 // "adaptive" alone: these experts (docs/policies.md, "adaptive").
 inline constexpr std::string_view kAdaptivePolicy =
     "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu";

@@ -906,7 +906,7 @@ TEST(Adaptive, NamesAndErrors) {
     EXPECT_TRUE(MakePolicy(ok).ok()) << ok;
   }
   EXPECT_EQ(P("default")->Name(), std::string(kDefaultPolicy));
-  EXPECT_EQ(P("adaptive")->Name(), std::string(kAdaptivePolicy));
+  EXPECT_EQ(P("adaptive")->Name(), "adaptive");  // kAdaptivePolicy, by its short name
   for (const char* bad : {"adaptive:", "adaptive:min", "adaptive:lru+default", "adaptive:fifo",
                           "adaptive:lru;epoch=0", "adaptive:lru;decay=1", "adaptive:lru;x=1",
                           "adaptive:lru+ema:2", "adaptive:lru;z=-1", "adaptive:lru;hold=0"}) {

@@ -23,6 +23,7 @@
 #include "cxltier/cxltier.h"
 #include "cxltier/wire.h"
 #include "daemon_harness.h"
+#include "engine/policy.h"
 #include "numa/migrator.h"
 #include "shell.h"
 
@@ -601,7 +602,7 @@ TEST(Daemon, CxltierctlTopConfigPolicyReload) {
   EXPECT_NE(r.out.find("bogus"), std::string::npos) << r.out;
   r = testing::Shell(ctl + "reload --json");
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(StatusOf(d)["policy"], "lfu");  // the file's (default) policy again
+  EXPECT_EQ(StatusOf(d)["policy"], std::string(engine::kDefaultPolicy));  // the file's (default)
 }
 
 TEST(Daemon, VerificationAsksTheKernel) {

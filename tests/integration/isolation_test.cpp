@@ -19,6 +19,7 @@
 
 #include "cxltier/client.h"
 #include "daemon_harness.h"
+#include "engine/policy.h"
 #include "run_as.h"
 #include "shell.h"
 
@@ -152,10 +153,10 @@ TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
   std::string text;
   ASSERT_TRUE(Client::DaemonStats(d.socket(), "status", &text).ok());
   EXPECT_EQ(nlohmann::json::parse(text)["policy"], "ema:0.05");
-  // Root reloads: the file says lfu again.
+  // Root reloads: the file names no policy, so the default again.
   ASSERT_TRUE(Client::DaemonAdmin(d.socket(), wire::AdminOp::kReload, "", &text).ok()) << text;
   ASSERT_TRUE(Client::DaemonStats(d.socket(), "status", &text).ok());
-  EXPECT_EQ(nlohmann::json::parse(text)["policy"], "lfu");
+  EXPECT_EQ(nlohmann::json::parse(text)["policy"], std::string(engine::kDefaultPolicy));
   close(memfd);
 }
 

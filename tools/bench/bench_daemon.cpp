@@ -81,8 +81,11 @@ struct InProcessDaemon {
   uint32_t n = 0;
   int memfd = -1;
 
-  InProcessDaemon(uint32_t blocks, const ModelGeometry& model, uint64_t budget_bytes) : n(blocks) {
+  InProcessDaemon(uint32_t blocks, const ModelGeometry& model, uint64_t budget_bytes,
+                  std::string_view policy = engine::kDefaultPolicy)
+      : n(blocks) {
     service::DaemonConfig c;
+    c.policy = std::string(policy);
     c.tick_ms = 100;
     c.migrate_rate_mib_s = std::max<uint64_t>(1, (kBlocksPerTick * model.block_bytes() * 10) >> 20);
     c.state_dir = "/tmp/cxltier-bench-state-" + std::to_string(getpid());
@@ -148,10 +151,12 @@ BENCHMARK(BM_TickBaseline)->Arg(8192)->Arg(65536)->Arg(1 << 20)->Unit(benchmark:
 
 // Fold + plan with `percent` of the blocks touched since the last tick; the
 // tier-0 budget holds half the blocks, so touched blocks keep moving.
-void BM_Tick(benchmark::State& state) {
+// BM_Tick/adaptive: the same with the adaptive policy, which feeds every touch
+// to each of its experts.
+void BM_Tick(benchmark::State& state, std::string_view policy) {
   const uint32_t n = static_cast<uint32_t>(state.range(0));
   const uint32_t percent = static_cast<uint32_t>(state.range(1));
-  InProcessDaemon d(n, kBenchModel, uint64_t{n / 2} * kBenchModel.block_bytes());
+  InProcessDaemon d(n, kBenchModel, uint64_t{n / 2} * kBenchModel.block_bytes(), policy);
   std::mt19937 rng(7);
   const uint32_t touched = std::max<uint32_t>(1, n / 100 * percent);
   for (auto _ : state) {
@@ -165,8 +170,11 @@ void BM_Tick(benchmark::State& state) {
   state.counters["blocks"] = n;
   state.counters["touched_percent"] = percent;
 }
-BENCHMARK(BM_Tick)
+BENCHMARK_CAPTURE(BM_Tick, lfu, "lfu")
     ->ArgsProduct({{8192, 65536, 1 << 20}, {1, 10, 100}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Tick, adaptive, engine::kAdaptivePolicy)
+    ->ArgsProduct({{8192, 65536}, {1, 10}})
     ->Unit(benchmark::kMicrosecond);
 
 // ---- 4. the seeds' scenario ----
@@ -174,7 +182,7 @@ BENCHMARK(BM_Tick)
 // Llama-3 70B, 128K-token contexts, 32 sequences decoding at 30 tokens/s,
 // sparse attention touching 64 blocks per step. With 100 ms ticks each
 // sequence takes 3 steps per tick: 32 x 3 x 64 observations per tick.
-void BM_SeedScenarioTick(benchmark::State& state) {
+void BM_SeedScenarioTick(benchmark::State& state, std::string_view policy) {
   constexpr uint32_t kSeqs = 32, kBlocksPerSeq = 8192, kTouches = 64, kStepsPerTick = 3;
   const uint32_t n = kSeqs * kBlocksPerSeq;
   // Memory the daemon holds per block, against the 64-byte state: its heap
@@ -185,8 +193,7 @@ void BM_SeedScenarioTick(benchmark::State& state) {
   };
   const uint64_t before = heap();
   // 32 GiB of 5 MiB blocks = 6553 blocks of tier 0, in bench-model blocks.
-  InProcessDaemon d(n, kBenchModel, 6553 * kBenchModel.block_bytes());
-  const uint64_t after = heap() + uint64_t{n} * sizeof(BlockState);
+  InProcessDaemon d(n, kBenchModel, 6553 * kBenchModel.block_bytes(), policy);
   std::mt19937 rng(3);
   for (auto _ : state) {
     state.PauseTiming();
@@ -207,10 +214,14 @@ void BM_SeedScenarioTick(benchmark::State& state) {
   }
   state.counters["blocks"] = n;
   // Heap per block plus the 64-byte segment slot.
+  // Measured after the ticks: policies grow their per-slot tables as blocks are touched.
+  const uint64_t after = heap() + uint64_t{n} * sizeof(BlockState);
   state.counters["daemon_bytes_per_block"] = static_cast<double>(after - before) / n;
   state.counters["observations_per_tick"] = kSeqs * kStepsPerTick * kTouches;
 }
-BENCHMARK(BM_SeedScenarioTick)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_SeedScenarioTick, lfu, "lfu")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_SeedScenarioTick, adaptive, engine::kAdaptivePolicy)
+    ->Unit(benchmark::kMicrosecond);
 
 // The client's side of one decode step of one sequence: 64 observations.
 void BM_SeedScenarioClientStep(benchmark::State& state) {
