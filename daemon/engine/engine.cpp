@@ -139,6 +139,13 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   }
   if (st.flags & kFlagInTarget) {
     policy_->OnHit(s, t);
+    // Tick mode: a block touched again while it waits for promotion has shown
+    // reuse; Plan() serves those first, most recent first, so the budget goes to
+    // wanted blocks in use, not to those that entered the set longest ago.
+    const uint8_t queued = queues_.ListOf(s);
+    if (queued == kPromoteQueue || queued == kRetouchedQueue) {
+      queues_.MoveToFront(kRetouchedQueue, s);
+    }
     return hit;
   }
   const Slot victim = policy_->OnMiss(s, t);
@@ -206,7 +213,8 @@ void Engine::Reclassify(Slot s) {
     if (in_set && st.tier != Tier::kFast) want = kPromoteQueue;
     if (!in_set && st.tier == Tier::kFast) want = kDemoteQueue;
   }
-  const uint8_t have = queues_.ListOf(s);
+  uint8_t have = queues_.ListOf(s);
+  if (have == kRetouchedQueue) have = kPromoteQueue;  // one candidate queue, in two parts
   if (want < 0) {
     queues_.Remove(s);
   } else if (have != want) {
@@ -249,8 +257,15 @@ std::span<const Move> Engine::Plan() {
     budget -= bb;
     plan_move(d, Tier::kSlow);
   }
-  for (Slot p = queues_.Back(kPromoteQueue); p != kNoSlot;) {
-    const Slot next = queues_.Prev(p);
+  // Promotions: the blocks touched again while queued, then the others, each
+  // from its queue's head (most recently touched or queued first).
+  Slot p = queues_.Front(kRetouchedQueue);
+  if (p == kNoSlot) p = queues_.Front(kPromoteQueue);
+  while (p != kNoSlot) {
+    Slot next = queues_.Next(p);
+    if (next == kNoSlot && queues_.ListOf(p) == kRetouchedQueue) {
+      next = queues_.Front(kPromoteQueue);
+    }
     if (Held(p)) {
       p = next;
       continue;

@@ -105,8 +105,12 @@ class Engine {
   void Release(Slot slot);
 
   // Tick mode: plans moves that bring tier 0 towards the policy's set within the
-  // migration byte budget and hysteresis. Demotions come before the promotions
-  // they make room for. Returns the moves; the span lives until the next Plan().
+  // migration byte budget and hysteresis: promotes the blocks of the set not in
+  // tier 0, first those touched again since they were queued, then the others,
+  // each group most recently touched first, each paired (when tier 0 is full) with
+  // the demotion of the tier-0 block that left the set longest ago. Demotions
+  // come before the promotions they make room for. Returns the moves; the span
+  // lives until the next Plan().
   std::span<const Move> Plan();
 
   // Reports the outcome of a planned move. Only a move reported done changes the
@@ -157,7 +161,7 @@ class Engine {
   void set_event_log(std::vector<EngineEvent>* log) { log_ = log; }
 
  private:
-  enum Queue { kPromoteQueue = 0, kDemoteQueue = 1 };
+  enum Queue { kPromoteQueue = 0, kDemoteQueue = 1, kRetouchedQueue = 2 };
 
   void Log(EngineEvent::Kind kind, Slot s) {
     if (__builtin_expect(log_ != nullptr, 0)) log_->push_back(EngineEvent{kind, states_[s].key});
@@ -183,7 +187,11 @@ class Engine {
   std::vector<Retry> retry_;  // by slot
   KeyIndex index_;
   GhostStore ghosts_;
-  SlotLists queues_{2};  // tick mode: promotion and demotion candidates, oldest at the back
+  // Tick mode: promotion candidates not touched since they were queued (newest
+  // at the front), demotion candidates (oldest at the back, served first), and
+  // promotion candidates touched again while waiting (most recent at the front,
+  // served before the others).
+  SlotLists queues_{3};
   std::vector<Move> moves_;
   EngineCounters counters_;
   uint64_t seq_ = 0;

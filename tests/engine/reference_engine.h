@@ -111,6 +111,10 @@ class ReferenceEngine {
     }
     if (b.in_set) {
       Hit(id);
+      if (blocks_[id].queue == kPromoteQ) {  // touched again while it waits
+        blocks_[id].retouched = true;
+        blocks_[id].queue_stamp = ++qstamp_;
+      }
       return hit;
     }
     const std::optional<size_t> victim = Miss(id);
@@ -177,7 +181,13 @@ class ReferenceEngine {
     const uint64_t bb = o_.block_bytes;
     uint64_t budget = o_.migrate_bytes_per_tick ? o_.migrate_bytes_per_tick : UINT64_MAX;
     size_t projected = CountTier(Tier::kFast);
-    const std::vector<size_t> promos = QueueOrder(kPromoteQ), demos = QueueOrder(kDemoteQ);
+    // Promotions: those touched again while queued first, then the others,
+    // each most recently touched or queued first; demotions: oldest first.
+    std::vector<size_t> promos = QueueOrder(kPromoteQ);
+    std::reverse(promos.begin(), promos.end());
+    std::stable_partition(promos.begin(), promos.end(),
+                          [&](size_t id) { return blocks_[id].retouched; });
+    const std::vector<size_t> demos = QueueOrder(kDemoteQ);
     std::vector<std::pair<size_t, Tier>> moves;
     size_t di = 0;
     for (size_t p : promos) {
@@ -234,6 +244,7 @@ class ReferenceEngine {
     bool restored = false;  // its state came from a ghost; no miss since
     int queue = kNone;
     uint64_t queue_stamp = 0;
+    bool retouched = false;  // promotion candidate touched since it was queued
     uint64_t moved_tick = 0;
   };
   struct Ghost {
@@ -270,6 +281,7 @@ class ReferenceEngine {
     if (want != b.queue) {
       b.queue = want;
       b.queue_stamp = ++qstamp_;
+      b.retouched = false;
     }
   }
   std::vector<size_t> QueueOrder(int q) const {
