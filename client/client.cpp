@@ -101,12 +101,18 @@ Status Client::DaemonStats(const std::string& socket_path, const std::string& wh
 }
 
 Status Client::DaemonAdmin(const std::string& socket_path, wire::AdminOp op, const std::string& arg,
-                           std::string* text) {
+                           std::string* text, int* fd) {
   Client c;
   c.options_.socket_path = socket_path;
   if (Status st = c.ConnectSocket(); !st.ok()) return st;
   wire::AdminOk ok;
-  if (Status st = c.Call(wire::Admin{op, arg}, wire::MsgType::kAdminOk, &ok); !st.ok()) return st;
+  int got = -1;
+  Status st = c.Call(wire::Admin{op, arg}, wire::MsgType::kAdminOk, &ok, -1, &got);
+  if (fd) {
+    *fd = st.ok() ? got : -1;
+  }
+  if (got >= 0 && (!fd || !st.ok())) close(got);
+  if (!st.ok()) return st;
   if (text) *text = ok.text;
   return Status::Ok();
 }

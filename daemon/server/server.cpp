@@ -481,8 +481,12 @@ class Session : public std::enable_shared_from_this<Session> {
                                    [&](const wire::Stats& m) { return handler.OnStats(peer_, m); });
       case wire::MsgType::kAdmin:
         // What an admin request changes is the daemon's, not this connection's.
-        return Handle<wire::Admin>(h, payload, "admin", true,
-                                   [&](const wire::Admin& m) { return handler.OnAdmin(peer_, m); });
+        return Handle<wire::Admin>(h, payload, "admin", true, [&](const wire::Admin& m) {
+          UniqueFd fd;
+          auto a = handler.OnAdmin(peer_, m, &fd);
+          if (std::holds_alternative<wire::AdminOk>(a)) owned_fd_ = std::move(fd);
+          return a;
+        });
       default: {
         const std::string text = "message type " + std::to_string(static_cast<int>(h.type)) +
                                  " is a reply; clients may not send it";
@@ -499,6 +503,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if constexpr (std::is_same_v<M, wire::HelloOk> || std::is_same_v<M, wire::CreateTierPoolOk>) {
       out.fd = std::exchange(pending_fd_, -1);
     }
+    if constexpr (std::is_same_v<M, wire::AdminOk>) {
+      out.owned = std::move(owned_fd_);
+      out.fd = out.owned.get();
+    }
     const bool was_stalled = Stalled();
     out_bytes_ += out.bytes.size();
     out_.push_back(std::move(out));
@@ -508,7 +516,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   struct Out {
     std::vector<uint8_t> bytes;
-    int fd = -1;  // sent with the first byte; not owned
+    int fd = -1;  // sent with the first byte; not owned, unless it is `owned`'s
+    UniqueFd owned;
     size_t sent = 0;
   };
 
@@ -562,6 +571,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<Out> out_;
   uint64_t out_bytes_ = 0;  // queued reply bytes not yet sent
   int pending_fd_ = -1;
+  UniqueFd owned_fd_;                             // an admin reply's fd, until Send takes it
   Clock::time_point last_request_;                // connected, or the last complete frame
   std::optional<Clock::time_point> frame_since_;  // an incomplete frame's first byte
   std::optional<Clock::time_point> stall_since_;  // out_bytes_ went over the bound

@@ -63,7 +63,10 @@ class Handler {
   virtual Answer<wire::ReportOk> OnReport(const Peer& peer, const wire::Report& m) = 0;
   virtual Answer<wire::QueryTiersOk> OnQueryTiers(const Peer& peer, const wire::QueryTiers& m) = 0;
   virtual Answer<wire::StatsOk> OnStats(const Peer& peer, const wire::Stats& m) = 0;
-  virtual Answer<wire::AdminOk> OnAdmin(const Peer& peer, const wire::Admin& m) = 0;
+  // *reply_fd: an fd to pass back with the reply (a recording); the server
+  // owns it and closes it once sent or when the connection closes.
+  virtual Answer<wire::AdminOk> OnAdmin(const Peer& peer, const wire::Admin& m,
+                                        UniqueFd* reply_fd) = 0;
 };
 
 enum class LogLevel { kDebug, kInfo, kWarn, kError };

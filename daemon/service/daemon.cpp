@@ -162,9 +162,13 @@ Status Daemon::SetPolicy(const std::string& name) {
   return Status::Ok();
 }
 
-server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wire::Admin& m) {
+server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wire::Admin& m,
+                                              server::UniqueFd* reply_fd) {
   if (m.op == wire::AdminOp::kShowConfig) return wire::AdminOk{ToToml(config_)};
-  const char* what = m.op == wire::AdminOp::kReload ? "reload" : "policy set";
+  const char* what = m.op == wire::AdminOp::kReload        ? "reload"
+                     : m.op == wire::AdminOp::kSetPolicy   ? "policy set"
+                     : m.op == wire::AdminOp::kRecordStart ? "record start"
+                                                           : "record stop";
   if (!IsAdmin(peer, config_.admin_group)) {
     ClientWarning(peer, fmt::format("denied {}: not root nor in group '{}' (gid {})", what,
                                     config_.admin_group, peer.gid));
@@ -176,6 +180,8 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
     if (Status st = SetPolicy(m.arg); !st.ok()) return st;
     return wire::AdminOk{"policy " + m.arg};
   }
+  if (m.op == wire::AdminOp::kRecordStart) return StartRecording(m.arg);
+  if (m.op == wire::AdminOp::kRecordStop) return StopRecording(reply_fd);
   Status st;
   if (reload_hook_) {
     st = reload_hook_();
@@ -324,6 +330,7 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
     }
     const Tier where = moves_.WhereIs(pool.Range(e.block_index));
     const engine::Slot es = engine_->Admit(EngineKey(e.key, peer.uid), where, peer.uid);
+    recorder_.Admit(EventTick(), engine_->state(es).key, where);
     const uint32_t seg = clients_.Bind(*c, es, m.pool_id, e.block_index, e.key);
     WriteBack(*engine_, *c, seg);
     const bool restored = engine_->state(es).flags & kFlagRestored;
@@ -349,6 +356,7 @@ server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m)
     if (auto full = PlaceNew(c, m.pool_id, &pool, &index)) return *full;  // CheckAdmit counted
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
     const engine::Slot es = engine_->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid);
+    recorder_.Admit(EventTick(), engine_->state(es).key, where);
     const uint32_t seg = clients_.Bind(c, es, pool, index, e.key);
     PublishAdmitted(c, seg);
     WriteBack(*engine_, c, seg);
@@ -369,6 +377,7 @@ void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
                                       "another of this client's blocks is given",
                                       seg));
   }
+  recorder_.Release(EventTick(), st.key);
   engine_->Release(s.engine_slot);
   clients_.Unbind(c, seg);
 }
@@ -449,12 +458,14 @@ void Daemon::Tick() {
 void Daemon::RunTick() {
   ++tick_;
   if (!engine_) return;
+  in_tick_ = true;
   DropGonePools();
   for (auto& [id, c] : clients_.all()) {
     if (!c.hello || c.leaving) continue;
     fold_.Run(c, *engine_, tick_);
     c.segment.header()->daemon_ticks = tick_;
   }
+  recorder_.EndTick(tick_, engine_->counters());
   moves_.DrainPlaces(clients_, tick_, LeaseTimeoutTicks(), ClientWarner());
   // Plan and hand the moves to the mover, unless it is still busy.
   // Page moves need a slow node and CAP_SYS_NICE; copies need neither (a
@@ -467,6 +478,7 @@ void Daemon::RunTick() {
           config_.checkpoint_interval_s * 1000ull) {
     Checkpoint();
   }
+  in_tick_ = false;
 }
 
 // An address-range pool names its process by pid; once that process has

@@ -91,7 +91,8 @@ class Daemon final : public server::Handler {
   server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer& peer,
                                                   const wire::QueryTiers& m) override;
   server::Answer<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
-  server::Answer<wire::AdminOk> OnAdmin(const server::Peer& peer, const wire::Admin& m) override;
+  server::Answer<wire::AdminOk> OnAdmin(const server::Peer& peer, const wire::Admin& m,
+                                        server::UniqueFd* reply_fd) override;
 
   // One round: fold, plan, hand out moves, write back. Public for tests.
   void Tick();
@@ -109,6 +110,9 @@ class Daemon final : public server::Handler {
   MoveDispatch::Warn ClientWarner();
   uint64_t LeaseTimeoutTicks() const;
   void ReleaseLeaving(uint64_t session);
+  // cxltierctl record (recording.cpp).
+  server::Answer<wire::AdminOk> StartRecording(const std::string& arg);
+  server::Answer<wire::AdminOk> StopRecording(server::UniqueFd* trace_fd);
   void RunTick();
   void ScheduleTick();
   void DropGonePools();
@@ -130,7 +134,8 @@ class Daemon final : public server::Handler {
   bool can_migrate_;  // page mode: move_pages to a slow node
   bool copy_moves_;   // copy mode
   ClientTable clients_;
-  Fold fold_;
+  Recorder recorder_;  // cxltierctl record
+  Fold fold_{&recorder_};
   MoveDispatch moves_;
   Checkpointer checkpoints_;
   std::unique_ptr<engine::Engine> engine_;
@@ -144,6 +149,12 @@ class Daemon final : public server::Handler {
   std::string metrics_endpoint_;
   boost::asio::steady_timer timer_;
   uint64_t tick_ = 0;
+  bool in_tick_ = false;  // inside RunTick
+  // The tick an admit or release belongs to in a recording: between ticks the
+  // next one. It happened after the last tick's plan and before the next
+  // tick's fold, as a replay's event at a step comes after the plan that
+  // step's first event triggers and before the step's touches.
+  uint64_t EventTick() const { return in_tick_ ? tick_ : tick_ + 1; }
   uint64_t last_checkpoint_tick_ = 0;
   uint64_t restored_from_checkpoint_ = 0;
   bool stopped_ = false;

@@ -100,6 +100,7 @@ void Fold::FoldSlot(Client& c, engine::Engine& engine, uint64_t tick, uint32_t i
   }
   c.observations += touches;
   engine.Touch(s.engine_slot, engine::Touch{mass, tick, engine::kNever});
+  if (recorder_) recorder_->Touch(tick, engine.state(s.engine_slot).key, mass);
   WriteBack(engine, c, i);
 }
 

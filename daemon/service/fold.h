@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "server/server.h"
 #include "service/client_table.h"
+#include "service/recorder.h"
 
 namespace cxltier::service {
 
@@ -33,6 +34,9 @@ void WriteBack(const engine::Engine& engine, Client& c, uint32_t seg);
 
 class Fold {
  public:
+  // `recorder`, when given, is told of every touch the fold makes (it outlives the fold).
+  explicit Fold(Recorder* recorder = nullptr) : recorder_(recorder) {}
+
   // Folds what `c` observed into `engine` as touches at `tick`: the dirty
   // slots, or every live slot when `tick` is a multiple of kFullFoldTicks.
   void Run(Client& c, engine::Engine& engine, uint64_t tick);
@@ -41,6 +45,7 @@ class Fold {
   void FoldBatch(Client& c, engine::Engine& engine, uint64_t tick);
   void FoldSlot(Client& c, engine::Engine& engine, uint64_t tick, uint32_t seg);
 
+  Recorder* recorder_;
   std::vector<uint32_t> batch_;  // segment slots to fold, their lines prefetched first
 };
 

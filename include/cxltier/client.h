@@ -166,10 +166,12 @@ class Client {
   // Asks a daemon for stats without saying hello (operator tools).
   static Status DaemonStats(const std::string& socket_path, const std::string& what,
                             std::string* json);
-  // An operator request (reload, policy set, config show); *text is the answer.
-  // Reload and policy set need root or the daemon's admin group (kDenied).
+  // An operator request (reload, policy set, config show, record); *text is
+  // the answer. All but config show need root or the daemon's admin group
+  // (kDenied). *fd (when given): an fd passed with the answer (record stop's
+  // trace), owned by the caller; -1 when none came.
   static Status DaemonAdmin(const std::string& socket_path, wire::AdminOp op,
-                            const std::string& arg, std::string* text);
+                            const std::string& arg, std::string* text, int* fd = nullptr);
 
   // After the daemon restarted: connect again, say hello, register the same
   // pools and admit every key this client holds. Slots may change: use SlotOf.

@@ -30,7 +30,7 @@ enum class ErrorCode : uint32_t {
   kInternal = 11,    // the daemon failed; the request may be retried
   kGeometry = 12,    // model geometry invalid or incompatible
   kNoLease = 13,     // copy mode: a lease released that is not held, a block with no place
-  kBusy = 14,        // copy mode: the write lease is held, or no lease entry is free
+  kBusy = 14,        // the write lease is held, no lease entry is free, or a recording runs
 };
 
 // Name of an error code, for messages and logs ("bad-pool", ...).

@@ -178,6 +178,12 @@ enum class AdminOp : uint8_t {
   kReload = 1,      // re-read the configuration file (as SIGHUP does)
   kSetPolicy = 2,   // arg: a policy name ("lfu", "ema:0.01", ...)
   kShowConfig = 3,  // the effective configuration as TOML (no privilege needed)
+  // What-if recording (cxltierctl record). Start: arg "SECONDS" or
+  // "SECONDS:MAX_EVENTS"; the recording stops by itself after that. Stop: ends
+  // it if still on, and answers with a JSON summary and, passed with
+  // SCM_RIGHTS, a sealed memfd holding the trace (docs/workloads.md).
+  kRecordStart = 4,
+  kRecordStop = 5,
 };
 
 struct Admin {

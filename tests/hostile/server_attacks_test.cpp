@@ -457,7 +457,8 @@ class ThrowingHandler : public server::Handler {
     if (m.what == "bad-alloc") throw std::bad_alloc();
     return wire::StatsOk{m.what};
   }
-  server::Answer<wire::AdminOk> OnAdmin(const server::Peer&, const wire::Admin&) override {
+  server::Answer<wire::AdminOk> OnAdmin(const server::Peer&, const wire::Admin&,
+                                        server::UniqueFd*) override {
     return wire::AdminOk{""};
   }
 };

@@ -117,7 +117,8 @@ TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
         fail += "b opened the daemon's fd " + std::to_string(n) + "; ";
       }
     }
-    // Operator requests: config show yes, policy set and reload no.
+    // Operator requests: config show yes; policy set, reload and recording
+    // (every user's traffic) no.
     std::string text;
     if (!Client::DaemonAdmin(socket, wire::AdminOp::kShowConfig, "", &text).ok() ||
         text.find("[engine]") == std::string::npos) {
@@ -127,6 +128,11 @@ TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
     if (s.ok() || s.code != wire::ErrorCode::kDenied) fail += "b changed the policy; ";
     s = Client::DaemonAdmin(socket, wire::AdminOp::kReload, "", &text);
     if (s.ok() || s.code != wire::ErrorCode::kDenied) fail += "b reloaded; ";
+    s = Client::DaemonAdmin(socket, wire::AdminOp::kRecordStart, "10", &text);
+    if (s.ok() || s.code != wire::ErrorCode::kDenied) fail += "b started a recording; ";
+    int got = -1;
+    s = Client::DaemonAdmin(socket, wire::AdminOp::kRecordStop, "", &text, &got);
+    if (s.ok() || s.code != wire::ErrorCode::kDenied || got >= 0) fail += "b took a recording; ";
     close(fd);
     return fail;
   });

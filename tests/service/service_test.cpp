@@ -26,6 +26,7 @@
 #include "service/config.h"
 #include "service/daemon.h"
 #include "service/mover.h"
+#include "service/recorder.h"
 #include "service/status.h"
 
 namespace cxltier::service {
@@ -37,6 +38,70 @@ std::filesystem::path TempDir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+// A recording hashes keys with its own secret: the same key is one trace key
+// within a recording, no recorded key is a real one, and another secret gives
+// other keys. It stops by itself after its ticks or at its event cap.
+TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
+  const auto secret = [](uint8_t fill) {
+    Recorder::Secret s;
+    for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint8_t>(fill + 31 * i);
+    return s;
+  };
+  engine::EngineCounters at;
+  const BlockKey a{1, 2}, b{1, 3};
+  Recorder r;
+  r.Start(100, 5, 1000, secret(1), at);
+  r.Admit(101, a, Tier::kFast);
+  r.Touch(101, a, 0.5);
+  r.Touch(102, b, 0.25);
+  r.Release(103, a);
+  at.touches = 2;
+  at.hits = 1;
+  r.EndTick(104, at);
+  EXPECT_TRUE(r.on());
+  r.Touch(105, b, 1.0);
+  r.EndTick(105, at);  // 5 ticks from 100: over
+  ASSERT_TRUE(r.ready());
+  r.Touch(106, a, 1.0);  // after the end: not recorded
+  auto [t, sum] = r.Take();
+  EXPECT_EQ(t.Validate(), "");
+  ASSERT_EQ(t.keys.size(), 2u);
+  ASSERT_EQ(t.events.size(), 5u);
+  EXPECT_EQ(t.events[0].kind, sim::EventKind::kAdmit);
+  EXPECT_EQ(t.events[0].obs, 0.0f);
+  EXPECT_EQ(t.events[0].step, 1u);
+  EXPECT_EQ(t.events[0].key, t.events[1].key);  // a, twice
+  EXPECT_EQ(t.events[3].kind, sim::EventKind::kRelease);
+  EXPECT_EQ(t.events[3].key, t.events[0].key);
+  EXPECT_EQ(t.events[4].step, 5u);
+  EXPECT_EQ(t.events[1].obs, 0.5f);
+  for (const BlockKey& k : t.keys) {
+    EXPECT_FALSE(k == a || k == b) << k.ToString();
+  }
+  EXPECT_EQ(sum.touches, 2u);
+  EXPECT_EQ(sum.hits, 1u);
+  EXPECT_EQ(sum.end_tick, 105u);
+  EXPECT_FALSE(sum.truncated);
+
+  Recorder other;  // another secret: other keys for the same blocks
+  other.Start(0, 10, 1000, secret(2), engine::EngineCounters{});
+  other.Touch(1, a, 1.0);
+  other.Stop(1, engine::EngineCounters{});
+  auto [t2, sum2] = other.Take();
+  ASSERT_EQ(t2.keys.size(), 1u);
+  EXPECT_FALSE(t2.keys[0] == t.keys[t.events[0].key]);
+
+  Recorder capped;  // the event cap ends it, marked truncated
+  capped.Start(0, 1000, 2, secret(3), engine::EngineCounters{});
+  for (int i = 0; i < 5; ++i) capped.Touch(1, BlockKey{9, static_cast<uint64_t>(i)}, 1.0);
+  capped.EndTick(1, engine::EngineCounters{});
+  ASSERT_TRUE(capped.ready());
+  auto [t3, sum3] = capped.Take();
+  EXPECT_EQ(t3.events.size(), 2u);
+  EXPECT_TRUE(sum3.truncated);
+  EXPECT_FALSE(capped.ready());
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {

@@ -1,5 +1,13 @@
 // cxltierctl: the operator's command line.
+#include <fcntl.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 
 #include <CLI/CLI.hpp>
 
@@ -256,6 +264,96 @@ int RunAdmin(const std::string& socket, cxltier::wire::AdminOp op, const std::st
   return 0;
 }
 
+std::atomic<bool> g_interrupted{false};
+
+// The replay of a recording with the settings the daemon ran with.
+std::string ReplayCommand(const nlohmann::json& s, const std::string& out) {
+  const auto num = [&](const char* k) { return s.value(k, nlohmann::json(0)).dump(); };
+  return "cxltier-sim --trace bin:" + out + " --mode tick --tick-steps 1 --block-bytes " +
+         num("block_bytes") + " --budget " + num("tier0_budget_bytes") + " --migrate-per-tick " +
+         num("migrate_bytes_per_tick") + " --hysteresis " + num("hysteresis_ticks") + " --ghosts " +
+         num("ghost_capacity") + " --persist " + (s.value("persist", true) ? "persist" : "reset") +
+         " --policy " + s.value("policy", std::string("default"));
+}
+
+// record: start, wait (Ctrl-C ends it early), stop, and copy the trace the
+// daemon passes back into `out` (0600: the traffic of every user of the host).
+int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
+              const std::string& out, bool json) {
+  std::string text;
+  std::string arg = std::to_string(seconds);
+  if (max_events) arg += ":" + std::to_string(max_events);
+  using cxltier::wire::AdminOp;
+  if (cxltier::Status st = cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStart, arg, &text);
+      !st.ok()) {
+    std::fprintf(stderr, "cxltierctl record: %s\n", st.message.c_str());
+    return 1;
+  }
+  // Open the output before waiting, so a bad path fails now, not after the wait.
+  const int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (out_fd < 0) {
+    std::fprintf(stderr, "cxltierctl record: %s: %s\n", out.c_str(), std::strerror(errno));
+    (void)cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStop, "", &text);
+    return 1;
+  }
+  if (!json)
+    std::fprintf(stderr, "recording for %llu s (Ctrl-C stops early)\n",
+                 static_cast<unsigned long long>(seconds));
+  std::signal(SIGINT, [](int) { g_interrupted = true; });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!g_interrupted && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::signal(SIGINT, SIG_DFL);
+  int trace_fd = -1;
+  if (cxltier::Status st =
+          cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStop, "", &text, &trace_fd);
+      !st.ok() || trace_fd < 0) {
+    std::fprintf(stderr, "cxltierctl record: %s\n",
+                 st.ok() ? "the daemon passed no trace back" : st.message.c_str());
+    close(out_fd);
+    return 1;
+  }
+  struct stat sb {};
+  bool ok = fstat(trace_fd, &sb) == 0;
+  off_t off = 0;
+  while (ok && off < sb.st_size) {
+    const ssize_t n = sendfile(out_fd, trace_fd, &off, static_cast<size_t>(sb.st_size - off));
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+  }
+  const int copy_errno = errno;
+  close(trace_fd);
+  if (close(out_fd) != 0) ok = false;
+  if (!ok) {
+    std::fprintf(stderr, "cxltierctl record: writing %s: %s\n", out.c_str(),
+                 std::strerror(copy_errno));
+    return 1;
+  }
+  nlohmann::json s = nlohmann::json::parse(text, nullptr, false);
+  if (s.is_discarded()) s = nlohmann::json::object();
+  s["file"] = out;
+  s["bytes"] = static_cast<uint64_t>(sb.st_size);
+  s["replay"] = ReplayCommand(s, out);
+  if (json) {
+    std::cout << s.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("recorded %s ticks (%s ms each): %s events on %s blocks into %s (%llu bytes)%s\n",
+              s.value("ticks", nlohmann::json(0)).dump().c_str(),
+              s.value("tick_ms", nlohmann::json(0)).dump().c_str(),
+              s.value("events", nlohmann::json(0)).dump().c_str(),
+              s.value("keys", nlohmann::json(0)).dump().c_str(), out.c_str(),
+              static_cast<unsigned long long>(sb.st_size),
+              s.value("truncated", false) ? ", truncated at the event cap" : "");
+  std::printf("live: %s touches, hit rate %.2f%% (policy %s)\n",
+              s.value("touches", nlohmann::json(0)).dump().c_str(), 100 * s.value("hit_rate", 0.0),
+              s.value("policy", std::string("?")).c_str());
+  std::printf("replay with the daemon's settings (change --policy to compare):\n  %s\n",
+              s["replay"].get<std::string>().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -313,6 +411,18 @@ int main(int argc, char** argv) {
   CLI::App* config_show =
       config_cmd->add_subcommand("show", "print the effective configuration (TOML)");
   config_show->add_flag("--json", json, "print JSON");
+  uint64_t record_seconds = 0, record_max_events = 0;
+  std::string record_out;
+  CLI::App* record_cmd = app.add_subcommand(
+      "record", "record the daemon's traffic as a trace for cxltier-sim (root or the admin group)");
+  record_cmd->add_option("--seconds", record_seconds, "how long")
+      ->required()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{86400}));
+  record_cmd->add_option("--out", record_out, "the trace file (binary, docs/workloads.md)")
+      ->required();
+  record_cmd->add_option("--max-events", record_max_events,
+                         "stop at this many events (default and at most 16M)");
+  record_cmd->add_flag("--json", json, "print JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -322,6 +432,9 @@ int main(int argc, char** argv) {
   if (top_cmd->parsed()) return RunTop(socket, top_interval, top_iterations, json);
   using cxltier::wire::AdminOp;
   if (reload_cmd->parsed()) return RunAdmin(socket, AdminOp::kReload, "", "reload", json);
+  if (record_cmd->parsed()) {
+    return RunRecord(socket, record_seconds, record_max_events, record_out, json);
+  }
   if (policy_set->parsed())
     return RunAdmin(socket, AdminOp::kSetPolicy, policy, "policy set", json);
   if (config_show->parsed()) return RunAdmin(socket, AdminOp::kShowConfig, "", "config show", json);

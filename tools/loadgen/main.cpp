@@ -383,6 +383,7 @@ int main(int argc, char** argv) {
     std::vector<BlockKey> release;
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
+      if (e.kind == sim::EventKind::kAdmit) continue;  // admitted at its first touch here
       auto it = live.find(e.key);
       if (e.kind == sim::EventKind::kRelease) {
         if (it != live.end()) {

@@ -376,6 +376,7 @@ int main(int argc, char** argv) {
     };
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
+      if (e.kind == sim::EventKind::kAdmit) continue;  // admitted at its first touch
       if (e.kind == sim::EventKind::kRelease) {
         if (!is_live[e.key]) continue;
         if (!admit.empty() || !touch_events.empty()) {

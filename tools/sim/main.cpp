@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   CLI::App app{"cxltier-sim: replay block traces through the cxltier placement engine"};
   std::string trace_spec, workload_spec, model_name = "llama3-70b", budgets = "32GiB";
   std::string policies = "lru,lfu,ema:0.01,ema:0.15", persist = "both", mode = "demand";
-  std::string migrate = "0", write_trace, plot;
+  std::string migrate = "0", write_trace, plot, block_bytes_flag;
   uint32_t tick_steps = 1, hysteresis = 0, jobs = 1;
   size_t ghosts = 1u << 20;
   bool json = false;
@@ -179,6 +179,8 @@ int main(int argc, char** argv) {
       app.add_option("--workload", workload_spec, "synthetic workload: attention[:k=v,...]");
   trace_opt->excludes(workload_opt);
   app.add_option("--model", model_name, "model preset (block bytes)")->capture_default_str();
+  app.add_option("--block-bytes", block_bytes_flag,
+                 "bytes per block (instead of --model's), as cxltierctl record prints it");
   app.add_option("--budget", budgets, "tier-0 budgets, comma-separated (32GiB,64GiB)")
       ->capture_default_str();
   app.add_option("--policy", policies, "policies, comma-separated: " + engine::PolicyNames())
@@ -241,6 +243,11 @@ int main(int argc, char** argv) {
   // Configurations.
   SimConfig base;
   base.block_bytes = model->bytes_per_token() * trace.block_tokens;
+  if (!block_bytes_flag.empty()) {
+    const auto b = ParseSize(block_bytes_flag);
+    if (!b || *b == 0) return Fail("bad --block-bytes '" + block_bytes_flag + "'");
+    base.block_bytes = *b;
+  }
   base.tick_steps = tick_steps;
   base.hysteresis_ticks = hysteresis;
   base.ghost_capacity = ghosts;

@@ -77,6 +77,13 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
       }
       continue;
     }
+    if (ev.kind == EventKind::kAdmit) {
+      // Where the daemon found the block's pages; demand mode places by touch.
+      if (tick && s == engine::kNoSlot) {
+        s = e.Admit(trace.keys[ev.key], ev.obs == 0.0f ? Tier::kFast : Tier::kSlow);
+      }
+      continue;
+    }
     if (s == engine::kNoSlot) s = e.Admit(trace.keys[ev.key]);
     e.Touch(s, engine::Touch{ev.obs, ev.step, next_use ? (*next_use)[i] : engine::kNever});
   }

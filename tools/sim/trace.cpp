@@ -67,8 +67,12 @@ std::string Trace::Validate() const {
   for (size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
     if (e.key >= keys.size()) return "event " + std::to_string(i) + ": key index out of range";
-    if (e.kind != EventKind::kTouch && e.kind != EventKind::kRelease) {
+    if (e.kind != EventKind::kTouch && e.kind != EventKind::kRelease &&
+        e.kind != EventKind::kAdmit) {
       return "event " + std::to_string(i) + ": unknown kind";
+    }
+    if (e.kind == EventKind::kAdmit && e.obs != 0.0f && e.obs != 1.0f) {
+      return "event " + std::to_string(i) + ": an admit's tier must be 0 or 1";
     }
     if (!std::isfinite(e.obs) || e.obs < 0) {
       return "event " + std::to_string(i) + ": observation is not a finite number >= 0";
@@ -191,7 +195,7 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
       const uint32_t obs_bits = GetU32(p + 8);
       std::memcpy(&e.obs, &obs_bits, 4);
       const uint32_t kind = GetU32(p + 12);
-      if (kind > 1) {
+      if (kind > 2) {
         r.error = std::string(name) + ": event " + std::to_string(done + i) + ": unknown kind";
         return r;
       }
@@ -215,7 +219,10 @@ std::string WriteCsv(const Trace& t, std::ostream& out) {
   for (const TraceEvent& e : t.events) {
     std::snprintf(obs, sizeof(obs), "%.9g", static_cast<double>(e.obs));
     out << e.step << ',' << t.keys[e.key].ToString() << ','
-        << (e.kind == EventKind::kTouch ? "touch" : "release") << ',' << obs << '\n';
+        << (e.kind == EventKind::kTouch     ? "touch"
+            : e.kind == EventKind::kRelease ? "release"
+                                            : "admit")
+        << ',' << obs << '\n';
   }
   return out ? "" : "write failed";
 }
@@ -281,8 +288,10 @@ TraceResult ReadCsv(std::istream& in, std::string_view name) {
       e.kind = EventKind::kTouch;
     } else if (f[2] == "release") {
       e.kind = EventKind::kRelease;
+    } else if (f[2] == "admit") {
+      e.kind = EventKind::kAdmit;
     } else {
-      r.error = Where(name, lineno) + "kind must be touch or release";
+      r.error = Where(name, lineno) + "kind must be touch, release or admit";
       return r;
     }
     double obs = 0;

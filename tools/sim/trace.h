@@ -13,13 +13,17 @@
 
 namespace cxltier::sim {
 
-enum class EventKind : uint8_t { kTouch = 0, kRelease = 1 };
+// kAdmit: the block was admitted with its pages in tier `obs` (0 or 1),
+// before its first touch; recordings of the daemon have them (cxltierctl
+// record). A replay in tick mode places the block there; demand mode, and a
+// trace without admits, admit a block at its first touch.
+enum class EventKind : uint8_t { kTouch = 0, kRelease = 1, kAdmit = 2 };
 
 // One event. 16 bytes, the same as a record of the binary format.
 struct TraceEvent {
   uint32_t step;  // workload clock; never decreases along a trace
   uint32_t key;   // index into Trace::keys
-  float obs;      // observation (attention mass) of a touch; 0 for a release
+  float obs;      // observation (attention mass) of a touch; 0 for a release; an admit's tier
   EventKind kind;
   uint8_t pad[3] = {0, 0, 0};
 };

@@ -1,0 +1,117 @@
+// The daemon's side of `cxltierctl record`: start a recording, stop it and
+// hand the trace back as a memfd (service/recorder.h says what is recorded).
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "service/daemon.h"
+
+namespace cxltier::service {
+
+using wire::Error;
+using wire::ErrorCode;
+
+namespace {
+// At most this many events (16 bytes each, 256 MiB) per recording, and this long.
+constexpr uint64_t kRecordMaxEvents = uint64_t{1} << 24;
+constexpr uint64_t kRecordMaxSeconds = 24 * 3600;
+}  // namespace
+
+server::Answer<wire::AdminOk> Daemon::StartRecording(const std::string& arg) {
+  if (recorder_.on()) {
+    return Error{ErrorCode::kBusy, "a recording is already running; stop it first"};
+  }
+  const std::string_view a = arg;
+  const size_t colon = a.find(':');
+  const std::string_view secs = a.substr(0, colon);
+  const std::string_view max = colon == std::string_view::npos ? "" : a.substr(colon + 1);
+  uint64_t seconds = 0, max_events = kRecordMaxEvents;
+  const auto parse = [](std::string_view v, uint64_t* out) {
+    const auto r = std::from_chars(v.data(), v.data() + v.size(), *out);
+    return r.ec == std::errc() && r.ptr == v.data() + v.size();
+  };
+  if (!parse(secs, &seconds) || seconds == 0 || seconds > kRecordMaxSeconds ||
+      (colon != std::string_view::npos &&
+       (!parse(max, &max_events) || max_events == 0 || max_events > kRecordMaxEvents))) {
+    return Error{ErrorCode::kBadPayload,
+                 "record start needs SECONDS (1 to " + std::to_string(kRecordMaxSeconds) +
+                     ") or SECONDS:MAX_EVENTS (1 to " + std::to_string(kRecordMaxEvents) +
+                     "), got '" + arg + "'"};
+  }
+  Recorder::Secret secret;
+  for (size_t got = 0; got < secret.size();) {
+    const ssize_t n = getrandom(secret.data() + got, secret.size() - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{ErrorCode::kInternal, std::string("getrandom: ") + std::strerror(errno)};
+    }
+    got += static_cast<size_t>(n);
+  }
+  const uint64_t ticks =
+      (seconds * 1000 + config_.tick_ms - 1) / std::max<uint32_t>(config_.tick_ms, 1);
+  recorder_.Start(tick_, ticks, max_events, secret,
+                  engine_ ? engine_->counters() : engine::EngineCounters{});
+  secret.fill(0);
+  spdlog::info("recording for {} s ({} ticks, at most {} events)", seconds, ticks, max_events);
+  return wire::AdminOk{"recording for " + std::to_string(seconds) + " s"};
+}
+
+server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) {
+  if (recorder_.on())
+    recorder_.Stop(tick_, engine_ ? engine_->counters() : engine::EngineCounters{});
+  if (!recorder_.ready()) {
+    return Error{ErrorCode::kNotReady, "no recording to stop; start one with record start"};
+  }
+  auto [trace, sum] = recorder_.Take();
+  server::UniqueFd fd(memfd_create("cxltier-recording", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid())
+    return Error{ErrorCode::kInternal, std::string("memfd_create: ") + std::strerror(errno)};
+  {
+    // A second description of the same memfd, for a stream to write through.
+    std::ofstream out("/proc/self/fd/" + std::to_string(fd.get()), std::ios::binary);
+    const std::string err = sim::WriteBinary(trace, out);
+    out.flush();
+    if (!err.empty() || !out) {
+      return Error{ErrorCode::kInternal,
+                   "writing the recording: " + (err.empty() ? "short write" : err)};
+    }
+  }
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    return Error{ErrorCode::kInternal,
+                 std::string("sealing the recording: ") + std::strerror(errno)};
+  }
+  const uint64_t block_bytes = engine_ ? engine_->options().block_bytes : config_.block_bytes;
+  nlohmann::json j = {
+      {"start_tick", sum.start_tick},
+      {"end_tick", sum.end_tick},
+      {"ticks", sum.end_tick - sum.start_tick},
+      {"tick_ms", config_.tick_ms},
+      {"events", sum.events},
+      {"keys", sum.keys},
+      {"truncated", sum.truncated},
+      {"touches", sum.touches},
+      {"hits", sum.hits},
+      {"hit_rate", sum.touches ? static_cast<double>(sum.hits) / sum.touches : 0.0},
+      {"policy", config_.policy},
+      {"persist", config_.persist},
+      {"tier0_budget_bytes",
+       engine_ ? engine_->capacity_blocks() * block_bytes : config_.tier0_budget_bytes},
+      {"block_bytes", block_bytes},
+      {"migrate_bytes_per_tick", block_bytes ? MigrateBytesPerTick(config_, block_bytes) : 0},
+      {"hysteresis_ticks", config_.hysteresis_ticks},
+      {"ghost_capacity", config_.ghost_capacity},
+  };
+  spdlog::info("recording stopped: {} ticks, {} events, {} blocks", sum.end_tick - sum.start_tick,
+               sum.events, sum.keys);
+  *trace_fd = std::move(fd);
+  return wire::AdminOk{j.dump()};
+}
+
+}  // namespace cxltier::service
