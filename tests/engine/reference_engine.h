@@ -257,7 +257,7 @@ class ReferenceEngine {
 
   bool Persist() const { return o_.persistence == Persistence::kPersist; }
   bool Returning(size_t id) const { return Persist() && blocks_[id].count >= 2; }
-  // ARC and S3-FIFO: the first miss of a block restored from a ghost.
+  // S3-FIFO: the first miss of a block restored from a ghost.
   bool BackFromGhost(size_t id) {
     const bool back = Persist() && blocks_[id].restored;
     blocks_[id].restored = false;
@@ -446,7 +446,7 @@ class ReferenceEngine {
         if (full()) victim = ArcReplace(false);
       }
     }
-    Push(BackFromGhost(id) ? 1 : 0, id);
+    Push(0, id);
     return victim;
   }
 
