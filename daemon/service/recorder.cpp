@@ -9,7 +9,7 @@
 namespace cxltier::service {
 
 void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const Secret& secret,
-                     const engine::EngineCounters& now) {
+                     const engine::EngineCounters& now, uint64_t max_bytes) {
   trace_ = sim::Trace{};
   trace_.name = "recording";
   index_.clear();
@@ -19,21 +19,23 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   summary_.start_tick = tick;
   stop_tick_ = tick + ticks;
   max_events_ = max_events;
+  max_bytes_ = max_bytes;
   at_start_ = now;
   on_ = true;
 }
 
 void Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind) {
-  if (trace_.events.size() >= max_events_) {
+  const uint64_t bytes =
+      (trace_.events.size() + 1) * kBytesPerEvent + (trace_.keys.size() + 1) * kBytesPerKey;
+  if (trace_.events.size() >= max_events_ || bytes > max_bytes_) {
     summary_.truncated = true;
     on_ = false;  // Stop() or EndTick() records the counters
     return;
   }
-  uint8_t bytes[16];
-  std::memcpy(bytes, &key.hi, 8);
-  std::memcpy(bytes + 8, &key.lo, 8);
-  const XXH128_hash_t h =
-      XXH3_128bits_withSecret(bytes, sizeof(bytes), secret_.data(), secret_.size());
+  uint8_t raw[16];
+  std::memcpy(raw, &key.hi, 8);
+  std::memcpy(raw + 8, &key.lo, 8);
+  const XXH128_hash_t h = XXH3_128bits_withSecret(raw, sizeof(raw), secret_.data(), secret_.size());
   const BlockKey hashed{h.high64, h.low64};
   const auto [it, added] = index_.try_emplace(hashed, static_cast<uint32_t>(trace_.keys.size()));
   if (added) trace_.keys.push_back(hashed);

@@ -22,6 +22,11 @@ namespace cxltier::service {
 
 class Recorder {
  public:
+  // What a recording may hold in the daemon's memory, events and key index
+  // together (about 16 bytes per event and 64 per distinct block): when a new
+  // event would pass it, the recording stops, marked truncated.
+  static constexpr uint64_t kMaxBytes = uint64_t{256} << 20;
+  static constexpr uint64_t kBytesPerEvent = sizeof(sim::TraceEvent), kBytesPerKey = 64;
   // XXH3's minimum secret is 136 bytes; this is its default size.
   static constexpr size_t kSecretBytes = 192;
   using Secret = std::array<uint8_t, kSecretBytes>;
@@ -34,10 +39,10 @@ class Recorder {
     uint64_t touches = 0, hits = 0;
   };
 
-  // Starts a recording at `tick` that stops by itself after `ticks` ticks or
-  // `max_events` events. REQUIRES: !on().
+  // Starts a recording at `tick` that stops by itself after `ticks` ticks,
+  // `max_events` events or `max_bytes`. REQUIRES: !on().
   void Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const Secret& secret,
-             const engine::EngineCounters& now);
+             const engine::EngineCounters& now, uint64_t max_bytes = kMaxBytes);
   bool on() const { return on_; }
   // Whether a stopped recording is waiting to be taken.
   bool ready() const { return !on_ && done_.has_value(); }
@@ -66,7 +71,7 @@ class Recorder {
   void Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind);
 
   bool on_ = false;
-  uint64_t stop_tick_ = 0, max_events_ = 0;
+  uint64_t stop_tick_ = 0, max_events_ = 0, max_bytes_ = 0;
   Secret secret_{};
   engine::EngineCounters at_start_;
   Summary summary_;

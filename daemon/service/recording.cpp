@@ -19,7 +19,7 @@ using wire::Error;
 using wire::ErrorCode;
 
 namespace {
-// At most this many events (16 bytes each, 256 MiB) per recording, and this long.
+// At most this many events per recording (and Recorder::kMaxBytes), and this long.
 constexpr uint64_t kRecordMaxEvents = uint64_t{1} << 24;
 constexpr uint64_t kRecordMaxSeconds = 24 * 3600;
 }  // namespace

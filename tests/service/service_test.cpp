@@ -102,6 +102,19 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
   EXPECT_EQ(t3.events.size(), 2u);
   EXPECT_TRUE(sum3.truncated);
   EXPECT_FALSE(capped.ready());
+
+  // Every event a new block: the byte cap ends it before the event cap.
+  Recorder bytes;
+  constexpr uint64_t kCap = 1 << 20;
+  bytes.Start(0, 1000, uint64_t{1} << 24, secret(4), engine::EngineCounters{}, kCap);
+  const uint64_t fit = kCap / (Recorder::kBytesPerEvent + Recorder::kBytesPerKey);
+  for (uint64_t i = 0; i < fit + 10; ++i) bytes.Touch(1, BlockKey{7, i}, 1.0);
+  bytes.EndTick(1, engine::EngineCounters{});
+  ASSERT_TRUE(bytes.ready());
+  auto [t4, sum4] = bytes.Take();
+  EXPECT_TRUE(sum4.truncated);
+  EXPECT_LE(t4.events.size(), fit);
+  EXPECT_GE(t4.events.size(), fit - 1);
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {
