@@ -289,8 +289,11 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
     std::fprintf(stderr, "cxltierctl record: %s\n", st.message.c_str());
     return 1;
   }
-  // Open the output before waiting, so a bad path fails now, not after the wait.
-  const int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A new file beside the output (mkstemp: 0600, never an existing file or a
+  // symlink), renamed over it at the end; made before waiting, so a bad path
+  // fails now, not after the wait.
+  std::string tmp = out + ".XXXXXX";
+  const int out_fd = mkostemp(tmp.data(), O_CLOEXEC);
   if (out_fd < 0) {
     std::fprintf(stderr, "cxltierctl record: %s: %s\n", out.c_str(), std::strerror(errno));
     (void)cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStop, "", &text);
@@ -312,6 +315,7 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
     std::fprintf(stderr, "cxltierctl record: %s\n",
                  st.ok() ? "the daemon passed no trace back" : st.message.c_str());
     close(out_fd);
+    unlink(tmp.c_str());
     return 1;
   }
   struct stat sb {};
@@ -322,12 +326,20 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
     if (n < 0 && errno == EINTR) continue;
     ok = n > 0;
   }
-  const int copy_errno = errno;
+  int copy_errno = ok ? 0 : errno;
   close(trace_fd);
-  if (close(out_fd) != 0) ok = false;
+  if (close(out_fd) != 0 && ok) {
+    ok = false;
+    copy_errno = errno;
+  }
+  if (ok && rename(tmp.c_str(), out.c_str()) != 0) {
+    ok = false;
+    copy_errno = errno;
+  }
   if (!ok) {
     std::fprintf(stderr, "cxltierctl record: writing %s: %s\n", out.c_str(),
-                 std::strerror(copy_errno));
+                 copy_errno ? std::strerror(copy_errno) : "short copy");
+    unlink(tmp.c_str());
     return 1;
   }
   nlohmann::json s = nlohmann::json::parse(text, nullptr, false);
