@@ -499,14 +499,15 @@ class Session : public std::enable_shared_from_this<Session> {
   template <typename M>
   void Send(const M& m, uint32_t request_id) {
     Out out;
+    // An admin answer's fd goes with that answer or is closed: never with a
+    // later one (an Error sent instead, or an Encode that throws).
+    if constexpr (std::is_same_v<M, wire::AdminOk>) out.owned = std::move(owned_fd_);
+    owned_fd_.Reset();
     wire::Encode(m, request_id, out.bytes);
     if constexpr (std::is_same_v<M, wire::HelloOk> || std::is_same_v<M, wire::CreateTierPoolOk>) {
       out.fd = std::exchange(pending_fd_, -1);
     }
-    if constexpr (std::is_same_v<M, wire::AdminOk>) {
-      out.owned = std::move(owned_fd_);
-      out.fd = out.owned.get();
-    }
+    if constexpr (std::is_same_v<M, wire::AdminOk>) out.fd = out.owned.get();
     const bool was_stalled = Stalled();
     out_bytes_ += out.bytes.size();
     out_.push_back(std::move(out));

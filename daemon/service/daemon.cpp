@@ -83,6 +83,8 @@ Status Daemon::EnsureEngine(uint64_t block_bytes) {
     }
     spdlog::info("block size {} -> {} bytes: no client holds blocks of the old size; ghosts kept",
                  engine_->options().block_bytes, block_bytes);
+    // A recording ends here: its replay has one block size.
+    recorder_.Stop(tick_);
     GhostSnapshot kept = CollectGhosts(false);
     pending_ghosts_ = std::move(kept.states);
     pending_ghost_owners_ = std::move(kept.owners);
@@ -112,6 +114,7 @@ void Daemon::Stop() {
   stopped_ = true;
   timer_.cancel();
   moves_.mover().Stop();  // finishes the move in flight; queued ones come back as not done
+  recorder_.Discard();    // nobody can take it any more
   // Turn every live block into a ghost.
   for (auto& [id, c] : clients_.all()) {
     for (uint32_t i = 0; i < c.slots.size(); ++i) {
@@ -465,7 +468,7 @@ void Daemon::RunTick() {
     fold_.Run(c, *engine_, tick_);
     c.segment.header()->daemon_ticks = tick_;
   }
-  recorder_.EndTick(tick_, engine_->counters());
+  recorder_.EndTick(tick_);
   moves_.DrainPlaces(clients_, tick_, LeaseTimeoutTicks(), ClientWarner());
   // Plan and hand the moves to the mover, unless it is still busy.
   // Page moves need a slow node and CAP_SYS_NICE; copies need neither (a

@@ -99,8 +99,8 @@ void Fold::FoldSlot(Client& c, engine::Engine& engine, uint64_t tick, uint32_t i
     mass = 0;
   }
   c.observations += touches;
-  engine.Touch(s.engine_slot, engine::Touch{mass, tick, engine::kNever});
-  if (recorder_) recorder_->Touch(tick, engine.state(s.engine_slot).key, mass);
+  const bool hit = engine.Touch(s.engine_slot, engine::Touch{mass, tick, engine::kNever});
+  if (recorder_) recorder_->Touch(tick, engine.state(s.engine_slot).key, mass, hit);
   WriteBack(engine, c, i);
 }
 

@@ -1,36 +1,35 @@
 #include "service/recorder.h"
 
+#include <string.h>  // explicit_bzero
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 
 namespace cxltier::service {
 
 void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const Secret& secret,
-                     const engine::EngineCounters& now, uint64_t max_bytes) {
+                     uint64_t max_bytes) {
   trace_ = sim::Trace{};
   trace_.name = "recording";
   index_.clear();
-  done_.reset();
   secret_ = secret;
   summary_ = Summary{};
   summary_.start_tick = tick;
   stop_tick_ = tick + ticks;
   max_events_ = max_events;
   max_bytes_ = max_bytes;
-  at_start_ = now;
-  on_ = true;
+  state_ = State::kOn;
 }
 
-void Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind) {
-  const uint64_t bytes =
-      (trace_.events.size() + 1) * kBytesPerEvent + (trace_.keys.size() + 1) * kBytesPerKey;
-  if (trace_.events.size() >= max_events_ || bytes > max_bytes_) {
+bool Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind) {
+  const size_t n = trace_.events.size(), cap = trace_.events.capacity();
+  const uint64_t next_cap = n < cap ? cap : std::max<size_t>(1, 2 * cap);
+  const uint64_t bytes = next_cap * kBytesPerEvent + (trace_.keys.size() + 1) * kBytesPerKey;
+  if (n >= max_events_ || bytes > max_bytes_) {
     summary_.truncated = true;
-    on_ = false;  // Stop() or EndTick() records the counters
-    return;
+    Stop(tick);
+    return false;
   }
   uint8_t raw[16];
   std::memcpy(raw, &key.hi, 8);
@@ -45,31 +44,33 @@ void Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind
   uint32_t step = static_cast<uint32_t>(std::min<uint64_t>(since, UINT32_MAX));
   if (!trace_.events.empty()) step = std::max(step, trace_.events.back().step);
   trace_.events.push_back(sim::TraceEvent{step, it->second, obs, kind});
+  return true;
 }
 
-void Recorder::EndTick(uint64_t tick, const engine::EngineCounters& now) {
-  if (on_ && tick >= stop_tick_) Stop(tick, now);
-  if (!on_ && summary_.truncated && !done_) Stop(tick, now);
-}
+void Recorder::ForgetSecret() { explicit_bzero(secret_.data(), secret_.size()); }
 
-void Recorder::Stop(uint64_t tick, const engine::EngineCounters& now) {
-  if (done_) return;
-  on_ = false;
-  secret_.fill(0);  // the keys cannot be matched against anything again
+void Recorder::Stop(uint64_t tick) {
+  if (state_ != State::kOn) return;
+  ForgetSecret();  // the keys cannot be matched against anything again
+  index_ = {};     // the trace's key table is all that is needed now
   summary_.end_tick = tick;
   summary_.events = trace_.events.size();
   summary_.keys = trace_.keys.size();
-  summary_.touches = now.touches - at_start_.touches;
-  summary_.hits = now.hits - at_start_.hits;
-  done_ = true;
+  state_ = State::kDone;
+}
+
+void Recorder::Discard() {
+  ForgetSecret();
+  trace_ = sim::Trace{};
+  index_ = {};
+  summary_ = Summary{};
+  state_ = State::kIdle;
 }
 
 std::pair<sim::Trace, Recorder::Summary> Recorder::Take() {
-  sim::Trace t = std::move(trace_);
-  trace_ = sim::Trace{};
-  index_.clear();
-  done_.reset();
-  return {std::move(t), summary_};
+  std::pair<sim::Trace, Summary> out{std::move(trace_), summary_};
+  Discard();
+  return out;
 }
 
 }  // namespace cxltier::service

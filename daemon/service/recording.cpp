@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 
+#include <string.h>  // explicit_bzero
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -47,25 +48,29 @@ server::Answer<wire::AdminOk> Daemon::StartRecording(const std::string& arg) {
   }
   Recorder::Secret secret;
   for (size_t got = 0; got < secret.size();) {
-    const ssize_t n = getrandom(secret.data() + got, secret.size() - got, 0);
+    // Never block the I/O thread: early in boot the pool may not be ready.
+    const ssize_t n = getrandom(secret.data() + got, secret.size() - got, GRND_NONBLOCK);
     if (n < 0) {
       if (errno == EINTR) continue;
+      explicit_bzero(secret.data(), secret.size());
+      if (errno == EAGAIN) {
+        return Error{ErrorCode::kNotReady,
+                     "the kernel's random pool is not ready yet; try again shortly"};
+      }
       return Error{ErrorCode::kInternal, std::string("getrandom: ") + std::strerror(errno)};
     }
     got += static_cast<size_t>(n);
   }
   const uint64_t ticks =
       (seconds * 1000 + config_.tick_ms - 1) / std::max<uint32_t>(config_.tick_ms, 1);
-  recorder_.Start(tick_, ticks, max_events, secret,
-                  engine_ ? engine_->counters() : engine::EngineCounters{});
-  secret.fill(0);
+  recorder_.Start(tick_, ticks, max_events, secret);
+  explicit_bzero(secret.data(), secret.size());
   spdlog::info("recording for {} s ({} ticks, at most {} events)", seconds, ticks, max_events);
   return wire::AdminOk{"recording for " + std::to_string(seconds) + " s"};
 }
 
 server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) {
-  if (recorder_.on())
-    recorder_.Stop(tick_, engine_ ? engine_->counters() : engine::EngineCounters{});
+  recorder_.Stop(tick_);
   if (!recorder_.ready()) {
     return Error{ErrorCode::kNotReady, "no recording to stop; start one with record start"};
   }

@@ -61,6 +61,11 @@ TEST(Record, ReplayOfALoadgenRunAgreesWithTheDaemonsLiveHitRate) {
       Shell(std::string(CXLTIERCTL_PATH) + " --socket " + d.socket() +
             " record --seconds 3600 --json --out " + trace + " > " + summary + " 2>&1 & echo $!");
   const pid_t ctl = std::stoi(bg.out);
+  // Whatever happens below, the recorder does not outlive the test.
+  struct KillAtEnd {
+    pid_t pid;
+    ~KillAtEnd() { kill(pid, SIGKILL); }
+  } guard{ctl};
   ASSERT_TRUE(WaitFor([&] { return d.Log().find("recording for") != std::string::npos; }))
       << d.Log() << Slurp(summary);
   const testing::ShellResult lg = Shell(std::string(CXLTIER_LOADGEN_PATH) + " --socket " +

@@ -49,23 +49,21 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
     for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint8_t>(fill + 31 * i);
     return s;
   };
-  engine::EngineCounters at;
   const BlockKey a{1, 2}, b{1, 3};
   Recorder r;
-  r.Start(100, 5, 1000, secret(1), at);
+  r.Start(100, 5, 1000, secret(1));
   r.Admit(101, a, Tier::kFast);
-  r.Touch(101, a, 0.5);
-  r.Touch(102, b, 0.25);
+  r.Touch(101, a, 0.5, true);
+  r.Touch(102, b, 0.25, false);
   r.Release(103, a);
-  at.touches = 2;
-  at.hits = 1;
-  r.EndTick(104, at);
+  r.EndTick(104);
   EXPECT_TRUE(r.on());
-  r.Touch(105, b, 1.0);
-  r.EndTick(105, at);  // 5 ticks from 100: over
+  r.Touch(105, b, 1.0, false);
+  r.EndTick(105);  // 5 ticks from 100: over
   ASSERT_TRUE(r.ready());
-  r.Touch(106, a, 1.0);  // after the end: not recorded
+  r.Touch(106, a, 1.0, true);  // after the end: not recorded
   auto [t, sum] = r.Take();
+  EXPECT_FALSE(r.ready());
   EXPECT_EQ(t.Validate(), "");
   ASSERT_EQ(t.keys.size(), 2u);
   ASSERT_EQ(t.events.size(), 5u);
@@ -80,41 +78,46 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
   for (const BlockKey& k : t.keys) {
     EXPECT_FALSE(k == a || k == b) << k.ToString();
   }
-  EXPECT_EQ(sum.touches, 2u);
+  EXPECT_EQ(sum.touches, 3u);
   EXPECT_EQ(sum.hits, 1u);
   EXPECT_EQ(sum.end_tick, 105u);
   EXPECT_FALSE(sum.truncated);
 
   Recorder other;  // another secret: other keys for the same blocks
-  other.Start(0, 10, 1000, secret(2), engine::EngineCounters{});
-  other.Touch(1, a, 1.0);
-  other.Stop(1, engine::EngineCounters{});
+  other.Start(0, 10, 1000, secret(2));
+  other.Touch(1, a, 1.0, false);
+  other.Stop(1);
   auto [t2, sum2] = other.Take();
   ASSERT_EQ(t2.keys.size(), 1u);
   EXPECT_FALSE(t2.keys[0] == t.keys[t.events[0].key]);
 
-  Recorder capped;  // the event cap ends it, marked truncated
-  capped.Start(0, 1000, 2, secret(3), engine::EngineCounters{});
-  for (int i = 0; i < 5; ++i) capped.Touch(1, BlockKey{9, static_cast<uint64_t>(i)}, 1.0);
-  capped.EndTick(1, engine::EngineCounters{});
+  // The event cap ends it at once, marked truncated, ready to be taken
+  // before any tick; once taken, nothing is left.
+  Recorder capped;
+  capped.Start(0, 1000, 2, secret(3));
+  for (int i = 0; i < 5; ++i) capped.Touch(1, BlockKey{9, static_cast<uint64_t>(i)}, 1.0, true);
   ASSERT_TRUE(capped.ready());
   auto [t3, sum3] = capped.Take();
   EXPECT_EQ(t3.events.size(), 2u);
+  EXPECT_EQ(sum3.touches, 2u);  // only what was recorded
   EXPECT_TRUE(sum3.truncated);
+  capped.EndTick(2);
   EXPECT_FALSE(capped.ready());
+  EXPECT_FALSE(capped.on());
 
   // Every event a new block: the byte cap ends it before the event cap.
   Recorder bytes;
   constexpr uint64_t kCap = 1 << 20;
-  bytes.Start(0, 1000, uint64_t{1} << 24, secret(4), engine::EngineCounters{}, kCap);
-  const uint64_t fit = kCap / (Recorder::kBytesPerEvent + Recorder::kBytesPerKey);
-  for (uint64_t i = 0; i < fit + 10; ++i) bytes.Touch(1, BlockKey{7, i}, 1.0);
-  bytes.EndTick(1, engine::EngineCounters{});
+  bytes.Start(0, 1000, uint64_t{1} << 24, secret(4), kCap);
+  for (uint64_t i = 0; i < kCap / Recorder::kBytesPerKey + 10; ++i) {
+    bytes.Touch(1, BlockKey{7, i}, 1.0, false);
+  }
   ASSERT_TRUE(bytes.ready());
   auto [t4, sum4] = bytes.Take();
   EXPECT_TRUE(sum4.truncated);
-  EXPECT_LE(t4.events.size(), fit);
-  EXPECT_GE(t4.events.size(), fit - 1);
+  EXPECT_LE(t4.events.size() * Recorder::kBytesPerEvent + t4.keys.size() * Recorder::kBytesPerKey,
+            kCap);
+  EXPECT_GT(t4.events.size(), kCap / 4 / (Recorder::kBytesPerEvent + Recorder::kBytesPerKey));
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {

@@ -267,13 +267,25 @@ int RunAdmin(const std::string& socket, cxltier::wire::AdminOp op, const std::st
 std::atomic<bool> g_interrupted{false};
 
 // The replay of a recording with the settings the daemon ran with.
+// `s` quoted for a POSIX shell when it needs it.
+std::string ShellQuoted(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789/._-+:=,") == std::string::npos) {
+    return s;
+  }
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string ReplayCommand(const nlohmann::json& s, const std::string& out) {
   const auto num = [&](const char* k) { return s.value(k, nlohmann::json(0)).dump(); };
-  return "cxltier-sim --trace bin:" + out + " --mode tick --tick-steps 1 --block-bytes " +
-         num("block_bytes") + " --budget " + num("tier0_budget_bytes") + " --migrate-per-tick " +
-         num("migrate_bytes_per_tick") + " --hysteresis " + num("hysteresis_ticks") + " --ghosts " +
-         num("ghost_capacity") + " --persist " + (s.value("persist", true) ? "persist" : "reset") +
-         " --policy " + s.value("policy", std::string("default"));
+  return "cxltier-sim --trace " + ShellQuoted("bin:" + out) +
+         " --mode tick --tick-steps 1 --block-bytes " + num("block_bytes") + " --budget " +
+         num("tier0_budget_bytes") + " --migrate-per-tick " + num("migrate_bytes_per_tick") +
+         " --hysteresis " + num("hysteresis_ticks") + " --ghosts " + num("ghost_capacity") +
+         " --persist " + (s.value("persist", true) ? "persist" : "reset") + " --policy " +
+         ShellQuoted(s.value("policy", std::string("default")));
 }
 
 // record: start, wait (Ctrl-C ends it early), stop, and copy the trace the
@@ -302,12 +314,14 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   if (!json)
     std::fprintf(stderr, "recording for %llu s (Ctrl-C stops early)\n",
                  static_cast<unsigned long long>(seconds));
-  std::signal(SIGINT, [](int) { g_interrupted = true; });
+  // Ctrl-C, a terminal hang-up or a kill end the wait early; the recording is
+  // still taken and saved.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, [](int) { g_interrupted = true; });
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   while (!g_interrupted && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::signal(SIGINT, SIG_DFL);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
   int trace_fd = -1;
   if (cxltier::Status st =
           cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStop, "", &text, &trace_fd);
