@@ -63,14 +63,13 @@ class Policy {
   virtual void OnBind() {}
   const BlockState& state(Slot s) const { return (*states_)[s]; }
   // A block the engine has seen before this touch, with history kept by
-  // `persist`: ARC, S3-FIFO, SIEVE and TinyLFU treat it as re-referenced.
+  // `persist`: SIEVE treats it as re-referenced.
   bool Returning(Slot s) const {
     return persistence_ == Persistence::kPersist && state(s).touch_count >= 2;
   }
   // A block whose state came back from the ghost store (it was released and
-  // is admitted again, with `persist`), on its first miss since: ARC's and
-  // S3-FIFO's own ghost lists forgot it when its slot was freed. Call it
-  // once per miss.
+  // is admitted again, with `persist`), on its first miss since: S3-FIFO's
+  // own ghost list forgot it when its slot was freed. Call it once per miss.
   bool BackFromGhost(Slot s) {
     const BlockState& st = state(s);
     if (persistence_ != Persistence::kPersist || !(st.flags & kFlagRestored)) return false;

@@ -371,7 +371,7 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
               s.value("events", nlohmann::json(0)).dump().c_str(),
               s.value("keys", nlohmann::json(0)).dump().c_str(), out.c_str(),
               static_cast<unsigned long long>(sb.st_size),
-              s.value("truncated", false) ? ", truncated at the event cap" : "");
+              s.value("truncated", false) ? ", truncated at the event or memory cap" : "");
   std::printf("live: %s touches, hit rate %.2f%% (policy %s)\n",
               s.value("touches", nlohmann::json(0)).dump().c_str(), 100 * s.value("hit_rate", 0.0),
               s.value("policy", std::string("?")).c_str());
