@@ -20,6 +20,9 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   moved_tick_.resize(options.expected_blocks, 0);
   owners_.resize(options.expected_blocks, 0);
   retry_.resize(options.expected_blocks);
+  slot_group_.resize(options.expected_blocks, 0);
+  slot_pos_.resize(options.expected_blocks, 0);
+  slot_owner_index_.resize(options.expected_blocks, 0);
   index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
@@ -58,6 +61,9 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
       moved_tick_.push_back(0);
       owners_.push_back(0);
       retry_.emplace_back();
+      slot_group_.push_back(0);
+      slot_pos_.push_back(0);
+      slot_owner_index_.push_back(0);
     }
   }
   BlockState& st = states_[s];
@@ -77,7 +83,12 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   }
   st.flags |= kFlagResident;
   moved_tick_[s] = 0;
+  if (s < placed_ahead_.size()) placed_ahead_[s] = 0;
   owners_[s] = owner;
+  const auto [known_owner, new_owner] =
+      owner_index_.try_emplace(owner, static_cast<uint32_t>(in_set_by_owner_.size()));
+  if (new_owner) in_set_by_owner_.push_back(0);
+  slot_owner_index_[s] = known_owner->second;
   retry_[s] = Retry{};
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
@@ -99,9 +110,24 @@ void Engine::SetTier(Slot s, Tier t) {
   if (t == Tier::kSlow) ++slow_blocks_;
 }
 
+void Engine::EnterSet(Slot s) {
+  states_[s].flags |= kFlagInTarget;
+  ++in_set_;
+  ++in_set_by_owner_[slot_owner_index_[s]];
+}
+
+void Engine::ClearSet(Slot s) {
+  BlockState& st = states_[s];
+  if (!(st.flags & kFlagInTarget)) return;
+  st.flags &= static_cast<uint8_t>(~kFlagInTarget);
+  --in_set_;
+  --in_set_by_owner_[slot_owner_index_[s]];
+  hinted_.Remove(s);
+}
+
 void Engine::LeaveSet(Slot victim) {
   BlockState& v = states_[victim];
-  v.flags &= static_cast<uint8_t>(~kFlagInTarget);
+  ClearSet(victim);
   ++counters_.evictions;
   Log(EngineEvent::kEvict, victim);
   if (options_.persistence == Persistence::kReset) {
@@ -123,6 +149,14 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   const bool hit = st.tier == Tier::kFast;
   ++counters_.touches;
   if (hit) ++counters_.hits;
+  now_ = t.now;
+  if (s < placed_ahead_.size() && placed_ahead_[s]) {
+    placed_ahead_[s] = 0;
+    if (hit) ++counters_.hint_prefetch_hits;
+  }
+  if (const uint32_t g = slot_group_[s]; g != 0 && groups_[g - 1].hinted_out) {
+    Activate(groups_[g - 1]);
+  }
 
   const double prev_score = st.score;
   const uint64_t prev_time = st.touch_time;
@@ -148,9 +182,11 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
     }
     return hit;
   }
+  // The blocks of done and idle groups leave the set before the policy's own choice.
+  if (in_set_ >= capacity_ && !PoolEmpty()) Displace(PoolBack());
   const Slot victim = policy_->OnMiss(s, t);
   assert(victim != s);
-  st.flags |= kFlagInTarget;
+  EnterSet(s);
   if (victim != kNoSlot) LeaveSet(victim);
 
   if (options_.mode == Mode::kDemand) {
@@ -181,6 +217,8 @@ void Engine::Release(Slot s) {
   assert(IsLive(s));
   BlockState& st = states_[s];
   policy_->Erase(s);
+  ClearSet(s);
+  LeaveGroup(s);
   queues_.Remove(s);
   Log(EngineEvent::kRelease, s);
   // A move in flight will be ignored by Complete(); stop counting it now.
@@ -197,6 +235,7 @@ void Engine::Release(Slot s) {
   ++st.generation;
   free_slots_.push_back(s);
   ++counters_.releases;
+  if (!pending_.empty()) ServePending(now_);  // the room it leaves
 }
 
 bool Engine::Held(Slot s) const {
@@ -330,17 +369,18 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   std::vector<Slot> live;
   for (Slot s = 0; s < next_slot_; ++s) {
     if (!IsLive(s)) continue;
-    states_[s].flags &= static_cast<uint8_t>(~kFlagInTarget);
+    ClearSet(s);
     if (states_[s].touch_count > 0) live.push_back(s);
   }
+  for (Group& g : groups_) g.hinted_out = false;
   std::sort(live.begin(), live.end(),
             [this](Slot a, Slot b) { return states_[a].touch_seq < states_[b].touch_seq; });
   if (capacity_ > 0) {
     for (Slot s : live) {
       BlockState& st = states_[s];
       const Slot victim = policy_->OnMiss(s, engine::Touch{0, st.touch_time, kNever});
-      st.flags |= kFlagInTarget;
-      if (victim != kNoSlot) states_[victim].flags &= static_cast<uint8_t>(~kFlagInTarget);
+      EnterSet(s);
+      if (victim != kNoSlot) ClearSet(victim);
     }
   }
   for (Slot s = 0; s < next_slot_; ++s) {
@@ -359,6 +399,233 @@ size_t Engine::PlanAndApply() {
   Plan();
   for (const Move& m : moves_) Complete(m, true);
   return moves_.size();
+}
+
+}  // namespace cxltier::engine
+
+// ---------------------------------------------------------------- hints
+
+namespace cxltier::engine {
+
+Engine::Group* Engine::FindGroup(GroupId id) {
+  const auto it = group_index_.find(id);
+  return it == group_index_.end() ? nullptr : &groups_[it->second];
+}
+
+GroupId Engine::group(Slot s) const {
+  return s < slot_group_.size() && slot_group_[s] != 0 ? groups_[slot_group_[s] - 1].id : kNoGroup;
+}
+
+bool Engine::SetGroup(Slot s, GroupId id) {
+  assert(IsLive(s));
+  if (id == kNoGroup) {
+    LeaveGroup(s);
+    return true;
+  }
+  if (group(s) == id) return true;
+  Group* g = FindGroup(id);
+  if (g != nullptr && g->owner != owners_[s]) return false;
+  LeaveGroup(s);
+  if (g == nullptr) {
+    uint32_t index;
+    if (free_groups_.empty()) {
+      index = static_cast<uint32_t>(groups_.size());
+      groups_.emplace_back();
+    } else {
+      index = free_groups_.back();
+      free_groups_.pop_back();
+    }
+    group_index_.emplace(id, index);
+    g = &groups_[index];
+    *g = Group{};
+    g->id = id;
+    g->owner = owners_[s];
+  }
+  slot_group_[s] = group_index_[id] + 1;
+  slot_pos_[s] = static_cast<uint32_t>(g->members.size());
+  g->members.push_back(s);
+  return true;
+}
+
+void Engine::LeaveGroup(Slot s) {
+  const uint32_t index1 = slot_group_[s];
+  if (index1 == 0) return;
+  Group& g = groups_[index1 - 1];
+  const uint32_t pos = slot_pos_[s];
+  const Slot last = g.members.back();
+  g.members[pos] = last;
+  slot_pos_[last] = pos;
+  g.members.pop_back();
+  slot_group_[s] = 0;
+  hinted_.Remove(s);
+  if (!g.members.empty()) return;
+  if (g.pending) pending_.erase(std::find(pending_.begin(), pending_.end(), index1 - 1));
+  group_index_.erase(g.id);
+  g = Group{};
+  free_groups_.push_back(index1 - 1);
+}
+
+void Engine::Activate(Group& g) {
+  g.hinted_out = false;
+  for (Slot m : g.members) hinted_.Remove(m);
+}
+
+Slot Engine::PoolBack() const {
+  const Slot done = hinted_.Back(kDonePool);
+  return done != kNoSlot ? done : hinted_.Back(kIdlePool);
+}
+
+void Engine::Displace(Slot v) {
+  BlockState& st = states_[v];
+  policy_->Erase(v);
+  ClearSet(v);
+  ++counters_.hint_displaced;
+  Log(EngineEvent::kEvict, v);
+  if (options_.persistence == Persistence::kReset) {
+    st.score = 0;
+    st.touch_count = 0;
+    st.touch_time = 0;
+    st.flags &= static_cast<uint8_t>(~kFlagRestored);
+  }
+  if (options_.mode == Mode::kDemand) {
+    SetTier(v, Tier::kSlow);
+    ++counters_.demotions;
+    counters_.demoted_bytes += options_.block_bytes;
+    Log(EngineEvent::kDemote, v);
+  } else {
+    Reclassify(v);
+  }
+}
+
+bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
+  if (capacity_ == 0) return false;
+  if (in_set_ >= capacity_) {
+    if (!PoolEmpty()) {
+      Displace(PoolBack());
+    } else if (in_set_by_owner_[owner_index_.at(owner)] != in_set_) {
+      return false;  // the policy might evict another owner's block
+    }
+  }
+  BlockState& st = states_[s];
+  // A pause does not age the block: its touch time moves on by the time its
+  // group was idle (so an EMA's score is what it was when the group stopped).
+  const uint64_t idle_for = Elapsed(now, groups_[slot_group_[s] - 1].idle_at);
+  st.touch_time = Resumed(st.touch_time, idle_for, now);
+  policy_->OnResume(s, idle_for, now);
+  const Slot victim = policy_->OnMiss(s, engine::Touch{0.0, now, kNever});
+  assert(victim != s);
+  EnterSet(s);
+  ++counters_.hint_prefetched;
+  GrowFor(placed_ahead_, s);
+  placed_ahead_[s] = 1;
+  if (victim != kNoSlot) LeaveSet(victim);
+  if (options_.mode == Mode::kDemand) {
+    if (victim != kNoSlot) {
+      SetTier(victim, Tier::kSlow);
+      ++counters_.demotions;
+      counters_.demoted_bytes += options_.block_bytes;
+      Log(EngineEvent::kDemote, victim);
+    }
+    if (st.tier == Tier::kSlow) {
+      ++counters_.promotions;
+      counters_.promoted_bytes += options_.block_bytes;
+      Log(EngineEvent::kPromote, s);
+    }
+    SetTier(s, Tier::kFast);
+  } else {
+    if (victim != kNoSlot) Reclassify(victim);
+    Reclassify(s);
+  }
+  return true;
+}
+
+void Engine::ServePending(uint64_t now) {
+  bool progress = true;
+  while (progress && !pending_.empty()) {
+    progress = false;
+    for (size_t i = 0; i < pending_.size();) {
+      const uint32_t index = pending_[i];
+      Group& g = groups_[index];
+      // The next block still out of the set (a candidate may have been
+      // touched, released or regrouped since the hint).
+      while (!g.candidates.empty()) {
+        const Slot c = g.candidates.back();
+        if (IsLive(c) && slot_group_[c] == index + 1 && !(states_[c].flags & kFlagInTarget)) break;
+        g.candidates.pop_back();
+      }
+      if (g.candidates.empty() || g.prefetch_left == 0) {
+        g.pending = false;
+        g.candidates.clear();
+        pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+        continue;
+      }
+      if (PlaceAhead(g.candidates.back(), g.owner, now)) {
+        g.candidates.pop_back();
+        --g.prefetch_left;
+        progress = true;
+      }
+      ++i;
+    }
+  }
+}
+
+bool Engine::Hint(GroupId id, HintKind kind, uint64_t now) {
+  Group* found = FindGroup(id);
+  if (found == nullptr) return false;
+  Group& g = *found;
+  const uint32_t index = static_cast<uint32_t>(&g - groups_.data());
+  ++counters_.hints;
+  now_ = now;
+  if (policy_->NeedsFuture() || capacity_ == 0) return true;
+  // Hottest last: ascending heat, then ascending last touch.
+  auto colder = [this](Slot a, Slot b) {
+    const double ha = policy_->Heat(a), hb = policy_->Heat(b);
+    if (ha != hb) return ha < hb;
+    return states_[a].touch_seq < states_[b].touch_seq;
+  };
+  if (g.pending) {
+    g.pending = false;
+    pending_.erase(std::find(pending_.begin(), pending_.end(), index));
+  }
+  g.candidates.clear();
+  g.prefetch_left = 0;
+  uint32_t in_set = 0;
+  for (Slot m : g.members) in_set += (states_[m].flags & kFlagInTarget) != 0;
+  if (kind == HintKind::kIdle || kind == HintKind::kDone) {
+    std::vector<Slot> out;
+    out.reserve(in_set);
+    for (Slot m : g.members) {
+      if (states_[m].flags & kFlagInTarget) out.push_back(m);
+    }
+    std::sort(out.begin(), out.end(), colder);
+    // Pushed coldest first, so each group's coldest leaves first, and groups
+    // hinted earlier before those hinted later.
+    for (Slot m : out) {
+      hinted_.Remove(m);
+      hinted_.PushFront(kind == HintKind::kDone ? kDonePool : kIdlePool, m);
+    }
+    g.working_set = in_set;
+    g.idle_at = now;
+    g.hinted_out = true;
+    g.last = kind;
+    if (!pending_.empty()) ServePending(now);  // room it may give a waiting soon
+    return true;
+  }
+  if (g.hinted_out) Activate(g);
+  g.last = kind;
+  if (g.working_set <= in_set) return true;
+  for (Slot m : g.members) {
+    if (!(states_[m].flags & kFlagInTarget) && states_[m].touch_count > 0) {
+      g.candidates.push_back(m);
+    }
+  }
+  if (g.candidates.empty()) return true;
+  std::sort(g.candidates.begin(), g.candidates.end(), colder);
+  g.prefetch_left = g.working_set - in_set;
+  g.pending = true;
+  pending_.push_back(index);
+  ServePending(now);
+  return true;
 }
 
 }  // namespace cxltier::engine

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cxltier/block.h"
@@ -54,6 +55,10 @@ struct EngineCounters {
   uint64_t failed_moves = 0;      // moves the caller reported as not done
   uint64_t bad_observations = 0;  // NaN, infinite or negative observations (counted as 0)
   uint64_t ticks = 0;
+  uint64_t hints = 0;               // Hint() calls that named a known group
+  uint64_t hint_displaced = 0;      // blocks of idle or done groups taken out of the set first
+  uint64_t hint_prefetched = 0;     // blocks a soon hint put into the set ahead of their touch
+  uint64_t hint_prefetch_hits = 0;  // of those, touched next while in tier 0
 };
 
 // One planned move. The caller carries it out and reports back with Complete().
@@ -71,6 +76,16 @@ struct EngineEvent {
   BlockKey key;
   friend bool operator==(const EngineEvent&, const EngineEvent&) = default;
 };
+
+// Scheduler hints about a group of blocks (one sequence or request), named by
+// the engine that serves it. Advice only (docs/policies.md, "Scheduler hints").
+enum class HintKind : uint8_t {
+  kIdle = 1,  // the group waits (for its user): its blocks leave tier 0 first
+  kSoon = 2,  // the group runs again soon: bring its hottest blocks back ahead of use
+  kDone = 3,  // the request finished: its blocks leave tier 0 before idle ones
+};
+using GroupId = uint64_t;
+inline constexpr GroupId kNoGroup = 0;
 
 class Engine {
  public:
@@ -103,6 +118,27 @@ class Engine {
 
   // Forgets the block; with persist its state becomes a ghost. REQUIRES: a live slot.
   void Release(Slot slot);
+
+  // Puts the live block `s` in `group` (kNoGroup: in none), out of the group it
+  // was in. A group's blocks have one owner: returns false, and changes
+  // nothing, when `s` has another owner than the group's blocks.
+  bool SetGroup(Slot s, GroupId group);
+  GroupId group(Slot s) const;
+
+  // A hint about `group`'s live blocks, at clock `now`; false for a group with
+  // no live block. kIdle and kDone mark the group's blocks in the policy's set
+  // as the first to leave it: the next misses (and soon hints) take their room
+  // before the policy evicts anything (done ones first, each group's coldest
+  // first), and the group's next touch ends that. kSoon brings the group's
+  // hottest blocks (by the policy's Heat) into the set, at most as many as it
+  // had there when it last went idle or done, taking free room, then idle and
+  // done blocks, then the policy's victims, but only while every block in the
+  // set is the group owner's: a hint never displaces another owner's block. What
+  // it cannot place now it places as room appears (idle, done and release),
+  // groups served in turn, until its next hint. In tick mode Plan() moves
+  // them within its budget, like any change of the set. Ignored by policies
+  // that see the future (min).
+  bool Hint(GroupId group, HintKind kind, uint64_t now);
 
   // Tick mode: plans moves that bring tier 0 towards the policy's set within the
   // migration byte budget and hysteresis: promotes the blocks of the set not in
@@ -162,6 +198,21 @@ class Engine {
 
  private:
   enum Queue { kPromoteQueue = 0, kDemoteQueue = 1, kRetouchedQueue = 2 };
+  enum Pool { kDonePool = 0, kIdlePool = 1 };  // hinted_ lists, taken from in this order
+
+  // A group of blocks that hints name (docs/policies.md, "Scheduler hints").
+  struct Group {
+    GroupId id = kNoGroup;
+    uint32_t owner = 0;
+    HintKind last = HintKind::kSoon;  // the last hint; kSoon also while active
+    bool hinted_out = false;          // idle or done, and not touched since
+    bool pending = false;             // in pending_: a soon with blocks still to place
+    uint32_t working_set = 0;         // its blocks in the set when it last went idle or done
+    uint64_t idle_at = 0;             // the clock of its last idle or done hint
+    uint32_t prefetch_left = 0;       // soon: blocks it may still place
+    std::vector<Slot> members;
+    std::vector<Slot> candidates;  // soon: blocks still to place, hottest at the back
+  };
 
   void Log(EngineEvent::Kind kind, Slot s) {
     if (__builtin_expect(log_ != nullptr, 0)) log_->push_back(EngineEvent{kind, states_[s].key});
@@ -169,6 +220,21 @@ class Engine {
   Slot AdmitAt(const BlockKey& key, Tier placed, uint32_t owner);
   void SetTier(Slot s, Tier t);
   void LeaveSet(Slot victim);
+  void EnterSet(Slot s);
+  void ClearSet(Slot s);
+  // Takes the block out of the set for a hint (no policy eviction is counted).
+  void Displace(Slot v);
+  // Room for one more block in the set for `owner`: free room, an idle or done
+  // block displaced, or (true with *policy_may_evict) the policy's victim.
+  bool RoomFor(uint32_t owner, bool* policy_may_evict);
+  // Puts `s` into the set for a soon hint; returns false when there is no room.
+  bool PlaceAhead(Slot s, uint32_t owner, uint64_t now);
+  void ServePending(uint64_t now);
+  bool PoolEmpty() const { return hinted_.Size(kDonePool) == 0 && hinted_.Size(kIdlePool) == 0; }
+  Slot PoolBack() const;  // the next block of a done, then an idle group to leave
+  void LeaveGroup(Slot s);
+  void Activate(Group& g);  // its next touch after an idle or done hint
+  Group* FindGroup(GroupId id);
   void Reclassify(Slot s);
   bool Held(Slot s) const;  // by hysteresis or by a failed move's backoff
 
@@ -185,6 +251,22 @@ class Engine {
     uint32_t failures = 0;    // failed moves in a row
   };
   std::vector<Retry> retry_;  // by slot
+  // Hints: each slot's group (index + 1 into groups_; 0: none) and its place in
+  // the group's members; the groups; soon groups with blocks still to place.
+  std::vector<uint32_t> slot_group_;
+  std::vector<uint32_t> slot_pos_;
+  std::vector<uint8_t> placed_ahead_;  // by slot: a soon hint placed it, not touched since
+  std::vector<Group> groups_;
+  std::vector<uint32_t> free_groups_;
+  std::unordered_map<GroupId, uint32_t> group_index_;
+  std::vector<uint32_t> pending_;  // group indexes, served in turn
+  SlotLists hinted_{2};            // set blocks of done and idle groups, coldest at the back
+  // Blocks in the policy's set, in all and by owner (dense owner index per slot).
+  size_t in_set_ = 0;
+  std::unordered_map<uint32_t, uint32_t> owner_index_;
+  std::vector<uint32_t> slot_owner_index_;
+  std::vector<size_t> in_set_by_owner_;
+  uint64_t now_ = 0;  // the clock of the last touch or hint
   KeyIndex index_;
   GhostStore ghosts_;
   // Tick mode: promotion candidates not touched since they were queued (newest

@@ -171,6 +171,9 @@ class EmaPolicy final : public HeapPolicy {
                const Touch& t) const override {
     return EmaAfter(prev_score, prev_time, fresh, alpha_, t);
   }
+  double Heat(Slot s) const override {
+    return EmaOrderKey(state(s).score, state(s).touch_time, alpha_);
+  }
 
  private:
   double Key(Slot s, const Touch&) const override {
@@ -501,6 +504,14 @@ class OwnEmaPolicy final : public Policy {
     return victim;
   }
   void Erase(Slot s) override { heap_.Erase(s); }
+  double Heat(Slot s) const override {
+    return s < own_.size() && own_[s].generation == state(s).generation ? Key(s) : -HUGE_VAL;
+  }
+  void OnResume(Slot s, uint64_t idle_for, uint64_t now) override {
+    if (s < own_.size() && own_[s].generation == state(s).generation) {
+      own_[s].time = Resumed(own_[s].time, idle_for, now);
+    }
+  }
 
  private:
   struct Own {
@@ -560,6 +571,10 @@ class AdaptivePolicy final : public Policy {
   }
   void Prefetch(Slot s) const override {
     for (const Expert& e : experts_) e.policy->Prefetch(s);
+  }
+  double Heat(Slot s) const override { return experts_[leader_].policy->Heat(s); }
+  void OnResume(Slot s, uint64_t idle_for, uint64_t now) override {
+    for (Expert& e : experts_) e.policy->OnResume(s, idle_for, now);
   }
   void OnHit(Slot s, const Touch& t) override {
     Feed(s, t);

@@ -51,6 +51,16 @@ class Policy {
   // `s` is released: forget it entirely (the set and any history of the policy's own).
   virtual void Erase(Slot s) = 0;
 
+  // How hot the live block `s` is, higher hotter: orders a group's blocks for a
+  // soon hint (Engine::Hint). The block's score unless the policy knows better.
+  virtual double Heat(Slot s) const { return state(s).score; }
+
+  // A soon hint places the block, whose group was idle for `idle_for` clock
+  // units and runs again (now `now`): history the policy keeps by time of its
+  // own (not in the block's state) should not age by that pause (Resumed).
+  // The engine moves the state's touch_time on the same way.
+  virtual void OnResume(Slot, uint64_t /*idle_for*/, uint64_t /*now*/) {}
+
   // A hint: about `n` slots will be used; allocate per-slot tables now.
   virtual void Reserve(size_t) {}
   // A hint: the caller will touch slot s soon (a prefetch of its links).

@@ -36,6 +36,12 @@ enum class Mode {
 // from another clock), and the unsigned difference would wrap to ~2^64.
 constexpr uint64_t Elapsed(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
 
+// A touch time moved on by a pause of `idle_for` (a soon hint), never past `now`
+// nor back, and never wrapping.
+constexpr uint64_t Resumed(uint64_t time, uint64_t idle_for, uint64_t now) {
+  return time + std::min(idle_for, Elapsed(now, time));
+}
+
 // One touch of one block, as the engine sees it.
 struct Touch {
   double obs = 1.0;            // aggregated observation (attention mass); finite, >= 0

@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
   bool json = false, check_placement = false, expect_moves = false, expect_restored = false;
   bool expect_slow_tier = false, expect_kernel_migrations = false, reconnect = false;
   bool expect_no_leaks = false, until_signal = false, pin = false, expect_pinned = false;
+  bool hints = false;
+  uint32_t hint_lead = sim::AttentionParams{}.hint_lead;
   int reader_threads = 2;
   std::string devdax;
   uint64_t until_moves = 0;
@@ -121,6 +123,12 @@ int main(int argc, char** argv) {
   app.add_flag("--until-signal", until_signal,
                "replay the workload (fresh keys each pass) until SIGUSR1 arrives or --seconds "
                "pass, then run the checks and print the summary");
+  app.add_flag("--hints", hints,
+               "the workload's scheduler hints (attention:hints=1): each session is a group, idle "
+               "when its turn ends, done when it ends, soon --hint-lead steps before its next "
+               "turn; each is sent as a Hint with the group's live blocks not sent before");
+  app.add_option("--hint-lead", hint_lead, "steps a soon hint comes before its turn (--hints)")
+      ->capture_default_str();
   app.add_option("--sessions", sessions, "conversations")->capture_default_str();
   app.add_option("--batch", batch, "sequences decoding per step")->capture_default_str();
   app.add_option("--seed", seed, "workload seed")->capture_default_str();
@@ -273,6 +281,9 @@ int main(int argc, char** argv) {
   // call waits for the daemon to come back, reconnects and is tried again.
   std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> live;  // trace key -> (block, slot)
   std::vector<BlockKey> trace_keys;                                  // filled once the trace exists
+  // --hints: trace keys already sent to the daemon with a hint of their group
+  // (it keeps them in the group until they are released).
+  std::vector<uint8_t> hint_sent;
   uint64_t reconnects = 0, restored_on_reconnect = 0;
   auto call = [&](const std::function<Status()>& fn) -> Status {
     Status s = fn();
@@ -284,6 +295,8 @@ int main(int argc, char** argv) {
         ++reconnects;
         restored_on_reconnect += restored_now;
         for (auto& [key, v] : live) client->SlotOf(trace_keys[key], &v.second);
+        // A new daemon knows no groups: the next hints send their keys again.
+        std::fill(hint_sent.begin(), hint_sent.end(), 0);
         return fn();
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -298,7 +311,14 @@ int main(int argc, char** argv) {
       return nlohmann::json::object();
     }
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    return j.is_object() && j.contains("migrations") ? j["migrations"] : nlohmann::json::object();
+    if (!j.is_object() || !j.contains("migrations")) return nlohmann::json::object();
+    // The daemon's hint counters too, beside the migration ones.
+    nlohmann::json m = j["migrations"];
+    if (j.contains("hints")) {
+      m["hint_prefetched"] = j["hints"].value("prefetched", uint64_t{0});
+      m["hint_displaced"] = j["hints"].value("displaced", uint64_t{0});
+    }
+    return m;
   };
   const nlohmann::json mig_before = migrations();
   // This run's share of a daemon counter (other clients may share the daemon).
@@ -327,10 +347,48 @@ int main(int argc, char** argv) {
   p.turn_tokens = 32;
   p.pause_steps = 40;
   p.user_tokens = p.block_tokens * 2;
+  p.hints = hints ? 1 : 0;
+  p.hint_lead = hint_lead;
   if (std::string err = p.Validate(); !err.empty()) return Fail("workload: " + err);
   const sim::Trace trace = sim::GenerateAttention(p);
   trace_keys = trace.keys;
   if (trace.events.empty()) return Fail("workload: the trace is empty");
+  // Each group's keys (Trace::groups), for the hints.
+  std::unordered_map<uint32_t, std::vector<uint32_t>> group_keys;
+  if (hints) {
+    for (uint32_t k = 0; k < trace.groups.size(); ++k) {
+      if (trace.groups[k] != 0) group_keys[trace.groups[k]].push_back(k);
+    }
+    hint_sent.assign(trace.keys.size(), 0);
+  }
+  uint64_t hints_sent = 0, hints_applied = 0, hint_keys_grouped = 0, hint_keys_unknown = 0;
+  uint64_t hint_events_skipped = 0;
+  // One hint event: a Hint for its group with the group's live keys not sent
+  // before (computed at the call, so a retry after a reconnect sends them all).
+  auto send_hint = [&](const sim::TraceEvent& e) -> Status {
+    const auto members = group_keys.find(e.key);
+    return call([&] {
+      std::vector<uint32_t> sending;
+      std::vector<BlockKey> keys;
+      if (members != group_keys.end()) {
+        for (uint32_t k : members->second) {
+          if (hint_sent[k] || !live.contains(k)) continue;
+          sending.push_back(k);
+          keys.push_back(trace_keys[k]);
+        }
+      }
+      wire::HintOk ok;
+      Status s = client->Hint(e.key, static_cast<HintKind>(static_cast<int>(e.obs)), keys, &ok);
+      if (s.ok()) {
+        for (uint32_t k : sending) hint_sent[k] = 1;
+        ++hints_sent;
+        hints_applied += ok.applied;
+        hint_keys_grouped += ok.grouped;
+        hint_keys_unknown += ok.unknown;
+      }
+      return s;
+    });
+  };
 
   std::vector<uint32_t> free_blocks;
   for (uint32_t b = blocks; b-- > 0;) free_blocks.push_back(b);
@@ -364,6 +422,7 @@ int main(int argc, char** argv) {
         trace_keys[k] = trace.keys[k];
         trace_keys[k].hi ^= passes << 40;  // sequence ids of the trace stay far below 2^40
       }
+      std::fill(hint_sent.begin(), hint_sent.end(), 0);  // released: out of their groups
       ++passes;
       i = 0;
     }
@@ -383,11 +442,13 @@ int main(int argc, char** argv) {
     std::vector<BlockKey> release;
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
-      if (e.kind == sim::EventKind::kAdmit) continue;  // admitted at its first touch here
+      // Admitted at its first touch here; hints go with the touches below.
+      if (e.kind == sim::EventKind::kAdmit || e.kind == sim::EventKind::kHint) continue;
       auto it = live.find(e.key);
       if (e.kind == sim::EventKind::kRelease) {
         if (it != live.end()) {
           release.push_back(trace_keys[e.key]);
+          if (!hint_sent.empty()) hint_sent[e.key] = 0;  // a released block leaves its group
           free_blocks.push_back(it->second.first);
           if (readers) readers->Withdraw(it->second.second);
           live.erase(it);
@@ -426,8 +487,19 @@ int main(int argc, char** argv) {
       }
       admitted += admit.size();
     }
+    // Touches and hints in the trace's order: the daemon folds this client's
+    // observations before it applies a hint, so a hint after a touch comes
+    // after it there too.
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
+      if (e.kind == sim::EventKind::kHint) {
+        if (!hints) {
+          ++hint_events_skipped;
+          continue;
+        }
+        if (Status h = send_hint(e); !h.ok()) return Fail("hint: " + h.message);
+        continue;
+      }
       if (e.kind != sim::EventKind::kTouch) continue;
       auto it = live.find(e.key);
       if (it == live.end()) {
@@ -619,6 +691,14 @@ int main(int argc, char** argv) {
       {"pool", pool_kind},
       {"seconds", seconds},
       {"passes", passes},
+      {"hints",
+       {{"sent", hints_sent},
+        {"applied", hints_applied},
+        {"keys_grouped", hint_keys_grouped},
+        {"keys_unknown", hint_keys_unknown},
+        {"events_skipped", hint_events_skipped},
+        {"blocks_prefetched", delta("hint_prefetched")},
+        {"blocks_displaced", delta("hint_displaced")}}},
   };
   if (json) {
     std::cout << out.dump(2) << "\n";
@@ -633,6 +713,12 @@ int main(int argc, char** argv) {
         FormatBytes(out["bytes_demoted"].get<uint64_t>()),
         out["migration_failures"].get<uint64_t>(), blocks_fast, blocks_slow, verified,
         FormatBytes(*bb), corrupt);
+    if (hints) {
+      std::cout << fmt::format(
+          "  hints: {} sent ({} applied), {} blocks prefetched, {} displaced\n", hints_sent,
+          hints_applied, out["hints"]["blocks_prefetched"].get<uint64_t>(),
+          out["hints"]["blocks_displaced"].get<uint64_t>());
+    }
     if (copy) {
       std::cout << fmt::format("  copy mode: {} reads under leases, {} torn, {} failed\n",
                                readers->reads(), readers->torn(), readers->failed());
@@ -683,6 +769,10 @@ int main(int argc, char** argv) {
                      std::to_string(segments_at_start) + " at start)");
   }
   if (expect_slow_tier && slow_nodes.empty()) failed.push_back("the daemon reports no slow tier");
+  if (hint_keys_unknown) {
+    failed.push_back(std::to_string(hint_keys_unknown) +
+                     " keys of our hints were unknown to the daemon (we held them)");
+  }
   if (expect_kernel_migrations && pgmigrate == 0) {
     failed.push_back("pgmigrate_success did not grow");
   }

@@ -17,7 +17,8 @@ sim::Trace FitToPool(const sim::Trace& trace, uint32_t pool_blocks, FitStats* st
   std::vector<std::list<uint32_t>::iterator> where(trace.keys.size(), lru.end());
   std::vector<bool> seen(trace.keys.size(), false);
   for (const sim::TraceEvent& e : trace.events) {
-    if (e.kind == sim::EventKind::kAdmit) continue;  // blocks are admitted at their first touch
+    // Blocks are admitted at their first touch; hints name groups, not keys.
+    if (e.kind == sim::EventKind::kAdmit || e.kind == sim::EventKind::kHint) continue;
     auto& at = where[e.key];
     if (e.kind == sim::EventKind::kRelease) {
       if (at == lru.end()) continue;  // not live: nothing to free

@@ -376,7 +376,8 @@ int main(int argc, char** argv) {
     };
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
-      if (e.kind == sim::EventKind::kAdmit) continue;  // admitted at its first touch
+      // Admitted at its first touch; hints name groups, not keys.
+      if (e.kind == sim::EventKind::kAdmit || e.kind == sim::EventKind::kHint) continue;
       if (e.kind == sim::EventKind::kRelease) {
         if (!is_live[e.key]) continue;
         if (!admit.empty() || !touch_events.empty()) {

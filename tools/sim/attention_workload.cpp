@@ -54,6 +54,7 @@ struct Session {
   uint32_t turn_left = 0;
   uint32_t turns_done = 0;
   uint64_t ready_at = 0;
+  uint64_t paused_at = 0;  // the step its last turn ended
   bool active = false;
   std::vector<double> importance;  // per block, drawn once and redrawn by drift
   std::unique_ptr<WeightTree> tree;
@@ -83,6 +84,14 @@ class Generator {
         });
         for (size_t i : ready) {
           if (batch.size() >= p_.batch) break;
+          if (p_.hints && sessions_[i].turns_done > 0) {
+            // The scheduler knows hint_lead steps ahead that this session runs
+            // again (its user's message waits for prefill and a batch place).
+            const uint64_t lead = std::min<uint64_t>(p_.hint_lead, step);
+            soon_.push_back(
+                TraceEvent{static_cast<uint32_t>(std::max(sessions_[i].paused_at + 1, step - lead)),
+                           Group(sessions_[i]), 2.0f, EventKind::kHint});
+          }
           Resume(sessions_[i]);
           batch.push_back(i);
         }
@@ -97,10 +106,13 @@ class Generator {
           continue;
         }
         s.active = false;
+        s.paused_at = step;
         if (s.turns_left == 0 || s.tokens + p_.user_tokens + 1 >= p_.context_max) {
+          Hint(s, step, 3.0f);  // done
           ReleaseOwn(s, step);
           StartSession(s, step + Geometric(p_.pause_steps));
         } else {
+          Hint(s, step, 1.0f);  // idle
           s.ready_at = step + Geometric(p_.pause_steps);
           if (Chance(p_.release_on_pause)) {
             ReleaseOwn(s, step);
@@ -109,6 +121,7 @@ class Generator {
       }
       batch = std::move(still);
     }
+    MergeSoonHints();
     return std::move(trace_);
   }
 
@@ -117,14 +130,41 @@ class Generator {
     return (s.tokens + p_.block_tokens - 1) / p_.block_tokens;
   }
 
+  uint32_t Group(const Session& s) const { return static_cast<uint32_t>(s.uid); }
+
+  void Hint(const Session& s, uint32_t step, float kind) {
+    if (p_.hints) trace_.events.push_back(TraceEvent{step, Group(s), kind, EventKind::kHint});
+  }
+
+  // Each soon hint goes before the events of its step (it was known then).
+  void MergeSoonHints() {
+    if (soon_.empty()) return;
+    std::stable_sort(soon_.begin(), soon_.end(),
+                     [](const TraceEvent& a, const TraceEvent& b) { return a.step < b.step; });
+    std::vector<TraceEvent> merged;
+    merged.reserve(trace_.events.size() + soon_.size());
+    size_t j = 0;
+    for (const TraceEvent& e : trace_.events) {
+      while (j < soon_.size() && soon_[j].step <= e.step) merged.push_back(soon_[j++]);
+      merged.push_back(e);
+    }
+    merged.insert(merged.end(), soon_.begin() + static_cast<ptrdiff_t>(j), soon_.end());
+    trace_.events = std::move(merged);
+  }
+
   BlockKey KeyOf(const Session& s, uint32_t block) const {
     return block < p_.shared_prefix_blocks ? BlockKey::FromSequence(0, block)
                                            : BlockKey::FromSequence(s.uid, block);
   }
 
-  uint32_t KeyIndex(const BlockKey& k) {
+  uint32_t KeyIndex(const Session& s, uint32_t block) {
+    const BlockKey k = KeyOf(s, block);
     auto [it, fresh] = key_index_.try_emplace(k, static_cast<uint32_t>(trace_.keys.size()));
-    if (fresh) trace_.keys.push_back(k);
+    if (fresh) {
+      trace_.keys.push_back(k);
+      // The shared system prompt belongs to no session's group.
+      if (p_.hints) trace_.groups.push_back(block < p_.shared_prefix_blocks ? 0 : Group(s));
+    }
     return it->second;
   }
 
@@ -235,7 +275,7 @@ class Generator {
     std::sort(chosen_.begin(), chosen_.end());
     for (const auto& [b, w] : chosen_) {
       const float mass = total > 0 ? static_cast<float>(w / total) : 0.0f;
-      trace_.events.push_back(TraceEvent{step, KeyIndex(KeyOf(s, b)), mass, EventKind::kTouch});
+      trace_.events.push_back(TraceEvent{step, KeyIndex(s, b), mass, EventKind::kTouch});
     }
   }
 
@@ -248,6 +288,7 @@ class Generator {
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> key_index_;
   std::vector<std::pair<uint32_t, double>> chosen_;
   std::vector<uint32_t> saved_;
+  std::vector<TraceEvent> soon_;  // soon hints, merged in by step at the end
 };
 
 // name -> pointer to the field, for Parse and ToString.
@@ -273,6 +314,8 @@ void ForEachParam(AttentionParams& p, Fn&& fn) {
   fn("shared_prefix_blocks", &p.shared_prefix_blocks);
   fn("release_on_pause", &p.release_on_pause);
   fn("block_tokens", &p.block_tokens);
+  fn("hints", &p.hints);
+  fn("hint_lead", &p.hint_lead);
 }
 
 template <typename T>
@@ -328,6 +371,7 @@ std::string AttentionParams::Validate() const {
   if (!(release_on_pause >= 0 && release_on_pause <= 1))
     return "release_on_pause must be in [0, 1]";
   if (!(sink_weight >= 0 && window_weight >= 0)) return "weights must be >= 0";
+  if (hints > 1) return "hints must be 0 or 1";
   if (static_cast<uint64_t>(sessions) * (context_max / block_tokens + 2) > (uint64_t{1} << 28)) {
     return "sessions x blocks per session is too large for memory";
   }

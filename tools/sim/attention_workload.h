@@ -33,6 +33,11 @@ struct AttentionParams {
   double release_on_pause =
       0.0;                     // chance a pause frees the session's blocks (they come back by key)
   uint32_t block_tokens = 16;  // tokens per block (the model's)
+  // Scheduler hints (docs/workloads.md): 1 adds each session's group and its
+  // hints: idle when a turn ends, done when the session ends, soon `hint_lead`
+  // steps before a later turn's first step. 0 leaves the trace as without them.
+  uint32_t hints = 0;
+  uint32_t hint_lead = 8;
 
   // Applies "k=v,k=v" overrides. Returns an error naming the bad key or value.
   std::string Parse(std::string_view overrides);

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +68,11 @@ nlohmann::json ToJson(const std::string& workload, const SimResult& r) {
       {"admits", c.admits},
       {"releases", c.releases},
       {"ghost_restores", c.ghost_restores},
+      {"hints", r.config.hints},
+      {"hint_events", c.hints},
+      {"hint_prefetched", c.hint_prefetched},
+      {"hint_displaced", c.hint_displaced},
+      {"hint_prefetch_hits", c.hint_prefetch_hits},
       {"ticks", c.ticks},
       {"tick_steps", r.config.tick_steps},
       {"migrate_bytes_per_tick", r.config.migrate_bytes_per_tick},
@@ -76,13 +82,16 @@ nlohmann::json ToJson(const std::string& workload, const SimResult& r) {
   };
 }
 
+// The policy, and "+hints" when the trace's hints were applied.
+std::string Label(const SimResult& r) { return r.config.policy + (r.config.hints ? "+hints" : ""); }
+
 void PrintTable(const std::string& workload, const std::vector<SimResult>& results) {
   std::printf("%-10s %-10s %-7s %-6s %9s %8s %10s %10s %8s %10s %10s\n", "workload", "policy",
               "persist", "mode", "budget", "blocks", "touches", "hits", "hit rate", "promoted",
               "demoted");
   for (const SimResult& r : results) {
     std::printf("%-10s %-10s %-7s %-6s %9s %8llu %10llu %10llu %8s %10s %10s\n",
-                workload.substr(0, 10).c_str(), r.config.policy.c_str(),
+                workload.substr(0, 10).c_str(), Label(r).c_str(),
                 r.config.persistence == engine::Persistence::kPersist ? "persist" : "reset",
                 r.config.mode == engine::Mode::kDemand ? "demand" : "tick",
                 FormatBytes(r.config.budget_bytes).c_str(),
@@ -96,9 +105,9 @@ void PrintTable(const std::string& workload, const std::vector<SimResult>& resul
   std::map<std::pair<std::string, uint64_t>, std::pair<double, double>> pairs;
   std::map<std::pair<std::string, uint64_t>, int> seen;
   for (const SimResult& r : results) {
-    auto& p = pairs[{r.config.policy, r.config.budget_bytes}];
+    auto& p = pairs[{Label(r), r.config.budget_bytes}];
     (r.config.persistence == engine::Persistence::kPersist ? p.first : p.second) = r.hit_rate();
-    ++seen[{r.config.policy, r.config.budget_bytes}];
+    ++seen[{Label(r), r.config.budget_bytes}];
   }
   bool header = false;
   for (const auto& [k, v] : pairs) {
@@ -122,7 +131,7 @@ std::string Plot(const std::string& path, const std::string& workload,
   std::vector<std::string> series;
   for (const SimResult& r : results) {
     const bool persist = r.config.persistence == engine::Persistence::kPersist;
-    const std::string name = r.config.policy + (persist ? " persist" : " reset");
+    const std::string name = Label(r) + (persist ? " persist" : " reset");
     auto it = files.find(name);
     if (it == files.end()) {
       series.push_back(name);
@@ -186,6 +195,11 @@ int main(int argc, char** argv) {
   app.add_option("--policy", policies, "policies, comma-separated: " + engine::PolicyNames())
       ->capture_default_str();
   app.add_option("--persist", persist, "persist, reset or both")->capture_default_str();
+  std::string hints = "on";
+  app.add_option(
+         "--hints", hints,
+         "apply the trace's scheduler hints (attention:hints=1 makes them): on, off or both")
+      ->capture_default_str();
   app.add_option("--mode", mode, "demand or tick")->capture_default_str();
   app.add_option("--tick-steps", tick_steps, "tick mode: plan every N steps")
       ->capture_default_str();
@@ -268,6 +282,15 @@ int main(int argc, char** argv) {
   if (persist == "reset" || persist == "both") persists.push_back(engine::Persistence::kReset);
   if (persists.empty()) return Fail("--persist must be persist, reset or both");
 
+  std::vector<bool> hint_sides;
+  if (hints == "on" || hints == "both") hint_sides.push_back(true);
+  if (hints == "off" || hints == "both") hint_sides.push_back(false);
+  if (hint_sides.empty()) return Fail("--hints must be on, off or both");
+  const bool has_hints =
+      std::any_of(trace.events.begin(), trace.events.end(),
+                  [](const TraceEvent& e) { return e.kind == EventKind::kHint; });
+  if (!has_hints) hint_sides.resize(1);  // nothing to switch off
+
   std::vector<SimConfig> configs;
   bool needs_future = false;
   for (const std::string& b : SplitList(budgets)) {
@@ -278,11 +301,16 @@ int main(int argc, char** argv) {
       if (!check.ok()) return Fail(check.status().message);
       needs_future |= (*check)->NeedsFuture();
       for (engine::Persistence pers : persists) {
-        SimConfig c = base;
-        c.policy = p;
-        c.persistence = pers;
-        c.budget_bytes = *bytes;
-        configs.push_back(c);
+        for (bool h : hint_sides) {
+          // MIN knows the future: hints tell it nothing, and it runs once.
+          if (!h && (*check)->NeedsFuture() && hint_sides.size() > 1) continue;
+          SimConfig c = base;
+          c.policy = p;
+          c.persistence = pers;
+          c.budget_bytes = *bytes;
+          c.hints = h && has_hints;
+          configs.push_back(c);
+        }
       }
     }
   }

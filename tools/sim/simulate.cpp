@@ -47,6 +47,7 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
   result.capacity_blocks = e.capacity_blocks();
 
   const bool tick = config.mode == engine::Mode::kTick;
+  const bool grouped = config.hints && !trace.groups.empty();
   const uint64_t every = config.tick_steps ? config.tick_steps : 1;
   std::vector<engine::Slot> slot_of(trace.keys.size(), engine::kNoSlot);
   const auto start = std::chrono::steady_clock::now();
@@ -69,6 +70,13 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
       }
       last_step = ev.step;
     }
+    if (ev.kind == EventKind::kHint) {
+      // A hint about a group (its number in ev.key); advice the engine may ignore.
+      if (config.hints) {
+        e.Hint(ev.key, static_cast<engine::HintKind>(static_cast<int>(ev.obs)), ev.step);
+      }
+      continue;
+    }
     engine::Slot& s = slot_of[ev.key];
     if (ev.kind == EventKind::kRelease) {
       if (s != engine::kNoSlot) {
@@ -81,10 +89,14 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
       // Where the daemon found the block's pages; demand mode places by touch.
       if (tick && s == engine::kNoSlot) {
         s = e.Admit(trace.keys[ev.key], ev.obs == 0.0f ? Tier::kFast : Tier::kSlow);
+        if (grouped) e.SetGroup(s, trace.group_of(ev.key));
       }
       continue;
     }
-    if (s == engine::kNoSlot) s = e.Admit(trace.keys[ev.key]);
+    if (s == engine::kNoSlot) {
+      s = e.Admit(trace.keys[ev.key]);
+      if (grouped) e.SetGroup(s, trace.group_of(ev.key));
+    }
     e.Touch(s, engine::Touch{ev.obs, ev.step, next_use ? (*next_use)[i] : engine::kNever});
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -20,6 +20,7 @@ struct SimConfig {
   uint64_t migrate_bytes_per_tick = 0;  // tick mode: 0 = unlimited
   uint32_t hysteresis_ticks = 0;        // tick mode
   size_t ghost_capacity = 1u << 20;
+  bool hints = true;  // apply the trace's scheduler hints (kHint events), if it has any
 };
 
 struct SimResult {

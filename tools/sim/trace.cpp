@@ -14,7 +14,8 @@ namespace cxltier::sim {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'X', 'L', 'T', 'R', 'A', 'C', 'E'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 1;        // no groups
+constexpr uint32_t kVersionGroups = 2;  // a group number per key after the keys
 constexpr uint32_t kHeaderBytes = 32;
 // Refuse headers that promise more than this many records (a hostile or corrupt
 // file must not make us allocate terabytes).
@@ -63,13 +64,21 @@ size_t Trace::touches() const {
 
 std::string Trace::Validate() const {
   if (block_tokens == 0) return "block_tokens is 0";
+  if (!groups.empty() && groups.size() != keys.size()) return "not one group per key";
   uint32_t step = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
-    if (e.key >= keys.size()) return "event " + std::to_string(i) + ": key index out of range";
     if (e.kind != EventKind::kTouch && e.kind != EventKind::kRelease &&
-        e.kind != EventKind::kAdmit) {
+        e.kind != EventKind::kAdmit && e.kind != EventKind::kHint) {
       return "event " + std::to_string(i) + ": unknown kind";
+    }
+    if (e.kind == EventKind::kHint) {
+      if (e.key == 0) return "event " + std::to_string(i) + ": a hint names group 0";
+      if (e.obs != 1.0f && e.obs != 2.0f && e.obs != 3.0f) {
+        return "event " + std::to_string(i) + ": a hint's kind must be 1, 2 or 3";
+      }
+    } else if (e.key >= keys.size()) {
+      return "event " + std::to_string(i) + ": key index out of range";
     }
     if (e.kind == EventKind::kAdmit && e.obs != 0.0f && e.obs != 1.0f) {
       return "event " + std::to_string(i) + ": an admit's tier must be 0 or 1";
@@ -130,7 +139,7 @@ TraceResult ReadMooncakeFile(const std::string& path) {
 
 std::string WriteBinary(const Trace& t, std::ostream& out) {
   out.write(kMagic, sizeof(kMagic));
-  PutU32(out, kVersion);
+  PutU32(out, t.groups.empty() ? kVersion : kVersionGroups);
   PutU32(out, t.block_tokens);
   PutU64(out, t.keys.size());
   PutU64(out, t.events.size());
@@ -138,6 +147,7 @@ std::string WriteBinary(const Trace& t, std::ostream& out) {
     PutU64(out, k.hi);
     PutU64(out, k.lo);
   }
+  for (uint32_t g : t.groups) PutU32(out, g);
   for (const TraceEvent& e : t.events) {
     uint32_t obs_bits;
     std::memcpy(&obs_bits, &e.obs, 4);
@@ -161,7 +171,8 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
     r.error = std::string(name) + ": not a cxltier trace (bad magic)";
     return r;
   }
-  if (GetU32(h + 8) != kVersion) {
+  const uint32_t version = GetU32(h + 8);
+  if (version != kVersion && version != kVersionGroups) {
     r.error = std::string(name) + ": unsupported version " + std::to_string(GetU32(h + 8));
     return r;
   }
@@ -183,6 +194,15 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
       r.trace.keys.push_back({GetU64(buf + 16 * i), GetU64(buf + 16 * i + 8)});
     done += n;
   }
+  for (uint64_t done = 0; version == kVersionGroups && done < n_keys;) {
+    const uint64_t n = std::min<uint64_t>(n_keys - done, 4096);
+    if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(4 * n))) {
+      r.error = std::string(name) + ": truncated in the group table";
+      return r;
+    }
+    for (uint64_t i = 0; i < n; ++i) r.trace.groups.push_back(GetU32(buf + 4 * i));
+    done += n;
+  }
   for (uint64_t done = 0; done < n_events;) {
     const uint64_t n = std::min<uint64_t>(n_events - done, 4096);
     if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(16 * n))) {
@@ -195,7 +215,7 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
       const uint32_t obs_bits = GetU32(p + 8);
       std::memcpy(&e.obs, &obs_bits, 4);
       const uint32_t kind = GetU32(p + 12);
-      if (kind > 2) {
+      if (kind > 3) {
         r.error = std::string(name) + ": event " + std::to_string(done + i) + ": unknown kind";
         return r;
       }
@@ -213,6 +233,7 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
 }
 
 std::string WriteCsv(const Trace& t, std::ostream& out) {
+  if (!t.groups.empty()) return "CSV carries no groups or hints: write the binary format";
   out << "# cxltier-trace v1 block_tokens=" << t.block_tokens << "\n";
   out << "step,key,kind,obs\n";
   char obs[32];

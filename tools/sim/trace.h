@@ -17,12 +17,15 @@ namespace cxltier::sim {
 // before its first touch; recordings of the daemon have them (cxltierctl
 // record). A replay in tick mode places the block there; demand mode, and a
 // trace without admits, admit a block at its first touch.
-enum class EventKind : uint8_t { kTouch = 0, kRelease = 1, kAdmit = 2 };
+// kHint: a scheduler hint about a group of blocks (engine::HintKind in `obs`:
+// 1 idle, 2 soon, 3 done); its `key` is the group's number (Trace::groups),
+// not a key index.
+enum class EventKind : uint8_t { kTouch = 0, kRelease = 1, kAdmit = 2, kHint = 3 };
 
 // One event. 16 bytes, the same as a record of the binary format.
 struct TraceEvent {
   uint32_t step;  // workload clock; never decreases along a trace
-  uint32_t key;   // index into Trace::keys
+  uint32_t key;   // index into Trace::keys (a hint's: its group number)
   float obs;      // observation (attention mass) of a touch; 0 for a release; an admit's tier
   EventKind kind;
   uint8_t pad[3] = {0, 0, 0};
@@ -33,7 +36,12 @@ struct Trace {
   std::string name;            // "mooncake", "attention", a file name...
   uint32_t block_tokens = 16;  // tokens per block of this trace
   std::vector<BlockKey> keys;  // distinct keys, indexed by TraceEvent::key
+  // The group (sequence) of each key, for hints: empty (no groups), or one per
+  // key, 0 for a key in no group.
+  std::vector<uint32_t> groups;
   std::vector<TraceEvent> events;
+
+  uint32_t group_of(uint32_t key) const { return key < groups.size() ? groups[key] : 0; }
 
   size_t touches() const;
   // Empty when the trace is consistent; otherwise the first problem found.
@@ -53,7 +61,8 @@ struct TraceResult {
 TraceResult ReadMooncake(std::istream& in, std::string_view name);
 TraceResult ReadMooncakeFile(const std::string& path);
 
-// Our binary format ("CXLTRACE", version 1).
+// Our binary format ("CXLTRACE"): version 1, or version 2 when the trace has
+// groups (a group number per key after the key table).
 TraceResult ReadBinary(std::istream& in, std::string_view name);
 std::string WriteBinary(const Trace& trace, std::ostream& out);
 
