@@ -97,6 +97,21 @@ int cxltier_release(cxltier_client* c, const cxltier_key* keys, size_t n) {
   return Result(c, c->client->Release(k));
 }
 
+int cxltier_hint(cxltier_client* c, uint32_t group, int kind, const cxltier_key* keys, size_t n,
+                 cxltier_hint_result* result) {
+  if (kind < 0 || kind > 255) {
+    return Result(c, cxltier::Status::Fail(
+                         cxltier::wire::ErrorCode::kBadPayload,
+                         "bad-payload: unknown hint kind " + std::to_string(kind) + " (1 to 3)"));
+  }
+  std::vector<cxltier::BlockKey> k(n);
+  for (size_t i = 0; i < n; ++i) k[i] = {keys[i].hi, keys[i].lo};
+  cxltier::wire::HintOk ok;
+  const int rc = Result(c, c->client->Hint(group, static_cast<cxltier::HintKind>(kind), k, &ok));
+  if (rc == 0 && result) *result = cxltier_hint_result{ok.grouped, ok.unknown, ok.applied};
+  return rc;
+}
+
 int cxltier_observe(cxltier_client* c, uint32_t slot, float mass) {
   return c->client->Observe(slot, mass) ? 0 : -CXLTIER_E_BAD_SLOT;
 }

@@ -481,6 +481,27 @@ Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) 
   return Status::Ok();
 }
 
+Status Client::Hint(uint32_t group, HintKind kind, std::span<const BlockKey> keys,
+                    wire::HintOk* result) {
+  wire::HintOk total;
+  // The daemon takes at most kMaxEntriesPerMessage keys per request: each
+  // part joins its keys and applies the hint, the last with all of them in.
+  for (size_t at = 0; at < keys.size() || (at == 0 && keys.empty());
+       at += wire::kMaxEntriesPerMessage) {
+    const auto part =
+        keys.subspan(at, std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+    wire::Hint m{kind, group, std::vector<BlockKey>(part.begin(), part.end())};
+    wire::HintOk ok;
+    if (Status st = Call(m, wire::MsgType::kHintOk, &ok); !st.ok()) return st;
+    total.grouped += ok.grouped;
+    total.unknown += ok.unknown;
+    total.applied = ok.applied;
+    if (keys.empty()) break;
+  }
+  if (result) *result = total;
+  return Status::Ok();
+}
+
 bool Client::Observe(uint32_t slot, float mass) {
   if (slot >= slots_) return false;
   auto* base = static_cast<char*>(segment_);

@@ -280,6 +280,27 @@ void Fields(Io& io, QueryTiersOk& m) {
   io.Vec(m.tiers, 1, [&io](Tier& t) { io.Field(t); });
 }
 template <typename Io>
+void Fields(Io& io, Hint& m) {
+  uint8_t kind = static_cast<uint8_t>(m.kind);
+  io.Field(kind);
+  io.Field(m.group);
+  if constexpr (Io::kReading) {
+    if (kind < 1 || kind > 3) io.Fail("unknown hint kind " + std::to_string(kind) + " (1 to 3)");
+    if (m.group == 0) io.Fail("a hint names group 0 (groups are nonzero)");
+    m.kind = static_cast<HintKind>(kind);
+  }
+  io.Vec(m.keys, 16, [&io](BlockKey& k) { io.Field(k); });
+}
+template <typename Io>
+void Fields(Io& io, HintOk& m) {
+  io.Field(m.grouped);
+  io.Field(m.unknown);
+  io.Field(m.applied);
+  if constexpr (Io::kReading) {
+    if (m.applied > 1) io.Fail("applied must be 0 or 1");
+  }
+}
+template <typename Io>
 void Fields(Io& io, Stats& m) {
   io.Str(m.what, kMaxName);
 }
@@ -399,6 +420,8 @@ CXLTIER_WIRE_MESSAGE(Admin, kAdmin)
 CXLTIER_WIRE_MESSAGE(AdminOk, kAdminOk)
 CXLTIER_WIRE_MESSAGE(CreateTierPool, kCreateTierPool)
 CXLTIER_WIRE_MESSAGE(CreateTierPoolOk, kCreateTierPoolOk)
+CXLTIER_WIRE_MESSAGE(Hint, kHint)
+CXLTIER_WIRE_MESSAGE(HintOk, kHintOk)
 #undef CXLTIER_WIRE_MESSAGE
 
 std::optional<Header> DecodeHeader(std::span<const uint8_t> bytes) {
@@ -424,8 +447,7 @@ Status CheckHeader(const Header& h, uint32_t max_payload) {
                                                     std::to_string(kVersion));
   }
   const uint16_t t = static_cast<uint16_t>(h.type);
-  if (t < static_cast<uint16_t>(MsgType::kHello) ||
-      t > static_cast<uint16_t>(MsgType::kCreateTierPoolOk)) {
+  if (t < static_cast<uint16_t>(MsgType::kHello) || t > static_cast<uint16_t>(MsgType::kHintOk)) {
     return Status::Fail(ErrorCode::kUnknownType, "unknown message type " + std::to_string(t));
   }
   if (h.payload_bytes > max_payload) {

@@ -8,6 +8,7 @@
 //   c->Admit(pool, {{key, block_index}, ...}, &results);  // results[i].slot
 //   c->Observe(slot, mass);                           // every step: shared memory, no syscall
 //   c->TierOf(slot);                                  // where the daemon placed it
+//   c->Hint(sequence, HintKind::kIdle, keys);         // scheduler hints about a group
 //
 // Copy mode (pinned or device-DAX pools; cxltier/lease.h): a pool per tier,
 // made by the daemon, and blocks moved between them by copy.
@@ -143,6 +144,32 @@ class Client {
   // when kLeaseRows readers exist. It must not outlive the client.
   std::unique_ptr<Reader> NewReader(Status* status);
   Status Release(std::span<const BlockKey> keys, wire::ReleaseOk* result = nullptr);
+
+  // A scheduler hint about one of this client's groups of blocks (a sequence
+  // or request; `group` is the client's own nonzero number for it, which no
+  // other client sees): kIdle (it waits for its user), kSoon (it runs again
+  // shortly), kDone (it finished). `keys`, blocks this client admitted, join
+  // the group first (out of any other group of this client; a key this client
+  // does not hold is counted in result->unknown and changes nothing); then the
+  // hint applies to every block of the group. Keys need be sent once: a hint
+  // with no keys applies to the blocks that joined before. A released block
+  // leaves its group. Longer lists than wire::kMaxEntriesPerMessage go as
+  // several messages, each applying the hint, the last with every key joined;
+  // *result sums them (applied: the last one's).
+  //
+  // Advice only: the daemon moves the group's blocks out of tier 0 ahead of
+  // other blocks (idle, done) or back into it ahead of use (soon, the blocks
+  // hottest before the group went idle or done, at most as many as it then
+  // had there), and only ever at the cost of this client's user's blocks or
+  // of blocks idle or done hints gave up (docs/protocol.md, "Hints").
+  // Groups are forgotten when the daemon restarts (Reconnect): send the keys
+  // again with the next hint. Errors: kBadPayload for a kind other than 1 to
+  // 3 or group 0 (the daemon says so; nothing changes).
+  //   c->Hint(seq, HintKind::kIdle, seq_keys);   // the turn ended; the user reads
+  //   c->Hint(seq, HintKind::kSoon);             // the user answered: it runs next
+  //   c->Hint(seq, HintKind::kDone);  c->Release(seq_keys);  // finished
+  Status Hint(uint32_t group, HintKind kind, std::span<const BlockKey> keys = {},
+              wire::HintOk* result = nullptr);
 
   // Shared-memory fast path: adds one observation to a slot. No syscall, no
   // atomic read-modify-write. One thread per slot (different slots may be

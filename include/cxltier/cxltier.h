@@ -56,6 +56,22 @@ int cxltier_register_range_pool(cxltier_client* client, const void* address, uin
 int cxltier_admit(cxltier_client* client, uint32_t pool_id, const cxltier_key* keys,
                   const uint32_t* block_indexes, size_t n, uint32_t* slots);
 int cxltier_release(cxltier_client* client, const cxltier_key* keys, size_t n);
+
+/* Scheduler hints about a group of this client's blocks (a sequence; `group`
+ * is the client's own nonzero number for it): kind CXLTIER_HINT_IDLE,
+ * CXLTIER_HINT_SOON or CXLTIER_HINT_DONE. The n keys (may be 0) join the group
+ * first; then the hint applies to the whole group. Advice only: it can cost
+ * only this client's user's blocks. result (may be NULL): keys grouped, keys
+ * this client does not hold, and whether the group had blocks to apply it to.
+ * -CXLTIER_E_BAD_PAYLOAD for another kind or group 0. */
+enum { CXLTIER_HINT_IDLE = 1, CXLTIER_HINT_SOON = 2, CXLTIER_HINT_DONE = 3 };
+typedef struct cxltier_hint_result {
+  uint32_t grouped;
+  uint32_t unknown;
+  int applied;
+} cxltier_hint_result;
+int cxltier_hint(cxltier_client* client, uint32_t group, int kind, const cxltier_key* keys,
+                 size_t n, cxltier_hint_result* result);
 /* Shared-memory fast path: no syscall; one writer thread per slot.
  * Returns 0, or -CXLTIER_E_BAD_SLOT for a bad slot or a mass that is not finite, >= 0, <= 65535. */
 int cxltier_observe(cxltier_client* client, uint32_t slot, float mass);

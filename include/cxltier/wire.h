@@ -14,13 +14,26 @@
 #include "cxltier/model.h"
 #include "cxltier/status.h"
 
+namespace cxltier {
+
+// A scheduler hint about a group of blocks (one sequence or request) that the
+// client names (docs/protocol.md, "Hints"). Advice: the daemon may ignore it,
+// and a wrong one costs only the sender's own blocks.
+enum class HintKind : uint8_t {
+  kIdle = 1,  // the group waits (for its user): its blocks may leave tier 0 first
+  kSoon = 2,  // the group runs again soon: its hottest blocks come back ahead of use
+  kDone = 3,  // the request finished: its blocks leave tier 0 before idle ones
+};
+
+}  // namespace cxltier
+
 namespace cxltier::wire {
 
 inline constexpr uint32_t kMagic = 0x544c5843;  // "CXLT" as little-endian bytes
 inline constexpr uint16_t kVersion = 1;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
-// Entries of one Admit or Release at most: each costs the daemon's I/O thread
+// Entries of one Admit, Release or Hint at most: each costs the daemon's I/O thread
 // a few microseconds, so one request stays short for everyone else. The client
 // library splits longer lists.
 inline constexpr uint32_t kMaxEntriesPerMessage = 16384;
@@ -45,6 +58,8 @@ enum class MsgType : uint16_t {
   kAdminOk = 17,
   kCreateTierPool = 18,
   kCreateTierPoolOk = 19,
+  kHint = 20,
+  kHintOk = 21,
 };
 
 struct Header {
@@ -170,6 +185,22 @@ struct StatsOk {
   std::string json;
 };
 
+// A hint about group `group` of this client. `keys` (this client's admitted
+// blocks, at most kMaxEntriesPerMessage) join the group first, out of any
+// other group of this client; then the hint applies to every block of the
+// group. Empty keys: to the blocks that joined before.
+struct Hint {
+  HintKind kind = HintKind::kIdle;  // 1, 2 or 3; anything else does not decode
+  uint32_t group = 0;               // the client's own name for it; nonzero
+  std::vector<BlockKey> keys;
+};
+
+struct HintOk {
+  uint32_t grouped = 0;  // keys put in the group
+  uint32_t unknown = 0;  // keys this client has not admitted
+  uint8_t applied = 0;   // 1 when the group had live blocks for the hint to apply to
+};
+
 // The Error message is a failed Status: its code (never kOk) and message.
 using Error = Status;
 
@@ -216,6 +247,8 @@ void Encode(const Admin& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const AdminOk& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const CreateTierPool& m, uint32_t request_id, std::vector<uint8_t>& out);
 void Encode(const CreateTierPoolOk& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const Hint& m, uint32_t request_id, std::vector<uint8_t>& out);
+void Encode(const HintOk& m, uint32_t request_id, std::vector<uint8_t>& out);
 
 // ---- decoding ----
 
@@ -228,7 +261,8 @@ Status CheckHeader(const Header& h, uint32_t max_payload);
 
 // Each fails (kBadPayload, saying why) when the payload does not match the
 // layout exactly: short, long, counts that do not fit, bad enum values, an
-// Error whose code is kOk.
+// Error whose code is kOk, a Hint of kind 0 or above 3 or of group 0, a
+// HintOk whose applied is neither 0 nor 1.
 Status Decode(std::span<const uint8_t> p, Hello* m);
 Status Decode(std::span<const uint8_t> p, HelloOk* m);
 Status Decode(std::span<const uint8_t> p, RegisterPool* m);
@@ -248,5 +282,7 @@ Status Decode(std::span<const uint8_t> p, Admin* m);
 Status Decode(std::span<const uint8_t> p, AdminOk* m);
 Status Decode(std::span<const uint8_t> p, CreateTierPool* m);
 Status Decode(std::span<const uint8_t> p, CreateTierPoolOk* m);
+Status Decode(std::span<const uint8_t> p, Hint* m);
+Status Decode(std::span<const uint8_t> p, HintOk* m);
 
 }  // namespace cxltier::wire

@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   (void)DecodeHeader(std::span(data, size));
   const std::span<const uint8_t> p(data + 1, size - 1);
-  switch (data[0] % 19 + 1) {
+  switch (data[0] % 21 + 1) {
     case 1:
       RoundTrip<Hello>(p);
       break;
@@ -96,6 +96,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 19:
       RoundTrip<CreateTierPoolOk>(p);
+      break;
+    case 20:
+      RoundTrip<Hint>(p);
+      break;
+    case 21:
+      RoundTrip<HintOk>(p);
       break;
   }
   return 0;

@@ -118,6 +118,84 @@ TEST(Wire, TierPoolMessagesRoundTripAndRefuseBadValues) {
   }
 }
 
+TEST(Wire, HintMessagesRoundTripAndRefuseBadValues) {
+  const Hint h =
+      RoundTrip(Hint{HintKind::kSoon, 42, {BlockKey{1, 2}, BlockKey{3, 4}}}, MsgType::kHint);
+  EXPECT_EQ(h.kind, HintKind::kSoon);
+  EXPECT_EQ(h.group, 42u);
+  ASSERT_EQ(h.keys.size(), 2u);
+  EXPECT_EQ(h.keys[1], (BlockKey{3, 4}));
+  // No keys: the hint applies to the blocks that joined before.
+  const Hint empty = RoundTrip(Hint{HintKind::kDone, 0xffffffffu, {}}, MsgType::kHint);
+  EXPECT_EQ(empty.kind, HintKind::kDone);
+  EXPECT_EQ(empty.group, 0xffffffffu);
+  EXPECT_TRUE(empty.keys.empty());
+  EXPECT_EQ(RoundTrip(Hint{HintKind::kIdle, 1, {}}, MsgType::kHint).kind, HintKind::kIdle);
+  const HintOk ok = RoundTrip(HintOk{5, 2, 1}, MsgType::kHintOk);
+  EXPECT_EQ(ok.grouped, 5u);
+  EXPECT_EQ(ok.unknown, 2u);
+  EXPECT_EQ(ok.applied, 1);
+
+  // The documented layout: kind u8, group u32, count u32, 16 B per key.
+  std::vector<uint8_t> buf;
+  Encode(Hint{HintKind::kSoon, 0x01020304u, {BlockKey{5, 6}}}, 0, buf);
+  const std::vector<uint8_t> p(buf.begin() + kHeaderBytes, buf.end());
+  const std::vector<uint8_t> want = {2, 4, 3, 2, 1, 1, 0, 0, 0, 5, 0, 0, 0,
+                                     0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(p, want);
+
+  // Kinds 0 and 4 to 255, group 0: refused with the reason.
+  for (int kind : {0, 4, 255}) {
+    std::vector<uint8_t> bad = p;
+    bad[0] = static_cast<uint8_t>(kind);
+    Hint out;
+    const Status st = Decode(bad, &out);
+    EXPECT_EQ(st.code, ErrorCode::kBadPayload);
+    EXPECT_NE(st.message.find("hint kind " + std::to_string(kind)), std::string::npos)
+        << st.message;
+  }
+  {
+    std::vector<uint8_t> bad = p;
+    bad[1] = bad[2] = bad[3] = bad[4] = 0;
+    Hint out;
+    const Status st = Decode(bad, &out);
+    EXPECT_EQ(st.code, ErrorCode::kBadPayload);
+    EXPECT_NE(st.message.find("group 0"), std::string::npos) << st.message;
+  }
+  // A count that does not fit what is left, short and long payloads.
+  {
+    std::vector<uint8_t> bad = p;
+    bad[5] = 2;  // two keys, one present
+    Hint out;
+    const Status st = Decode(bad, &out);
+    EXPECT_EQ(st.code, ErrorCode::kBadPayload);
+    EXPECT_NE(st.message.find("does not fit"), std::string::npos) << st.message;
+    bad[5] = 0xff, bad[6] = 0xff, bad[7] = 0xff, bad[8] = 0xff;  // 2^32 - 1 keys
+    EXPECT_EQ(Decode(bad, &out).code, ErrorCode::kBadPayload);
+  }
+  Hint out;
+  EXPECT_EQ(Decode(std::span(p).first(p.size() - 1), &out).code, ErrorCode::kBadPayload);
+  std::vector<uint8_t> longer = p;
+  longer.push_back(0);
+  EXPECT_NE(Decode(longer, &out).message.find("trailing"), std::string::npos);
+  EXPECT_EQ(Decode(std::span(p).first(4), &out).code, ErrorCode::kBadPayload);
+  // HintOk: applied is 0 or 1; nine bytes exactly.
+  HintOk back;
+  const std::vector<uint8_t> ok_bytes = {5, 0, 0, 0, 2, 0, 0, 0, 1};
+  ASSERT_EQ(Decode(ok_bytes, &back).message, "");
+  EXPECT_EQ(back.grouped, 5u);
+  std::vector<uint8_t> bad_ok = ok_bytes;
+  bad_ok[8] = 2;
+  EXPECT_EQ(Decode(bad_ok, &back).code, ErrorCode::kBadPayload);
+  EXPECT_EQ(Decode(std::span(ok_bytes).first(8), &back).code, ErrorCode::kBadPayload);
+  // Both types pass the header check; 22 is still unknown.
+  Header hd;
+  hd.type = MsgType::kHintOk;
+  EXPECT_TRUE(CheckHeader(hd, kDefaultMaxPayload).ok());
+  hd.type = static_cast<MsgType>(22);
+  EXPECT_EQ(CheckHeader(hd, kDefaultMaxPayload).code, ErrorCode::kUnknownType);
+}
+
 // The Report payload is copied in bulk: its bytes must still be the
 // documented little-endian layout (u32 count, then u32 slot, f32 mass each).
 TEST(Wire, ReportBytesAreTheDocumentedLayout) {
