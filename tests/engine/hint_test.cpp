@@ -1,0 +1,236 @@
+// Scheduler hints (Engine::SetGroup, Engine::Hint) on hand-worked cases.
+// The reference model covers them on random traces in engine_test.cpp.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace cxltier::engine {
+namespace {
+
+constexpr uint64_t kBlock = 4096;
+
+BlockKey Key(uint64_t seq, uint64_t i) { return BlockKey::FromSequence(seq, i); }
+
+std::unique_ptr<Policy> Make(const std::string& name) {
+  auto p = MakePolicy(name);
+  EXPECT_TRUE(p.ok()) << p.status().message;
+  return p.ok() ? std::move(*p) : nullptr;
+}
+
+Engine MakeEngine(const std::string& policy, size_t capacity, Mode mode = Mode::kDemand) {
+  EngineOptions o;
+  o.block_bytes = kBlock;
+  o.tier0_budget_bytes = capacity * kBlock;
+  o.mode = mode;
+  return Engine(o, Make(policy));
+}
+
+// Admits (seq, i) as `owner`'s, in `group`, and touches it `touches` times at `now`.
+Slot Block(Engine& e, uint64_t seq, uint64_t i, GroupId group, int touches, uint64_t now,
+           uint32_t owner = 0) {
+  const Slot s = e.Admit(Key(seq, i), owner);
+  EXPECT_TRUE(e.SetGroup(s, group));
+  for (int k = 0; k < touches; ++k) e.Touch(s, Touch{1.0, now, kNever});
+  return s;
+}
+
+Tier TierOf(const Engine& e, Slot s) { return e.state(s).tier; }
+
+TEST(Hints, IdleBlocksLeaveBeforeThePolicysVictimColdestFirst) {
+  Engine e = MakeEngine("lfu", 4);
+  const Slot b1 = Block(e, 2, 1, 2, 1, 1);  // LFU's own victim: count 1, oldest
+  const Slot b2 = Block(e, 2, 2, 2, 1, 2);
+  const Slot a1 = Block(e, 1, 1, 1, 3, 3);
+  const Slot a2 = Block(e, 1, 2, 1, 2, 4);  // the coldest of group 1
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 5));
+  EXPECT_EQ(e.counters().hints, 1u);
+  // Nothing moves until room is wanted.
+  EXPECT_EQ(TierOf(e, a2), Tier::kFast);
+  const Slot c = Block(e, 3, 1, kNoGroup, 1, 6);
+  EXPECT_EQ(TierOf(e, a2), Tier::kSlow);
+  EXPECT_EQ(TierOf(e, a1), Tier::kFast);
+  EXPECT_EQ(TierOf(e, b1), Tier::kFast);
+  EXPECT_EQ(TierOf(e, b2), Tier::kFast);
+  EXPECT_EQ(TierOf(e, c), Tier::kFast);
+  EXPECT_EQ(e.counters().hint_displaced, 1u);
+  EXPECT_EQ(e.counters().evictions, 0u);
+  // Then the rest of the idle group, then the policy again.
+  Block(e, 3, 2, kNoGroup, 1, 7);
+  EXPECT_EQ(TierOf(e, a1), Tier::kSlow);
+  Block(e, 3, 3, kNoGroup, 1, 8);
+  EXPECT_EQ(TierOf(e, b1), Tier::kSlow);
+  EXPECT_EQ(e.counters().hint_displaced, 2u);
+  EXPECT_EQ(e.counters().evictions, 1u);
+}
+
+TEST(Hints, ATouchEndsIdleAndDoneLeavesBeforeIdle) {
+  Engine e = MakeEngine("lru", 4);
+  const Slot a1 = Block(e, 1, 1, 1, 1, 1);
+  const Slot b1 = Block(e, 2, 1, 2, 1, 2);
+  const Slot b2 = Block(e, 2, 2, 2, 1, 3);
+  const Slot x = Block(e, 3, 1, kNoGroup, 1, 4);
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 5));
+  ASSERT_TRUE(e.Hint(2, HintKind::kDone, 5));
+  Block(e, 4, 1, kNoGroup, 1, 6);  // done first: b1 (the colder of group 2)
+  EXPECT_EQ(TierOf(e, b1), Tier::kSlow);
+  EXPECT_EQ(TierOf(e, a1), Tier::kFast);
+  e.Touch(b2, Touch{1.0, 7, kNever});  // group 2 runs again: no longer first to leave
+  Block(e, 4, 2, kNoGroup, 1, 8);      // idle group 1 next
+  EXPECT_EQ(TierOf(e, a1), Tier::kSlow);
+  Block(e, 4, 3, kNoGroup, 1, 9);  // then LRU's own victim: x
+  EXPECT_EQ(TierOf(e, x), Tier::kSlow);
+  EXPECT_EQ(TierOf(e, b2), Tier::kFast);
+}
+
+TEST(Hints, SoonPlacesTheHottestBackUpToItsWorkingSet) {
+  Engine e = MakeEngine("lfu", 4);
+  std::vector<Slot> a;
+  for (int i = 0; i < 4; ++i) a.push_back(Block(e, 1, i, 1, 4 - i, 1 + i));  // heat 4, 3, 2, 1
+  const Slot cold = Block(e, 1, 9, 1, 0, 5);  // never touched: never placed ahead
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 10));
+  std::vector<Slot> x;
+  for (int i = 0; i < 4; ++i) x.push_back(Block(e, 2, i, kNoGroup, 1, 11 + i));
+  for (Slot s : a) ASSERT_EQ(TierOf(e, s), Tier::kSlow);
+  EXPECT_EQ(e.counters().hint_displaced, 4u);
+
+  // A working set of 4; the pool is empty and every set block is owner 0's,
+  // so the policy's victims make room.
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 20));
+  EXPECT_EQ(e.counters().hint_prefetched, 4u);
+  for (Slot s : a) EXPECT_EQ(TierOf(e, s), Tier::kFast);
+  for (Slot s : x) EXPECT_EQ(TierOf(e, s), Tier::kSlow);
+  EXPECT_NE(TierOf(e, cold), Tier::kFast);
+  EXPECT_TRUE(e.Touch(a[0], Touch{1.0, 21, kNever}));
+  EXPECT_EQ(e.counters().hint_prefetch_hits, 1u);
+  // A second soon finds the working set in place: nothing more.
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 22));
+  EXPECT_EQ(e.counters().hint_prefetched, 4u);
+}
+
+TEST(Hints, SoonPlacesOnlyAsManyAsTheGroupHadInTheSet) {
+  Engine e = MakeEngine("lru", 2);
+  std::vector<Slot> a;
+  for (int i = 0; i < 4; ++i) a.push_back(Block(e, 1, i, 1, 1, 1 + i));  // 2 left in the set
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 5));
+  Block(e, 2, 0, kNoGroup, 1, 6);
+  Block(e, 2, 1, kNoGroup, 1, 7);
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 8));
+  EXPECT_EQ(e.counters().hint_prefetched, 2u);
+  // LRU's heat is recency: the two touched last.
+  EXPECT_EQ(TierOf(e, a[3]), Tier::kFast);
+  EXPECT_EQ(TierOf(e, a[2]), Tier::kFast);
+  EXPECT_EQ(TierOf(e, a[1]), Tier::kSlow);
+}
+
+TEST(Hints, SoonNeverDisplacesAnotherOwnersBlock) {
+  Engine e = MakeEngine("lru", 2);
+  const Slot a0 = Block(e, 1, 0, 1, 2, 1, /*owner=*/5);
+  const Slot a1 = Block(e, 1, 1, 1, 1, 2, /*owner=*/5);
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 3));
+  const Slot y0 = Block(e, 2, 0, 2, 1, 4, /*owner=*/6);
+  const Slot y1 = Block(e, 2, 1, 2, 1, 5, /*owner=*/6);
+  ASSERT_EQ(TierOf(e, a0), Tier::kSlow);
+  ASSERT_EQ(TierOf(e, a1), Tier::kSlow);
+  // Owner 6's blocks fill the set: owner 5's soon waits.
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 6));
+  EXPECT_EQ(e.counters().hint_prefetched, 0u);
+  EXPECT_EQ(TierOf(e, y0), Tier::kFast);
+  EXPECT_EQ(TierOf(e, y1), Tier::kFast);
+  // Room appears: a release, then owner 6's idle hint.
+  e.Release(y0);
+  EXPECT_EQ(e.counters().hint_prefetched, 1u);
+  EXPECT_EQ(TierOf(e, a1), Tier::kFast);  // LRU: the one touched last is the hotter
+  ASSERT_TRUE(e.Hint(2, HintKind::kIdle, 7));
+  EXPECT_EQ(e.counters().hint_prefetched, 2u);
+  EXPECT_EQ(TierOf(e, a0), Tier::kFast);
+  EXPECT_EQ(TierOf(e, y1), Tier::kSlow);
+}
+
+TEST(Hints, AGroupHasOneOwnerAndUnknownGroupsAreRefused) {
+  Engine e = MakeEngine("lru", 4);
+  const Slot a = e.Admit(Key(1, 0), 5);
+  const Slot b = e.Admit(Key(1, 1), 6);
+  EXPECT_TRUE(e.SetGroup(a, 9));
+  EXPECT_FALSE(e.SetGroup(b, 9));
+  EXPECT_EQ(e.group(a), 9u);
+  EXPECT_EQ(e.group(b), kNoGroup);
+  EXPECT_FALSE(e.Hint(10, HintKind::kIdle, 1));
+  EXPECT_EQ(e.counters().hints, 0u);
+  // A block moves between groups; the last one out ends its group.
+  EXPECT_TRUE(e.SetGroup(a, 11));
+  EXPECT_FALSE(e.Hint(9, HintKind::kSoon, 1));
+  EXPECT_TRUE(e.Hint(11, HintKind::kSoon, 1));
+  e.Release(a);
+  EXPECT_FALSE(e.Hint(11, HintKind::kIdle, 2));
+  EXPECT_TRUE(e.SetGroup(b, 9));  // group 9 is gone: b may found it
+}
+
+TEST(Hints, APauseDoesNotAgeTheBlocksASoonPlaces) {
+  Engine e = MakeEngine("ema:0.5", 1);
+  const Slot a = Block(e, 1, 0, 1, 1, 10);
+  const double score = e.state(a).score;
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 12));
+  Block(e, 2, 0, kNoGroup, 1, 13);  // takes a's room
+  ASSERT_EQ(TierOf(e, a), Tier::kSlow);
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 100));
+  ASSERT_EQ(TierOf(e, a), Tier::kFast);
+  // Idle from 12 to 100: its touch time moves from 10 to 98, so its next touch
+  // decays the score by two steps, as if the pause had not been.
+  EXPECT_EQ(e.state(a).touch_time, 98u);
+  e.Touch(a, Touch{0.0, 100, kNever});
+  EXPECT_DOUBLE_EQ(e.state(a).score, score * 0.25);
+  EXPECT_EQ(Resumed(10, 88, 100), 98u);
+  EXPECT_EQ(Resumed(10, 1000, 100), 100u);  // never past now
+  EXPECT_EQ(Resumed(200, 50, 100), 200u);   // a time ahead stays
+  EXPECT_EQ(Resumed(~uint64_t{0} - 1, 5, ~uint64_t{0}), ~uint64_t{0});
+}
+
+TEST(Hints, MinIgnoresThem) {
+  Engine e = MakeEngine("min", 2);
+  const Slot a = e.Admit(Key(1, 0));
+  ASSERT_TRUE(e.SetGroup(a, 1));
+  e.Touch(a, Touch{1.0, 1, 5});
+  const Slot c = e.Admit(Key(3, 0));
+  e.Touch(c, Touch{1.0, 1, kNever});
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 2));
+  const Slot b = e.Admit(Key(2, 0));
+  e.Touch(b, Touch{1.0, 3, 4});  // MIN keeps a (used at 5): c goes, not the idle a
+  EXPECT_EQ(TierOf(e, a), Tier::kFast);
+  EXPECT_EQ(TierOf(e, c), Tier::kSlow);
+  EXPECT_EQ(e.counters().hint_displaced, 0u);
+}
+
+TEST(Hints, TickModePlansThePlacedBlocksWithinTheBudget) {
+  EngineOptions o;
+  o.block_bytes = kBlock;
+  o.tier0_budget_bytes = 2 * kBlock;
+  o.mode = Mode::kTick;
+  o.migrate_bytes_per_tick = 2 * kBlock;  // one promotion and its demotion per plan
+  Engine e(o, Make("lru"));
+  const Slot a0 = Block(e, 1, 0, 1, 1, 1);
+  const Slot a1 = Block(e, 1, 1, 1, 1, 2);
+  ASSERT_EQ(TierOf(e, a0), Tier::kFast);  // admitted while tier 0 had room
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 3));
+  const Slot x0 = Block(e, 2, 0, kNoGroup, 1, 4);
+  const Slot x1 = Block(e, 2, 1, kNoGroup, 1, 5);
+  while (e.PlanAndApply() > 0) {
+  }
+  ASSERT_EQ(TierOf(e, x0), Tier::kFast);
+  ASSERT_EQ(TierOf(e, x1), Tier::kFast);
+  ASSERT_EQ(TierOf(e, a0), Tier::kSlow);
+  EXPECT_EQ(e.counters().hint_displaced, 2u);
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 6));
+  EXPECT_EQ(e.counters().hint_prefetched, 2u);
+  EXPECT_EQ(TierOf(e, a0), Tier::kSlow);  // placed in the set; moved by the planner
+  EXPECT_EQ(e.PlanAndApply(), 2u);        // the budget: one pair
+  EXPECT_EQ(e.PlanAndApply(), 2u);
+  EXPECT_EQ(TierOf(e, a0), Tier::kFast);
+  EXPECT_EQ(TierOf(e, a1), Tier::kFast);
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 2u);
+}
+
+}  // namespace
+}  // namespace cxltier::engine
