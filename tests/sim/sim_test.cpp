@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -394,6 +395,181 @@ TEST(SimCli, PlotWritesAPng) {
   in.read(magic, 8);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
   std::filesystem::remove_all(dir);
+}
+
+// ------------------------------------------------------------------ hints
+
+// A small attention workload with hints: four sessions, two at a time.
+AttentionParams HintedParams(uint32_t lead) {
+  AttentionParams p;
+  p.steps = 1200;
+  p.sessions = 4;
+  p.batch = 2;
+  p.context_min = 1024;
+  p.context_max = 4096;
+  p.topk = 16;
+  p.turn_tokens = 32;
+  p.pause_steps = 60;
+  p.user_tokens = 64;
+  p.turns = 4;
+  p.shared_prefix_blocks = 4;
+  p.hints = 1;
+  p.hint_lead = lead;
+  return p;
+}
+
+TEST(Hints, TheyAddEventsAndGroupsAndChangeNothingElse) {
+  AttentionParams p = HintedParams(5);
+  const Trace with = GenerateAttention(p);
+  p.hints = 0;
+  const Trace without = GenerateAttention(p);
+  ASSERT_TRUE(with.Validate().empty()) << with.Validate();
+  EXPECT_TRUE(without.groups.empty());
+  ASSERT_EQ(with.groups.size(), with.keys.size());
+  std::vector<TraceEvent> rest;
+  std::map<std::string, int> kinds;
+  for (const TraceEvent& e : with.events) {
+    if (e.kind != EventKind::kHint) {
+      rest.push_back(e);
+      continue;
+    }
+    ++kinds[e.obs == 1.0f ? "idle" : e.obs == 2.0f ? "soon" : "done"];
+  }
+  EXPECT_GT(kinds["idle"], 10);
+  EXPECT_GT(kinds["soon"], 10);
+  EXPECT_GT(kinds["done"], 0);
+  // The same touches and releases, in the same order, as without hints.
+  Trace stripped = with;
+  stripped.events = rest;
+  stripped.groups.clear();
+  ExpectSameTrace(without, stripped);
+  // The shared prefix is in no group; every other key in its session's.
+  for (uint32_t k = 0; k < with.keys.size(); ++k) {
+    const bool shared = with.keys[k].hi == 0;
+    EXPECT_EQ(with.groups[k] == 0, shared) << k;
+    if (!shared) {
+      EXPECT_EQ(with.groups[k], with.keys[k].hi) << k;
+    }
+  }
+}
+
+TEST(Hints, IdleAfterATurnSoonLeadStepsBeforeTheNext) {
+  constexpr uint32_t kLead = 7;
+  const Trace t = GenerateAttention(HintedParams(kLead));
+  // Per group: the step of its last touch, of its idle hint, of its soon hint.
+  struct G {
+    int64_t last_touch = -1, idle = -1, soon = -1;
+    bool waiting_for_turn = false;
+  };
+  std::map<uint32_t, G> g;
+  int turns_checked = 0;
+  for (const TraceEvent& e : t.events) {
+    if (e.kind == EventKind::kHint) {
+      G& x = g[e.key];
+      if (e.obs == 1.0f) {
+        EXPECT_EQ(x.last_touch, e.step) << "idle comes in the step its turn ended";
+        x.idle = e.step;
+        x.soon = -1;
+      } else if (e.obs == 2.0f) {
+        ASSERT_GE(x.idle, 0) << "soon for a group that was never idle";
+        EXPECT_GT(e.step, x.idle);
+        x.soon = e.step;
+        x.waiting_for_turn = true;
+      }
+      continue;
+    }
+    if (e.kind != EventKind::kTouch || t.groups[e.key] == 0) continue;
+    G& x = g[t.groups[e.key]];
+    if (x.idle >= 0 && x.last_touch == x.idle) {
+      // The first touch after an idle hint: its soon came before, kLead steps
+      // ahead unless the pause was shorter.
+      ASSERT_TRUE(x.waiting_for_turn) << "a turn without its soon hint, group " << t.groups[e.key];
+      EXPECT_EQ(static_cast<int64_t>(e.step) - x.soon,
+                std::min<int64_t>(kLead, static_cast<int64_t>(e.step) - x.idle - 1));
+      x.waiting_for_turn = false;
+      ++turns_checked;
+    }
+    x.last_touch = e.step;
+  }
+  EXPECT_GT(turns_checked, 10);
+}
+
+TEST(Hints, BinaryVersionTwoKeepsGroupsAndHints) {
+  const Trace t = GenerateAttention(HintedParams(3));
+  std::stringstream bin;
+  ASSERT_EQ(WriteBinary(t, bin), "");
+  const std::string bytes = bin.str();
+  EXPECT_EQ(bytes[8], 2);  // version
+  EXPECT_EQ(bytes.size(), 32 + 20 * t.keys.size() + 16 * t.events.size());
+  std::istringstream in(bytes);
+  const TraceResult r = ReadBinary(in, "v2");
+  ASSERT_TRUE(r.ok()) << r.error;
+  ExpectSameTrace(t, r.trace);
+  EXPECT_EQ(r.trace.groups, t.groups);
+  // Truncated in the group table, a hint of group 0 or of kind 4: refused.
+  std::istringstream cut(bytes.substr(0, 32 + 16 * t.keys.size() + 2));
+  EXPECT_NE(ReadBinary(cut, "x").error.find("group table"), std::string::npos);
+  size_t first_hint = 0;
+  while (t.events[first_hint].kind != EventKind::kHint) ++first_hint;
+  const size_t at = 32 + 20 * t.keys.size() + 16 * first_hint;
+  std::string zero = bytes;
+  for (int i = 0; i < 4; ++i) zero[at + 4 + i] = 0;
+  std::istringstream z(zero);
+  EXPECT_NE(ReadBinary(z, "x").error.find("group 0"), std::string::npos);
+  std::string kind = bytes;
+  const float four = 4.0f;
+  std::memcpy(&kind[at + 8], &four, 4);
+  std::istringstream k(kind);
+  EXPECT_NE(ReadBinary(k, "x").error.find("hint's kind"), std::string::npos);
+  // CSV carries no groups: it says so instead of dropping them.
+  std::stringstream csv;
+  EXPECT_NE(WriteCsv(t, csv).find("binary"), std::string::npos);
+}
+
+TEST(Hints, TheSimulatorAppliesThemOnlyWhenAsked) {
+  const Trace t = GenerateAttention(HintedParams(4));
+  SimConfig c;
+  c.policy = "lru";
+  c.block_bytes = 1;
+  c.budget_bytes = 64;
+  std::string error;
+  c.hints = true;
+  const SimResult on = Simulate(t, c, nullptr, &error);
+  ASSERT_EQ(error, "");
+  c.hints = false;
+  const SimResult off = Simulate(t, c, nullptr, &error);
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(on.counters.touches, off.counters.touches);
+  EXPECT_GT(on.counters.hints, 0u);
+  EXPECT_GT(on.counters.hint_displaced, 0u);
+  EXPECT_GT(on.counters.hint_prefetched, 0u);
+  EXPECT_EQ(off.counters.hints, 0u);
+  EXPECT_EQ(off.counters.hint_displaced + off.counters.hint_prefetched, 0u);
+  EXPECT_NE(on.counters.hits, off.counters.hits);
+}
+
+TEST(SimCli, HintsBothGivesARowEachWay) {
+  const std::filesystem::path file = TempDir() / "hinted.bin";
+  ASSERT_EQ(SaveTrace(GenerateAttention(HintedParams(4)), file.string()), "");
+  const ShellResult r = Shell(kSim + " --trace bin:" + file.string() +
+                              " --block-bytes 4096 --budget 256KiB --policy adaptive,min"
+                              " --persist persist --hints both --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 3u);  // adaptive with and without; MIN once
+  std::map<std::pair<std::string, bool>, nlohmann::json> rows;
+  for (const auto& row : j) rows[{row["policy"], row["hints"]}] = row;
+  ASSERT_EQ(rows.count({"adaptive", true}), 1u);
+  ASSERT_EQ(rows.count({"adaptive", false}), 1u);
+  const nlohmann::json& with = rows[std::make_pair(std::string("adaptive"), true)];
+  const nlohmann::json& without = rows[std::make_pair(std::string("adaptive"), false)];
+  const nlohmann::json& min = rows[std::make_pair(std::string("min"), true)];
+  EXPECT_GT(with["hint_events"].get<uint64_t>(), 0u);
+  EXPECT_EQ(without["hint_events"].get<uint64_t>(), 0u);
+  EXPECT_EQ(min["hint_prefetched"].get<uint64_t>(), 0u);
+  const ShellResult bad = Shell(kSim + " --trace bin:" + file.string() + " --hints maybe 2>&1");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--hints must be"), std::string::npos) << bad.out;
 }
 
 TEST(SimCli, BadArgumentsAreClearErrors) {
