@@ -4,7 +4,12 @@
 // gets a new entry), every list is "the members with this list id, ordered by
 // the stamp they were pushed with", and every choice is a linear scan. It
 // shares no code with daemon/engine except the count-min sketch (which has
-// its own tests against exact counts) and the vocabulary types.
+// its own tests against exact counts), the vocabulary types and the name
+// kAdaptivePolicy stands for.
+//
+// A policy (`RefPolicy` below) is one set with its own lists over the engine's
+// blocks; the engine has one, or, for `adaptive`, several experts and a set R
+// of its own that follows the leading expert (docs/policies.md).
 #pragma once
 
 #include <algorithm>
@@ -13,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,31 +34,17 @@ class ReferenceEngine {
 
   ReferenceEngine(const EngineOptions& o, const std::string& policy) : o_(o) {
     cap_ = o.tier0_budget_bytes / o.block_bytes;
-    if (policy == "lru")
-      kind_ = Kind::kLru;
-    else if (policy == "lfu")
-      kind_ = Kind::kLfu;
-    else if (policy == "min")
-      kind_ = Kind::kMin;
-    else if (policy == "arc")
-      kind_ = Kind::kArc;
-    else if (policy == "s3fifo")
-      kind_ = Kind::kS3Fifo;
-    else if (policy == "sieve")
-      kind_ = Kind::kSieve;
-    else if (policy == "tinylfu")
-      kind_ = Kind::kTinyLfu;
-    else {
-      kind_ = Kind::kEma;
-      alpha_ = std::stod(policy.substr(4));
+    std::string spec = policy == "default" ? std::string(kDefaultPolicy) : policy;
+    if (spec == "adaptive") spec = std::string(kAdaptivePolicy);
+    if (spec.starts_with("adaptive:")) {
+      adaptive_ = true;
+      ParseAdaptive(spec.substr(9));
+    } else {
+      policies_.emplace_back(this, spec, o.persistence, false);
     }
-    small_cap_ = std::max<size_t>(1, cap_ / 10);
-    s3_main_cap_ = cap_ - std::min(cap_, small_cap_);
-    s3_ghost_cap_ = std::max<size_t>(1, cap_ * 9 / 10);
-    window_cap_ = std::max<size_t>(1, cap_ / 100);
-    protected_cap_ = (cap_ > window_cap_ ? cap_ - window_cap_ : 0) * 8 / 10;
-    sketch_ = std::make_unique<CountMinSketch>(std::max<size_t>(16, cap_),
-                                               10 * std::max<size_t>(1, cap_));
+    // The first policy's score is the block's score; only an ema has one
+    // that a choice reads.
+    if (policies_[0].kind == Kind::kEma) score_alpha_ = policies_[0].alpha;
   }
 
   std::vector<EngineEvent> log;
@@ -97,9 +89,9 @@ class ReferenceEngine {
     if (hit) ++counters.hits;
     // Score, straight from the definitions in docs/policies.md.
     const bool fresh = b.count == 0;
-    if (kind_ == Kind::kEma) {
-      b.score =
-          (fresh ? 0.0 : b.score * std::pow(1.0 - alpha_, double(now - b.time))) + alpha_ * obs;
+    if (score_alpha_ > 0) {
+      b.score = (fresh ? 0.0 : b.score * std::pow(1.0 - score_alpha_, double(now - b.time))) +
+                score_alpha_ * obs;
     }
     ++b.count;
     b.time = now;
@@ -110,14 +102,19 @@ class ReferenceEngine {
       return hit;
     }
     if (b.in_set) {
-      Hit(id);
+      if (adaptive_) {
+        AdaptiveHit(id, obs, now);
+      } else {
+        policies_[0].Hit(id, obs, now);
+      }
       if (blocks_[id].queue == kPromoteQ) {  // touched again while it waits
         blocks_[id].retouched = true;
         blocks_[id].queue_stamp = ++qstamp_;
       }
       return hit;
     }
-    const std::optional<size_t> victim = Miss(id);
+    const std::optional<size_t> victim =
+        adaptive_ ? AdaptiveMiss(id, obs, now) : policies_[0].Miss(id, obs, now);
     blocks_[id].in_set = true;
     if (victim) {
       B& v = blocks_[*victim];
@@ -150,8 +147,7 @@ class ReferenceEngine {
   void Release(const BlockKey& key) {
     const size_t id = live_.at(key);
     B& b = blocks_[id];
-    if (kind_ == Kind::kSieve && hand_ == id) hand_ = Newer(0, id);
-    b.list = kNone;
+    for (RefPolicy& p : policies_) p.Erase(id);
     b.in_set = false;
     b.queue = kNone;
     Log(EngineEvent::kRelease, id);
@@ -221,12 +217,22 @@ class ReferenceEngine {
   }
 
   uint32_t CountOf(const BlockKey& key) const { return blocks_[live_.at(key)].count; }
+  // Adaptive: how often the leader changed.
+  uint64_t leader_changes() const { return leader_changes_; }
+  // Evictions by an ema (alone or an expert) whose victim was within rounding
+  // of another member's value: the engine's float keys may choose either, so
+  // a trace with one is not a fair comparison.
+  uint64_t ambiguous_choices() const {
+    uint64_t n = 0;
+    for (const RefPolicy& p : policies_) n += p.ambiguous;
+    return n;
+  }
 
  private:
   static constexpr int kNone = -1;
   enum { kPromoteQ = 0, kDemoteQ = 1 };
-  // List ids per policy: LRU 0; ARC T1 0, T2 1, B1 2, B2 3; S3-FIFO S 0, M 1, G 2;
-  // SIEVE 0; TinyLFU W 0, probation 1, protected 2.
+  // What the engine keeps of a block (its 64-byte state, its tier, R and the
+  // planner's queues). What a policy keeps is in RefPolicy::Entry.
   struct B {
     BlockKey key;
     bool live = true;
@@ -236,12 +242,8 @@ class ReferenceEngine {
     uint64_t seq = 0;
     uint64_t next_use = kNever;
     Tier tier = Tier::kNone;
-    bool in_set = false;
-    int list = kNone;
-    uint64_t stamp = 0;     // larger = nearer the front of its list
-    int freq = 0;           // S3-FIFO
-    bool visited = false;   // SIEVE
-    bool restored = false;  // its state came from a ghost; no miss since
+    bool in_set = false;    // in the engine's set (R)
+    bool restored = false;  // its state came from a ghost (this life)
     int queue = kNone;
     uint64_t queue_stamp = 0;
     bool retouched = false;  // promotion candidate touched since it was queued
@@ -255,14 +257,534 @@ class ReferenceEngine {
     uint64_t seq;
   };
 
-  bool Persist() const { return o_.persistence == Persistence::kPersist; }
-  bool Returning(size_t id) const { return Persist() && blocks_[id].count >= 2; }
-  // S3-FIFO: the first miss of a block restored from a ghost.
-  bool BackFromGhost(size_t id) {
-    const bool back = Persist() && blocks_[id].restored;
-    blocks_[id].restored = false;
-    return back;
+  // One policy: a set of at most C blocks and its own lists, over the
+  // engine's blocks. It reads the engine's state of a block (count, touch
+  // order, score) when the block is touched and ranks its members by what it
+  // read then (for a policy alone that is the live state, since only a touch
+  // changes a member's state; inside adaptive, R's eviction with `reset`
+  // zeroes the state of a block an expert may still hold, and the expert
+  // goes on ranking it by what it was told).
+  class RefPolicy {
+   public:
+    RefPolicy(const ReferenceEngine* engine, const std::string& name, Persistence persistence,
+              bool own_ema)
+        : e_(engine), persistence_(persistence), own_ema_(own_ema), cap_(engine->cap_) {
+      if (name == "lru")
+        kind = Kind::kLru;
+      else if (name == "lfu")
+        kind = Kind::kLfu;
+      else if (name == "min")
+        kind = Kind::kMin;
+      else if (name == "arc")
+        kind = Kind::kArc;
+      else if (name == "s3fifo")
+        kind = Kind::kS3Fifo;
+      else if (name == "sieve")
+        kind = Kind::kSieve;
+      else if (name == "tinylfu")
+        kind = Kind::kTinyLfu;
+      else if (name.starts_with("ema:"))
+        kind = Kind::kEma, alpha = std::stod(name.substr(4));
+      else
+        throw std::invalid_argument("reference: unknown policy " + name);
+      small_cap_ = std::max<size_t>(1, cap_ / 10);
+      s3_main_cap_ = cap_ - std::min(cap_, small_cap_);
+      s3_ghost_cap_ = std::max<size_t>(1, cap_ * 9 / 10);
+      window_cap_ = std::max<size_t>(1, cap_ / 100);
+      protected_cap_ = (cap_ > window_cap_ ? cap_ - window_cap_ : 0) * 8 / 10;
+      sketch_ = std::make_unique<CountMinSketch>(std::max<size_t>(16, cap_),
+                                                 10 * std::max<size_t>(1, cap_));
+    }
+
+    Kind kind = Kind::kLru;
+    double alpha = 0;
+    uint64_t ambiguous = 0;  // ema victims chosen among near-ties (NearTie)
+
+    // What this policy keeps per block (by the engine's block id).
+    struct Entry {
+      bool in = false;  // in this policy's set
+      int list = kNone;
+      uint64_t stamp = 0;       // larger = nearer the front of its list
+      int freq = 0;             // S3-FIFO
+      bool visited = false;     // SIEVE
+      bool back_asked = false;  // S3-FIFO: BackFromGhost said yes (once a life)
+      double score = 0;         // the block's score as of its last touch here
+      uint64_t time = 0;        // ... its touch time
+      uint32_t count = 0;       // ... its touch count
+      uint64_t seq = 0;         // ... its touch order
+      uint64_t next_use = kNever;
+      bool has_own = false;  // an ema that is not the block's score: its own average
+      double own = 0;
+      uint64_t own_time = 0;
+      uint64_t dropped = 0;  // adaptive: when this expert last evicted it (0: never)
+      bool held = false;     // adaptive, tick: in the set when the hold window began
+    };
+    Entry& At(size_t id) {
+      if (id >= entries_.size()) entries_.resize(id + 1);
+      return entries_[id];
+    }
+    bool In(size_t id) const { return id < entries_.size() && entries_[id].in; }
+
+    // A touch of `id`, which is in the set.
+    void Hit(size_t id, double obs, uint64_t now) {
+      See(id, obs, now);
+      Entry& b = At(id);
+      switch (kind) {
+        case Kind::kArc:
+          Push(1, id);
+          break;
+        case Kind::kS3Fifo:
+          b.freq = std::min(b.freq + 1, 3);
+          break;
+        case Kind::kSieve:
+          b.visited = true;
+          break;
+        case Kind::kTinyLfu:
+          sketch_->Increment(e_->blocks_[id].key);
+          if (b.list == 0) {
+            Push(0, id);
+          } else if (b.list == 1) {
+            Push(2, id);
+            if (Size(2) > protected_cap_) Push(1, *Back(2));
+          } else {
+            Push(2, id);
+          }
+          break;
+        default:
+          break;  // score policies: nothing beyond what See() read
+      }
+    }
+
+    // A touch of `id`, which is not in the set: admits it, returns the victim.
+    std::optional<size_t> Miss(size_t id, double obs, uint64_t now) {
+      See(id, obs, now);
+      std::optional<size_t> victim;
+      switch (kind) {
+        case Kind::kArc:
+          victim = ArcMiss(id);
+          break;
+        case Kind::kS3Fifo:
+          victim = S3Miss(id);
+          break;
+        case Kind::kSieve:
+          victim = SieveMiss(id);
+          break;
+        case Kind::kTinyLfu:
+          victim = TinyMiss(id);
+          break;
+        default: {
+          const std::vector<size_t> m = Members();
+          if (m.size() >= cap_) {
+            victim = *std::min_element(m.begin(), m.end(),
+                                       [&](size_t a, size_t b) { return Worse(a, b); });
+            for (size_t x : m) ambiguous += x != *victim && NearTie(x, *victim);
+          }
+        }
+      }
+      At(id).in = true;
+      if (victim) At(*victim).in = false;
+      return victim;
+    }
+
+    // `id` is released: out of the set and of every list (ghost lists too).
+    void Erase(size_t id) {
+      if (id >= entries_.size()) return;
+      if (kind == Kind::kSieve && hand_ == id) hand_ = Newer(0, id);
+      entries_[id].list = kNone;
+      entries_[id].in = false;
+      entries_[id].dropped = 0;
+    }
+
+    // Adaptive, tick mode: the hold window begins.
+    void HoldNow() {
+      for (Entry& x : entries_) x.held = x.in;
+    }
+
+   private:
+    bool Persist() const { return persistence_ == Persistence::kPersist; }
+    // The touch count includes this touch: 2 or more is a block seen before.
+    bool Returning(size_t id) const { return Persist() && e_->blocks_[id].count >= 2; }
+    // S3-FIFO: the first miss (here) of a block restored from a ghost.
+    bool BackFromGhost(size_t id) {
+      if (!Persist() || !e_->blocks_[id].restored || At(id).back_asked) return false;
+      At(id).back_asked = true;
+      return true;
+    }
+    // Reads the block's state as it is at this touch.
+    void See(size_t id, double obs, uint64_t now) {
+      const B& b = e_->blocks_[id];
+      Entry& x = At(id);
+      x.score = b.score;
+      x.time = b.time;
+      if (own_ema_) {
+        // Its own average: none before this life's first touch here, and
+        // none when the engine reset the block (its count restarted).
+        const bool fresh = !x.has_own || b.count <= 1;
+        x.own =
+            (fresh ? 0.0 : x.own * std::pow(1.0 - alpha, double(now - x.own_time))) + alpha * obs;
+        x.own_time = now;
+        x.has_own = true;
+        x.score = x.own;
+        x.time = x.own_time;
+      }
+      x.count = b.count;
+      x.seq = b.seq;
+      x.next_use = b.next_use;
+    }
+
+    // ---- lists as stamps ----
+    size_t Size(int list) const {
+      size_t n = 0;
+      for (const Entry& x : entries_) n += x.list == list;
+      return n;
+    }
+    void Push(int list, size_t id) {
+      At(id).list = list;
+      At(id).stamp = ++stamp_;
+    }
+    std::optional<size_t> Back(int list) const {
+      std::optional<size_t> best;
+      for (size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].list == list && (!best || entries_[i].stamp < entries_[*best].stamp)) {
+          best = i;
+        }
+      }
+      return best;
+    }
+    std::optional<size_t> PopBack(int list) {
+      auto b = Back(list);
+      if (b) entries_[*b].list = kNone;
+      return b;
+    }
+    // The member of `list` just newer than `id` (towards the front).
+    std::optional<size_t> Newer(int list, size_t id) const {
+      std::optional<size_t> best;
+      for (size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].list == list && entries_[i].stamp > entries_[id].stamp &&
+            (!best || entries_[i].stamp < entries_[*best].stamp)) {
+          best = i;
+        }
+      }
+      return best;
+    }
+    std::vector<size_t> Members() const {
+      std::vector<size_t> m;
+      for (size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].in) m.push_back(i);
+      }
+      return m;
+    }
+
+    // An ema's value at a common time.
+    long double ValueAt(const Entry& x, uint64_t t) const {
+      return x.score * std::pow(1.0L - alpha, static_cast<long double>(t - x.time));
+    }
+    // Two ema values equal or within rounding of each other that the engine's
+    // keys (log S - t log(1 - alpha), doubles) may order either way: equal
+    // values with different histories (ema:0.2 after 1/1024 observations:
+    // 0.2 x 680/1024 x 0.8 = 0.2 x 544/1024 a step later).
+    bool NearTie(size_t ia, size_t ib) const {
+      const Entry& a = entries_[ia];
+      const Entry& b = entries_[ib];
+      if (kind != Kind::kEma || (a.score == b.score && a.time == b.time)) return false;
+      const uint64_t t = std::max(a.time, b.time);
+      const long double va = ValueAt(a, t), vb = ValueAt(b, t);
+      return std::fabs(va - vb) <= 1e-9L * std::max(va, vb);
+    }
+
+    // True when `a` should be evicted before `b`.
+    bool Worse(size_t ia, size_t ib) const {
+      const Entry& a = entries_[ia];
+      const Entry& b = entries_[ib];
+      switch (kind) {
+        case Kind::kLru:
+          return a.seq < b.seq;
+        case Kind::kLfu:
+          return a.count != b.count ? a.count < b.count : a.seq < b.seq;
+        case Kind::kEma: {
+          // Value of each block at a common time: score x (1 - alpha)^(T - touch time).
+          const uint64_t t = std::max(a.time, b.time);
+          const long double va = ValueAt(a, t), vb = ValueAt(b, t);
+          return va != vb ? va < vb : a.seq < b.seq;
+        }
+        case Kind::kMin:
+          return a.next_use != b.next_use ? a.next_use > b.next_use : a.seq < b.seq;
+        default:
+          return false;
+      }
+    }
+
+    // List ids: ARC T1 0, T2 1, B1 2, B2 3.
+    std::optional<size_t> ArcReplace(bool in_b2) {
+      const double t1 = static_cast<double>(Size(0));
+      const bool from_t1 = t1 >= 1 && ((in_b2 && t1 == p_) || t1 > p_ || Size(1) == 0);
+      const size_t v = *Back(from_t1 ? 0 : 1);
+      Push(from_t1 ? 2 : 3, v);
+      return v;
+    }
+    std::optional<size_t> ArcMiss(size_t id) {
+      const auto full = [&] { return Size(0) + Size(1) >= cap_; };
+      std::optional<size_t> victim;
+      const int where = At(id).list;
+      if (where == 2 || where == 3) {
+        if (where == 2) {
+          p_ = std::min<double>(static_cast<double>(cap_),
+                                p_ + std::max(1.0, double(Size(3)) / double(Size(2))));
+        } else {
+          p_ = std::max(0.0, p_ - std::max(1.0, double(Size(2)) / double(Size(3))));
+        }
+        if (full()) victim = ArcReplace(where == 3);
+        Push(1, id);
+        return victim;
+      }
+      const size_t t1 = Size(0), b1 = Size(2);
+      if (t1 + b1 >= cap_) {
+        if (t1 < cap_) {
+          PopBack(2);
+          if (full()) victim = ArcReplace(false);
+        } else {
+          victim = PopBack(0);
+        }
+      } else {
+        const size_t total = t1 + b1 + Size(1) + Size(3);
+        if (total >= cap_) {
+          if (total >= 2 * cap_ && Size(3) > 0) PopBack(3);
+          if (full()) victim = ArcReplace(false);
+        }
+      }
+      Push(0, id);
+      return victim;
+    }
+
+    // List ids: S3-FIFO S 0, M 1, G 2.
+    std::optional<size_t> S3EvictMain() {
+      while (auto t = Back(1)) {
+        if (entries_[*t].freq >= 1) {
+          --entries_[*t].freq;
+          Push(1, *t);
+          continue;
+        }
+        entries_[*t].list = kNone;
+        return t;
+      }
+      return std::nullopt;
+    }
+    std::optional<size_t> S3Miss(size_t id) {
+      std::optional<size_t> victim;
+      if (Size(0) + Size(1) >= cap_) {
+        if (Size(1) <= s3_main_cap_ && Size(0) > 0) {
+          for (;;) {
+            auto t = PopBack(0);
+            if (!t) {
+              victim = S3EvictMain();
+              break;
+            }
+            if (entries_[*t].freq >= 2) {
+              entries_[*t].freq = 0;
+              Push(1, *t);
+              continue;
+            }
+            Push(2, *t);
+            if (Size(2) > s3_ghost_cap_) PopBack(2);
+            victim = t;
+            break;
+          }
+        } else {
+          victim = S3EvictMain();
+        }
+      }
+      if (At(id).list == 2) {
+        Push(1, id);
+      } else {
+        Push(BackFromGhost(id) ? 1 : 0, id);
+      }
+      At(id).freq = 0;
+      return victim;
+    }
+
+    // List id: SIEVE 0.
+    std::optional<size_t> SieveMiss(size_t id) {
+      std::optional<size_t> victim;
+      if (Size(0) >= cap_) {
+        std::optional<size_t> o = hand_ ? hand_ : Back(0);
+        while (entries_[*o].visited) {
+          entries_[*o].visited = false;
+          o = Newer(0, *o);
+          if (!o) o = Back(0);
+        }
+        hand_ = Newer(0, *o);
+        entries_[*o].list = kNone;
+        victim = o;
+      }
+      Push(0, id);
+      At(id).visited = Returning(id);
+      return victim;
+    }
+
+    // List ids: TinyLFU W 0, probation 1, protected 2.
+    unsigned TinyFreq(size_t id) const {
+      return sketch_->Estimate(e_->blocks_[id].key);  // persist adds nothing: the sketch is keyed
+    }
+    std::optional<size_t> TinyMiss(size_t id) {
+      sketch_->Increment(e_->blocks_[id].key);
+      Push(0, id);
+      const size_t main = Size(1) + Size(2);
+      auto main_victim = [&]() -> std::optional<size_t> {
+        auto v = Back(1);
+        return v ? v : Back(2);
+      };
+      if (Size(0) > window_cap_) {
+        const size_t cand = *PopBack(0);
+        if (Size(0) + main + 1 <= cap_) {
+          Push(1, cand);
+          return std::nullopt;
+        }
+        auto v = main_victim();
+        if (!v) return cand;
+        if (TinyFreq(cand) > TinyFreq(*v)) {
+          entries_[*v].list = kNone;
+          Push(1, cand);
+          return v;
+        }
+        return cand;
+      }
+      if (Size(0) + main > cap_) {
+        auto v = main_victim();
+        if (!v) v = Back(0);
+        entries_[*v].list = kNone;
+        return v;
+      }
+      return std::nullopt;
+    }
+
+    const ReferenceEngine* e_;
+    Persistence persistence_;
+    bool own_ema_;  // an ema whose average is its own, not the block's score
+    size_t cap_;
+    size_t small_cap_, s3_main_cap_, s3_ghost_cap_, window_cap_, protected_cap_;
+    std::unique_ptr<CountMinSketch> sketch_;
+    std::vector<Entry> entries_;
+    uint64_t stamp_ = 0;
+    double p_ = 0;  // ARC's T1 target, real-valued
+    std::optional<size_t> hand_;
+  };
+
+  // ---- adaptive (docs/policies.md, "default and adaptive") ----
+
+  // "E1+E2+...[;epoch=N][;decay=X][;z=Y][;hold=N]".
+  void ParseAdaptive(const std::string& spec) {
+    const size_t semi = spec.find(';');
+    std::string experts = spec.substr(0, semi);
+    std::string settings = semi == std::string::npos ? "" : spec.substr(semi + 1);
+    while (!experts.empty()) {
+      const size_t plus = experts.find('+');
+      std::string one = experts.substr(0, plus);
+      experts = plus == std::string::npos ? "" : experts.substr(plus + 1);
+      Persistence p = o_.persistence;
+      if (one.ends_with("/reset")) {
+        p = Persistence::kReset;
+        one.resize(one.size() - 6);
+      }
+      // Only the first expert's score is the block's: a later ema keeps its own.
+      const bool own = !policies_.empty() && one.starts_with("ema:");
+      policies_.emplace_back(this, one, p, own);
+    }
+    while (!settings.empty()) {
+      const size_t next = settings.find(';');
+      const std::string kv = settings.substr(0, next);
+      settings = next == std::string::npos ? "" : settings.substr(next + 1);
+      const std::string k = kv.substr(0, kv.find('=')), v = kv.substr(kv.find('=') + 1);
+      if (k == "epoch") epoch_ = static_cast<uint32_t>(std::stoul(v));
+      if (k == "decay") decay_ = std::stod(v);
+      if (k == "z") z_ = std::stod(v);
+      if (k == "hold") hold_ = static_cast<uint32_t>(std::stoul(v));
+    }
+    wins_.assign(policies_.size(), 0);
+    losses_.assign(policies_.size(), 0);
+    epoch_wins_.assign(policies_.size(), 0);
+    epoch_losses_.assign(policies_.size(), 0);
   }
+
+  // Every expert is told about the touch as if it alone decided. It hits when
+  // the block is in its set (in tick mode: and was when the hold window
+  // began); against the leader it wins (it hit, the leader missed) or loses.
+  void Feed(size_t id, double obs, uint64_t now) {
+    std::vector<bool> hit;
+    for (RefPolicy& x : policies_) {
+      if (x.In(id)) {
+        hit.push_back(o_.mode != Mode::kTick || x.At(id).held);
+        x.Hit(id, obs, now);
+      } else {
+        hit.push_back(false);
+        if (const std::optional<size_t> v = x.Miss(id, obs, now)) x.At(*v).dropped = ++drops_;
+      }
+    }
+    for (size_t k = 0; k < policies_.size(); ++k) {
+      epoch_wins_[k] += hit[k] && !hit[leader_];
+      epoch_losses_[k] += !hit[k] && hit[leader_];
+    }
+  }
+
+  void AdaptiveHit(size_t id, double obs, uint64_t now) {
+    Feed(id, obs, now);
+    EndTouch();
+  }
+
+  // R evicts, of its blocks the leader does not hold, the one the leader
+  // dropped longest ago; blocks it never held go before those, oldest touch
+  // first.
+  std::optional<size_t> AdaptiveMiss(size_t id, double obs, uint64_t now) {
+    Feed(id, obs, now);
+    std::optional<size_t> victim;
+    size_t r = 0;
+    for (const B& b : blocks_) r += b.live && b.in_set;
+    if (r >= cap_) {
+      RefPolicy& leader = policies_[leader_];
+      for (size_t i = 0; i < blocks_.size(); ++i) {
+        if (!blocks_[i].live || !blocks_[i].in_set || leader.In(i)) continue;
+        if (!victim || leader.At(i).dropped < leader.At(*victim).dropped ||
+            (leader.At(i).dropped == leader.At(*victim).dropped &&
+             blocks_[i].seq < blocks_[*victim].seq)) {
+          victim = i;
+        }
+      }
+      // R and the touched block are C + 1 blocks, the leader holds C at most.
+      if (!victim) throw std::logic_error("reference: every block of R is in the leader's set");
+    }
+    EndTouch();
+    return victim;
+  }
+
+  void EndTouch() {
+    if (o_.mode == Mode::kTick && ++hold_touches_ >= uint64_t{hold_} * std::max<size_t>(1, cap_)) {
+      hold_touches_ = 0;
+      for (RefPolicy& x : policies_) x.HoldNow();
+    }
+    if (++touches_ < epoch_) return;
+    touches_ = 0;
+    size_t best = leader_;
+    double best_lead = 0;
+    for (size_t k = 0; k < policies_.size(); ++k) {
+      wins_[k] = wins_[k] * decay_ + epoch_wins_[k];
+      losses_[k] = losses_[k] * decay_ + epoch_losses_[k];
+      epoch_wins_[k] = epoch_losses_[k] = 0;
+      // A sign test: the lead must be over z standard deviations.
+      const double lead = wins_[k] - losses_[k];
+      if (lead > z_ * std::sqrt(wins_[k] + losses_[k]) && lead > best_lead) {
+        best = k;
+        best_lead = lead;
+      }
+    }
+    if (best != leader_) {
+      leader_ = best;
+      ++leader_changes_;
+      std::fill(wins_.begin(), wins_.end(), 0);  // they were against the old leader
+      std::fill(losses_.begin(), losses_.end(), 0);
+    }
+  }
+
+  // ---- the engine ----
+  bool Persist() const { return o_.persistence == Persistence::kPersist; }
   void Log(EngineEvent::Kind k, size_t id) { log.push_back(EngineEvent{k, blocks_[id].key}); }
   size_t CountTier(Tier t) const {
     size_t n = 0;
@@ -294,272 +816,23 @@ class ReferenceEngine {
     return ids;
   }
 
-  // ---- lists as stamps ----
-  size_t Size(int list) const {
-    size_t n = 0;
-    for (const B& b : blocks_) n += b.live && b.list == list;
-    return n;
-  }
-  void Push(int list, size_t id) {
-    blocks_[id].list = list;
-    blocks_[id].stamp = ++stamp_;
-  }
-  std::optional<size_t> Back(int list) const {
-    std::optional<size_t> best;
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      if (blocks_[i].live && blocks_[i].list == list &&
-          (!best || blocks_[i].stamp < blocks_[*best].stamp)) {
-        best = i;
-      }
-    }
-    return best;
-  }
-  std::optional<size_t> PopBack(int list) {
-    auto b = Back(list);
-    if (b) blocks_[*b].list = kNone;
-    return b;
-  }
-  // The member of `list` just newer than `id` (towards the front).
-  std::optional<size_t> Newer(int list, size_t id) const {
-    std::optional<size_t> best;
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      if (blocks_[i].live && blocks_[i].list == list && blocks_[i].stamp > blocks_[id].stamp &&
-          (!best || blocks_[i].stamp < blocks_[*best].stamp)) {
-        best = i;
-      }
-    }
-    return best;
-  }
-  std::vector<size_t> Members() const {
-    std::vector<size_t> m;
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      if (blocks_[i].live && blocks_[i].in_set) m.push_back(i);
-    }
-    return m;
-  }
-
-  // ---- policies ----
-  void Hit(size_t id) {
-    B& b = blocks_[id];
-    switch (kind_) {
-      case Kind::kArc:
-        Push(1, id);
-        break;
-      case Kind::kS3Fifo:
-        b.freq = std::min(b.freq + 1, 3);
-        break;
-      case Kind::kSieve:
-        b.visited = true;
-        break;
-      case Kind::kTinyLfu:
-        sketch_->Increment(b.key);
-        if (b.list == 0) {
-          Push(0, id);
-        } else if (b.list == 1) {
-          Push(2, id);
-          if (Size(2) > protected_cap_) Push(1, *Back(2));
-        } else {
-          Push(2, id);
-        }
-        break;
-      default:
-        break;  // score policies: nothing beyond the score
-    }
-  }
-
-  std::optional<size_t> Miss(size_t id) {
-    switch (kind_) {
-      case Kind::kArc:
-        return ArcMiss(id);
-      case Kind::kS3Fifo:
-        return S3Miss(id);
-      case Kind::kSieve:
-        return SieveMiss(id);
-      case Kind::kTinyLfu:
-        return TinyMiss(id);
-      default:
-        break;
-    }
-    const std::vector<size_t> m = Members();
-    if (m.size() < cap_) return std::nullopt;
-    return *std::min_element(m.begin(), m.end(),
-                             [&](size_t a, size_t b) { return Worse(blocks_[a], blocks_[b]); });
-  }
-
-  // True when `a` should be evicted before `b`.
-  bool Worse(const B& a, const B& b) const {
-    switch (kind_) {
-      case Kind::kLru:
-        return a.seq < b.seq;
-      case Kind::kLfu:
-        return a.count != b.count ? a.count < b.count : a.seq < b.seq;
-      case Kind::kEma: {
-        // Value of each block at a common time: score x (1 - alpha)^(T - touch time).
-        const uint64_t t = std::max(a.time, b.time);
-        const long double va =
-            a.score * std::pow(1.0L - alpha_, static_cast<long double>(t - a.time));
-        const long double vb =
-            b.score * std::pow(1.0L - alpha_, static_cast<long double>(t - b.time));
-        return va != vb ? va < vb : a.seq < b.seq;
-      }
-      case Kind::kMin:
-        return a.next_use != b.next_use ? a.next_use > b.next_use : a.seq < b.seq;
-      default:
-        return false;
-    }
-  }
-
-  std::optional<size_t> ArcReplace(bool in_b2) {
-    const double t1 = static_cast<double>(Size(0));
-    const bool from_t1 = t1 >= 1 && ((in_b2 && t1 == p_) || t1 > p_ || Size(1) == 0);
-    const size_t v = *Back(from_t1 ? 0 : 1);
-    Push(from_t1 ? 2 : 3, v);
-    return v;
-  }
-  std::optional<size_t> ArcMiss(size_t id) {
-    const auto full = [&] { return Size(0) + Size(1) >= cap_; };
-    std::optional<size_t> victim;
-    const int where = blocks_[id].list;
-    if (where == 2 || where == 3) {
-      if (where == 2) {
-        p_ = std::min<double>(static_cast<double>(cap_),
-                              p_ + std::max(1.0, double(Size(3)) / double(Size(2))));
-      } else {
-        p_ = std::max(0.0, p_ - std::max(1.0, double(Size(2)) / double(Size(3))));
-      }
-      if (full()) victim = ArcReplace(where == 3);
-      Push(1, id);
-      return victim;
-    }
-    const size_t t1 = Size(0), b1 = Size(2);
-    if (t1 + b1 >= cap_) {
-      if (t1 < cap_) {
-        PopBack(2);
-        if (full()) victim = ArcReplace(false);
-      } else {
-        victim = PopBack(0);
-      }
-    } else {
-      const size_t total = t1 + b1 + Size(1) + Size(3);
-      if (total >= cap_) {
-        if (total >= 2 * cap_ && Size(3) > 0) PopBack(3);
-        if (full()) victim = ArcReplace(false);
-      }
-    }
-    Push(0, id);
-    return victim;
-  }
-
-  std::optional<size_t> S3EvictMain() {
-    while (auto t = Back(1)) {
-      if (blocks_[*t].freq >= 1) {
-        --blocks_[*t].freq;
-        Push(1, *t);
-        continue;
-      }
-      blocks_[*t].list = kNone;
-      return t;
-    }
-    return std::nullopt;
-  }
-  std::optional<size_t> S3Miss(size_t id) {
-    std::optional<size_t> victim;
-    if (Size(0) + Size(1) >= cap_) {
-      if (Size(1) <= s3_main_cap_ && Size(0) > 0) {
-        for (;;) {
-          auto t = PopBack(0);
-          if (!t) {
-            victim = S3EvictMain();
-            break;
-          }
-          if (blocks_[*t].freq >= 2) {
-            blocks_[*t].freq = 0;
-            Push(1, *t);
-            continue;
-          }
-          Push(2, *t);
-          if (Size(2) > s3_ghost_cap_) PopBack(2);
-          victim = t;
-          break;
-        }
-      } else {
-        victim = S3EvictMain();
-      }
-    }
-    if (blocks_[id].list == 2) {
-      Push(1, id);
-    } else {
-      Push(BackFromGhost(id) ? 1 : 0, id);
-    }
-    blocks_[id].freq = 0;
-    return victim;
-  }
-
-  std::optional<size_t> SieveMiss(size_t id) {
-    std::optional<size_t> victim;
-    if (Size(0) >= cap_) {
-      std::optional<size_t> o = hand_ ? hand_ : Back(0);
-      while (blocks_[*o].visited) {
-        blocks_[*o].visited = false;
-        o = Newer(0, *o);
-        if (!o) o = Back(0);
-      }
-      hand_ = Newer(0, *o);
-      blocks_[*o].list = kNone;
-      victim = o;
-    }
-    Push(0, id);
-    blocks_[id].visited = Returning(id);
-    return victim;
-  }
-
-  unsigned TinyFreq(size_t id) const {
-    return sketch_->Estimate(blocks_[id].key);  // persist adds nothing: the sketch is keyed
-  }
-  std::optional<size_t> TinyMiss(size_t id) {
-    sketch_->Increment(blocks_[id].key);
-    Push(0, id);
-    const size_t main = Size(1) + Size(2);
-    auto main_victim = [&]() -> std::optional<size_t> {
-      auto v = Back(1);
-      return v ? v : Back(2);
-    };
-    if (Size(0) > window_cap_) {
-      const size_t cand = *PopBack(0);
-      if (Size(0) + main + 1 <= cap_) {
-        Push(1, cand);
-        return std::nullopt;
-      }
-      auto v = main_victim();
-      if (!v) return cand;
-      if (TinyFreq(cand) > TinyFreq(*v)) {
-        blocks_[*v].list = kNone;
-        Push(1, cand);
-        return v;
-      }
-      return cand;
-    }
-    if (Size(0) + main > cap_) {
-      auto v = main_victim();
-      if (!v) v = Back(0);
-      blocks_[*v].list = kNone;
-      return v;
-    }
-    return std::nullopt;
-  }
-
   EngineOptions o_;
-  Kind kind_;
-  double alpha_ = 0;
   size_t cap_;
-  size_t small_cap_, s3_main_cap_, s3_ghost_cap_, window_cap_, protected_cap_;
-  std::unique_ptr<CountMinSketch> sketch_;
+  double score_alpha_ = 0;  // the alpha of the ema whose value is the block's score, if any
   std::vector<B> blocks_;
   std::map<BlockKey, size_t> live_;
   std::deque<Ghost> ghosts_;
-  uint64_t seq_ = 0, stamp_ = 0, qstamp_ = 0, tick_ = 0;
-  double p_ = 0;  // ARC's T1 target, real-valued
-  std::optional<size_t> hand_;
+  uint64_t seq_ = 0, qstamp_ = 0, tick_ = 0;
+  // One policy, or adaptive's experts in the order named.
+  std::vector<RefPolicy> policies_;
+  bool adaptive_ = false;
+  uint32_t epoch_ = 4096, hold_ = 16;
+  double decay_ = 0.99, z_ = 3;
+  std::vector<double> wins_, losses_;
+  std::vector<uint32_t> epoch_wins_, epoch_losses_;
+  size_t leader_ = 0;
+  uint64_t leader_changes_ = 0, drops_ = 0, hold_touches_ = 0;
+  uint32_t touches_ = 0;
 };
 
 }  // namespace cxltier::engine::testing
