@@ -20,9 +20,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   moved_tick_.resize(options.expected_blocks, 0);
   owners_.resize(options.expected_blocks, 0);
   retry_.resize(options.expected_blocks);
-  slot_group_.resize(options.expected_blocks, 0);
-  slot_pos_.resize(options.expected_blocks, 0);
-  slot_owner_index_.resize(options.expected_blocks, 0);
+  slot_hints_.resize(options.expected_blocks);
   index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
@@ -61,9 +59,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
       moved_tick_.push_back(0);
       owners_.push_back(0);
       retry_.emplace_back();
-      slot_group_.push_back(0);
-      slot_pos_.push_back(0);
-      slot_owner_index_.push_back(0);
+      slot_hints_.emplace_back();
     }
   }
   BlockState& st = states_[s];
@@ -83,12 +79,12 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   }
   st.flags |= kFlagResident;
   moved_tick_[s] = 0;
-  if (s < placed_ahead_.size()) placed_ahead_[s] = 0;
+  slot_hints_[s].placed_ahead = 0;
   owners_[s] = owner;
   const auto [known_owner, new_owner] =
       owner_index_.try_emplace(owner, static_cast<uint32_t>(in_set_by_owner_.size()));
   if (new_owner) in_set_by_owner_.push_back(0);
-  slot_owner_index_[s] = known_owner->second;
+  slot_hints_[s].owner = known_owner->second;
   retry_[s] = Retry{};
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
@@ -113,7 +109,7 @@ void Engine::SetTier(Slot s, Tier t) {
 void Engine::EnterSet(Slot s) {
   states_[s].flags |= kFlagInTarget;
   ++in_set_;
-  ++in_set_by_owner_[slot_owner_index_[s]];
+  ++in_set_by_owner_[slot_hints_[s].owner];
 }
 
 void Engine::ClearSet(Slot s) {
@@ -121,7 +117,7 @@ void Engine::ClearSet(Slot s) {
   if (!(st.flags & kFlagInTarget)) return;
   st.flags &= static_cast<uint8_t>(~kFlagInTarget);
   --in_set_;
-  --in_set_by_owner_[slot_owner_index_[s]];
+  --in_set_by_owner_[slot_hints_[s].owner];
   hinted_.Remove(s);
 }
 
@@ -150,11 +146,11 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   ++counters_.touches;
   if (hit) ++counters_.hits;
   now_ = t.now;
-  if (s < placed_ahead_.size() && placed_ahead_[s]) {
-    placed_ahead_[s] = 0;
+  if (slot_hints_[s].placed_ahead) {
+    slot_hints_[s].placed_ahead = 0;
     if (hit) ++counters_.hint_prefetch_hits;
   }
-  if (const uint32_t g = slot_group_[s]; g != 0 && groups_[g - 1].hinted_out) {
+  if (const uint32_t g = slot_hints_[s].group; g != 0 && groups_[g - 1].hinted_out) {
     Activate(groups_[g - 1]);
   }
 
@@ -413,7 +409,8 @@ Engine::Group* Engine::FindGroup(GroupId id) {
 }
 
 GroupId Engine::group(Slot s) const {
-  return s < slot_group_.size() && slot_group_[s] != 0 ? groups_[slot_group_[s] - 1].id : kNoGroup;
+  return s < slot_hints_.size() && slot_hints_[s].group != 0 ? groups_[slot_hints_[s].group - 1].id
+                                                             : kNoGroup;
 }
 
 bool Engine::SetGroup(Slot s, GroupId id) {
@@ -441,22 +438,22 @@ bool Engine::SetGroup(Slot s, GroupId id) {
     g->id = id;
     g->owner = owners_[s];
   }
-  slot_group_[s] = group_index_[id] + 1;
-  slot_pos_[s] = static_cast<uint32_t>(g->members.size());
+  slot_hints_[s].group = group_index_[id] + 1;
+  slot_hints_[s].pos = static_cast<uint32_t>(g->members.size());
   g->members.push_back(s);
   return true;
 }
 
 void Engine::LeaveGroup(Slot s) {
-  const uint32_t index1 = slot_group_[s];
+  const uint32_t index1 = slot_hints_[s].group;
   if (index1 == 0) return;
   Group& g = groups_[index1 - 1];
-  const uint32_t pos = slot_pos_[s];
+  const uint32_t pos = slot_hints_[s].pos;
   const Slot last = g.members.back();
   g.members[pos] = last;
-  slot_pos_[last] = pos;
+  slot_hints_[last].pos = pos;
   g.members.pop_back();
-  slot_group_[s] = 0;
+  slot_hints_[s].group = 0;
   hinted_.Remove(s);
   if (!g.members.empty()) return;
   if (g.pending) pending_.erase(std::find(pending_.begin(), pending_.end(), index1 - 1));
@@ -509,15 +506,14 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   BlockState& st = states_[s];
   // A pause does not age the block: its touch time moves on by the time its
   // group was idle (so an EMA's score is what it was when the group stopped).
-  const uint64_t idle_for = Elapsed(now, groups_[slot_group_[s] - 1].idle_at);
+  const uint64_t idle_for = Elapsed(now, groups_[slot_hints_[s].group - 1].idle_at);
   st.touch_time = Resumed(st.touch_time, idle_for, now);
   policy_->OnResume(s, idle_for, now);
   const Slot victim = policy_->OnMiss(s, engine::Touch{0.0, now, kNever});
   assert(victim != s);
   EnterSet(s);
   ++counters_.hint_prefetched;
-  GrowFor(placed_ahead_, s);
-  placed_ahead_[s] = 1;
+  slot_hints_[s].placed_ahead = 1;
   if (victim != kNoSlot) LeaveSet(victim);
   if (options_.mode == Mode::kDemand) {
     if (victim != kNoSlot) {
@@ -535,6 +531,11 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   } else {
     if (victim != kNoSlot) Reclassify(victim);
     Reclassify(s);
+    // Needed soon: planned with the blocks in use, ahead of those merely queued.
+    if (queues_.ListOf(s) == kPromoteQueue) {
+      queues_.Remove(s);
+      queues_.PushFront(kRetouchedQueue, s);
+    }
   }
   return true;
 }
@@ -550,7 +551,8 @@ void Engine::ServePending(uint64_t now) {
       // touched, released or regrouped since the hint).
       while (!g.candidates.empty()) {
         const Slot c = g.candidates.back();
-        if (IsLive(c) && slot_group_[c] == index + 1 && !(states_[c].flags & kFlagInTarget)) break;
+        if (IsLive(c) && slot_hints_[c].group == index + 1 && !(states_[c].flags & kFlagInTarget))
+          break;
         g.candidates.pop_back();
       }
       if (g.candidates.empty() || g.prefetch_left == 0) {

@@ -175,10 +175,11 @@ class Engine {
   // The owner the live block was admitted with.
   uint32_t owner(Slot slot) const { return owners_[slot]; }
   // A hint that slot s will be touched soon: starts loading its state line,
-  // its policy links and its planner-queue link.
+  // its hint line, its policy links and its planner-queue link.
   void Prefetch(Slot s) const {
     if (s >= states_.size()) return;
     __builtin_prefetch(&states_[s], 1);
+    __builtin_prefetch(&slot_hints_[s], 1);
     policy_->Prefetch(s);
     queues_.Prefetch(s);
   }
@@ -251,20 +252,26 @@ class Engine {
     uint32_t failures = 0;    // failed moves in a row
   };
   std::vector<Retry> retry_;  // by slot
-  // Hints: each slot's group (index + 1 into groups_; 0: none) and its place in
-  // the group's members; the groups; soon groups with blocks still to place.
-  std::vector<uint32_t> slot_group_;
-  std::vector<uint32_t> slot_pos_;
-  std::vector<uint8_t> placed_ahead_;  // by slot: a soon hint placed it, not touched since
+  // Hints, by slot, in one line for the touch path: the slot's group (index + 1
+  // into groups_; 0: none), its place in the group's members, its owner's
+  // dense index (in_set_by_owner_), and whether a soon hint placed it and it
+  // was not touched since.
+  struct SlotHint {
+    uint32_t group = 0;
+    uint32_t pos = 0;
+    uint32_t owner = 0;
+    uint8_t placed_ahead = 0;
+  };
+  std::vector<SlotHint> slot_hints_;
+  // The groups; soon groups with blocks still to place.
   std::vector<Group> groups_;
   std::vector<uint32_t> free_groups_;
   std::unordered_map<GroupId, uint32_t> group_index_;
   std::vector<uint32_t> pending_;  // group indexes, served in turn
   SlotLists hinted_{2};            // set blocks of done and idle groups, coldest at the back
-  // Blocks in the policy's set, in all and by owner (dense owner index per slot).
+  // Blocks in the policy's set, in all and by owner (SlotHint::owner).
   size_t in_set_ = 0;
   std::unordered_map<uint32_t, uint32_t> owner_index_;
-  std::vector<uint32_t> slot_owner_index_;
   std::vector<size_t> in_set_by_owner_;
   uint64_t now_ = 0;  // the clock of the last touch or hint
   KeyIndex index_;
