@@ -600,6 +600,7 @@ class AdaptivePolicy final : public Policy {
       e.policy->Erase(s);  // members or not: ARC's and S3-FIFO's ghosts know s too
       if (s < e.member.size()) e.member[s] = 0;
       if (s < e.dropped.size()) e.dropped[s] = 0;
+      if (s < e.held.size()) e.held[s] = 0;  // a new block in the slot was not held
     }
   }
 

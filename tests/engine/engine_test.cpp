@@ -713,16 +713,13 @@ const char* kAdaptiveMixes[] = {
     "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu;epoch=11;decay=0.9;z=0.5;hold=3",
 };
 
-// KNOWN ENGINE BUG, reported and not fixed here (daemon/engine is not this
-// test's to change): AdaptivePolicy::Erase clears a released slot's `member`
-// and `dropped` bits of every expert but not `held`, so in tick mode a block
-// admitted into the reused slot inherits the previous occupant's held bit,
-// and an expert is credited with hits on a block it did not hold when the
-// hold window began (docs/policies.md): its wins, and so the leader, differ
-// from the definition. Adaptive.DISABLED_AReusedSlotWasNotHeld is a minimal
-// trace. Until the fix, the tick-mode traces of the adaptive mixes whose
-// leaders change release nothing; set this to true with the fix.
-constexpr bool kAdaptiveHeldClearedOnRelease = false;
+// AdaptivePolicy::Erase once cleared a released slot's `member` and `dropped`
+// bits of every expert but not `held`, so in tick mode a block admitted into
+// the reused slot inherited the previous occupant's held bit, and an expert
+// was credited with hits on a block it did not hold when the hold window
+// began. Adaptive.AReusedSlotWasNotHeld is the minimal trace; with the fix,
+// the tick-mode traces of the adaptive mixes release blocks too.
+constexpr bool kAdaptiveHeldClearedOnRelease = true;
 
 class Differential : public ::testing::TestWithParam<std::tuple<const char*, Persistence, Mode>> {};
 
@@ -965,16 +962,16 @@ TEST(Adaptive, FollowsItsDefinitionOnRandomTraces) {
   EXPECT_GT(switched, 20) << "the traces should change leaders";
 }
 
-// The known bug above (kAdaptiveHeldClearedOnRelease), on a minimal trace.
+// The bug fixed above (kAdaptiveHeldClearedOnRelease), on a minimal trace.
 // Capacity 2, tick mode, lru leads, a hold window is 2 touches. The window
 // that begins after the 4th touch has lru holding {2, 1} and lfu {0, 1}.
 // Key 0 is then released and admitted again into the same slot; both
 // experts admit it (5th touch) and hold it on the 6th, neither since the
 // window began, so neither wins. The engine reads lfu's held bit of the
 // slot's previous occupant, credits lfu with a win over lru, and with z=0
-// lfu leads from then on: the last touch evicts key 2 (lfu's choice) where
+// lfu led from then on: the last touch evicted key 2 (lfu's choice) where
 // the definition (lru still leading) evicts key 0.
-TEST(Adaptive, DISABLED_AReusedSlotWasNotHeld) {
+TEST(Adaptive, AReusedSlotWasNotHeld) {
   const std::string spec = "adaptive:lru+lfu;epoch=1;decay=0;z=0;hold=1";
   const std::vector<Op> ops = {
       {Op::kTouch, 0, 1, 1}, {Op::kTouch, 0, 1, 1},   {Op::kTouch, 2, 1, 3},
