@@ -472,6 +472,9 @@ class Session : public std::enable_shared_from_this<Session> {
         return Handle<wire::Report>(h, payload, "report", false, [&](const wire::Report& m) {
           return handler.OnReport(peer_, m);
         });
+      case wire::MsgType::kHint:
+        return Handle<wire::Hint>(h, payload, "hint", false,
+                                  [&](const wire::Hint& m) { return handler.OnHint(peer_, m); });
       case wire::MsgType::kQueryTiers:
         return Handle<wire::QueryTiers>(
             h, payload, "query-tiers", true,

@@ -61,6 +61,7 @@ class Handler {
   virtual Answer<wire::AdmitOk> OnAdmit(const Peer& peer, const wire::Admit& m) = 0;
   virtual Answer<wire::ReleaseOk> OnRelease(const Peer& peer, const wire::Release& m) = 0;
   virtual Answer<wire::ReportOk> OnReport(const Peer& peer, const wire::Report& m) = 0;
+  virtual Answer<wire::HintOk> OnHint(const Peer& peer, const wire::Hint& m) = 0;
   virtual Answer<wire::QueryTiersOk> OnQueryTiers(const Peer& peer, const wire::QueryTiers& m) = 0;
   virtual Answer<wire::StatsOk> OnStats(const Peer& peer, const wire::Stats& m) = 0;
   // *reply_fd: an fd to pass back with the reply (a recording); the server

@@ -88,6 +88,7 @@ class Daemon final : public server::Handler {
   server::Answer<wire::ReleaseOk> OnRelease(const server::Peer& peer,
                                             const wire::Release& m) override;
   server::Answer<wire::ReportOk> OnReport(const server::Peer& peer, const wire::Report& m) override;
+  server::Answer<wire::HintOk> OnHint(const server::Peer& peer, const wire::Hint& m) override;
   server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer& peer,
                                                   const wire::QueryTiers& m) override;
   server::Answer<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
@@ -155,6 +156,8 @@ class Daemon final : public server::Handler {
   // tick's fold, as a replay's event at a step comes after the plan that
   // step's first event triggers and before the step's touches.
   uint64_t EventTick() const { return in_tick_ ? tick_ : tick_ + 1; }
+  uint64_t hint_requests_ = 0;      // Hint messages answered HintOk
+  uint64_t hint_unknown_keys_ = 0;  // keys they named that their client did not hold
   uint64_t last_checkpoint_tick_ = 0;
   uint64_t restored_from_checkpoint_ = 0;
   bool stopped_ = false;

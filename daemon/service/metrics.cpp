@@ -110,6 +110,21 @@ std::string MetricsExposition(const StatusSnapshot& s) {
            "kind=\"read\"");
   x.Sample("cxltier_lease_timeouts_total", static_cast<double>(m.moves.write_lease_timeouts),
            "kind=\"write\"");
+  x.Metric("cxltier_hint_requests_total", "counter",
+           "Scheduler hint messages answered (applied or not).",
+           static_cast<double>(s.hints.requests));
+  x.Metric("cxltier_hints_total", "counter",
+           "Scheduler hints the engine applied (their group had live blocks).",
+           static_cast<double>(s.hints.applied));
+  x.Metric("cxltier_hint_prefetched_blocks_total", "counter",
+           "Blocks soon hints put into tier 0's set ahead of their touch.",
+           static_cast<double>(s.hints.prefetched));
+  x.Metric("cxltier_hint_displaced_blocks_total", "counter",
+           "Blocks of idle or done groups taken out of tier 0's set before any other.",
+           static_cast<double>(s.hints.displaced));
+  x.Metric("cxltier_hint_prefetch_hits_total", "counter",
+           "Blocks soon hints prefetched that were touched next while in tier 0.",
+           static_cast<double>(s.hints.prefetch_hits));
   x.Family("cxltier_tick_duration_seconds", "histogram", "Duration of one fold + plan tick.");
   for (size_t i = 0; i < s.tick_seconds.cumulative.size(); ++i) {
     const std::string le = i < TickTimes::kBounds.size() ? fmt::format("{}", TickTimes::kBounds[i])

@@ -13,6 +13,7 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   trace_ = sim::Trace{};
   trace_.name = "recording";
   index_.clear();
+  groups_.clear();
   secret_ = secret;
   summary_ = Summary{};
   summary_.start_tick = tick;
@@ -22,29 +23,89 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   state_ = State::kOn;
 }
 
-bool Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind) {
-  const size_t n = trace_.events.size(), cap = trace_.events.capacity();
-  const uint64_t next_cap = n < cap ? cap : std::max<size_t>(1, 2 * cap);
-  const uint64_t bytes = next_cap * kBytesPerEvent + (trace_.keys.size() + 1) * kBytesPerKey;
-  if (n >= max_events_ || bytes > max_bytes_) {
+bool Recorder::Fits(uint64_t tick, uint64_t events, uint64_t keys, uint64_t groups, bool grouped) {
+  // The events' vector at its next capacity, should it have to grow.
+  const uint64_t cap = trace_.events.capacity();
+  const uint64_t event_cap = events <= cap ? cap : std::max<uint64_t>(events, 2 * cap);
+  const uint64_t bytes = event_cap * kBytesPerEvent + keys * kBytesPerKey +
+                         (grouped ? keys * kBytesPerGroupedKey : 0) + groups * kBytesPerGroup;
+  if (events > max_events_ || bytes > max_bytes_) {
     summary_.truncated = true;
     Stop(tick);
     return false;
   }
+  return true;
+}
+
+BlockKey Recorder::Hash(const BlockKey& key) const {
   uint8_t raw[16];
   std::memcpy(raw, &key.hi, 8);
   std::memcpy(raw + 8, &key.lo, 8);
   const XXH128_hash_t h = XXH3_128bits_withSecret(raw, sizeof(raw), secret_.data(), secret_.size());
-  const BlockKey hashed{h.high64, h.low64};
+  return BlockKey{h.high64, h.low64};
+}
+
+uint32_t Recorder::KeyOf(const BlockKey& hashed) {
   const auto [it, added] = index_.try_emplace(hashed, static_cast<uint32_t>(trace_.keys.size()));
-  if (added) trace_.keys.push_back(hashed);
+  if (added) {
+    trace_.keys.push_back(hashed);
+    if (!trace_.groups.empty()) trace_.groups.push_back(0);
+  }
+  return it->second;
+}
+
+uint32_t Recorder::GroupNumber(uint64_t group) {
+  if (trace_.groups.empty()) trace_.groups.assign(trace_.keys.size(), 0);
+  const auto [it, added] = groups_.try_emplace(group, static_cast<uint32_t>(groups_.size() + 1));
+  return it->second;
+}
+
+uint32_t Recorder::Step(uint64_t tick) const {
   // Steps count ticks from the recording's start (a trace's steps are u32,
   // and never decrease).
   const uint64_t since = tick > summary_.start_tick ? tick - summary_.start_tick : 0;
-  uint32_t step = static_cast<uint32_t>(std::min<uint64_t>(since, UINT32_MAX));
-  if (!trace_.events.empty()) step = std::max(step, trace_.events.back().step);
-  trace_.events.push_back(sim::TraceEvent{step, it->second, obs, kind});
+  const uint32_t step = static_cast<uint32_t>(std::min<uint64_t>(since, UINT32_MAX));
+  return trace_.events.empty() ? step : std::max(step, trace_.events.back().step);
+}
+
+bool Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind,
+                   uint64_t group) {
+  const BlockKey hashed = Hash(key);
+  const bool new_key = !index_.contains(hashed);
+  const bool new_group = group != 0 && !groups_.contains(group);
+  if (!Fits(tick, trace_.events.size() + 1, trace_.keys.size() + new_key,
+            groups_.size() + new_group, group != 0 || !trace_.groups.empty())) {
+    return false;
+  }
+  const uint32_t k = KeyOf(hashed);
+  if (group != 0) trace_.groups[k] = GroupNumber(group);
+  trace_.events.push_back(sim::TraceEvent{Step(tick), k, obs, kind});
   return true;
+}
+
+void Recorder::Group(uint64_t tick, const BlockKey& key, uint64_t group) {
+  if (!on() || group == 0) return;
+  const BlockKey hashed = Hash(key);
+  const bool new_key = !index_.contains(hashed);
+  const bool new_group = !groups_.contains(group);
+  if (!Fits(tick, trace_.events.size(), trace_.keys.size() + new_key, groups_.size() + new_group,
+            true)) {
+    return;
+  }
+  const uint32_t k = KeyOf(hashed);
+  trace_.groups[k] = GroupNumber(group);
+}
+
+void Recorder::Hint(uint64_t tick, uint64_t group, HintKind kind) {
+  if (!on() || group == 0) return;
+  const bool new_group = !groups_.contains(group);
+  if (!Fits(tick, trace_.events.size() + 1, trace_.keys.size(), groups_.size() + new_group, true)) {
+    return;
+  }
+  const uint32_t g = GroupNumber(group);
+  trace_.events.push_back(sim::TraceEvent{Step(tick), g, static_cast<float>(static_cast<int>(kind)),
+                                          sim::EventKind::kHint});
+  ++summary_.hints;
 }
 
 void Recorder::ForgetSecret() { explicit_bzero(secret_.data(), secret_.size()); }
@@ -53,6 +114,8 @@ void Recorder::Stop(uint64_t tick) {
   if (state_ != State::kOn) return;
   ForgetSecret();  // the keys cannot be matched against anything again
   index_ = {};     // the trace's key table is all that is needed now
+  summary_.groups = groups_.size();
+  groups_ = {};  // the engine's group ids: not needed, not kept
   summary_.end_tick = tick;
   summary_.events = trace_.events.size();
   summary_.keys = trace_.keys.size();
@@ -63,6 +126,7 @@ void Recorder::Discard() {
   ForgetSecret();
   trace_ = sim::Trace{};
   index_ = {};
+  groups_ = {};
   summary_ = Summary{};
   state_ = State::kIdle;
 }

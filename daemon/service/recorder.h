@@ -1,11 +1,16 @@
 // What-if recording of live traffic (`cxltierctl record`, docs/operations.md):
 // while on, every admit (with the tier its pages sat in), every touch the
-// fold gives the engine and every release becomes an event of our binary trace
-// (docs/workloads.md), one step per tick, so
-// `cxltier-sim --trace bin:FILE --mode tick --tick-steps 1` replays it with
-// any policy. Keys are hashed with a secret drawn for this recording and
-// never written anywhere: a file shows which blocks were touched together
-// and how often, not which blocks they were, nor whose.
+// fold gives the engine, every release and every scheduler hint the engine
+// applied becomes an event of our binary trace (docs/workloads.md), one step
+// per tick, so `cxltier-sim --trace bin:FILE --mode tick --tick-steps 1`
+// replays it with any policy. Keys are hashed with a secret drawn for this
+// recording and never written anywhere: a file shows which blocks were
+// touched together and how often, not which blocks they were, nor whose.
+// Groups (the blocks hints speak of) are numbered 1, 2, ... in the order the
+// recording first sees them, so no client's own group numbers, nor which
+// client a group was, are written either. A block's group is the last group
+// it was seen in (joined by a hint, or a touch while in a group); with any
+// group or hint the trace carries the group table (format version 2).
 #pragma once
 
 #include <array>
@@ -15,18 +20,22 @@
 #include <utility>
 
 #include "cxltier/block.h"
+#include "cxltier/wire.h"  // HintKind
 #include "trace.h"
 
 namespace cxltier::service {
 
 class Recorder {
  public:
-  // What a recording may hold in the daemon's memory, events and key index
-  // together: when a new event would pass it, the recording stops, marked
-  // truncated. A new block costs its key twice (the trace's table and the
-  // index) plus a hash node and bucket, with room for the vector's growth.
+  // What a recording may hold in the daemon's memory, events, key index and
+  // groups together: when a new event, key or group would pass it, the
+  // recording stops, marked truncated. A new block costs its key twice (the
+  // trace's table and the index) plus a hash node and bucket, with room for
+  // the vector's growth; once there are groups, its group number too (u32,
+  // with room for growth); a new group its hash node and bucket.
   static constexpr uint64_t kMaxBytes = uint64_t{256} << 20;
   static constexpr uint64_t kBytesPerEvent = sizeof(sim::TraceEvent), kBytesPerKey = 128;
+  static constexpr uint64_t kBytesPerGroupedKey = 8, kBytesPerGroup = 64;
   // XXH3's minimum secret is 136 bytes; this is its default size.
   static constexpr size_t kSecretBytes = 192;
   using Secret = std::array<uint8_t, kSecretBytes>;
@@ -38,6 +47,7 @@ class Recorder {
     // The recorded touches and how many of them were hits (the block was in
     // tier 0 when the engine folded it): what the daemon measured live.
     uint64_t touches = 0, hits = 0;
+    uint64_t hints = 0, groups = 0;  // recorded hints; groups seen
   };
 
   // Starts a recording at `tick` that stops by itself after `ticks` ticks,
@@ -49,14 +59,20 @@ class Recorder {
   // A stopped recording waits to be taken.
   bool ready() const { return state_ == State::kDone; }
 
-  // A touch the fold gave the engine (`hit`: the block was in tier 0), or a
-  // release, or an admit with the block's pages in `placed`, at `tick`.
-  void Touch(uint64_t tick, const BlockKey& key, double mass, bool hit) {
-    if (on() && Add(tick, key, static_cast<float>(mass), sim::EventKind::kTouch)) {
+  // A touch the fold gave the engine (`hit`: the block was in tier 0) of a
+  // block in engine group `group` (0: none), or a release, or an admit with
+  // the block's pages in `placed`, at `tick`.
+  void Touch(uint64_t tick, const BlockKey& key, double mass, bool hit, uint64_t group = 0) {
+    if (on() && Add(tick, key, static_cast<float>(mass), sim::EventKind::kTouch, group)) {
       ++summary_.touches;
       summary_.hits += hit;
     }
   }
+  // The block joined engine group `group` (nonzero) at `tick`: no event, its
+  // group in the trace's table.
+  void Group(uint64_t tick, const BlockKey& key, uint64_t group);
+  // A hint the engine applied to engine group `group` (nonzero) at `tick`.
+  void Hint(uint64_t tick, uint64_t group, HintKind kind);
   void Release(uint64_t tick, const BlockKey& key) {
     if (on()) Add(tick, key, 0.0f, sim::EventKind::kRelease);
   }
@@ -78,7 +94,19 @@ class Recorder {
  private:
   enum class State { kIdle, kOn, kDone };
   // False when a cap stopped the recording instead.
-  bool Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind);
+  bool Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind, uint64_t group = 0);
+  // Whether the recording may hold `events` events, `keys` keys and `groups`
+  // groups (with the group table when `grouped`); if not, it stops at `tick`,
+  // truncated.
+  bool Fits(uint64_t tick, uint64_t events, uint64_t keys, uint64_t groups, bool grouped);
+  BlockKey Hash(const BlockKey& key) const;
+  // The trace key of a hashed key: a new one is added (Fits said there is room).
+  uint32_t KeyOf(const BlockKey& hashed);
+  // The recording's number for an engine group (Fits said there is room), and
+  // the group table made (all 0) if it was not yet.
+  uint32_t GroupNumber(uint64_t group);
+  // The step of an event at `tick`: ticks since the start, never decreasing.
+  uint32_t Step(uint64_t tick) const;
   void ForgetSecret();
 
   State state_ = State::kIdle;
@@ -87,6 +115,7 @@ class Recorder {
   Summary summary_;
   sim::Trace trace_;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> index_;  // hashed key -> trace key
+  std::unordered_map<uint64_t, uint32_t> groups_;  // engine group -> the recording's number
 };
 
 }  // namespace cxltier::service

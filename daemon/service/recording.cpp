@@ -104,6 +104,8 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
       {"touches", sum.touches},
       {"hits", sum.hits},
       {"hit_rate", sum.touches ? static_cast<double>(sum.hits) / sum.touches : 0.0},
+      {"hints", sum.hints},
+      {"groups", sum.groups},
       {"policy", config_.policy},
       {"persist", config_.persist},
       {"tier0_budget_bytes",

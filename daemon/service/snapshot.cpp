@@ -64,6 +64,8 @@ StatusSnapshot Daemon::Snapshot() const {
   s.tick_ms = config_.tick_ms;
   s.touches = c.touches;
   s.hits = c.hits;
+  s.hints = {hint_requests_,    hint_unknown_keys_, c.hints,
+             c.hint_prefetched, c.hint_displaced,   c.hint_prefetch_hits};
   s.warnings_logged = warnings_.logged();
   s.warnings_suppressed = warnings_.suppressed();
   if (server_counters_) s.server = server_counters_();

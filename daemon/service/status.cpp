@@ -166,6 +166,13 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
       {"hit_rate", s.hit_rate()},
       {"tiers", TiersToJson(s.tiers)},
       {"migrations", MigrationJson(s.migrations)},
+      {"hints",
+       {{"requests", s.hints.requests},
+        {"unknown_keys", s.hints.unknown_keys},
+        {"applied", s.hints.applied},
+        {"prefetched", s.hints.prefetched},
+        {"displaced", s.hints.displaced},
+        {"prefetch_hits", s.hints.prefetch_hits}}},
   };
 }
 

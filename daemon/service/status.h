@@ -117,6 +117,16 @@ struct MigrationStatus {
   uint64_t places_draining = 0;  // copy mode: old places waiting for readers
 };
 
+// Scheduler hints (docs/protocol.md, "Hints").
+struct HintStatus {
+  uint64_t requests = 0;       // Hint messages answered
+  uint64_t unknown_keys = 0;   // keys they named that their client did not hold
+  uint64_t applied = 0;        // hints the engine applied (their group had live blocks)
+  uint64_t prefetched = 0;     // blocks soon hints put into tier 0's set ahead of use
+  uint64_t displaced = 0;      // blocks of idle or done groups taken out of it first
+  uint64_t prefetch_hits = 0;  // prefetched blocks touched next while in tier 0
+};
+
 struct StatusSnapshot {
   uint64_t clients = 0;      // said hello and still connected
   uint64_t connections = 0;  // connected sessions, operator tools included
@@ -141,6 +151,7 @@ struct StatusSnapshot {
   std::string metrics_endpoint;   // "": no metrics server
   std::vector<TierStatus> tiers;  // by tier number
   MigrationStatus migrations;
+  HintStatus hints;
 
   double hit_rate() const {
     return touches ? static_cast<double>(hits) / static_cast<double>(touches) : 0.0;

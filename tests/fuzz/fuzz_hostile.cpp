@@ -4,7 +4,7 @@
 // file, a pipe, a socket, range pools at mapped, unmapped or PROT_NONE
 // addresses (or of a child process that is killed), shrink, grow and punch
 // the memfds, unmap or protect the ranges under admitted blocks, admit,
-// release, report, tick. The daemon must survive every program (no SIGBUS,
+// release, report, hint, tick. The daemon must survive every program (no SIGBUS,
 // no sanitizer report), answer every request with ok or an error that says
 // something, refuse every pool fd that could shrink under it, and answer
 // stats. One daemon serves every input; each input is one client session.
@@ -302,7 +302,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 13:  // the peer process of the range pools exits
         Reap(&child);
         break;
-      case 14:
+      case 14: {  // a scheduler hint for one of a few groups, naming held keys or not
+        wire::Hint h{
+            static_cast<HintKind>(arg % 3 + 1), static_cast<uint32_t>(arg / 3 % 4 + 1), {}};
+        const uint8_t count = in.Byte() % 8;
+        for (uint8_t i = 0; i < count; ++i) {
+          h.keys.push_back(admitted.empty() || (i & 1)
+                               ? BlockKey::FromSequence(in.Byte() % 4, in.Byte() % 96)
+                               : admitted[in.Byte() % admitted.size()]);
+        }
+        auto r = f->daemon->OnHint(peer, h);
+        if (Ok(r) && std::get<wire::HintOk>(r).grouped + std::get<wire::HintOk>(r).unknown !=
+                         h.keys.size()) {
+          Fail("a hint answered for other keys");
+        }
+        break;
+      }
       default:  // ticks, moves with the real migrator
         // At most kMaxTicks per input: each waits for real moves.
         for (int t = 0; t < arg % 4 + 1 && ticks < kMaxTicks; ++t, ++ticks) {

@@ -447,6 +447,9 @@ class ThrowingHandler : public server::Handler {
   server::Answer<wire::ReportOk> OnReport(const server::Peer&, const wire::Report&) override {
     throw std::runtime_error("report handler broke");
   }
+  server::Answer<wire::HintOk> OnHint(const server::Peer&, const wire::Hint&) override {
+    return wire::Error{wire::ErrorCode::kNotReady, "no hints here"};
+  }
   server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer&,
                                                   const wire::QueryTiers&) override {
     return wire::QueryTiersOk{};

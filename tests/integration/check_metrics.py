@@ -26,6 +26,8 @@ want = {
     "cxltier_pages_wrong_node": "counter", "cxltier_tick_duration_seconds": "histogram",
     "cxltier_clients": "gauge", "cxltier_ghosts": "gauge",
     "cxltier_observations": "counter", "process_resident_memory_bytes": "gauge",
+    "cxltier_hint_requests": "counter", "cxltier_hints": "counter",
+    "cxltier_hint_prefetched_blocks": "counter", "cxltier_hint_displaced_blocks": "counter",
 }
 for name, kind in want.items():
     f = families.get(name)

@@ -131,6 +131,97 @@ TEST(Record, ReplayOfALoadgenRunAgreesWithTheDaemonsLiveHitRate) {
   EXPECT_EQ(small, 0u) << "keys in the file look like the client's own";
 }
 
+// A run with scheduler hints (cxltier-loadgen --hints) is recorded with its
+// hints and groups (a version-2 trace), and the replay reads and applies them.
+TEST(Record, HintsAreRecordedAndReplayed) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64MiB\"\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string trace = (d.dir() / "rec.bin").string();
+  const std::string summary = (d.dir() / "rec.json").string();
+  const testing::ShellResult bg =
+      Shell(std::string(CXLTIERCTL_PATH) + " --socket " + d.socket() +
+            " record --seconds 3600 --json --out " + trace + " > " + summary + " 2>&1 & echo $!");
+  const pid_t ctl = std::stoi(bg.out);
+  struct KillAtEnd {
+    pid_t pid;
+    ~KillAtEnd() { kill(pid, SIGKILL); }
+  } guard{ctl};
+  ASSERT_TRUE(WaitFor([&] { return d.Log().find("recording for") != std::string::npos; }))
+      << d.Log() << Slurp(summary);
+  const testing::ShellResult lg =
+      Shell(std::string(CXLTIER_LOADGEN_PATH) + " --socket " + d.socket() +
+            " --blocks 256 --steps 600 --hints --json 2>&1");
+  ASSERT_EQ(lg.status, 0) << lg.out;
+  const nlohmann::json run = nlohmann::json::parse(lg.out, nullptr, false);
+  ASSERT_FALSE(run.is_discarded()) << lg.out;
+  const uint64_t sent = run["hints"]["sent"].get<uint64_t>();
+  const uint64_t applied = run["hints"]["applied"].get<uint64_t>();
+  EXPECT_GT(sent, 10u) << run["hints"].dump();
+  EXPECT_GT(applied, 0u) << run["hints"].dump();
+  EXPECT_EQ(run["hints"]["keys_unknown"], 0) << run["hints"].dump();
+  EXPECT_GT(run["hints"]["keys_grouped"].get<uint64_t>(), 0u) << run["hints"].dump();
+  // The loadgen left and two more ticks ran: everything is folded.
+  uint64_t ticks = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    const nlohmann::json s = StatusJson(d.socket());
+    if (s.is_discarded() || s.value("clients", 1) != 0 || s.value("blocks", 1) != 0) return false;
+    ticks = s.value("ticks", uint64_t{0});
+    return true;
+  }));
+  ASSERT_TRUE(WaitFor([&] {
+    const nlohmann::json s = StatusJson(d.socket());
+    return !s.is_discarded() && s.value("ticks", uint64_t{0}) >= ticks + 2;
+  }));
+  const nlohmann::json live = StatusJson(d.socket());
+  EXPECT_EQ(live["hints"]["requests"].get<uint64_t>(), sent) << live["hints"].dump();
+  EXPECT_EQ(live["hints"]["applied"].get<uint64_t>(), applied) << live["hints"].dump();
+  kill(ctl, SIGINT);
+  nlohmann::json rec;
+  ASSERT_TRUE(WaitFor([&] {
+    rec = nlohmann::json::parse(Slurp(summary), nullptr, false);
+    return !rec.is_discarded() && rec.contains("replay");
+  })) << Slurp(summary);
+  EXPECT_FALSE(rec["truncated"].get<bool>());
+  // Every hint the engine applied is in the recording, and each session's
+  // group: one per session the loadgen started at least.
+  EXPECT_EQ(rec["hints"].get<uint64_t>(), applied) << rec.dump(2);
+  EXPECT_GE(rec["groups"].get<uint64_t>(), 4u) << rec.dump(2);
+  std::ifstream in(trace, std::ios::binary);
+  char header[16];
+  ASSERT_TRUE(in.read(header, sizeof(header)));
+  ASSERT_EQ(std::string(header, 8), "CXLTRACE");
+  uint32_t version = 0;
+  std::memcpy(&version, header + 8, 4);
+  EXPECT_EQ(version, 2u);
+
+  // The replay with the daemon's settings applies them, and without them too
+  // (--hints both: one row each).
+  std::string cmd = rec["replay"].get<std::string>();
+  ASSERT_EQ(cmd.rfind("cxltier-sim ", 0), 0u) << cmd;
+  cmd = std::string(CXLTIER_SIM_PATH) + cmd.substr(11) + " --hints both --json 2>&1";
+  const testing::ShellResult sim = Shell(cmd);
+  ASSERT_EQ(sim.status, 0) << cmd << "\n" << sim.out;
+  const nlohmann::json rows = nlohmann::json::parse(sim.out, nullptr, false);
+  ASSERT_TRUE(rows.is_array() && rows.size() == 2) << sim.out;
+  bool with = false, without = false;
+  for (const nlohmann::json& row : rows) {
+    EXPECT_EQ(row["touches"].get<uint64_t>(), rec["touches"].get<uint64_t>()) << row.dump(2);
+    if (row["hints"].get<bool>()) {
+      with = true;
+      EXPECT_EQ(row["hint_events"].get<uint64_t>(), applied) << row.dump(2);
+      const double live_rate = 100 * rec["hit_rate"].get<double>();
+      const double replayed = 100 * row["hit_rate"].get<double>();
+      std::printf("with hints: live %.2f%%, replayed %.2f%% (%llu hints)\n", live_rate, replayed,
+                  static_cast<unsigned long long>(applied));
+      EXPECT_NEAR(replayed, live_rate, kBoundPoints) << rec.dump(2) << "\n" << row.dump(2);
+    } else {
+      without = true;
+      EXPECT_EQ(row["hint_events"].get<uint64_t>(), 0u) << row.dump(2);
+    }
+  }
+  EXPECT_TRUE(with && without) << sim.out;
+}
+
 // A second start while one runs, a stop with none, and bad arguments are
 // refused with what to do; the daemon keeps serving.
 TEST(Record, RefusesWhatItCannotDo) {

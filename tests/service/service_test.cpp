@@ -16,6 +16,7 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <xxhash.h>
@@ -118,6 +119,105 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
   EXPECT_LE(t4.events.size() * Recorder::kBytesPerEvent + t4.keys.size() * Recorder::kBytesPerKey,
             kCap);
   EXPECT_GT(t4.events.size(), kCap / 4 / (Recorder::kBytesPerEvent + Recorder::kBytesPerKey));
+}
+
+// Hints and group membership: groups get the recording's own numbers (first
+// seen = 1), a hint is an event naming that number, a block's group is the
+// last it was seen in, and the trace carries the table only when there were
+// any (version 2 then, version 1 otherwise). The caps count the groups.
+TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
+  Recorder::Secret secret;
+  for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>(7 * i + 3);
+  const BlockKey a{1, 2}, b{1, 3}, c{1, 4};
+  const uint64_t g1 = (uint64_t{5} << 32) | 77, g2 = (uint64_t{9} << 32) | 77;
+  Recorder r;
+  r.Start(10, 100, 1000, secret);
+  r.Touch(11, c, 1.0, true);  // no group yet
+  r.Group(11, a, g2);         // first seen: number 1
+  r.Group(11, b, g1);         // number 2
+  r.Hint(11, g2, HintKind::kIdle);
+  r.Touch(12, a, 0.5, false, g2);
+  r.Touch(12, c, 0.5, false, g1);  // c seen in g1 now
+  r.Hint(13, g1, HintKind::kSoon);
+  r.Hint(13, g2, HintKind::kDone);
+  r.Stop(14);
+  auto [t, sum] = r.Take();
+  ASSERT_EQ(t.Validate(), "");
+  ASSERT_EQ(t.keys.size(), 3u);
+  ASSERT_EQ(t.groups.size(), 3u);
+  // Keys in the order first seen: c, a, b.
+  EXPECT_EQ(t.groups[0], 2u);
+  EXPECT_EQ(t.groups[1], 1u);
+  EXPECT_EQ(t.groups[2], 2u);
+  ASSERT_EQ(t.events.size(), 6u);
+  EXPECT_EQ(t.events[1].kind, sim::EventKind::kHint);
+  EXPECT_EQ(t.events[1].key, 1u);
+  EXPECT_EQ(t.events[1].obs, 1.0f);
+  EXPECT_EQ(t.events[1].step, 1u);
+  EXPECT_EQ(t.events[4].key, 2u);
+  EXPECT_EQ(t.events[4].obs, 2.0f);
+  EXPECT_EQ(t.events[5].key, 1u);
+  EXPECT_EQ(t.events[5].obs, 3.0f);
+  EXPECT_EQ(t.events[5].step, 3u);
+  EXPECT_EQ(sum.hints, 3u);
+  EXPECT_EQ(sum.groups, 2u);
+  EXPECT_EQ(sum.touches, 3u);
+  // Written and read back as version 2, groups and hints whole.
+  std::stringstream io;
+  ASSERT_EQ(sim::WriteBinary(t, io), "");
+  const std::string bytes = io.str();
+  uint32_t version = 0;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  EXPECT_EQ(version, 2u);
+  sim::TraceResult back = sim::ReadBinary(io, "rec");
+  ASSERT_EQ(back.error, "");
+  EXPECT_EQ(back.trace.groups, t.groups);
+  EXPECT_EQ(back.trace.events.size(), t.events.size());
+
+  // No hint and no group: no table, version 1 as before.
+  Recorder plain;
+  plain.Start(0, 100, 1000, secret);
+  plain.Touch(1, a, 1.0, true);
+  plain.Stop(2);
+  auto [t2, sum2] = plain.Take();
+  EXPECT_TRUE(t2.groups.empty());
+  EXPECT_EQ(sum2.hints, 0u);
+  std::stringstream io2;
+  ASSERT_EQ(sim::WriteBinary(t2, io2), "");
+  std::memcpy(&version, io2.str().data() + 8, 4);
+  EXPECT_EQ(version, 1u);
+
+  // A hint alone costs an event: the event cap stops it.
+  Recorder capped;
+  capped.Start(0, 100, 2, secret);
+  capped.Hint(1, g1, HintKind::kIdle);
+  capped.Hint(1, g1, HintKind::kSoon);
+  capped.Hint(1, g1, HintKind::kDone);
+  ASSERT_TRUE(capped.ready());
+  auto [t3, sum3] = capped.Take();
+  EXPECT_TRUE(sum3.truncated);
+  EXPECT_EQ(t3.events.size(), 2u);
+  EXPECT_EQ(sum3.hints, 2u);
+
+  // Every key in a new group: the byte cap counts keys, their group numbers
+  // and the groups, and stops it within the cap.
+  Recorder grouped;
+  constexpr uint64_t kCap = 1 << 20;
+  grouped.Start(0, 1000, uint64_t{1} << 24, secret, kCap);
+  for (uint64_t i = 0; i < kCap / Recorder::kBytesPerGroup + 10; ++i) {
+    grouped.Group(1, BlockKey{7, i}, i + 1);
+  }
+  ASSERT_TRUE(grouped.ready());
+  auto [t4, sum4] = grouped.Take();
+  EXPECT_TRUE(sum4.truncated);
+  EXPECT_EQ(t4.events.size(), 0u);
+  EXPECT_EQ(t4.groups.size(), t4.keys.size());
+  EXPECT_LE(t4.keys.size() * (Recorder::kBytesPerKey + Recorder::kBytesPerGroupedKey) +
+                sum4.groups * Recorder::kBytesPerGroup,
+            kCap);
+  EXPECT_GT(sum4.groups, kCap / 2 /
+                             (Recorder::kBytesPerKey + Recorder::kBytesPerGroupedKey +
+                              Recorder::kBytesPerGroup));
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {
@@ -920,6 +1020,7 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
   s.migrations.moves.errors[ENOMEM] = 2;
   s.tick_seconds.count = 9;
   s.tick_seconds.cumulative.fill(9);
+  s.hints = {12, 3, 10, 40, 35, 30};
 
   EXPECT_EQ(SystemdStatusLine(s),
             "3 clients, 40 blocks, hit rate 87.5%, tier 0 25 blocks, 6 moves failed");
@@ -939,6 +1040,12 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
   EXPECT_EQ(j["memory"]["rss_bytes"], 12345678);
   EXPECT_EQ(j["tick_seconds"]["buckets"].size(), TickTimes::kBounds.size() + 1);
   EXPECT_EQ(j["tick_seconds"]["buckets"].back()["le"], "+Inf");
+  EXPECT_EQ(j["hints"]["requests"], 12);
+  EXPECT_EQ(j["hints"]["unknown_keys"], 3);
+  EXPECT_EQ(j["hints"]["applied"], 10);
+  EXPECT_EQ(j["hints"]["prefetched"], 40);
+  EXPECT_EQ(j["hints"]["displaced"], 35);
+  EXPECT_EQ(j["hints"]["prefetch_hits"], 30);
 
   const std::string m = MetricsExposition(s);
   for (const char* line :
@@ -947,7 +1054,10 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
         "cxltier_tier0_budget_bytes 4096\n", "cxltier_migration_failed_moves_total 6\n",
         "cxltier_migration_failures_total{errno=\"ENOMEM\"} 2\n",
         "cxltier_tick_duration_seconds_bucket{le=\"+Inf\"} 9\n",
-        "cxltier_tick_duration_seconds_count 9\n", "process_resident_memory_bytes 12345678\n"}) {
+        "cxltier_tick_duration_seconds_count 9\n", "process_resident_memory_bytes 12345678\n",
+        "cxltier_hint_requests_total 12\n", "cxltier_hints_total 10\n",
+        "cxltier_hint_prefetched_blocks_total 40\n", "cxltier_hint_displaced_blocks_total 35\n",
+        "cxltier_hint_prefetch_hits_total 30\n"}) {
     EXPECT_NE(m.find(line), std::string::npos) << line << "\n" << m;
   }
 }

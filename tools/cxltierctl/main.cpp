@@ -120,6 +120,13 @@ void PrintReadable(const std::string& what, const nlohmann::json& j) {
         m["demotions"].get<unsigned long long>(),
         cxltier::FormatBytes(m["demoted_bytes"].get<uint64_t>()).c_str(),
         m["failed"].get<unsigned long long>(), m["pending"].get<unsigned long long>());
+    if (j.contains("hints") && j["hints"].value("requests", uint64_t{0}) > 0) {
+      const auto& h = j["hints"];
+      std::printf("hints %llu (%llu applied): %llu blocks prefetched, %llu displaced\n",
+                  h["requests"].get<unsigned long long>(), h["applied"].get<unsigned long long>(),
+                  h["prefetched"].get<unsigned long long>(),
+                  h["displaced"].get<unsigned long long>());
+    }
   } else if (what == "tiers") {
     for (const auto& t : j) {
       std::printf("%s\n", TierText(t).c_str());
@@ -372,6 +379,10 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
               s.value("keys", nlohmann::json(0)).dump().c_str(), out.c_str(),
               static_cast<unsigned long long>(sb.st_size),
               s.value("truncated", false) ? ", truncated at the event or memory cap" : "");
+  if (s.value("hints", uint64_t{0}) > 0) {
+    std::printf("hints: %s on %s groups\n", s["hints"].dump().c_str(),
+                s.value("groups", nlohmann::json(0)).dump().c_str());
+  }
   std::printf("live: %s touches, hit rate %.2f%% (policy %s)\n",
               s.value("touches", nlohmann::json(0)).dump().c_str(), 100 * s.value("hit_rate", 0.0),
               s.value("policy", std::string("?")).c_str());
