@@ -131,7 +131,7 @@ struct Holder {
 
 // (a) Tier 0 full of group A's blocks, B's waiting in tier 1: A idle and B
 // soon bring B's blocks back into tier 0 and A's out, with no touch at all.
-TEST(Hints, IdleAndSoonMoveBlocksBetweenTiers) {
+TEST(DaemonHints, IdleAndSoonMoveBlocksBetweenTiers) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Alive()) << d.Log();
   MemfdPool pool(16);
@@ -239,7 +239,7 @@ wire::Error ErrorOf(const wire::Header& h, const std::vector<uint8_t>& p) {
 
 // (b) Every bad hint gets a clear answer, changes nothing, and the daemon
 // keeps serving everyone, the sender included.
-TEST(Hints, BadInputGetsClearAnswersAndTheDaemonServesOn) {
+TEST(DaemonHints, BadInputGetsClearAnswersAndTheDaemonServesOn) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Alive()) << d.Log();
   MemfdPool pool(16);
@@ -359,7 +359,7 @@ TEST(Hints, BadInputGetsClearAnswersAndTheDaemonServesOn) {
 // next. (A soon hint may take room from any block of the sender's uid: the
 // engine's owner is the uid, as for every limit. Across uids:
 // tests/hostile/hint_attacks_test.cpp.)
-TEST(Hints, GroupsAreEachClientsOwn) {
+TEST(DaemonHints, GroupsAreEachClientsOwn) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Alive()) << d.Log();
   MemfdPool pool(16);
@@ -410,7 +410,7 @@ TEST(Hints, GroupsAreEachClientsOwn) {
 }
 
 // The C ABI: a hint with keys, its result, and a kind out of range refused.
-TEST(Hints, CAbiSendsHints) {
+TEST(DaemonHints, CAbiSendsHints) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Alive()) << d.Log();
   MemfdPool pool(4);
