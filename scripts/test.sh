@@ -21,6 +21,13 @@ bench_smoke() {
 }
 stage bench-smoke bench_smoke
 stage unit unit_tests
+# The Python module (build/python) against real daemons: pytest with Debian's
+# python3, the interpreter the module is built for (tests/python, docs/python.md).
+python_tests() {
+  PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$BUILD_DIR/python" CXLTIER_BIN="$BUILD_DIR/bin" \
+    timeout --kill-after=30 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider "$CXLTIER_ROOT/tests/python"
+}
+stage python python_tests
 # The README's main command, once: it must exit 0 when it worked.
 stage main-job bash "$CXLTIER_ROOT/scripts/run.sh"
 # The same tests under ASan+UBSan, and the threaded parts (daemon, mover) under

@@ -1,0 +1,84 @@
+"""Copy mode from Python: tier pools as numpy, write and read leases as context managers."""
+
+import numpy as np
+import pytest
+
+import cxltier
+from conftest import BLOCK, wait_for
+
+
+def pattern(key, n=BLOCK):
+    rng = np.random.default_rng([key.hi, key.lo])
+    return rng.integers(0, 256, n, dtype=np.uint8)
+
+
+def test_tier_pools_and_leases(client):
+    assert client.tier_pool(0) is None
+    client.create_tier_pools(24)
+    t0, t1 = client.tier_pool(0), client.tier_pool(1)
+    assert (t0.kind, t1.kind) == ("tier0", "tier1")
+    assert t0.blocks == 8 and t1.blocks == 24  # tier 0: what the 8-block budget allows
+    assert t0.array.shape == (8, t0.stride)
+    keys = [cxltier.Key.from_sequence(900, i) for i in range(16)]
+    r = client.admit(t0, keys)  # the daemon places them: tier 0 while it has room
+    assert (r.tiers == 0).sum() == 8 and (r.tiers == 1).sum() == 8
+    # Admission gives the client each new block's write lease: fill, then end it.
+    for k, s in zip(keys, r.slots):
+        with client.write(int(s)) as view:
+            assert view.flags.writeable and view.shape == (BLOCK,)
+            view[:] = pattern(k)
+    # A read lease by slot or by key.
+    with client.acquire(keys[3]) as view:
+        assert not view.flags.writeable
+        assert np.array_equal(view, pattern(keys[3]))
+    lease = client.acquire(int(r.slots[12]))
+    assert lease.held and lease.tier in (0, 1)
+    where = client.location_of(int(r.slots[12]))
+    assert where is not None and where[0] == lease.tier
+    pool = t0 if lease.tier == 0 else t1
+    assert np.array_equal(pool.array[where[1], :BLOCK], lease.data)  # the lease views the pool
+    lease.release()
+    assert not lease.held
+    with pytest.raises(cxltier.NoLeaseError):
+        lease.data
+    # Touch only the slow half: the daemon copies it into tier 0 and the rest out.
+    slow = r.slots[r.tiers == 1]
+    for _ in range(200):
+        client.observe(slow, 4.0)
+        if (client.tiers_of(slow) == 0).all():
+            break
+        client.wait_ticks(1)
+    wait_for(lambda: (client.tiers_of(slow) == 0).all(), what="the touched blocks copied into tier 0")
+    migrations = client.stats("status")["migrations"]
+    assert migrations["copy"]["copies"] >= 8 and migrations["promotions"] >= 8
+    # Every block still holds its bytes, wherever it is now.
+    for k in keys:
+        with client.acquire(k) as view:
+            assert np.array_equal(view, pattern(k)), k
+
+
+def test_lease_errors(client):
+    client.create_tier_pools(4)
+    r = client.admit(client.tier_pool(0), [cxltier.Key(1, 1)])
+    s = int(r.slots[0])
+    w = client.write(s)  # takes over the admission's lease
+    with pytest.raises(cxltier.BusyError) as e:
+        client.write(s)  # held: a second writer is refused
+    assert e.value.code == 14 and "write lease" in e.value.message
+    w.release()
+    w2 = client.write(s)  # begins a new one
+    assert w2.held
+    w2.release()
+    with pytest.raises(cxltier.NoLeaseError):
+        client.end_write(s)
+    with pytest.raises(cxltier.NoLeaseError):
+        client.acquire(int(client.slots) - 1)  # a slot with no block
+    with pytest.raises(cxltier.NoLeaseError):
+        client.acquire(cxltier.Key(2, 2))  # a key not held
+    # More leases than one reader row holds: another row serves them.
+    leases = [client.acquire(s) for _ in range(40)]
+    assert all(l.held for l in leases)
+    for l in leases:
+        l.release()
+    with pytest.raises(cxltier.NotReadyError):
+        client.reconnect()  # copy mode cannot reconnect yet: the library says so
