@@ -599,6 +599,7 @@ std::vector<Op> RandomTrace(std::mt19937_64& rng, int universe, int length, doub
 
 struct Outcome {
   std::vector<bool> hits;
+  std::vector<bool> answers;  // of SetGroup and Hint, in order (DifferentialHints)
   std::vector<EngineEvent> log;
   EngineCounters counters;
   uint64_t leader_changes = 0;  // the reference's, for adaptive
@@ -672,14 +673,17 @@ std::string Describe(const EngineEvent& e) {
 bool Same(const Outcome& a, const Outcome& b) {
   const EngineCounters& x = a.counters;
   const EngineCounters& y = b.counters;
-  return a.hits == b.hits && a.log == b.log && x.touches == y.touches && x.hits == y.hits &&
-         x.evictions == y.evictions && x.promotions == y.promotions && x.demotions == y.demotions &&
-         x.placed_fast == y.placed_fast && x.ghost_restores == y.ghost_restores &&
-         x.ghosts_dropped == y.ghosts_dropped;
+  return a.hits == b.hits && a.answers == b.answers && a.log == b.log && x.touches == y.touches &&
+         x.hits == y.hits && x.evictions == y.evictions && x.promotions == y.promotions &&
+         x.demotions == y.demotions && x.placed_fast == y.placed_fast &&
+         x.ghost_restores == y.ghost_restores && x.ghosts_dropped == y.ghosts_dropped &&
+         x.hints == y.hints && x.hint_displaced == y.hint_displaced &&
+         x.hint_prefetched == y.hint_prefetched && x.hint_prefetch_hits == y.hint_prefetch_hits;
 }
 
 void ExpectSame(const Outcome& a, const Outcome& b, const std::string& what) {
   ASSERT_EQ(a.hits, b.hits) << what;
+  ASSERT_EQ(a.answers, b.answers) << what;
   for (size_t i = 0; i < std::min(a.log.size(), b.log.size()); ++i) {
     ASSERT_EQ(a.log[i], b.log[i]) << what << " event " << i << ": engine " << Describe(a.log[i])
                                   << ", reference " << Describe(b.log[i]);
@@ -695,6 +699,10 @@ void ExpectSame(const Outcome& a, const Outcome& b, const std::string& what) {
   ASSERT_EQ(x.placed_fast, y.placed_fast) << what;
   ASSERT_EQ(x.ghost_restores, y.ghost_restores) << what;
   ASSERT_EQ(x.ghosts_dropped, y.ghosts_dropped) << what;
+  ASSERT_EQ(x.hints, y.hints) << what;
+  ASSERT_EQ(x.hint_displaced, y.hint_displaced) << what;
+  ASSERT_EQ(x.hint_prefetched, y.hint_prefetched) << what;
+  ASSERT_EQ(x.hint_prefetch_hits, y.hint_prefetch_hits) << what;
 }
 
 const char* kPolicies[] = {"lru",    "lfu",   "ema:0.01", "ema:0.15", "arc",
@@ -786,6 +794,333 @@ INSTANTIATE_TEST_SUITE_P(Adaptive, Differential,
                                                               Persistence::kReset),
                                             ::testing::Values(Mode::kDemand, Mode::kTick)),
                          DifferentialName);
+
+// ------------------------------------------- random differential, hints
+
+// A trace with scheduler hints: touches and releases as RandomTrace, and
+// blocks put in groups (a key that is not live is admitted untouched first)
+// and hints about groups, some unknown. A key's own group is key % groups + 1.
+// Like a scheduler's, most idle and done hints are followed a little later
+// by a soon, and the touches after a soon go mostly to its group.
+struct HintOp {
+  enum Kind { kTouch, kRelease, kGroup, kHint } kind;
+  int key = 0;
+  double obs = 0;
+  uint64_t step = 0;
+  uint64_t next_use = kNever;
+  GroupId group = kNoGroup;
+  HintKind hint = HintKind::kIdle;
+};
+
+// Keys of owner 1 (with two owners): every fifth, so groups mix owners.
+uint32_t OwnerOf(int key, int owners) { return owners > 1 && key % 5 == 0 ? 1 : 0; }
+
+std::vector<HintOp> RandomHintTrace(std::mt19937_64& rng, int universe, int length,
+                                    double release_p, double step_p, int groups) {
+  std::vector<HintOp> ops;
+  std::set<int> live;
+  uint64_t step = 1;
+  auto pick = [&] {
+    const int hot = std::max(1, universe / 4);
+    return (rng() % 2) ? static_cast<int>(rng() % hot) : static_cast<int>(rng() % universe);
+  };
+  auto uniform = [&] { return std::uniform_real_distribution<>(0, 1)(rng); };
+  std::multimap<int, GroupId> soon_at;  // op index -> a soon then
+  GroupId focus = kNoGroup;             // the group the next touches favour
+  int focus_left = 0;
+  for (int i = 0; i < length; ++i) {
+    const double r = uniform();
+    if (auto due = soon_at.find(i); due != soon_at.end()) {
+      ops.push_back(HintOp{HintOp::kHint, 0, 0, step, kNever, due->second, HintKind::kSoon});
+      focus = due->second;
+      focus_left = static_cast<int>(rng() % 12);
+      soon_at.erase(due);
+    } else if (r < 0.07) {
+      // Mostly the key's own group; sometimes another, or none.
+      const int k = pick();
+      const GroupId g = rng() % 4 == 0 ? rng() % (groups + 1) : 1 + k % groups;
+      ops.push_back(HintOp{HintOp::kGroup, k, 0, step, kNever, g});
+      live.insert(k);
+    } else if (r < 0.14) {
+      const GroupId g = rng() % 10 == 0 ? groups + 1 + rng() % 2 : 1 + rng() % groups;
+      const HintKind kinds[] = {HintKind::kIdle, HintKind::kIdle, HintKind::kSoon, HintKind::kSoon,
+                                HintKind::kDone};
+      const HintKind kind = kinds[rng() % 5];
+      ops.push_back(HintOp{HintOp::kHint, 0, 0, step, kNever, g, kind});
+      if (kind != HintKind::kSoon && rng() % 4 != 0) {
+        soon_at.emplace(i + 3 + static_cast<int>(rng() % 40), g);
+      }
+    } else if (!live.empty() && r < 0.14 + release_p) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      ops.push_back(HintOp{HintOp::kRelease, *it, 0, step});
+      live.erase(it);
+    } else {
+      int k = pick();
+      if (focus_left > 0) {
+        --focus_left;
+        for (int tries = 0; tries < 8 && 1 + static_cast<GroupId>(k % groups) != focus; ++tries) {
+          k = pick();
+        }
+      }
+      live.insert(k);
+      ops.push_back(HintOp{HintOp::kTouch, k, static_cast<double>(rng() % 1024) / 1024.0, step});
+    }
+    if (uniform() < step_p) ++step;
+  }
+  std::map<int, size_t> next;
+  for (size_t i = ops.size(); i-- > 0;) {
+    if (ops[i].kind != HintOp::kTouch) continue;
+    auto it = next.find(ops[i].key);
+    ops[i].next_use = it == next.end() ? kNever : it->second;
+    next[ops[i].key] = i;
+  }
+  return ops;
+}
+
+// Drives the engine or the reference (`T`, adapters below) through `ops`,
+// ticking every `tick_steps` steps (0: never).
+template <typename T>
+void DriveHints(T& t, const std::vector<HintOp>& ops, uint64_t tick_steps, int owners,
+                Outcome& out) {
+  uint64_t last_step = ops.empty() ? 0 : ops.front().step;
+  for (const HintOp& op : ops) {
+    for (uint64_t s = last_step + 1; s <= op.step; ++s) {
+      if (tick_steps && s % tick_steps == 0) t.Tick();
+    }
+    last_step = op.step;
+    const BlockKey key = K(op.key);
+    switch (op.kind) {
+      case HintOp::kTouch:
+        t.Admit(key, OwnerOf(op.key, owners));
+        out.hits.push_back(t.Touch(key, op.obs, op.step, op.next_use));
+        break;
+      case HintOp::kRelease:
+        t.Release(key);
+        break;
+      case HintOp::kGroup:
+        t.Admit(key, OwnerOf(op.key, owners));
+        out.answers.push_back(t.SetGroup(key, op.group));
+        break;
+      case HintOp::kHint:
+        out.answers.push_back(t.Hint(op.group, op.hint, op.step));
+        break;
+    }
+  }
+}
+
+struct EngineAdapter {
+  Engine& e;
+  void Admit(const BlockKey& k, uint32_t owner) { e.Admit(k, owner); }
+  bool Touch(const BlockKey& k, double obs, uint64_t now, uint64_t next) {
+    const bool hit = e.Touch(e.Find(k), engine::Touch{obs, now, next});
+    EXPECT_LE(e.tier_blocks(Tier::kFast), e.capacity_blocks());
+    return hit;
+  }
+  void Release(const BlockKey& k) { e.Release(e.Find(k)); }
+  bool SetGroup(const BlockKey& k, GroupId g) { return e.SetGroup(e.Find(k), g); }
+  bool Hint(GroupId g, HintKind kind, uint64_t now) { return e.Hint(g, kind, now); }
+  void Tick() { e.PlanAndApply(); }
+};
+
+struct ReferenceAdapter {
+  testing::ReferenceEngine& r;
+  void Admit(const BlockKey& k, uint32_t owner) { r.Admit(k, owner); }
+  bool Touch(const BlockKey& k, double obs, uint64_t now, uint64_t next) {
+    return r.Touch(k, obs, now, next);
+  }
+  void Release(const BlockKey& k) { r.Release(k); }
+  bool SetGroup(const BlockKey& k, GroupId g) { return r.SetGroup(k, g); }
+  bool Hint(GroupId g, HintKind kind, uint64_t now) { return r.Hint(g, kind, now); }
+  void Tick() { r.PlanAndApply(); }
+};
+
+Outcome RunEngineHints(const EngineOptions& o, const std::string& policy,
+                       const std::vector<HintOp>& ops, uint64_t tick_steps, int owners) {
+  Engine e(o, P(policy));
+  Outcome out;
+  e.set_event_log(&out.log);
+  EngineAdapter a{e};
+  DriveHints(a, ops, o.mode == Mode::kTick ? tick_steps : 0, owners, out);
+  out.counters = e.counters();
+  return out;
+}
+
+Outcome RunReferenceHints(const EngineOptions& o, const std::string& policy,
+                          const std::vector<HintOp>& ops, uint64_t tick_steps, int owners,
+                          testing::ReferenceEngine::Quirks quirks) {
+  testing::ReferenceEngine r(o, policy, quirks);
+  Outcome out;
+  ReferenceAdapter a{r};
+  DriveHints(a, ops, o.mode == Mode::kTick ? tick_steps : 0, owners, out);
+  out.log = r.log;
+  out.counters = r.counters;
+  out.leader_changes = r.leader_changes();
+  out.ambiguous = r.ambiguous_choices();
+  return out;
+}
+
+// The engine as it is departs from the documented semantics of hints in two
+// ways (the DISABLED_ tests below are their minimal traces); the random
+// traces compare it with a reference that does the same until they are fixed.
+constexpr testing::ReferenceEngine::Quirks kEngineHintQuirks = {
+    .placement_zeroes_own_ema_of_count_1 = true,
+    .candidates_by_slot = true,
+};
+
+class DifferentialHints : public Differential {};
+
+TEST_P(DifferentialHints, EngineMatchesReferenceOnRandomTracesWithHints) {
+  const auto [policy, persistence, mode] = GetParam();
+  std::mt19937_64 rng(std::hash<std::string>{}(policy) ^ (int(persistence) << 4) ^ int(mode) ^
+                      0x5eed);
+  // As in Differential, fewer traces for adaptive (every expert on every touch).
+  const int kTraces = std::string_view(policy).starts_with("adaptive") ? 32 : 80;
+  int ambiguous = 0;
+  EngineCounters total;
+  int refused = 0;  // SetGroup or Hint answered false
+  for (int t = 0; t < kTraces; ++t) {
+    // Every other trace small: a few blocks, a tier 0 of 1 to 3, two groups
+    // at most (where the quirks above were found).
+    const bool small = t % 2 == 0;
+    const int universe = 2 + static_cast<int>(rng() % (small ? 9 : 40));
+    const int length = (small ? 20 : 50) + static_cast<int>(rng() % (small ? 100 : 400));
+    const double release_p = rng() % 3 == 0 ? 0.0 : small ? 0.1 : 0.05;
+    const double step_p = mode == Mode::kTick ? 0.5 : 0.7;
+    const int groups = 1 + static_cast<int>(rng() % (small ? 2 : 4));
+    const int owners = rng() % 3 == 0 ? 2 : 1;
+    const std::vector<HintOp> ops =
+        RandomHintTrace(rng, universe, length, release_p, step_p, groups);
+    // Mostly a tier 0 smaller than the blocks, so that hints have room to take.
+    const size_t capacity = small            ? 1 + rng() % 3
+                            : rng() % 4 == 0 ? rng() % (universe + 2)
+                                             : rng() % (universe / 2 + 2);
+    EngineOptions o = Options(capacity, persistence, mode);
+    // (The reference's ghost store is one FIFO: with one owner only.)
+    o.ghost_capacity = rng() % 3 == 0 && owners == 1 ? rng() % 4 : 1 << 16;
+    const uint64_t tick_steps = 1 + rng() % 4;
+    if (mode == Mode::kTick) {
+      o.migrate_bytes_per_tick = (rng() % 2) ? 0 : kBlock * (1 + rng() % 4);
+      o.hysteresis_ticks = static_cast<uint32_t>(rng() % 4);
+    }
+    const std::string what = std::string(policy) + " hint trace " + std::to_string(t) +
+                             " universe " + std::to_string(universe) + " capacity " +
+                             std::to_string(o.tier0_budget_bytes / kBlock) + " groups " +
+                             std::to_string(groups) + " owners " + std::to_string(owners);
+    const Outcome want = RunReferenceHints(o, policy, ops, tick_steps, owners, kEngineHintQuirks);
+    const Outcome got = RunEngineHints(o, policy, ops, tick_steps, owners);
+    if (want.ambiguous > 0 && !Same(got, want)) {
+      ++ambiguous;
+      continue;
+    }
+    ExpectSame(got, want, what);
+    if (::testing::Test::HasFatalFailure()) return;
+    total.hints += got.counters.hints;
+    total.hint_displaced += got.counters.hint_displaced;
+    total.hint_prefetched += got.counters.hint_prefetched;
+    total.hint_prefetch_hits += got.counters.hint_prefetch_hits;
+    refused += static_cast<int>(std::count(got.answers.begin(), got.answers.end(), false));
+  }
+  EXPECT_LE(ambiguous, kTraces / 20) << "too many near-ties to compare";
+  // The traces exercise what they claim to.
+  EXPECT_GT(total.hints, 100u);
+  EXPECT_GT(refused, 10);
+  if (std::string_view(policy) != "min") {
+    const auto n = static_cast<uint64_t>(kTraces);
+    EXPECT_GT(total.hint_displaced, n / 4);
+    // With reset a block leaves the set untouched (its count is zeroed), and
+    // a soon places only blocks that have been touched: nothing.
+    if (persistence == Persistence::kPersist) {
+      EXPECT_GT(total.hint_prefetched, n / 8);
+      // (In tick mode a placed block is in tier 0 only after a Plan().)
+      if (mode == Mode::kDemand) {
+        EXPECT_GT(total.hint_prefetch_hits, 0u);
+      }
+    } else {
+      EXPECT_EQ(total.hint_prefetched, 0u);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPolicies, DifferentialHints,
+                         ::testing::Combine(::testing::ValuesIn(kPolicies),
+                                            ::testing::Values(Persistence::kPersist,
+                                                              Persistence::kReset),
+                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
+                         DifferentialName);
+
+INSTANTIATE_TEST_SUITE_P(Adaptive, DifferentialHints,
+                         ::testing::Combine(::testing::ValuesIn(kAdaptiveMixes),
+                                            ::testing::Values(Persistence::kPersist,
+                                                              Persistence::kReset),
+                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
+                         DifferentialName);
+
+// The engine departs from the documented semantics here (kEngineHintQuirks;
+// enable these once it is fixed, and set the quirk to false).
+//
+// A soon placement tells the policy of a touch of observation 0 at `now`
+// (PlaceAhead: OnMiss) without counting it in the block's touch count. An
+// own-score EMA expert of adaptive (OwnEmaPolicy::Update) takes a block
+// whose count is 1 for a fresh one ("touch_count <= 1": the engine reset
+// it) and sets its average to 0: a block touched once and placed ahead has
+// lost its history, where docs/policies.md says a pause does not age it
+// (OnResume moved its time on just before). Here key 6 (touched once, at
+// 35) is placed by a soon; with its average at 0 the next eviction takes
+// key 6 where, with its history, it takes key 3.
+TEST(DifferentialHintsFound, DISABLED_APlacementKeepsAnOwnEmaOfABlockTouchedOnce) {
+  const std::string spec = "adaptive:lru+ema:0.5;epoch=1;decay=0;z=0";
+  using O = HintOp;
+  const std::vector<HintOp> ops = {
+      {O::kTouch, 0, 669 / 1024.0, 8},
+      {O::kTouch, 3, 74 / 1024.0, 8},
+      {O::kTouch, 1, 419 / 1024.0, 9},
+      {O::kGroup, 1, 0, 10, kNever, 1},
+      {O::kTouch, 0, 73 / 1024.0, 15},
+      {O::kGroup, 6, 0, 17, kNever, 1},
+      {O::kGroup, 0, 0, 20, kNever, 1},
+      {O::kHint, 0, 0, 26, kNever, 1, HintKind::kDone},
+      {O::kTouch, 6, 863 / 1024.0, 35},
+      {O::kTouch, 0, 882 / 1024.0, 36},
+      {O::kTouch, 3, 610 / 1024.0, 37},
+      {O::kHint, 0, 0, 38, kNever, 1, HintKind::kSoon},
+      {O::kHint, 0, 0, 42, kNever, 1, HintKind::kSoon},
+  };
+  const EngineOptions o = Options(2, Persistence::kPersist, Mode::kDemand);
+  ExpectSame(RunEngineHints(o, spec, ops, 1, 1), RunReferenceHints(o, spec, ops, 1, 1, {}), spec);
+}
+
+// A soon group's blocks still to place are kept by slot (Group::candidates)
+// and checked only for being live, in the group and out of the set: a block
+// admitted into the slot of a released candidate that joins the group is
+// placed in its stead, touched or not. Here keys 1 and 2 of group 1 (owner
+// 0) are displaced by keys 0 and 5 (owner 1); the soon cannot place them
+// (the set is all owner 1's) and waits; key 1 is released, key 3 is
+// admitted into its slot and put in group 1 untouched; as keys 0 and 5 are
+// released the engine places key 2, then key 3, which was never a
+// candidate (nor touched: it goes to tier 0 without a move, out of the
+// counters but hint_prefetched).
+TEST(DifferentialHintsFound, DISABLED_ABlockInAReleasedCandidatesSlotIsNoCandidate) {
+  using O = HintOp;
+  const std::vector<HintOp> ops = {
+      {O::kTouch, 1, 1, 1},
+      {O::kTouch, 2, 1, 1},
+      {O::kGroup, 1, 0, 1, kNever, 1},
+      {O::kGroup, 2, 0, 1, kNever, 1},
+      {O::kHint, 0, 0, 2, kNever, 1, HintKind::kIdle},
+      {O::kTouch, 0, 1, 3},
+      {O::kTouch, 5, 1, 3},
+      {O::kHint, 0, 0, 4, kNever, 1, HintKind::kSoon},
+      {O::kRelease, 1, 0, 5},
+      {O::kGroup, 3, 0, 5, kNever, 1},
+      {O::kRelease, 0, 0, 6},
+      {O::kRelease, 5, 0, 7},
+  };
+  const EngineOptions o = Options(2, Persistence::kPersist, Mode::kDemand);
+  const Outcome want = RunReferenceHints(o, "lru", ops, 1, 2, {});
+  EXPECT_EQ(want.counters.hint_prefetched, 1u);
+  ExpectSame(RunEngineHints(o, "lru", ops, 1, 2), want, "lru");
+}
 
 // ------------------------------------------------------------ adaptive
 

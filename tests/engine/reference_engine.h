@@ -10,6 +10,10 @@
 // A policy (`RefPolicy` below) is one set with its own lists over the engine's
 // blocks; the engine has one, or, for `adaptive`, several experts and a set R
 // of its own that follows the leading expert (docs/policies.md).
+//
+// Scheduler hints (docs/policies.md, "Scheduler hints"): a map group -> its
+// members, the idle and done blocks as two explicit vectors in the order they
+// leave, the soon groups still placing in a vector served round by round.
 #pragma once
 
 #include <algorithm>
@@ -28,11 +32,27 @@
 
 namespace cxltier::engine::testing {
 
+// Where the engine departs from the documented semantics, knowingly
+// (engine_test.cpp says why): set, the reference does as the engine does.
+struct ReferenceQuirks {
+  // A soon placement feeds the policy a touch of observation 0 without
+  // counting it in the block's touch count; an own-score EMA expert takes a
+  // block touched once for a fresh one then and zeroes its average.
+  bool placement_zeroes_own_ema_of_count_1 = false;
+  // A soon group's blocks still to place are remembered by slot: a block
+  // admitted into a released candidate's slot that joins the group takes
+  // its place (touched or not).
+  bool candidates_by_slot = false;
+};
+
 class ReferenceEngine {
  public:
   enum class Kind { kLru, kLfu, kEma, kMin, kArc, kS3Fifo, kSieve, kTinyLfu };
 
-  ReferenceEngine(const EngineOptions& o, const std::string& policy) : o_(o) {
+  using Quirks = ReferenceQuirks;
+
+  ReferenceEngine(const EngineOptions& o, const std::string& policy, Quirks q = {})
+      : quirks(q), o_(o) {
     cap_ = o.tier0_budget_bytes / o.block_bytes;
     std::string spec = policy == "default" ? std::string(kDefaultPolicy) : policy;
     if (spec == "adaptive") spec = std::string(kAdaptivePolicy);
@@ -42,18 +62,30 @@ class ReferenceEngine {
     } else {
       policies_.emplace_back(this, spec, o.persistence, false);
     }
-    // The first policy's score is the block's score; only an ema has one
-    // that a choice reads.
+    // The first policy's score is the block's score: an ema's average, LRU's
+    // touch order, the others' touch count (what hints read as heat).
     if (policies_[0].kind == Kind::kEma) score_alpha_ = policies_[0].alpha;
   }
 
+  const Quirks quirks;
   std::vector<EngineEvent> log;
   EngineCounters counters;
 
-  void Admit(const BlockKey& key) {
+  // `owner` only matters to hints (a group's blocks have one owner).
+  void Admit(const BlockKey& key, uint32_t owner = 0) {
     if (live_.count(key)) return;
     B b;
     b.key = key;
+    b.owner = owner;
+    if (quirks.candidates_by_slot) {
+      // The engine's slots: the last one freed first, else a new one.
+      if (free_slots_.empty()) {
+        b.slot = next_slot_++;
+      } else {
+        b.slot = free_slots_.back();
+        free_slots_.pop_back();
+      }
+    }
     if (Persist()) {
       for (auto it = ghosts_.begin(); it != ghosts_.end(); ++it) {
         if (it->key == key) {
@@ -87,7 +119,14 @@ class ReferenceEngine {
     const bool hit = b.tier == Tier::kFast;
     ++counters.touches;
     if (hit) ++counters.hits;
-    // Score, straight from the definitions in docs/policies.md.
+    now_ = now;
+    if (b.placed_ahead) {  // a soon placed it: this is its next touch
+      b.placed_ahead = false;
+      if (hit) ++counters.hint_prefetch_hits;
+    }
+    if (b.group != kNoGroup && groups_.at(b.group).hinted_out) Activate(b.group);
+    // Score, straight from the definitions in docs/policies.md: the first
+    // policy's (LRU: the touch order; EMA: its average; the others: the count).
     const bool fresh = b.count == 0;
     if (score_alpha_ > 0) {
       b.score = (fresh ? 0.0 : b.score * std::pow(1.0 - score_alpha_, double(now - b.time))) +
@@ -97,6 +136,8 @@ class ReferenceEngine {
     b.time = now;
     b.seq = ++seq_;
     b.next_use = next_use;
+    if (policies_[0].kind == Kind::kLru) b.score = static_cast<double>(b.seq);
+    if (policies_[0].kind != Kind::kLru && policies_[0].kind != Kind::kEma) b.score = b.count;
     if (cap_ == 0) {
       if (b.tier == Tier::kNone) b.tier = Tier::kSlow;
       return hit;
@@ -113,12 +154,15 @@ class ReferenceEngine {
       }
       return hit;
     }
+    // Idle and done blocks leave before the policy chooses.
+    if (InSet() >= cap_ && Pooled()) Displace(NextPooled());
     const std::optional<size_t> victim =
         adaptive_ ? AdaptiveMiss(id, obs, now) : policies_[0].Miss(id, obs, now);
     blocks_[id].in_set = true;
     if (victim) {
       B& v = blocks_[*victim];
       v.in_set = false;
+      Unpool(*victim);
       ++counters.evictions;
       Log(EngineEvent::kEvict, *victim);
       if (!Persist()) v.score = 0, v.count = 0, v.time = 0;
@@ -149,6 +193,8 @@ class ReferenceEngine {
     B& b = blocks_[id];
     for (RefPolicy& p : policies_) p.Erase(id);
     b.in_set = false;
+    Unpool(id);
+    LeaveGroup(id);
     b.queue = kNone;
     Log(EngineEvent::kRelease, id);
     b.tier = Tier::kNone;
@@ -167,7 +213,66 @@ class ReferenceEngine {
     }
     b.live = false;
     live_.erase(key);
+    if (quirks.candidates_by_slot) free_slots_.push_back(b.slot);
     ++counters.releases;
+    ServePending(now_);  // the room it leaves
+  }
+
+  // ---- scheduler hints ----
+
+  // Puts the live block in group `g` (kNoGroup: in none). False, and nothing
+  // changes, when the group's blocks have another owner.
+  bool SetGroup(const BlockKey& key, GroupId g) {
+    const size_t id = live_.at(key);
+    if (g == kNoGroup) {
+      LeaveGroup(id);
+      return true;
+    }
+    if (blocks_[id].group == g) return true;
+    if (groups_.count(g) && groups_.at(g).owner != blocks_[id].owner) return false;
+    LeaveGroup(id);
+    if (!groups_.count(g)) groups_[g].owner = blocks_[id].owner;
+    groups_.at(g).members.push_back(id);
+    blocks_[id].group = g;
+    return true;
+  }
+
+  bool Hint(GroupId gid, HintKind kind, uint64_t now) {
+    if (!groups_.count(gid)) return false;
+    ++counters.hints;
+    now_ = now;
+    if ((!adaptive_ && policies_[0].kind == Kind::kMin) || cap_ == 0) return true;
+    G& g = groups_.at(gid);
+    std::erase(pending_, gid);  // a new hint ends a soon's placing
+    g.candidates.clear();
+    g.prefetch_left = 0;
+    std::vector<size_t> in, out;
+    for (size_t m : g.members) (blocks_[m].in_set ? in : out).push_back(m);
+    if (kind == HintKind::kIdle || kind == HintKind::kDone) {
+      // Leaves after every block hinted before, coldest first.
+      std::vector<size_t>& pool = pools_[kind == HintKind::kDone ? 0 : 1];
+      for (size_t m : ColdestFirst(in)) {
+        Unpool(m);
+        pool.push_back(m);
+      }
+      g.working_set = static_cast<uint32_t>(in.size());
+      g.idle_at = now;
+      g.hinted_out = true;
+      ServePending(now);  // the room it may give a waiting soon
+      return true;
+    }
+    if (g.hinted_out) Activate(gid);
+    if (g.working_set <= in.size()) return true;
+    std::vector<size_t> touched;
+    for (size_t m : out) {
+      if (blocks_[m].count > 0) touched.push_back(m);
+    }
+    if (touched.empty()) return true;
+    g.candidates = ColdestFirst(touched);  // hottest at the back
+    g.prefetch_left = g.working_set - static_cast<uint32_t>(in.size());
+    pending_.push_back(gid);
+    ServePending(now);
+    return true;
   }
 
   // Plans and applies, as Engine::PlanAndApply.
@@ -223,7 +328,7 @@ class ReferenceEngine {
   // of another member's value: the engine's float keys may choose either, so
   // a trace with one is not a fair comparison.
   uint64_t ambiguous_choices() const {
-    uint64_t n = 0;
+    uint64_t n = heat_ambiguous_;
     for (const RefPolicy& p : policies_) n += p.ambiguous;
     return n;
   }
@@ -244,6 +349,10 @@ class ReferenceEngine {
     Tier tier = Tier::kNone;
     bool in_set = false;    // in the engine's set (R)
     bool restored = false;  // its state came from a ghost (this life)
+    uint32_t owner = 0;
+    GroupId group = kNoGroup;
+    bool placed_ahead = false;  // a soon placed it, not touched since
+    uint32_t slot = 0;          // the engine's slot (Quirks::candidates_by_slot)
     int queue = kNone;
     uint64_t queue_stamp = 0;
     bool retouched = false;  // promotion candidate touched since it was queued
@@ -299,6 +408,7 @@ class ReferenceEngine {
     Kind kind = Kind::kLru;
     double alpha = 0;
     uint64_t ambiguous = 0;  // ema victims chosen among near-ties (NearTie)
+    bool own_ema() const { return own_ema_; }
 
     // What this policy keeps per block (by the engine's block id).
     struct Entry {
@@ -312,6 +422,7 @@ class ReferenceEngine {
       uint64_t time = 0;        // ... its touch time
       uint32_t count = 0;       // ... its touch count
       uint64_t seq = 0;         // ... its touch order
+      uint64_t seen = 0;        // when this policy was last told of it (a touch or a placement)
       uint64_t next_use = kNever;
       bool has_own = false;  // an ema that is not the block's score: its own average
       double own = 0;
@@ -324,6 +435,15 @@ class ReferenceEngine {
       return entries_[id];
     }
     bool In(size_t id) const { return id < entries_.size() && entries_[id].in; }
+    Entry Get(size_t id) const { return id < entries_.size() ? entries_[id] : Entry{}; }
+
+    // A soon places the block after its group was idle `idle_for`: its own
+    // average's time moves on by that pause, never past `now`.
+    void Resume(size_t id, uint64_t idle_for, uint64_t now) {
+      if (!own_ema_ || id >= entries_.size() || !entries_[id].has_own) return;
+      Entry& x = entries_[id];
+      x.own_time += std::min(idle_for, now > x.own_time ? now - x.own_time : 0);
+    }
 
     // A touch of `id`, which is in the set.
     void Hit(size_t id, double obs, uint64_t now) {
@@ -386,13 +506,15 @@ class ReferenceEngine {
       return victim;
     }
 
-    // `id` is released: out of the set and of every list (ghost lists too).
+    // `id` is released or displaced by a hint: out of the set and of every
+    // list (ghost lists too); not held.
     void Erase(size_t id) {
       if (id >= entries_.size()) return;
       if (kind == Kind::kSieve && hand_ == id) hand_ = Newer(0, id);
       entries_[id].list = kNone;
       entries_[id].in = false;
       entries_[id].dropped = 0;
+      entries_[id].held = false;
     }
 
     // Adaptive, tick mode: the hold window begins.
@@ -416,10 +538,14 @@ class ReferenceEngine {
       Entry& x = At(id);
       x.score = b.score;
       x.time = b.time;
+      x.seen = ++seen_;
       if (own_ema_) {
         // Its own average: none before this life's first touch here, and
-        // none when the engine reset the block (its count restarted).
-        const bool fresh = !x.has_own || b.count <= 1;
+        // none when the engine reset the block (its count restarted). A
+        // placement is no touch: the count is the last touch's.
+        const bool count_restarted =
+            b.count <= 1 && (!e_->placing_ || e_->quirks.placement_zeroes_own_ema_of_count_1);
+        const bool fresh = !x.has_own || count_restarted;
         x.own =
             (fresh ? 0.0 : x.own * std::pow(1.0 - alpha, double(now - x.own_time))) + alpha * obs;
         x.own_time = now;
@@ -498,9 +624,9 @@ class ReferenceEngine {
       const Entry& b = entries_[ib];
       switch (kind) {
         case Kind::kLru:
-          return a.seq < b.seq;
+          return a.seen < b.seen;
         case Kind::kLfu:
-          return a.count != b.count ? a.count < b.count : a.seq < b.seq;
+          return a.count != b.count ? a.count < b.count : a.seen < b.seen;
         case Kind::kEma: {
           // Value of each block at a common time: score x (1 - alpha)^(T - touch time).
           const uint64_t t = std::max(a.time, b.time);
@@ -665,6 +791,7 @@ class ReferenceEngine {
     std::unique_ptr<CountMinSketch> sketch_;
     std::vector<Entry> entries_;
     uint64_t stamp_ = 0;
+    uint64_t seen_ = 0;
     double p_ = 0;  // ARC's T1 target, real-valued
     std::optional<size_t> hand_;
   };
@@ -816,6 +943,212 @@ class ReferenceEngine {
     return ids;
   }
 
+  // ---- scheduler hints ----
+
+  // A group: its members (live blocks, one owner), and what its hints left.
+  struct G {
+    uint32_t owner = 0;
+    std::vector<size_t> members;
+    bool hinted_out = false;   // idle or done, not touched (or soon) since
+    uint32_t working_set = 0;  // its blocks in the set at its last idle or done
+    uint64_t idle_at = 0;      // the clock of its last idle or done
+    // A soon still placing: its blocks still to place, hottest at the back,
+    // and how many more it may place.
+    std::vector<size_t> candidates;
+    uint32_t prefetch_left = 0;
+  };
+
+  size_t InSet() const {
+    size_t n = 0;
+    for (const B& b : blocks_) n += b.live && b.in_set;
+    return n;
+  }
+  bool Pooled() const { return !pools_[0].empty() || !pools_[1].empty(); }
+  // The next idle or done block to leave: done ones first.
+  size_t NextPooled() const { return pools_[0].empty() ? pools_[1].front() : pools_[0].front(); }
+  void Unpool(size_t id) {
+    for (std::vector<size_t>& p : pools_) std::erase(p, id);
+  }
+  void Activate(GroupId gid) {
+    G& g = groups_.at(gid);
+    g.hinted_out = false;
+    for (size_t m : g.members) Unpool(m);
+  }
+  void LeaveGroup(size_t id) {
+    const GroupId gid = blocks_[id].group;
+    if (gid == kNoGroup) return;
+    blocks_[id].group = kNoGroup;
+    Unpool(id);
+    std::erase(groups_.at(gid).members, id);
+    if (groups_.at(gid).members.empty()) {
+      groups_.erase(gid);
+      std::erase(pending_, gid);
+    }
+  }
+
+  // `ids` from the coldest to the hottest: by the policy's heat (adaptive:
+  // its leader's), then by last touch. Heat is the block's score (the first
+  // policy's), except for an EMA: its ordering key, compared here as the
+  // value at a common time, exactly (a near-tie is counted as ambiguous).
+  std::vector<size_t> ColdestFirst(std::vector<size_t> ids) {
+    const RefPolicy& p = adaptive_ ? policies_[leader_] : policies_[0];
+    struct Ema {
+      long double score;
+      uint64_t time;
+    };
+    auto ema = [&](size_t id) -> Ema {
+      if (!p.own_ema()) return {blocks_[id].score, blocks_[id].time};
+      const auto x = p.Get(id);
+      return x.has_own ? Ema{x.own, x.own_time} : Ema{0, 0};
+    };
+    uint64_t t = 0;
+    for (size_t id : ids) t = std::max(t, ema(id).time);
+    auto heat = [&](size_t id) -> long double {
+      if (p.kind != Kind::kEma) return blocks_[id].score;
+      const Ema x = ema(id);
+      return x.score * std::pow(1.0L - p.alpha, static_cast<long double>(t - x.time));
+    };
+    std::sort(ids.begin(), ids.end(), [&](size_t a, size_t b) {
+      const long double ha = heat(a), hb = heat(b);
+      return ha != hb ? ha < hb : blocks_[a].seq < blocks_[b].seq;
+    });
+    if (p.kind == Kind::kEma) {
+      for (size_t a : ids) {
+        for (size_t b : ids) {
+          const Ema xa = ema(a), xb = ema(b);
+          const long double ha = heat(a), hb = heat(b);
+          if (a >= b || (xa.score == xb.score && xa.time == xb.time) || (ha == 0 && hb == 0)) {
+            continue;
+          }
+          heat_ambiguous_ += std::fabs(ha - hb) <= 1e-9L * std::max(ha, hb);
+        }
+      }
+    }
+    return ids;
+  }
+
+  // Takes the block out of the set for a hint: the policy forgets it (as a
+  // release), the block leaves as an eviction would, counted apart.
+  void Displace(size_t v) {
+    B& b = blocks_[v];
+    for (RefPolicy& p : policies_) p.Erase(v);
+    b.in_set = false;
+    Unpool(v);
+    ++counters.hint_displaced;
+    Log(EngineEvent::kEvict, v);
+    if (!Persist()) b.score = 0, b.count = 0, b.time = 0;
+    if (o_.mode == Mode::kDemand) {
+      b.tier = Tier::kSlow;
+      ++counters.demotions;
+      Log(EngineEvent::kDemote, v);
+    } else {
+      Classify(v);
+    }
+  }
+
+  // A soon puts `id` (of `owner`'s group) into the set: free room, else an
+  // idle or done block's, else the policy's victim while every block of the
+  // set is the owner's. False when there is no room for it.
+  bool PlaceAhead(size_t id, uint32_t owner, uint64_t now) {
+    if (cap_ == 0) return false;
+    if (InSet() >= cap_) {
+      if (Pooled()) {
+        Displace(NextPooled());
+      } else {
+        for (const B& x : blocks_) {
+          if (x.live && x.in_set && x.owner != owner) return false;
+        }
+      }
+    }
+    B& b = blocks_[id];
+    // The pause does not age it: its touch time (and an own EMA's) moves on
+    // by the time its group was idle, never past now.
+    const uint64_t idle_at = groups_.at(b.group).idle_at;
+    const uint64_t idle_for = now > idle_at ? now - idle_at : 0;
+    b.time += std::min(idle_for, now > b.time ? now - b.time : 0);
+    for (RefPolicy& p : policies_) p.Resume(id, idle_for, now);
+    // The policy is told as of a touch of observation 0 (not counted).
+    placing_ = true;
+    const std::optional<size_t> victim =
+        adaptive_ ? AdaptiveMiss(id, 0.0, now) : policies_[0].Miss(id, 0.0, now);
+    placing_ = false;
+    blocks_[id].in_set = true;
+    blocks_[id].placed_ahead = true;
+    ++counters.hint_prefetched;
+    if (victim) {
+      B& v = blocks_[*victim];
+      v.in_set = false;
+      Unpool(*victim);
+      ++counters.evictions;
+      Log(EngineEvent::kEvict, *victim);
+      if (!Persist()) v.score = 0, v.count = 0, v.time = 0;
+    }
+    if (o_.mode == Mode::kDemand) {
+      if (victim) {
+        blocks_[*victim].tier = Tier::kSlow;
+        ++counters.demotions;
+        Log(EngineEvent::kDemote, *victim);
+      }
+      if (blocks_[id].tier == Tier::kSlow) {
+        ++counters.promotions;
+        Log(EngineEvent::kPromote, id);
+      }
+      blocks_[id].tier = Tier::kFast;
+    } else {
+      if (victim) Classify(*victim);
+      Classify(id);
+      // Wanted soon: planned with the blocks touched while queued.
+      if (blocks_[id].queue == kPromoteQ) {
+        blocks_[id].retouched = true;
+        blocks_[id].queue_stamp = ++qstamp_;
+      }
+    }
+    return true;
+  }
+
+  // The block a soon group places next, if any: its hottest candidate still
+  // live, in the group and out of the set (those that are not are dropped).
+  std::optional<size_t> NextCandidate(GroupId gid) {
+    G& g = groups_.at(gid);
+    while (!g.candidates.empty()) {
+      size_t c = g.candidates.back();
+      if (quirks.candidates_by_slot) {
+        // Whatever live block holds the slot now.
+        const uint32_t slot = blocks_[c].slot;
+        for (size_t i = 0; i < blocks_.size(); ++i) {
+          if (blocks_[i].live && blocks_[i].slot == slot) c = i;
+        }
+      }
+      if (blocks_[c].live && blocks_[c].group == gid && !blocks_[c].in_set) return c;
+      g.candidates.pop_back();
+    }
+    return std::nullopt;
+  }
+
+  // Soon groups still placing, in the order they started, one block each per
+  // round, while a round places any.
+  void ServePending(uint64_t now) {
+    bool progress = true;
+    while (progress && !pending_.empty()) {
+      progress = false;
+      for (size_t i = 0; i < pending_.size();) {
+        G& g = groups_.at(pending_[i]);
+        const std::optional<size_t> c = NextCandidate(pending_[i]);
+        if (!c || g.prefetch_left == 0) {
+          g.candidates.clear();
+          pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+          continue;
+        }
+        if (PlaceAhead(*c, g.owner, now)) {
+          g.candidates.pop_back();
+          --g.prefetch_left;
+          progress = true;
+        }
+        ++i;
+      }
+    }
+  }
+
   EngineOptions o_;
   size_t cap_;
   double score_alpha_ = 0;  // the alpha of the ema whose value is the block's score, if any
@@ -833,6 +1166,15 @@ class ReferenceEngine {
   size_t leader_ = 0;
   uint64_t leader_changes_ = 0, drops_ = 0, hold_touches_ = 0;
   uint32_t touches_ = 0;
+  // Hints.
+  std::map<GroupId, G> groups_;
+  std::vector<size_t> pools_[2];  // done, idle: in the order they leave
+  std::vector<GroupId> pending_;  // soon groups still placing, in turn
+  uint64_t now_ = 0;              // the clock of the last touch or hint
+  bool placing_ = false;          // a soon placement is being told to the policy
+  uint64_t heat_ambiguous_ = 0;   // near-ties of EMA heat
+  std::vector<uint32_t> free_slots_;
+  uint32_t next_slot_ = 0;
 };
 
 }  // namespace cxltier::engine::testing
