@@ -51,6 +51,10 @@ set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "systemd")
+# The Python module (python/) is built for one python3 minor version and uses numpy.
+if(CXLTIER_PYTHON_RECOMMENDS)
+  set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "${CXLTIER_PYTHON_RECOMMENDS}")
+endif()
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${CMAKE_SOURCE_DIR}/packaging/postinst ${CMAKE_SOURCE_DIR}/packaging/prerm
     ${CMAKE_SOURCE_DIR}/packaging/postrm ${CMAKE_SOURCE_DIR}/packaging/conffiles)

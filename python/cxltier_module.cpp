@@ -1025,33 +1025,70 @@ PYBIND11_MODULE(_cxltier, m) {
       .def_property_readonly("daemon_ticks",
                              [](const PyClient& c) { return c.Get().daemon_ticks(); })
       .def("create_memfd_pool", &PyClient::create_memfd_pool, py::arg("blocks"),
-           py::arg("stride") = 0, py::arg("name") = "cxltier-pool")
+           py::arg("stride") = 0, py::arg("name") = "cxltier-pool",
+           "A sealed memfd of blocks x stride bytes (stride 0: the block size rounded up to a "
+           "page), mapped here (Pool.array) and registered with the daemon, which moves its pages.")
       .def("register_memfd_pool", &PyClient::register_memfd_pool, py::arg("fd"), py::arg("length"),
-           py::arg("stride"), py::arg("blocks"))
+           py::arg("stride"), py::arg("blocks"),
+           "Registers the caller's memfd (made with MFD_ALLOW_SEALING; F_SEAL_SHRINK is added to "
+           "it) and maps it.")
       .def("create_range_pool", &PyClient::create_range_pool, py::arg("blocks"),
-           py::arg("stride") = 0)
+           py::arg("stride") = 0,
+           "Anonymous memory of this process registered as an address-range pool (the daemon moves "
+           "its pages).")
       .def("create_tier_pools", &PyClient::create_tier_pools, py::arg("blocks"),
-           py::arg("stride") = 0, py::arg("devdax_path") = "", py::arg("devdax_offset") = 0)
-      .def("tier_pool", &PyClient::tier_pool, py::arg("tier"))
+           py::arg("stride") = 0, py::arg("devdax_path") = "", py::arg("devdax_offset") = 0,
+           "Copy mode: asks the daemon for a pool per tier and maps both (tier_pool(0), "
+           "tier_pool(1)).")
+      .def("tier_pool", &PyClient::tier_pool, py::arg("tier"),
+           "Copy mode: tier t's pool (numpy views over it), or None before create_tier_pools.")
       .def("admit", &PyClient::admit, py::arg("pool"), py::arg("keys"),
-           py::arg("blocks") = py::none())
-      .def("release", &PyClient::release, py::arg("keys"))
-      .def("hint", &PyClient::hint, py::arg("group"), py::arg("kind"), py::arg("keys") = py::none())
-      .def("observe", &PyClient::observe, py::arg("slots"), py::arg("masses"))
-      .def("report", &PyClient::report, py::arg("slots"), py::arg("masses"))
-      .def("tier_of", &PyClient::tier_of, py::arg("slot"))
-      .def("tiers_of", &PyClient::tiers_of, py::arg("slots"))
-      .def("slot_state", &PyClient::slot_state, py::arg("slot"))
-      .def("slot_of", &PyClient::slot_of, py::arg("key"))
-      .def("slots_of", &PyClient::slots_of, py::arg("keys"))
-      .def("location_of", &PyClient::location_of, py::arg("slot"))
-      .def("query_tiers", &PyClient::query_tiers, py::arg("keys"))
-      .def("stats", &PyClient::stats, py::arg("what") = "status")
-      .def("reconnect", &PyClient::reconnect)
-      .def("wait_ticks", &PyClient::wait_ticks, py::arg("n") = 1, py::arg("timeout") = 60.0)
-      .def("acquire", &PyClient::acquire, py::arg("block"))
-      .def("write", &PyClient::write, py::arg("block"))
-      .def("end_write", &PyClient::end_write, py::arg("slot"));
+           py::arg("blocks") = py::none(),
+           "Admits keys (Key, int, (hi, lo), 16 bytes, a list of them or a (n, 2) uint64 array) at "
+           "pool block indexes (one each, or one for all; none for a tier pool: the daemon places "
+           "them and this client holds each new block's write lease). Returns AdmitResult: slots, "
+           "tiers, restored.")
+      .def("release", &PyClient::release, py::arg("keys"),
+           "Releases keys: their states become ghosts, kept for re-admission. Returns released, "
+           "unknown.")
+      .def("hint", &PyClient::hint, py::arg("group"), py::arg("kind"), py::arg("keys") = py::none(),
+           "A scheduler hint about group (nonzero): 'idle', 'soon', 'done' (or HintKind). keys "
+           "join the group first. Returns grouped, unknown, applied.")
+      .def("observe", &PyClient::observe, py::arg("slots"), py::arg("masses"),
+           "Adds one observation per slot (masses: one value or one per slot) through the "
+           "shared-memory segment: no syscall. Returns how many were taken (bad slots and masses "
+           "are not).")
+      .def("report", &PyClient::report, py::arg("slots"), py::arg("masses"),
+           "The same observations over the socket. Returns accepted, rejected.")
+      .def("tier_of", &PyClient::tier_of, py::arg("slot"),
+           "The tier the daemon last published for a slot (255: none).")
+      .def("tiers_of", &PyClient::tiers_of, py::arg("slots"),
+           "tier_of for an array of slots: uint8 array.")
+      .def("slot_state", &PyClient::slot_state, py::arg("slot"),
+           "The slot's 64-byte state as the daemon last wrote it, as a dict.")
+      .def("slot_of", &PyClient::slot_of, py::arg("key"),
+           "The slot of a held key, or None (slots change across reconnect).")
+      .def("slots_of", &PyClient::slots_of, py::arg("keys"),
+           "Slots of keys as a uint32 array (2**32 - 1: not held).")
+      .def("location_of", &PyClient::location_of, py::arg("slot"),
+           "Copy mode: (tier, index, version) of the slot's place as last published, or None.")
+      .def("query_tiers", &PyClient::query_tiers, py::arg("keys"),
+           "The daemon's answer on where keys are: uint8 array (255 for keys not held).")
+      .def("stats", &PyClient::stats, py::arg("what") = "status",
+           "The daemon's stats as parsed JSON: status, tiers, clients or blocks.")
+      .def("reconnect", &PyClient::reconnect,
+           "After the daemon restarted: connect again, register the same pools and admit every "
+           "held key. Returns how many came back with their state.")
+      .def("wait_ticks", &PyClient::wait_ticks, py::arg("n") = 1, py::arg("timeout") = 60.0,
+           "Waits until the daemon has ticked n more times; False after timeout seconds.")
+      .def("acquire", &PyClient::acquire, py::arg("block"),
+           "Copy mode: a read lease on a slot (or a held key's). `with c.acquire(s) as view:` "
+           "gives a read-only view whose bytes stay put until the block ends.")
+      .def("write", &PyClient::write, py::arg("block"),
+           "Copy mode: the write lease of a slot (the first call after admission takes over the "
+           "admission's). `with c.write(s) as view:`.")
+      .def("end_write", &PyClient::end_write, py::arg("slot"),
+           "Ends a write lease held without a WriteLease object.");
 
   m.def(
       "daemon_stats",

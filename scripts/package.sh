@@ -18,7 +18,10 @@ for f in usr/sbin/cxltierd usr/bin/cxltierctl usr/bin/cxltier-sim usr/bin/cxltie
   usr/bin/cxltier-load "$LIBDIR/libcxltier.so.1" usr/include/cxltier/client.h \
   "$LIBDIR/pkgconfig/cxltier.pc" "$LIBDIR/cmake/cxltier/cxltierConfig.cmake" \
   usr/lib/systemd/system/cxltierd.service usr/lib/systemd/system/cxltierd.socket \
-  usr/lib/sysusers.d/cxltier.conf usr/lib/tmpfiles.d/cxltier.conf etc/cxltier/cxltierd.toml; do
+  usr/lib/sysusers.d/cxltier.conf usr/lib/tmpfiles.d/cxltier.conf etc/cxltier/cxltierd.toml \
+  usr/lib/python3/dist-packages/cxltier/__init__.py usr/lib/python3/dist-packages/cxltier/__init__.pyi \
+  usr/lib/python3/dist-packages/cxltier/py.typed usr/lib/python3/dist-packages/cxltier/gqa.py \
+  usr/lib/python3/dist-packages/cxltier/errors.py usr/share/doc/cxltier/examples/kv_engine.py; do
   [ -e "$WORK/root/$f" ] || { echo "package: $f missing from $DEB"; exit 1; }
 done
 dpkg-deb -f "$DEB" Depends | grep -q systemd || { echo "package: no Depends on systemd"; exit 1; }
@@ -56,4 +59,22 @@ out=$("$WORK/consumer-pc" || true)
 grep -q "connect to /nonexistent" <<<"$out" ||
   { echo "package: the pkg-config consumer did not run as expected"; exit 1; }
 echo "package: find_package(cxltier) and pkg-config cxltier builds run"
+
+# The Python module, for Debian's python3: the extension of its ABI, importable
+# from the package's dist-packages (and no other copy), errors as cxltier.Error.
+PYDIR="$WORK/root/usr/lib/python3/dist-packages"
+soabi=$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+[ -e "$PYDIR/cxltier/_cxltier$soabi" ] || { echo "package: cxltier/_cxltier$soabi missing from $DEB"; exit 1; }
+dpkg-deb -f "$DEB" Recommends | grep -q python3-numpy || { echo "package: no Recommends on python3-numpy"; exit 1; }
+out=$(cd "$WORK" && PYTHONPATH="$PYDIR" PYTHONNOUSERSITE=1 /usr/bin/python3 -c '
+import cxltier, sys
+assert cxltier.__file__.startswith(sys.argv[1]), cxltier.__file__
+try:
+    cxltier.Client("/nonexistent/cxltierd.sock")
+except cxltier.InternalError as e:
+    print("python:", e.code, e)
+' "$PYDIR") || { echo "package: the packaged cxltier module does not import: $out"; exit 1; }
+grep -q "python: 11 connect to /nonexistent" <<<"$out" ||
+  { echo "package: the packaged cxltier module did not run as expected: $out"; exit 1; }
+echo "package: import cxltier (Debian's python3) from the package's dist-packages works"
 echo "package: $DEB ($(du -h "$DEB" | cut -f1))"
