@@ -509,7 +509,7 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   const uint64_t idle_for = Elapsed(now, groups_[slot_hints_[s].group - 1].idle_at);
   st.touch_time = Resumed(st.touch_time, idle_for, now);
   policy_->OnResume(s, idle_for, now);
-  const Slot victim = policy_->OnMiss(s, engine::Touch{0.0, now, kNever});
+  const Slot victim = policy_->OnMiss(s, engine::Touch{0.0, now, kNever, /*ahead=*/true});
   assert(victim != s);
   EnterSet(s);
   ++counters_.hint_prefetched;
@@ -550,9 +550,11 @@ void Engine::ServePending(uint64_t now) {
       // The next block still out of the set (a candidate may have been
       // touched, released or regrouped since the hint).
       while (!g.candidates.empty()) {
-        const Slot c = g.candidates.back();
-        if (IsLive(c) && slot_hints_[c].group == index + 1 && !(states_[c].flags & kFlagInTarget))
+        const Slot c = g.candidates.back().slot;
+        if (IsLive(c) && states_[c].generation == g.candidates.back().generation &&
+            slot_hints_[c].group == index + 1 && !(states_[c].flags & kFlagInTarget)) {
           break;
+        }
         g.candidates.pop_back();
       }
       if (g.candidates.empty() || g.prefetch_left == 0) {
@@ -561,7 +563,7 @@ void Engine::ServePending(uint64_t now) {
         pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
         continue;
       }
-      if (PlaceAhead(g.candidates.back(), g.owner, now)) {
+      if (PlaceAhead(g.candidates.back().slot, g.owner, now)) {
         g.candidates.pop_back();
         --g.prefetch_left;
         progress = true;
@@ -618,11 +620,14 @@ bool Engine::Hint(GroupId id, HintKind kind, uint64_t now) {
   if (g.working_set <= in_set) return true;
   for (Slot m : g.members) {
     if (!(states_[m].flags & kFlagInTarget) && states_[m].touch_count > 0) {
-      g.candidates.push_back(m);
+      g.candidates.push_back(Group::Candidate{m, states_[m].generation});
     }
   }
   if (g.candidates.empty()) return true;
-  std::sort(g.candidates.begin(), g.candidates.end(), colder);
+  std::sort(g.candidates.begin(), g.candidates.end(),
+            [&colder](const Group::Candidate& a, const Group::Candidate& b) {
+              return colder(a.slot, b.slot);
+            });
   g.prefetch_left = g.working_set - in_set;
   g.pending = true;
   pending_.push_back(index);

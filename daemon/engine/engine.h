@@ -212,7 +212,11 @@ class Engine {
     uint64_t idle_at = 0;             // the clock of its last idle or done hint
     uint32_t prefetch_left = 0;       // soon: blocks it may still place
     std::vector<Slot> members;
-    std::vector<Slot> candidates;  // soon: blocks still to place, hottest at the back
+    struct Candidate {
+      Slot slot;
+      uint32_t generation;  // the slot's when the soon came (a reused slot is another block)
+    };
+    std::vector<Candidate> candidates;  // soon: blocks still to place, hottest at the back
   };
 
   void Log(EngineEvent::Kind kind, Slot s) {

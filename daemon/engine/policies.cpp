@@ -523,8 +523,9 @@ class OwnEmaPolicy final : public Policy {
     GrowFor(own_, s);
     Own& o = own_[s];
     const BlockState& st = state(s);
-    // A new occupant of the slot, or a block the engine reset: no history.
-    const bool fresh = o.generation != st.generation || st.touch_count <= 1;
+    // A new occupant of the slot, or a block the engine reset (its count
+    // restarted on this touch; a placement ahead is no touch): no history.
+    const bool fresh = o.generation != st.generation || (st.touch_count <= 1 && !t.ahead);
     o = Own{EmaAfter(o.score, o.time, fresh, alpha_, t), t.now, st.generation};
   }
   double Key(Slot s) const { return EmaOrderKey(own_[s].score, own_[s].time, alpha_); }

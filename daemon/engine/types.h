@@ -47,6 +47,9 @@ struct Touch {
   double obs = 1.0;            // aggregated observation (attention mass); finite, >= 0
   uint64_t now = 0;            // the engine's clock: the daemon's tick, the simulator's step
   uint64_t next_use = kNever;  // clock of the block's next touch; only MIN reads it
+  // A soon hint's placement (Engine::Hint), not a touch: the block's state
+  // counts nothing, and the policy sees a miss with nothing observed.
+  bool ahead = false;
 };
 
 // Grows a per-slot table so that `s` is a valid index (at least doubling, so

@@ -960,12 +960,12 @@ Outcome RunReferenceHints(const EngineOptions& o, const std::string& policy,
   return out;
 }
 
-// The engine as it is departs from the documented semantics of hints in two
-// ways (the DISABLED_ tests below are their minimal traces); the random
-// traces compare it with a reference that does the same until they are fixed.
+// The engine once departed from the documented semantics of hints in two ways
+// (the DifferentialHintsFound tests below are their minimal traces); both are
+// fixed, and the quirks stay in the reference to show what they were.
 constexpr testing::ReferenceEngine::Quirks kEngineHintQuirks = {
-    .placement_zeroes_own_ema_of_count_1 = true,
-    .candidates_by_slot = true,
+    .placement_zeroes_own_ema_of_count_1 = false,
+    .candidates_by_slot = false,
 };
 
 class DifferentialHints : public Differential {};
@@ -1056,8 +1056,8 @@ INSTANTIATE_TEST_SUITE_P(Adaptive, DifferentialHints,
                                             ::testing::Values(Mode::kDemand, Mode::kTick)),
                          DifferentialName);
 
-// The engine departs from the documented semantics here (kEngineHintQuirks;
-// enable these once it is fixed, and set the quirk to false).
+// Where the engine departed from the documented semantics (kEngineHintQuirks),
+// fixed: a placement is Touch::ahead, and candidates carry their generation.
 //
 // A soon placement tells the policy of a touch of observation 0 at `now`
 // (PlaceAhead: OnMiss) without counting it in the block's touch count. An
@@ -1068,7 +1068,7 @@ INSTANTIATE_TEST_SUITE_P(Adaptive, DifferentialHints,
 // (OnResume moved its time on just before). Here key 6 (touched once, at
 // 35) is placed by a soon; with its average at 0 the next eviction takes
 // key 6 where, with its history, it takes key 3.
-TEST(DifferentialHintsFound, DISABLED_APlacementKeepsAnOwnEmaOfABlockTouchedOnce) {
+TEST(DifferentialHintsFound, APlacementKeepsAnOwnEmaOfABlockTouchedOnce) {
   const std::string spec = "adaptive:lru+ema:0.5;epoch=1;decay=0;z=0";
   using O = HintOp;
   const std::vector<HintOp> ops = {
@@ -1100,7 +1100,7 @@ TEST(DifferentialHintsFound, DISABLED_APlacementKeepsAnOwnEmaOfABlockTouchedOnce
 // released the engine places key 2, then key 3, which was never a
 // candidate (nor touched: it goes to tier 0 without a move, out of the
 // counters but hint_prefetched).
-TEST(DifferentialHintsFound, DISABLED_ABlockInAReleasedCandidatesSlotIsNoCandidate) {
+TEST(DifferentialHintsFound, ABlockInAReleasedCandidatesSlotIsNoCandidate) {
   using O = HintOp;
   const std::vector<HintOp> ops = {
       {O::kTouch, 1, 1, 1},
