@@ -121,17 +121,40 @@ void Engine::ClearSet(Slot s) {
   hinted_.Remove(s);
 }
 
+void Engine::ForgetIfReset(BlockState& v) const {
+  if (options_.persistence != Persistence::kReset) return;
+  v.score = 0;
+  v.touch_count = 0;
+  v.touch_time = 0;
+  v.flags &= static_cast<uint8_t>(~kFlagRestored);
+}
+
+void Engine::DemoteNow(Slot v) {
+  assert(states_[v].tier == Tier::kFast);
+  SetTier(v, Tier::kSlow);
+  ++counters_.demotions;
+  counters_.demoted_bytes += options_.block_bytes;
+  Log(EngineEvent::kDemote, v);
+}
+
+void Engine::EnterFastNow(Slot s) {
+  if (states_[s].tier == Tier::kSlow) {
+    ++counters_.promotions;
+    counters_.promoted_bytes += options_.block_bytes;
+    Log(EngineEvent::kPromote, s);
+  } else {
+    ++counters_.placed_fast;
+    Log(EngineEvent::kPlaceFast, s);
+  }
+  SetTier(s, Tier::kFast);
+}
+
 void Engine::LeaveSet(Slot victim) {
   BlockState& v = states_[victim];
   ClearSet(victim);
   ++counters_.evictions;
   Log(EngineEvent::kEvict, victim);
-  if (options_.persistence == Persistence::kReset) {
-    v.score = 0;
-    v.touch_count = 0;
-    v.touch_time = 0;
-    v.flags &= static_cast<uint8_t>(~kFlagRestored);
-  }
+  ForgetIfReset(v);
 }
 
 bool Engine::Touch(Slot s, const engine::Touch& in) {
@@ -186,22 +209,8 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   if (victim != kNoSlot) LeaveSet(victim);
 
   if (options_.mode == Mode::kDemand) {
-    if (victim != kNoSlot) {
-      assert(states_[victim].tier == Tier::kFast);
-      SetTier(victim, Tier::kSlow);
-      ++counters_.demotions;
-      counters_.demoted_bytes += options_.block_bytes;
-      Log(EngineEvent::kDemote, victim);
-    }
-    if (st.tier == Tier::kSlow) {
-      ++counters_.promotions;
-      counters_.promoted_bytes += options_.block_bytes;
-      Log(EngineEvent::kPromote, s);
-    } else {
-      ++counters_.placed_fast;
-      Log(EngineEvent::kPlaceFast, s);
-    }
-    SetTier(s, Tier::kFast);
+    if (victim != kNoSlot) DemoteNow(victim);
+    EnterFastNow(s);
   } else {
     if (victim != kNoSlot) Reclassify(victim);
     Reclassify(s);
@@ -478,17 +487,9 @@ void Engine::Displace(Slot v) {
   ClearSet(v);
   ++counters_.hint_displaced;
   Log(EngineEvent::kEvict, v);
-  if (options_.persistence == Persistence::kReset) {
-    st.score = 0;
-    st.touch_count = 0;
-    st.touch_time = 0;
-    st.flags &= static_cast<uint8_t>(~kFlagRestored);
-  }
+  ForgetIfReset(st);
   if (options_.mode == Mode::kDemand) {
-    SetTier(v, Tier::kSlow);
-    ++counters_.demotions;
-    counters_.demoted_bytes += options_.block_bytes;
-    Log(EngineEvent::kDemote, v);
+    DemoteNow(v);
   } else {
     Reclassify(v);
   }
@@ -516,18 +517,8 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   slot_hints_[s].placed_ahead = 1;
   if (victim != kNoSlot) LeaveSet(victim);
   if (options_.mode == Mode::kDemand) {
-    if (victim != kNoSlot) {
-      SetTier(victim, Tier::kSlow);
-      ++counters_.demotions;
-      counters_.demoted_bytes += options_.block_bytes;
-      Log(EngineEvent::kDemote, victim);
-    }
-    if (st.tier == Tier::kSlow) {
-      ++counters_.promotions;
-      counters_.promoted_bytes += options_.block_bytes;
-      Log(EngineEvent::kPromote, s);
-    }
-    SetTier(s, Tier::kFast);
+    if (victim != kNoSlot) DemoteNow(victim);
+    EnterFastNow(s);
   } else {
     if (victim != kNoSlot) Reclassify(victim);
     Reclassify(s);

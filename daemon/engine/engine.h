@@ -225,6 +225,12 @@ class Engine {
   Slot AdmitAt(const BlockKey& key, Tier placed, uint32_t owner);
   void SetTier(Slot s, Tier t);
   void LeaveSet(Slot victim);
+  // With reset, a block that leaves the set loses its history.
+  void ForgetIfReset(BlockState& v) const;
+  // Demand mode: `v` leaves tier 0 now; `s` enters it now (a promotion from
+  // tier 1, or a block with no tier yet placed there).
+  void DemoteNow(Slot v);
+  void EnterFastNow(Slot s);
   void EnterSet(Slot s);
   void ClearSet(Slot s);
   // Takes the block out of the set for a hint (no policy eviction is counted).

@@ -1092,6 +1092,9 @@ class ReferenceEngine {
       if (blocks_[id].tier == Tier::kSlow) {
         ++counters.promotions;
         Log(EngineEvent::kPromote, id);
+      } else {
+        ++counters.placed_fast;  // a block with no tier yet (admitted from a ghost)
+        Log(EngineEvent::kPlaceFast, id);
       }
       blocks_[id].tier = Tier::kFast;
     } else {

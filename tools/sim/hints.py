@@ -21,17 +21,7 @@ import subprocess
 import sys
 from statistics import mean
 
-OTHERS = ["lru", "lfu", "ema:0.01", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"]
-BUDGETS = ["8GiB", "16GiB", "32GiB", "64GiB", "128GiB"]
-TICK = ["--mode", "tick", "--tick-steps", "8", "--migrate-per-tick", "2GiB", "--hysteresis", "2"]
-
-
-def seeds_of(text):
-    out = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
+from rule import BUDGETS, OTHERS, TICK, seeds_of  # rule.py, beside this file
 
 
 def run(sim, workload, budgets, policies, extra=()):
