@@ -149,6 +149,20 @@ void Engine::EnterFastNow(Slot s) {
   SetTier(s, Tier::kFast);
 }
 
+void Engine::JoinSet(Slot s, const engine::Touch& t) {
+  const Slot victim = policy_->OnMiss(s, t);
+  assert(victim != s);
+  EnterSet(s);
+  if (victim != kNoSlot) LeaveSet(victim);
+  if (options_.mode == Mode::kDemand) {
+    if (victim != kNoSlot) DemoteNow(victim);
+    EnterFastNow(s);
+  } else {
+    if (victim != kNoSlot) Reclassify(victim);
+    Reclassify(s);
+  }
+}
+
 void Engine::LeaveSet(Slot victim) {
   BlockState& v = states_[victim];
   ClearSet(victim);
@@ -203,18 +217,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   }
   // The blocks of done and idle groups leave the set before the policy's own choice.
   if (in_set_ >= capacity_ && !PoolEmpty()) Displace(PoolBack());
-  const Slot victim = policy_->OnMiss(s, t);
-  assert(victim != s);
-  EnterSet(s);
-  if (victim != kNoSlot) LeaveSet(victim);
-
-  if (options_.mode == Mode::kDemand) {
-    if (victim != kNoSlot) DemoteNow(victim);
-    EnterFastNow(s);
-  } else {
-    if (victim != kNoSlot) Reclassify(victim);
-    Reclassify(s);
-  }
+  JoinSet(s, t);
   return hit;
 }
 
@@ -510,18 +513,10 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   const uint64_t idle_for = Elapsed(now, groups_[slot_hints_[s].group - 1].idle_at);
   st.touch_time = Resumed(st.touch_time, idle_for, now);
   policy_->OnResume(s, idle_for, now);
-  const Slot victim = policy_->OnMiss(s, engine::Touch{0.0, now, kNever, /*ahead=*/true});
-  assert(victim != s);
-  EnterSet(s);
+  JoinSet(s, engine::Touch{0.0, now, kNever, /*ahead=*/true});
   ++counters_.hint_prefetched;
   slot_hints_[s].placed_ahead = 1;
-  if (victim != kNoSlot) LeaveSet(victim);
-  if (options_.mode == Mode::kDemand) {
-    if (victim != kNoSlot) DemoteNow(victim);
-    EnterFastNow(s);
-  } else {
-    if (victim != kNoSlot) Reclassify(victim);
-    Reclassify(s);
+  if (options_.mode == Mode::kTick) {
     // Needed soon: planned with the blocks in use, ahead of those merely queued.
     if (queues_.ListOf(s) == kPromoteQueue) {
       queues_.Remove(s);

@@ -224,6 +224,9 @@ class Engine {
   }
   Slot AdmitAt(const BlockKey& key, Tier placed, uint32_t owner);
   void SetTier(Slot s, Tier t);
+  // `s`, outside the set, enters it (a miss, or a soon's placement): the
+  // policy's victim leaves, and demand mode moves both now, tick mode queues.
+  void JoinSet(Slot s, const engine::Touch& t);
   void LeaveSet(Slot victim);
   // With reset, a block that leaves the set loses its history.
   void ForgetIfReset(BlockState& v) const;
