@@ -104,17 +104,6 @@ class HeldAttacker {
   char report_ = 0;
 };
 
-// Polls `done` every 20 ms until it holds or `timeout` passes.
-inline bool WaitFor(const std::function<bool()>& done,
-                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return done();
-}
-
 // A daemon whose socket (mode 0660, group kHostileGroup) the test users reach.
 class HostileDaemon : public DaemonProcess {
  public:

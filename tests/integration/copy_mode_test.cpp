@@ -25,6 +25,7 @@ namespace cxltier {
 namespace {
 
 using testing::DaemonProcess;
+using testing::WaitFor;
 
 const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};  // 8 KiB blocks
 constexpr uint64_t kBlock = 8192;
@@ -38,15 +39,6 @@ bool Intact(const uint8_t* p, uint64_t i) {
   const auto* words = reinterpret_cast<const uint64_t*>(p);
   for (uint64_t w = 0; w < kBlock / 8; ++w) {
     if (words[w] != Word(i, w)) return false;
-  }
-  return true;
-}
-
-bool WaitFor(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return true;
 }

@@ -13,9 +13,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 
+#include <gtest/gtest.h>
+
+#include "cxltier/client.h"
 #include "fork_alone.h"
 
 namespace cxltier::testing {
@@ -111,5 +115,29 @@ class DaemonProcess {
   pid_t pid_ = -1;
   int starts_ = 0;
 };
+
+// Tests wait for events, never for a fixed time: the machine may be shared by
+// parallel tests and sanitizer builds. Waits return early; their bound only
+// turns a daemon that never gets there into a failure instead of a hang.
+inline constexpr auto kEventBound = std::chrono::seconds(60);
+
+// Polls `done` every 10 ms until it holds or `bound` passes; returns its last value.
+inline bool WaitFor(const std::function<bool()>& done,
+                    std::chrono::milliseconds bound = kEventBound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// Waits until the daemon has completed `n` more ticks (it publishes its tick
+// count in the client's segment).
+inline void WaitTicks(const Client& c, uint64_t n) {
+  const uint64_t start = c.daemon_ticks();
+  EXPECT_TRUE(WaitFor([&] { return c.daemon_ticks() >= start + n; }))
+      << "the daemon did not tick " << n << " times in 60 s";
+}
 
 }  // namespace cxltier::testing

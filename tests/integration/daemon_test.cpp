@@ -31,6 +31,8 @@ namespace cxltier {
 namespace {
 
 using testing::DaemonProcess;
+using testing::WaitFor;
+using testing::WaitTicks;
 
 // 8 KiB blocks: one layer, one KV head of dim 128, fp16, 16 tokens.
 const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};
@@ -67,29 +69,6 @@ nlohmann::json StatusOf(const DaemonProcess& d, const std::string& what = "statu
   const Status st = Client::DaemonStats(d.socket(), what, &text);
   EXPECT_TRUE(st.ok()) << st.message;
   return nlohmann::json::parse(text, nullptr, false);
-}
-
-// Tests wait for events, never for a fixed time: the machine may be shared by
-// parallel tests and sanitizer builds. Waits return early; their bound only
-// turns a daemon that never gets there into a failure instead of a hang.
-constexpr auto kEventBound = std::chrono::seconds(60);
-
-// Polls `done` every 10 ms until it holds or kEventBound passes; returns its last value.
-bool WaitFor(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + kEventBound;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
-
-// Waits until the daemon has completed `n` more ticks (it publishes its tick
-// count in the client's segment).
-void WaitTicks(const Client& c, uint64_t n) {
-  const uint64_t start = c.daemon_ticks();
-  EXPECT_TRUE(WaitFor([&] { return c.daemon_ticks() >= start + n; }))
-      << "the daemon did not tick " << n << " times in 60 s";
 }
 
 TEST(Daemon, ObservationsMoveScoresAndStateSurvivesReleaseAndRestart) {

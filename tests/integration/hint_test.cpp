@@ -28,6 +28,8 @@ namespace cxltier {
 namespace {
 
 using testing::DaemonProcess;
+using testing::WaitFor;
+using testing::WaitTicks;
 
 // 8 KiB blocks: one layer, one KV head of dim 128, fp16, 16 tokens.
 const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};
@@ -73,23 +75,6 @@ nlohmann::json StatusOf(const DaemonProcess& d) {
   const Status st = Client::DaemonStats(d.socket(), "status", &text);
   EXPECT_TRUE(st.ok()) << st.message;
   return nlohmann::json::parse(text, nullptr, false);
-}
-
-// Tests wait for events, never for a fixed time (2 shared cores, sanitizer
-// builds): the bound only turns a daemon that never gets there into a failure.
-bool WaitFor(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
-
-void WaitTicks(const Client& c, uint64_t n) {
-  const uint64_t start = c.daemon_ticks();
-  EXPECT_TRUE(WaitFor([&] { return c.daemon_ticks() >= start + n; }))
-      << "the daemon did not tick " << n << " times in 60 s";
 }
 
 // A client with `n` blocks of keys key(0..n-1) at pool blocks first..first+n-1.
