@@ -507,7 +507,7 @@ void Daemon::Tick() {
   const auto t0 = std::chrono::steady_clock::now();
   RunTick();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  tick_seconds_.Add(s);
+  tick_seconds_.Add(s, config_.tick_ms / 1000.0);
 }
 
 void Daemon::RunTick() {

@@ -68,6 +68,10 @@ std::string MetricsExposition(const StatusSnapshot& s) {
            static_cast<double>(m.promoted_bytes));
   x.Metric("cxltier_demoted_bytes_total", "counter", "Bytes moved from tier 0 to tier 1.",
            static_cast<double>(m.demoted_bytes));
+  x.Metric("cxltier_migration_enabled", "gauge",
+           "1: page moves are on (migration.enabled, a slow tier, CAP_SYS_NICE); 0: they are "
+           "off and only copy-mode clients' blocks move.",
+           m.enabled ? 1 : 0);
   x.Metric("cxltier_migration_failed_moves_total", "counter",
            "Block moves that did not complete (retried with backoff).",
            static_cast<double>(m.moves.failed));
@@ -104,6 +108,13 @@ std::string MetricsExposition(const StatusSnapshot& s) {
   x.Metric("cxltier_places_draining", "gauge",
            "Copy mode: old places of moved or released blocks waiting for their readers.",
            static_cast<double>(m.places_draining));
+  x.Metric("cxltier_lease_oldest_wait_seconds", "gauge",
+           "Copy mode: how long the oldest old place still named by a read lease has waited "
+           "for reuse (0: none waits).",
+           s.oldest_lease_wait_s());
+  x.Metric("cxltier_lease_timeout_seconds", "gauge",
+           "limits.lease_timeout_s: a lease held this long is counted and warned about.",
+           static_cast<double>(s.lease_timeout_s));
   x.Family("cxltier_lease_timeouts_total", "counter",
            "Copy mode: leases held past limits.lease_timeout_s, by kind.");
   x.Sample("cxltier_lease_timeouts_total", static_cast<double>(m.moves.lease_timeouts),
@@ -134,6 +145,11 @@ std::string MetricsExposition(const StatusSnapshot& s) {
   }
   x.Sample("cxltier_tick_duration_seconds_sum", s.tick_seconds.sum);
   x.Sample("cxltier_tick_duration_seconds_count", static_cast<double>(s.tick_seconds.count));
+  x.Metric("cxltier_tick_interval_seconds", "gauge", "daemon.tick_ms: one tick is due this often.",
+           s.tick_ms / 1000.0);
+  x.Metric("cxltier_tick_overruns_total", "counter",
+           "Ticks that took longer than their interval (the next one started late).",
+           static_cast<double>(s.tick_seconds.overruns));
   x.Metric("cxltier_clients", "gauge", "Clients that said hello.", static_cast<double>(s.clients));
   x.Metric("cxltier_blocks", "gauge", "Blocks admitted by clients.", static_cast<double>(s.blocks));
   x.Metric("cxltier_ghosts", "gauge", "Block states kept after release (persist).",

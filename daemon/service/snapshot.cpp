@@ -62,6 +62,7 @@ StatusSnapshot Daemon::Snapshot() const {
   s.block_bytes = engine_ ? engine_->options().block_bytes : 0;
   s.ticks = tick_;
   s.tick_ms = config_.tick_ms;
+  s.lease_timeout_s = config_.lease_timeout_s;
   s.touches = c.touches;
   s.hits = c.hits;
   s.hints = {hint_requests_,    hint_unknown_keys_, c.hints,
@@ -82,7 +83,13 @@ StatusSnapshot Daemon::Snapshot() const {
   m.pending = moves_.mover().pending();
   m.budget_bytes_per_tick = engine_ ? engine_->options().migrate_bytes_per_tick : 0;
   m.moves = moves_.stats();
-  for (const auto& [id, cl] : clients_.all()) m.places_draining += cl.copy.draining.size();
+  for (const auto& [id, cl] : clients_.all()) {
+    m.places_draining += cl.copy.draining.size();
+    for (const CopyState::Drain& d : cl.copy.draining) {
+      if (!d.mover_reads)
+        m.oldest_drain_ticks = std::max(m.oldest_drain_ticks, tick_ - d.since_tick);
+    }
+  }
   return s;
 }
 

@@ -15,9 +15,10 @@ const char* TierName(Tier t) {
   return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
 }
 
-void TickTimes::Add(double seconds) {
+void TickTimes::Add(double seconds, double interval_s) {
   ++count;
   sum += seconds;
+  overruns += seconds > interval_s;
   size_t b = 0;
   while (b < kBounds.size() && seconds > kBounds[b]) ++b;
   ++buckets[b];
@@ -37,6 +38,7 @@ TickSummary TickTimes::Summary() const {
   TickSummary s;
   s.count = count;
   s.sum = sum;
+  s.overruns = overruns;
   uint64_t cumulative = 0;
   for (size_t i = 0; i < buckets.size(); ++i) {
     cumulative += buckets[i];
@@ -71,11 +73,13 @@ nlohmann::json TickJson(const TickSummary& t) {
                                                       : nlohmann::json("+Inf")},
                  {"count", t.cumulative[i]}});
   }
-  return {{"count", t.count},           {"sum", t.sum}, {"p50", t.p50}, {"p99", t.p99},
-          {"max_recent", t.max_recent}, {"buckets", b}};
+  return {{"count", t.count}, {"sum", t.sum}, {"overruns", t.overruns},
+          {"p50", t.p50},     {"p99", t.p99}, {"max_recent", t.max_recent},
+          {"buckets", b}};
 }
 
-nlohmann::json MigrationJson(const MigrationStatus& m) {
+nlohmann::json MigrationJson(const StatusSnapshot& s) {
+  const MigrationStatus& m = s.migrations;
   nlohmann::json errors = nlohmann::json::object();
   for (auto [e, n] : m.moves.errors) errors[std::strerror(e)] = n;
   return {{"enabled", m.enabled},
@@ -101,6 +105,7 @@ nlohmann::json MigrationJson(const MigrationStatus& m) {
             {"no_room", m.moves.copies_no_room},
             {"places_freed", m.moves.places_freed},
             {"places_draining", m.places_draining},
+            {"oldest_lease_wait_s", s.oldest_lease_wait_s()},
             {"lease_timeouts", m.moves.lease_timeouts},
             {"write_lease_timeouts", m.moves.write_lease_timeouts}}}};
 }
@@ -154,6 +159,7 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
         {"fds_dropped", sc.fds_dropped},
         {"handler_exceptions", sc.handler_exceptions}}},
       {"tick_ms", s.tick_ms},
+      {"lease_timeout_s", s.lease_timeout_s},
       {"tick_seconds", TickJson(s.tick_seconds)},
       {"memory",
        {{"rss_bytes", m.rss_bytes},
@@ -165,7 +171,7 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
       {"hits", s.hits},
       {"hit_rate", s.hit_rate()},
       {"tiers", TiersToJson(s.tiers)},
-      {"migrations", MigrationJson(s.migrations)},
+      {"migrations", MigrationJson(s)},
       {"hints",
        {{"requests", s.hints.requests},
         {"unknown_keys", s.hints.unknown_keys},

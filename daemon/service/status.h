@@ -32,10 +32,13 @@ struct TickTimes {
   std::array<uint64_t, kBounds.size() + 1> buckets{};  // the last is +Inf
   uint64_t count = 0;
   double sum = 0;
+  uint64_t overruns = 0;  // ticks that took longer than their interval
   std::array<double, 4096> recent{};
   uint64_t next = 0;
 
-  void Add(double seconds);
+  // One tick of `seconds`, run every `interval_s`: longer counts as an overrun
+  // (the next tick starts late).
+  void Add(double seconds, double interval_s);
   double Quantile(double q) const;  // over the recent ones
   TickSummary Summary() const;
 };
@@ -43,6 +46,7 @@ struct TickTimes {
 struct TickSummary {
   uint64_t count = 0;
   double sum = 0;  // seconds
+  uint64_t overruns = 0;
   // cumulative[i]: ticks of at most TickTimes::kBounds[i] seconds; the last, all of them.
   std::array<uint64_t, TickTimes::kBounds.size() + 1> cumulative{};
   double p50 = 0;  // quantiles over the recent ticks, in seconds
@@ -115,6 +119,9 @@ struct MigrationStatus {
   uint64_t budget_bytes_per_tick = 0;
   MoveStats moves;
   uint64_t places_draining = 0;  // copy mode: old places waiting for readers
+  // Copy mode: ticks the oldest of them has waited for its read lease to go
+  // (places the mover still reads are not counted; 0: none waits).
+  uint64_t oldest_drain_ticks = 0;
 };
 
 // Scheduler hints (docs/protocol.md, "Hints").
@@ -141,6 +148,7 @@ struct StatusSnapshot {
   uint64_t block_bytes = 0;  // 0: no engine yet (no block size known)
   uint64_t ticks = 0;
   uint32_t tick_ms = 0;
+  uint32_t lease_timeout_s = 0;
   uint64_t touches = 0;
   uint64_t hits = 0;
   uint64_t warnings_logged = 0;
@@ -153,6 +161,10 @@ struct StatusSnapshot {
   MigrationStatus migrations;
   HintStatus hints;
 
+  // The oldest place's wait for its read lease, in seconds.
+  double oldest_lease_wait_s() const {
+    return static_cast<double>(migrations.oldest_drain_ticks) * tick_ms / 1000.0;
+  }
   double hit_rate() const {
     return touches ? static_cast<double>(hits) / static_cast<double>(touches) : 0.0;
   }

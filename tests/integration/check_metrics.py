@@ -28,6 +28,9 @@ want = {
     "cxltier_observations": "counter", "process_resident_memory_bytes": "gauge",
     "cxltier_hint_requests": "counter", "cxltier_hints": "counter",
     "cxltier_hint_prefetched_blocks": "counter", "cxltier_hint_displaced_blocks": "counter",
+    "cxltier_tick_interval_seconds": "gauge", "cxltier_tick_overruns": "counter",
+    "cxltier_lease_oldest_wait_seconds": "gauge", "cxltier_lease_timeout_seconds": "gauge",
+    "cxltier_lease_timeouts": "counter", "cxltier_migration_enabled": "gauge",
 }
 for name, kind in want.items():
     f = families.get(name)

@@ -244,11 +244,17 @@ TEST(CopyMode, ALeaseNeverReleasedKeepsItsPlaceAndIsCounted) {
       << CopyStats(d).dump();
   EXPECT_TRUE(Intact(held.data, 12));
   EXPECT_GE(CopyStats(d)["places_draining"].get<uint64_t>(), 1u);
+  // The oldest waiting place's age (cxltier_lease_oldest_wait_seconds) passes
+  // the timeout.
+  EXPECT_TRUE(WaitFor([&] { return CopyStats(d)["oldest_lease_wait_s"].get<double>() >= 1.0; }))
+      << CopyStats(d).dump();
   EXPECT_NE(d.Log().find("read lease(s) held over"), std::string::npos);
   // Released: the place drains.
   const uint64_t freed = CopyStats(d)["places_freed"].get<uint64_t>();
   EXPECT_TRUE(reader->Release(held).ok());
   EXPECT_TRUE(WaitFor([&] { return CopyStats(d)["places_freed"].get<uint64_t>() > freed; }));
+  EXPECT_TRUE(WaitFor([&] { return CopyStats(d)["oldest_lease_wait_s"].get<double>() == 0; }))
+      << CopyStats(d).dump();
 }
 
 TEST(CopyMode, AClientDyingWithLeasesLeavesOthersMoving) {

@@ -1019,7 +1019,12 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
   s.migrations.moves.failed = 6;
   s.migrations.moves.errors[ENOMEM] = 2;
   s.tick_seconds.count = 9;
+  s.tick_seconds.overruns = 2;
   s.tick_seconds.cumulative.fill(9);
+  s.tick_ms = 250;
+  s.lease_timeout_s = 30;
+  s.migrations.enabled = true;
+  s.migrations.oldest_drain_ticks = 8;  // 2 s at 250 ms
   s.hints = {12, 3, 10, 40, 35, 30};
 
   EXPECT_EQ(SystemdStatusLine(s),
@@ -1046,6 +1051,9 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
   EXPECT_EQ(j["hints"]["prefetched"], 40);
   EXPECT_EQ(j["hints"]["displaced"], 35);
   EXPECT_EQ(j["hints"]["prefetch_hits"], 30);
+  EXPECT_EQ(j["tick_seconds"]["overruns"], 2);
+  EXPECT_EQ(j["lease_timeout_s"], 30);
+  EXPECT_DOUBLE_EQ(j["migrations"]["copy"]["oldest_lease_wait_s"].get<double>(), 2.0);
 
   const std::string m = MetricsExposition(s);
   for (const char* line :
@@ -1060,6 +1068,27 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
         "cxltier_hint_prefetch_hits_total 30\n"}) {
     EXPECT_NE(m.find(line), std::string::npos) << line << "\n" << m;
   }
+  // The series the alert rules of deploy/prometheus read.
+  for (const char* line :
+       {"cxltier_tick_overruns_total 2\n", "cxltier_tick_interval_seconds 0.25\n",
+        "cxltier_lease_timeout_seconds 30\n", "cxltier_lease_oldest_wait_seconds 2\n",
+        "cxltier_migration_enabled 1\n"}) {
+    EXPECT_NE(m.find(line), std::string::npos) << line << "\n" << m;
+  }
+}
+
+// A tick longer than its interval is an overrun; one of exactly the
+// interval, or shorter, is not.
+TEST(Status, TickTimesCountOverruns) {
+  TickTimes t;
+  t.Add(0.010, 0.100);
+  t.Add(0.100, 0.100);
+  EXPECT_EQ(t.Summary().overruns, 0u);
+  t.Add(0.150, 0.100);
+  t.Add(0.020, 0.010);
+  const TickSummary s = t.Summary();
+  EXPECT_EQ(s.overruns, 2u);
+  EXPECT_EQ(s.count, 4u);
 }
 
 TEST(Admin, RootOrTheAdminGroupByPrimaryGid) {
