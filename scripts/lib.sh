@@ -12,7 +12,7 @@ CXLTIER_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev libsystemd-dev
   qemu-system-x86 busybox-static cpio ndctl daxctl python3 python3-prometheus-client systemd
-  pybind11-dev python3-dev python3-numpy python3-pytest
+  pybind11-dev python3-dev python3-numpy python3-pytest prometheus
 )
 
 log() { printf '[cxltier] %s\n' "$*"; }

@@ -30,6 +30,10 @@ python_tests() {
 stage python python_tests
 # The README's main command, once: it must exit 0 when it worked.
 stage main-job bash "$CXLTIER_ROOT/scripts/run.sh"
+# deploy/: the alert rules' unit tests, a real Prometheus scraping a real
+# cxltierd (rules evaluated, the Grafana dashboard's queries run), the
+# Kubernetes manifests decoded by Debian's kubectl offline.
+stage deploy bash "$CXLTIER_ROOT/scripts/deploy-test.sh"
 # The same tests under ASan+UBSan, and the threaded parts (daemon, mover) under
 # TSan; a sanitizer report stops the process, so it fails the test.
 sanitized() {
