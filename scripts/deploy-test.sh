@@ -12,7 +12,8 @@ DEPLOY="$CXLTIER_ROOT/deploy"
 CHECKS="$CXLTIER_ROOT/tests/deploy"
 PY=/usr/bin/python3
 VERSION=$(sed -nE 's/^project\(cxltier VERSION ([0-9.]+).*/\1/p' "$CXLTIER_ROOT/CMakeLists.txt")
-IMAGE="cxltier/cxltierd:$VERSION"
+# The name deploy/container/build.sh gives the image it builds.
+IMAGE="localhost/cxltier:$VERSION"
 WORK=$(mktemp -d /tmp/cxltier-deploy.XXXXXX)
 PIDS=()
 cleanup() {

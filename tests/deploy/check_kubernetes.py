@@ -111,6 +111,9 @@ for key in ("hostIPC", "hostPID", "hostNetwork"):
     if spec.get(key):
         failed.append("spec.%s is true" % key)
 psc = spec.get("securityContext", {})
+seccomp = psc.get("seccompProfile", {})
+if seccomp.get("type") not in ("Localhost", "RuntimeDefault"):
+    failed.append("the pod's seccomp profile is %r, not Localhost or RuntimeDefault" % seccomp)
 if not psc.get("runAsNonRoot") or not psc.get("runAsUser"):
     failed.append("the pod does not run as a non-root user (runAsNonRoot, runAsUser)")
 containers = spec.get("containers", [])
