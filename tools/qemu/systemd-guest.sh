@@ -6,9 +6,11 @@
 #
 #   tools/qemu/systemd-guest.sh --deb FILE [--cache DIR] [--memory MiB] [--timeout SECONDS]
 #
-# The root filesystem holds systemd and the libraries the .deb depends on
-# (read from its Depends), nothing else; it is cached as a compressed cpio
-# keyed by that package list, so later runs skip debootstrap.
+# The root filesystem holds systemd and what the .deb depends on and
+# recommends (read from its Depends and Recommends, as apt would install them:
+# the libraries, python3 and python3-numpy for the module), nothing else; it is
+# cached as a compressed cpio keyed by that package list, so later runs skip
+# debootstrap.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -39,9 +41,10 @@ done
 source "$ROOT/tools/qemu/lib.sh"
 fetch_kernel "$CACHE"
 
-# ---- the root filesystem: systemd + the .deb's dependencies, cached ----
+# ---- the root filesystem: systemd + the .deb's Depends and Recommends, cached ----
 deps=(systemd systemd-sysv procps)
-for d in $(dpkg-deb -f "$DEB" Depends | tr ',' '\n' | sed -E 's/\(.*\)//; s/\|.*//; s/ //g'); do
+for d in $(dpkg-deb -f "$DEB" Depends Recommends | sed -E 's/^[A-Za-z]+: //' | tr ',' '\n' |
+  sed -E 's/\(.*\)//; s/\|.*//; s/ //g'); do
   # A virtual package (libspdlog1.10-fmt9) names the real one that provides it.
   if [ -z "$(apt-cache show --no-all-versions "$d" 2>/dev/null)" ]; then
     d=$(apt-cache showpkg "$d" | awk '/^Reverse Provides:/ { getline; print $1; exit }')
