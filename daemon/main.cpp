@@ -143,7 +143,16 @@ int main(int argc, char** argv) {
   const cxltier::numa::Topology topo = cxltier::numa::Discover();
   std::string tier_error;
   cxltier::numa::TierAssignment tiers =
-      cxltier::numa::AssignTiers(topo, config.fast_nodes, config.slow_nodes, &tier_error);
+      config.tier_nodes.empty()
+          ? cxltier::numa::AssignTiers(topo, config.fast_nodes, config.slow_nodes, &tier_error)
+          : cxltier::numa::AssignTiers(topo, config.tier_nodes, &tier_error);
+  if (tier_error.empty() && !config.lower_tier_budget_bytes.empty() &&
+      config.lower_tier_budget_bytes.size() + 2 > tiers.count()) {
+    tier_error = "[tiers] budgets gives " +
+                 std::to_string(config.lower_tier_budget_bytes.size() + 1) + " budgets, for " +
+                 std::to_string(tiers.count()) +
+                 " tiers (one per tier but the last, which holds the rest)";
+  }
   if (!tier_error.empty()) {
     spdlog::critical("tiers: {}", tier_error);
     return 2;
@@ -152,6 +161,16 @@ int main(int argc, char** argv) {
   std::string desc = cxltier::numa::Describe(topo, tiers);
   for (size_t pos = 0, nl; (nl = desc.find('\n', pos)) != std::string::npos; pos = nl + 1) {
     spdlog::info("  {}", desc.substr(pos, nl - pos));
+  }
+  if (tiers.count() > 2) {
+    // The placement engine holds two tiers: the lower ones' nodes serve as tier 1.
+    spdlog::warn(
+        "{} tiers found; blocks are placed in two: the nodes of tiers 2-{} serve as tier 1",
+        tiers.count(), tiers.count() - 1);
+    for (const std::vector<int>& nodes : tiers.lower_nodes) {
+      tiers.slow_nodes.insert(tiers.slow_nodes.end(), nodes.begin(), nodes.end());
+    }
+    tiers.lower_nodes.clear();
   }
   bool can_migrate = config.migrate;
   if (!tiers.has_slow()) {

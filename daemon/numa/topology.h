@@ -1,6 +1,6 @@
-// NUMA topology and tiers: which nodes are fast (tier 0) and slow (tier 1).
+// NUMA topology and tiers: which nodes make tier 0 (fast), tier 1, tier 2...
 // hwloc for nodes, CPUs, memory and HMAT attributes; libnuma for distances;
-// sysfs for the kernel's memory tiers.
+// sysfs for the kernel's memory tiers (and HMAT where hwloc has none).
 #pragma once
 
 #include <cstdint>
@@ -27,19 +27,60 @@ struct Topology {
   const NumaNode* Find(int id) const;
 };
 
-// Reads the machine. Never fails: without hwloc data it falls back to one node.
+// Reads the machine. Never fails: without hwloc data it reads sysfs, and
+// without that it falls back to one node. HMAT values hwloc does not give are
+// read from sysfs (nodeN/access0/initiators).
 Topology Discover(const std::string& sysfs_root = "/sys");
+
+// Reads the machine from sysfs alone (devices/system/node/node*: cpulist,
+// meminfo, distance, access0/initiators/read_latency and read_bandwidth;
+// devices/virtual/memory_tiering). For the tests' fake sysfs trees and as
+// Discover's fallback; no nodes when the tree has none.
+Topology DiscoverSysfs(const std::string& sysfs_root);
+
+// As many tiers as the engine can hold (kMaxTiers in cxltier/block.h).
+inline constexpr size_t kMaxDiscoveredTiers = 8;
+
+// A memory-only node whose HMAT read latency is more than this many times the
+// fastest node of its tier (same kernel memory tier) starts a tier of its own.
+inline constexpr double kHmatSplitRatio = 1.5;
 
 struct TierAssignment {
   std::vector<int> fast_nodes;  // tier 0
   std::vector<int> slow_nodes;  // tier 1
-  std::string why;              // "auto: CPU-less nodes are tier 1", "config override", ...
+  std::string why;              // "auto: ...", "config override", ...
+  // Tiers 2, 3, ... (each non-empty); empty with two tiers. Tier k's nodes
+  // are Nodes(k) for every k.
+  std::vector<std::vector<int>> lower_nodes;
+
   bool has_slow() const { return !slow_nodes.empty(); }
+  // 1 (tier 0 alone: no slow tier), 2, 3, ...
+  size_t count() const { return has_slow() ? 2 + lower_nodes.size() : 1; }
+  // REQUIRES: tier < count().
+  const std::vector<int>& Nodes(size_t tier) const {
+    return tier == 0 ? fast_nodes : tier == 1 ? slow_nodes : lower_nodes[tier - 2];
+  }
+  // The first tier that names `node`, or -1.
+  int TierOf(int node) const;
 };
 
-// Nodes with CPUs are tier 0 and memory-only nodes tier 1, unless the config
-// names nodes (both lists non-empty). Returns an error string for nodes that
-// do not exist.
+// Automatic tiers (no override):
+//   - tier 0 is the nodes with CPUs (the first node when none has CPUs);
+//   - memory-only nodes follow, grouped by the kernel's memory tier (a lower
+//     memory_tier id, a smaller abstract distance, is faster); nodes the
+//     kernel puts in no memory tier come after every kernel tier;
+//   - within one kernel memory tier, nodes are ordered by HMAT read latency
+//     (then bandwidth, higher first) and a node more than kHmatSplitRatio times
+//     slower than the first node of its tier starts a new tier; nodes without
+//     HMAT latency stay in the last tier of their kernel memory tier;
+//   - at most kMaxDiscoveredTiers: any further ones join the last.
+// Two nodes, one with CPUs and one without, are tiers 0 and 1, as always.
+// `override` (the config's, tier 0 first) replaces all of it: at least two
+// tiers, each with a node, every node existing; otherwise *error says why.
+TierAssignment AssignTiers(const Topology& topo, const std::vector<std::vector<int>>& override,
+                           std::string* error);
+
+// The two-tier form of the override (both empty: automatic).
 TierAssignment AssignTiers(const Topology& topo, const std::vector<int>& fast_override,
                            const std::vector<int>& slow_override, std::string* error);
 

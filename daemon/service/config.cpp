@@ -90,6 +90,47 @@ class TableReader {
       }
     }
   }
+  // An array of arrays of node numbers, one per tier.
+  void TierNodes(const char* key, std::vector<std::vector<int>>* out) {
+    if (const toml::node* n = Get(key)) {
+      const toml::array* a = n->as_array();
+      if (!a) return Fail(key, "an array of tiers, each an array of node numbers");
+      out->clear();
+      for (const toml::node& tier : *a) {
+        const toml::array* nodes = tier.as_array();
+        if (!nodes) return Fail(key, "an array of tiers, each an array of node numbers");
+        out->emplace_back();
+        for (const toml::node& e : *nodes) {
+          auto v = IntOf(e);
+          if (!v || *v < 0 || *v > 1023) return Fail(key, "arrays of node numbers (0-1023)");
+          out->back().push_back(static_cast<int>(*v));
+        }
+      }
+    }
+  }
+  // An array of sizes; returns whether the key was there.
+  bool Sizes(const char* key, std::vector<uint64_t>* out) {
+    const toml::node* n = Get(key);
+    if (!n) return false;
+    const toml::array* a = n->as_array();
+    if (!a) {
+      Fail(key, "an array of byte counts or sizes like \"32GiB\"");
+      return true;
+    }
+    out->clear();
+    for (const toml::node& e : *a) {
+      if (auto i = IntOf(e); i && *i >= 0) {
+        out->push_back(static_cast<uint64_t>(*i));
+      } else if (auto s = e.value<std::string>(); s && ParseSize(*s)) {
+        out->push_back(*ParseSize(*s));
+      } else {
+        Fail(key, "an array of byte counts or sizes like \"32GiB\"");
+        return true;
+      }
+    }
+    return true;
+  }
+  bool Has(const char* key) const { return table_ && table_->get(key); }
   // Call after reading every key: unknown keys are errors.
   void Finish() {
     if (!table_) return;
@@ -152,6 +193,18 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   TableReader t(root, "tiers", &error);
   t.Nodes("fast_nodes", &c->fast_nodes);
   t.Nodes("slow_nodes", &c->slow_nodes);
+  t.TierNodes("nodes", &c->tier_nodes);
+  std::vector<uint64_t> budgets;
+  if (t.Sizes("budgets", &budgets) && error.empty()) {
+    if (e.Has("tier0_budget")) {
+      error = "tier 0's budget is given twice: [engine] tier0_budget and [tiers] budgets";
+    } else if (budgets.empty()) {
+      error = "[tiers] budgets needs tier 0's budget at least";
+    } else {
+      c->tier0_budget_bytes = budgets.front();
+      c->lower_tier_budget_bytes.assign(budgets.begin() + 1, budgets.end());
+    }
+  }
   t.Finish();
   TableReader x(root, "metrics", &error);
   x.Bool("enabled", &c->metrics_enabled);
@@ -232,6 +285,27 @@ Status DaemonConfig::Validate() const {
   if (fast_nodes.empty() != slow_nodes.empty()) {
     return Invalid("[tiers] needs both fast_nodes and slow_nodes, or neither");
   }
+  if (!tier_nodes.empty() && !fast_nodes.empty()) {
+    return Invalid("[tiers] nodes replaces fast_nodes and slow_nodes: give one or the other");
+  }
+  if (!tier_nodes.empty() && (tier_nodes.size() < 2 || tier_nodes.size() > 8)) {
+    return Invalid("[tiers] nodes must name 2 to 8 tiers");
+  }
+  for (size_t k = 0; k < tier_nodes.size(); ++k) {
+    if (tier_nodes[k].empty())
+      return Invalid("[tiers] nodes: tier " + std::to_string(k) + " is empty");
+  }
+  if (lower_tier_budget_bytes.size() > 6) {
+    return Invalid("[tiers] budgets: at most 7 (tiers 0 to 6; the last tier holds the rest)");
+  }
+  if (!tier_nodes.empty() && lower_tier_budget_bytes.size() + 1 >= tier_nodes.size()) {
+    return Invalid("[tiers] budgets: " + std::to_string(lower_tier_budget_bytes.size() + 1) +
+                   " budgets for " + std::to_string(tier_nodes.size()) +
+                   " tiers (one per tier but the last, which holds the rest)");
+  }
+  for (uint64_t b : lower_tier_budget_bytes) {
+    if (b > (uint64_t{1} << 60)) return Invalid("[tiers] budgets must be at most 1 EiB each");
+  }
   return Status::Ok();
 }
 
@@ -256,9 +330,22 @@ Status LoadConfigFile(const std::string& path, DaemonConfig* c) {
 }
 
 std::string ToToml(const DaemonConfig& c) {
-  toml::array fast, slow;
+  toml::array fast, slow, tier_nodes, budgets;
   for (int n : c.fast_nodes) fast.push_back(n);
   for (int n : c.slow_nodes) slow.push_back(n);
+  for (const std::vector<int>& tier : c.tier_nodes) {
+    toml::array nodes;
+    for (int n : tier) nodes.push_back(n);
+    tier_nodes.push_back(std::move(nodes));
+  }
+  toml::table tiers{{"fast_nodes", fast}, {"slow_nodes", slow}};
+  if (!c.tier_nodes.empty()) tiers.insert("nodes", tier_nodes);
+  // With lower budgets, tier 0's is the first of [tiers] budgets (and not in [engine]).
+  if (!c.lower_tier_budget_bytes.empty()) {
+    budgets.push_back(static_cast<int64_t>(c.tier0_budget_bytes));
+    for (uint64_t b : c.lower_tier_budget_bytes) budgets.push_back(static_cast<int64_t>(b));
+    tiers.insert("budgets", budgets);
+  }
   toml::table t{
       {"daemon", toml::table{{"socket", c.socket_path},
                              {"state_dir", c.state_dir},
@@ -276,7 +363,7 @@ std::string ToToml(const DaemonConfig& c) {
       {"migration", toml::table{{"enabled", c.migrate},
                                 {"rate_mib_s", static_cast<int64_t>(c.migrate_rate_mib_s)},
                                 {"max_pending_moves", c.max_pending_moves}}},
-      {"tiers", toml::table{{"fast_nodes", fast}, {"slow_nodes", slow}}},
+      {"tiers", tiers},
       {"metrics", toml::table{{"enabled", c.metrics_enabled}, {"listen", c.metrics_listen}}},
       {"limits",
        toml::table{
@@ -298,9 +385,20 @@ std::string ToToml(const DaemonConfig& c) {
            {"max_tier_pool_bytes_per_uid", static_cast<int64_t>(c.max_tier_pool_bytes_per_uid)},
            {"lease_timeout_s", c.lease_timeout_s}}},
   };
+  if (!c.lower_tier_budget_bytes.empty()) t["engine"].as_table()->erase("tier0_budget");
   std::ostringstream out;
   out << t << "\n";
   return out.str();
+}
+
+uint64_t TierBudgetBytes(const DaemonConfig& config, size_t tier, size_t tiers,
+                         uint64_t memory_bytes) {
+  if (tier == 0) return config.tier0_budget_bytes;
+  if (tier + 1 >= tiers) return 0;
+  if (tier - 1 < config.lower_tier_budget_bytes.size()) {
+    return config.lower_tier_budget_bytes[tier - 1];
+  }
+  return memory_bytes;
 }
 
 uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes) {

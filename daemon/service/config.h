@@ -33,9 +33,14 @@ struct DaemonConfig {
   bool migrate = true;                 // false: score and plan, never move pages
   uint64_t migrate_rate_mib_s = 1024;  // bytes moved per second, at most
   uint32_t max_pending_moves = 256;    // moves queued for the mover, at most
-  // [tiers] (both empty: nodes with CPUs are tier 0, memory-only nodes tier 1)
-  std::vector<int> fast_nodes;
-  std::vector<int> slow_nodes;
+  // [tiers] (all empty: the daemon orders the nodes itself, docs/operations.md)
+  std::vector<int> fast_nodes;               // two tiers: tier 0's nodes (with slow_nodes)
+  std::vector<int> slow_nodes;               // two tiers: tier 1's nodes
+  std::vector<std::vector<int>> tier_nodes;  // `nodes`: every tier's nodes, tier 0 first
+  // `budgets` after tier 0's (which is tier0_budget_bytes): tiers 1, 2, ...;
+  // the last tier has none (it holds the rest). Empty: each middle tier's
+  // budget is its nodes' memory.
+  std::vector<uint64_t> lower_tier_budget_bytes;
   // [metrics] (Prometheus text format over HTTP: GET /metrics)
   bool metrics_enabled = true;
   std::string metrics_listen = "127.0.0.1:9464";  // loopback by default; port 0: any free port
@@ -78,6 +83,12 @@ Status LoadConfigText(const std::string& text, const std::string& name, DaemonCo
 
 // The effective configuration as TOML.
 std::string ToToml(const DaemonConfig& config);
+
+// Tier k's byte budget with `tiers` tiers (from the config, or `memory_bytes`,
+// the tier's nodes' memory, for a middle tier the config leaves out); 0 for
+// the last tier, which holds the rest.
+uint64_t TierBudgetBytes(const DaemonConfig& config, size_t tier, size_t tiers,
+                         uint64_t memory_bytes);
 
 // The planner's byte budget of one tick: no more than the mover may move in
 // one tick at the migration rate (the planner's view then stays close to what

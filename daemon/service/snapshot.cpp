@@ -19,10 +19,13 @@ std::optional<nlohmann::json> Daemon::StatsJson(const std::string& what,
 std::vector<TierStatus> Daemon::TierStatuses() const {
   std::vector<TierStatus> out;
   const uint64_t bb = engine_ ? engine_->options().block_bytes : 0;
-  for (int t = 0; t < 2; ++t) {
+  const size_t tiers = std::max<size_t>(2, moves_.tiers().count());
+  for (size_t t = 0; t < tiers; ++t) {
     TierStatus ts;
-    ts.tier = t;
-    for (int n : t == 0 ? moves_.tiers().fast_nodes : moves_.tiers().slow_nodes) {
+    ts.tier = static_cast<int>(t);
+    uint64_t memory_bytes = 0;
+    static const std::vector<int> kNoNodes;
+    for (int n : t < moves_.tiers().count() ? moves_.tiers().Nodes(t) : kNoNodes) {
       NodeStatus ns;
       ns.node = n;
       if (const numa::NumaNode* node = topology_.Find(n)) {
@@ -32,12 +35,13 @@ std::vector<TierStatus> Daemon::TierStatuses() const {
         ns.read_latency_ns = node->read_latency_ns;
         ns.read_bandwidth_mib_s = node->read_bandwidth_mib_s;
         ns.kernel_memory_tier = node->kernel_memory_tier;
+        memory_bytes += node->memory_bytes;
       }
       ts.nodes.push_back(ns);
     }
-    ts.blocks = engine_ ? engine_->tier_blocks(t == 0 ? Tier::kFast : Tier::kSlow) : 0;
+    ts.blocks = engine_ ? engine_->tier_blocks(static_cast<Tier>(t)) : 0;
     ts.used_bytes = ts.blocks * bb;
-    ts.budget_bytes = t == 0 ? config_.tier0_budget_bytes : 0;
+    ts.budget_bytes = TierBudgetBytes(config_, t, tiers, memory_bytes);
     out.push_back(std::move(ts));
   }
   return out;

@@ -78,11 +78,11 @@ struct NodeStatus {
 };
 
 struct TierStatus {
-  int tier = 0;  // 0 fast (DRAM), 1 slow (CXL, remote)
+  int tier = 0;  // 0 fast (DRAM), then slower: 1 (CXL, remote), 2, ...
   std::vector<NodeStatus> nodes;
   uint64_t blocks = 0;
   uint64_t used_bytes = 0;
-  uint64_t budget_bytes = 0;  // 0: no budget (every tier but 0)
+  uint64_t budget_bytes = 0;  // 0: no budget (the last tier, which holds the rest)
 };
 
 // What the mover's results came to, counted as they come back (MoveDispatch).

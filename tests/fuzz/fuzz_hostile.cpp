@@ -101,7 +101,7 @@ struct Fixture {
     c.migrate_rate_mib_s = 1u << 16;  // the mover never waits for its budget
     c.hysteresis_ticks = 0;
     daemon = std::make_unique<service::Daemon>(io, c, numa::Topology{},
-                                               numa::TierAssignment{{0}, {0}, "fuzz"},
+                                               numa::TierAssignment{{0}, {0}, "fuzz", {}},
                                                numa::MakeLinuxMigrator(), true);
     if (!daemon->Start().ok()) Fail("daemon start");
   }

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -63,6 +65,190 @@ TEST(Topology, ReadsKernelMemoryTiers) {
   ASSERT_TRUE(t.nodes[0].kernel_memory_tier.has_value());
   EXPECT_EQ(*t.nodes[0].kernel_memory_tier, 4);
   system((std::string("rm -rf ") + dir).c_str());
+}
+
+// A fake sysfs tree in a temporary directory, removed at the end.
+class FakeSysfs {
+ public:
+  FakeSysfs() {
+    char dir[] = "/tmp/cxltier-sysfs-XXXXXX";
+    if (mkdtemp(dir)) root_ = dir;
+  }
+  ~FakeSysfs() {
+    if (!root_.empty()) std::filesystem::remove_all(root_);
+  }
+  const std::string& root() const { return root_; }
+  void Write(const std::string& path, const std::string& text) {
+    const std::filesystem::path file = std::filesystem::path(root_) / path;
+    std::filesystem::create_directories(file.parent_path());
+    std::ofstream(file) << text << "\n";
+  }
+  // A node: its CPUs ("" for none), MiB, and HMAT latency/bandwidth (0: none).
+  void Node(int id, const std::string& cpus, uint64_t mib, uint64_t latency_ns = 0,
+            uint64_t bandwidth_mib_s = 0) {
+    const std::string dir = "devices/system/node/node" + std::to_string(id);
+    Write(dir + "/cpulist", cpus);
+    Write(dir + "/meminfo", "Node " + std::to_string(id) +
+                                " MemTotal:  " + std::to_string(mib << 10) + " kB\nNode " +
+                                std::to_string(id) + " MemFree:   1024 kB");
+    if (latency_ns) Write(dir + "/access0/initiators/read_latency", std::to_string(latency_ns));
+    if (bandwidth_mib_s) {
+      Write(dir + "/access0/initiators/read_bandwidth", std::to_string(bandwidth_mib_s));
+    }
+  }
+  void KernelTier(int tier, const std::string& nodelist) {
+    Write("devices/virtual/memory_tiering/memory_tier" + std::to_string(tier) + "/nodelist",
+          nodelist);
+  }
+
+ private:
+  std::string root_;
+};
+
+std::vector<std::vector<int>> TiersOf(const TierAssignment& a) {
+  std::vector<std::vector<int>> out;
+  for (size_t k = 0; k < a.count(); ++k) out.push_back(a.Nodes(k));
+  return out;
+}
+
+using Tiers = std::vector<std::vector<int>>;
+
+std::vector<std::vector<int>> AutoTiers(const std::string& root) {
+  std::string err;
+  const TierAssignment a = AssignTiers(DiscoverSysfs(root), {}, &err);
+  EXPECT_EQ(err, "");
+  return TiersOf(a);
+}
+
+TEST(TopologySysfs, ReadsNodesHmatDistancesAndKernelTiers) {
+  FakeSysfs fs;
+  fs.Node(0, "0-1", 1024, 10, 20480);
+  fs.Node(1, "", 512, 150, 10240);
+  fs.Node(2, "", 512);
+  fs.Write("devices/system/node/node0/distance", "10 20 30");
+  fs.Write("devices/system/node/node1/distance", "20 10 30");
+  fs.Write("devices/system/node/node2/distance", "30 30 10");
+  fs.Write("devices/system/node/possible", "0-2");  // not a node directory
+  fs.KernelTier(4, "0-1");
+  fs.KernelTier(22, "2");
+  const Topology t = DiscoverSysfs(fs.root());
+  EXPECT_EQ(t.source, "sysfs");
+  ASSERT_EQ(t.nodes.size(), 3u);
+  EXPECT_EQ(t.nodes[0].cpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(t.nodes[0].memory_bytes, 1024ull << 20);
+  EXPECT_TRUE(t.nodes[1].cpus.empty());
+  EXPECT_EQ(t.nodes[1].read_latency_ns, 150u);
+  EXPECT_EQ(t.nodes[1].read_bandwidth_mib_s, 10240u);
+  EXPECT_FALSE(t.nodes[2].read_latency_ns.has_value());
+  EXPECT_EQ(t.nodes[1].kernel_memory_tier, 4);
+  EXPECT_EQ(t.nodes[2].kernel_memory_tier, 22);
+  EXPECT_EQ(t.distances[0][2], 30);
+  EXPECT_EQ(t.distances[1][1], 10);
+  EXPECT_TRUE(DiscoverSysfs(fs.root() + "/nothing").nodes.empty());
+}
+
+// The three-node guest: CPUs on node 0, node 1 CPU-less at 150 ns in the
+// DRAM kernel tier, a kmem-onlined CXL node (no HMAT) in a lower kernel tier.
+TEST(TopologySysfs, ThreeNodesOrderedByKernelTierThenHmat) {
+  FakeSysfs fs;
+  fs.Node(0, "0-1", 1024, 10, 20480);
+  fs.Node(1, "", 512, 150, 10240);
+  fs.Node(2, "", 512);
+  fs.KernelTier(4, "0-1");
+  fs.KernelTier(22, "2");
+  EXPECT_EQ(AutoTiers(fs.root()), (Tiers{{0}, {1}, {2}}));
+  // The kernel's tiers win over HMAT: a node the kernel ranks lower comes later.
+  FakeSysfs swapped;
+  swapped.Node(0, "0-1", 1024);
+  swapped.Node(1, "", 512, 100);
+  swapped.Node(2, "", 512, 300);
+  swapped.KernelTier(4, "0,2");
+  swapped.KernelTier(22, "1");
+  EXPECT_EQ(AutoTiers(swapped.root()), (Tiers{{0}, {2}, {1}}));
+}
+
+TEST(TopologySysfs, OneKernelTierSplitByHmatLatency) {
+  FakeSysfs fs;
+  fs.Node(0, "0-3", 1024, 10);
+  fs.Node(1, "", 512, 300);
+  fs.Node(2, "", 512, 150);
+  fs.Node(3, "", 512, 200);  // within 1.5 x 150 ns: node 2's tier
+  fs.Node(4, "", 512, 226);  // more than 1.5 x 150 ns
+  fs.KernelTier(4, "0-4");
+  EXPECT_EQ(AutoTiers(fs.root()), (Tiers{{0}, {2, 3}, {4, 1}}));
+  // No kernel memory tiers (an older kernel): HMAT alone orders and splits.
+  FakeSysfs old;
+  old.Node(0, "0-1", 1024);
+  old.Node(1, "", 512, 300);
+  old.Node(2, "", 512, 150);
+  EXPECT_EQ(AutoTiers(old.root()), (Tiers{{0}, {2}, {1}}));
+}
+
+TEST(TopologySysfs, NoHmatKeepsAKernelTierTogether) {
+  FakeSysfs fs;  // today's hosts: one node with CPUs, one without, no HMAT
+  fs.Node(0, "0-1", 1024);
+  fs.Node(1, "", 1024);
+  EXPECT_EQ(AutoTiers(fs.root()), (Tiers{{0}, {1}}));
+  FakeSysfs two;
+  two.Node(0, "0-1", 1024);
+  two.Node(1, "", 512, 150);
+  two.Node(2, "", 512);  // no HMAT: stays with node 1 in kernel tier 4
+  two.Node(3, "", 512, 180, 500);
+  two.Node(4, "", 512, 180, 900);  // same latency, more bandwidth: first
+  two.KernelTier(4, "0-4");
+  EXPECT_EQ(AutoTiers(two.root()), (Tiers{{0}, {1, 4, 3, 2}}));
+  FakeSysfs one;
+  one.Node(0, "0-1", 1024);
+  std::string err;
+  EXPECT_FALSE(AssignTiers(DiscoverSysfs(one.root()), {}, &err).has_slow());
+  EXPECT_EQ(AssignTiers(DiscoverSysfs(one.root()), {}, &err).count(), 1u);
+}
+
+TEST(TopologySysfs, NodesWithCpusAreTierZeroWhateverTheirKernelTier) {
+  FakeSysfs fs;  // two sockets: both are tier 0, as before
+  fs.Node(0, "0", 1024, 10);
+  fs.Node(1, "1", 1024, 20);
+  fs.Node(2, "", 1024);
+  fs.KernelTier(4, "0-1");
+  fs.KernelTier(22, "2");
+  EXPECT_EQ(AutoTiers(fs.root()), (Tiers{{0, 1}, {2}}));
+}
+
+TEST(TopologySysfs, AtMostEightTiers) {
+  FakeSysfs fs;
+  fs.Node(0, "0", 1024);
+  for (int n = 1; n <= 10; ++n) {
+    fs.Node(n, "", 64);
+    fs.KernelTier(4 + n, std::to_string(n));
+  }
+  const Tiers t = AutoTiers(fs.root());
+  ASSERT_EQ(t.size(), kMaxDiscoveredTiers);
+  EXPECT_EQ(t.back(), (std::vector<int>{7, 8, 9, 10}));
+}
+
+TEST(Topology, NTierOverride) {
+  Topology t;
+  t.nodes = {NumaNode{0, 1 << 30, {0}, {}, {}, {}}, NumaNode{1, 1 << 30, {}, {}, {}, {}},
+             NumaNode{2, 1 << 30, {}, {}, {}, {}}};
+  std::string err;
+  TierAssignment a = AssignTiers(t, Tiers{{0}, {2}, {1}}, &err);
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(TiersOf(a), (Tiers{{0}, {2}, {1}}));
+  EXPECT_EQ(a.why, "config override");
+  EXPECT_EQ(a.TierOf(1), 2);
+  EXPECT_EQ(a.TierOf(7), -1);
+  EXPECT_NE(Describe(t, a).find("node 1: 1024 MiB, 0 CPUs, tier 2"), std::string::npos);
+  AssignTiers(t, Tiers{{0}, {1}, {5}}, &err);
+  EXPECT_EQ(err, "node 5 of tier 2 does not exist");
+  err.clear();
+  AssignTiers(t, Tiers{{0}, {}}, &err);
+  EXPECT_EQ(err, "tier 1 of the override has no node");
+  err.clear();
+  AssignTiers(t, Tiers{{0}}, &err);
+  EXPECT_EQ(err, "the tiers override needs at least two tiers");
+  err.clear();
+  AssignTiers(t, Tiers(9, std::vector<int>{0}), &err);
+  EXPECT_EQ(err, "the tiers override names 9 tiers; at most 8");
 }
 
 constexpr size_t kBytes = 4 << 20;

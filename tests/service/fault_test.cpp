@@ -125,7 +125,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   c.tier0_budget_bytes = uint64_t{kBlocks / 2} * kModel.block_bytes();
   c.max_blocks_per_client = kBlocks;
   c.migrate_rate_mib_s = 1024;
-  numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0"};
+  numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0", {}};
   Daemon d(io, c, numa::Discover(), tiers, std::move(owned), true);
   ASSERT_EQ(d.Start().message, "");
 

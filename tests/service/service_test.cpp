@@ -243,6 +243,33 @@ TEST(Config, DefaultsValidateAndFileOverrides) {
   EXPECT_EQ(back.slow_nodes, c.slow_nodes);
 }
 
+TEST(Config, NTiersAndTheirBudgets) {
+  DaemonConfig c;
+  ASSERT_EQ(LoadConfigText("[tiers]\nnodes = [[0], [1, 3], [2]]\nbudgets = [\"8GiB\", 4096]\n",
+                           "t.toml", &c)
+                .message,
+            "");
+  EXPECT_EQ(c.tier_nodes, (std::vector<std::vector<int>>{{0}, {1, 3}, {2}}));
+  EXPECT_EQ(c.tier0_budget_bytes, 8ull << 30);
+  EXPECT_EQ(c.lower_tier_budget_bytes, std::vector<uint64_t>{4096});
+  EXPECT_EQ(TierBudgetBytes(c, 0, 3, 1 << 20), 8ull << 30);
+  EXPECT_EQ(TierBudgetBytes(c, 1, 3, 1 << 20), 4096u);
+  EXPECT_EQ(TierBudgetBytes(c, 2, 3, 1 << 20), 0u);  // the last tier holds the rest
+  // A middle tier the budgets leave out: its nodes' memory.
+  EXPECT_EQ(TierBudgetBytes(c, 2, 4, 1 << 20), uint64_t{1} << 20);
+  DaemonConfig back;
+  ASSERT_EQ(LoadConfigText(ToToml(c), "back.toml", &back).message, "") << ToToml(c);
+  EXPECT_EQ(back.tier_nodes, c.tier_nodes);
+  EXPECT_EQ(back.tier0_budget_bytes, c.tier0_budget_bytes);
+  EXPECT_EQ(back.lower_tier_budget_bytes, c.lower_tier_budget_bytes);
+  // Tier 0's budget alone, in [tiers]: the same as [engine] tier0_budget.
+  DaemonConfig one;
+  ASSERT_EQ(LoadConfigText("[tiers]\nbudgets = [\"2GiB\"]\n", "t.toml", &one).message, "");
+  EXPECT_EQ(one.tier0_budget_bytes, 2ull << 30);
+  EXPECT_TRUE(one.lower_tier_budget_bytes.empty());
+  EXPECT_EQ(TierBudgetBytes(one, 1, 2, 1 << 20), 0u);
+}
+
 TEST(Config, ErrorsNameTheProblem) {
   for (auto [text, want] : std::vector<std::pair<std::string, std::string>>{
            {"[daemon]\ntick_ms = \"fast\"\n", "tick_ms must be"},
@@ -253,6 +280,18 @@ TEST(Config, ErrorsNameTheProblem) {
            {"[engine]\ntier0_budget = \"lots\"\n", "tier0_budget must be"},
            {"[tiers]\nfast_nodes = [0]\n", "both fast_nodes and slow_nodes"},
            {"[tiers]\nfast_nodes = [-1]\nslow_nodes=[0]\n", "node numbers"},
+           {"[tiers]\nnodes = [0, 1]\n", "[tiers] nodes must be an array of tiers"},
+           {"[tiers]\nnodes = [[0], [-2]]\n", "arrays of node numbers (0-1023)"},
+           {"[tiers]\nnodes = [[0]]\n", "[tiers] nodes must name 2 to 8 tiers"},
+           {"[tiers]\nnodes = [[0], []]\n", "[tiers] nodes: tier 1 is empty"},
+           {"[tiers]\nnodes = [[0], [1]]\nfast_nodes = [0]\nslow_nodes = [1]\n",
+            "give one or the other"},
+           {"[tiers]\nnodes = [[0], [1]]\nbudgets = [1, 2]\n", "2 budgets for 2 tiers"},
+           {"[tiers]\nbudgets = []\n", "needs tier 0's budget"},
+           {"[tiers]\nbudgets = \"1GiB\"\n", "[tiers] budgets must be an array"},
+           {"[tiers]\nbudgets = [\"1GiB\", \"lots\"]\n", "[tiers] budgets must be an array"},
+           {"[engine]\ntier0_budget = 5\n[tiers]\nbudgets = [5, 6]\n", "given twice"},
+           {"[tiers]\nbudgets = [1, 2, 3, 4, 5, 6, 7, 8]\n", "at most 7"},
            {"[limits]\nmax_message_bytes = 10\n", "max_message_bytes"},
            // Found by fuzz_config: a size past int64 was accepted, then could not print back.
            {"[engine]\ntier0_budget = \"10000000000000000000K\"\n", "tier0_budget must be"},
@@ -922,7 +961,7 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
   boost::asio::io_context io;
   auto fake = std::make_unique<SlowNodeMigrator>();
   SlowNodeMigrator* where = fake.get();
-  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow"},
+  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow", {}},
            std::move(fake), false);
   ASSERT_EQ(d.Start().message, "");
   const server::Peer peer{1, getpid(), getuid(), getgid()};
@@ -949,7 +988,7 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
 
 TEST(Daemon, ReloadRecomputesThePlannersBudget) {
   const std::filesystem::path dir = TempDir("reload");
-  const numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0"};
+  const numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0", {}};
   auto budget = [](const Daemon& d) {
     return d.StatusJson()["migrations"]["budget_bytes_per_tick"].get<uint64_t>();
   };

@@ -95,7 +95,7 @@ struct InProcessDaemon {
     c.tier0_budget_bytes = budget_bytes;
     c.max_blocks_per_client = blocks;
     numa::Topology topo = numa::Discover();
-    numa::TierAssignment tiers{{0}, {0}, "bench"};
+    numa::TierAssignment tiers{{0}, {0}, "bench", {}};
     daemon = std::make_unique<service::Daemon>(io, c, topo, tiers,
                                                std::make_unique<numa::NullMigrator>(), true);
     daemon->OnConnect(peer);

@@ -44,7 +44,7 @@ struct SocketDaemon {
     c.tick_ms = 100;
     c.persist = false;
     daemon = std::make_unique<service::Daemon>(io, c, numa::Discover(),
-                                               numa::TierAssignment{{0}, {0}, "bench"},
+                                               numa::TierAssignment{{0}, {0}, "bench", {}},
                                                numa::MakeLinuxMigrator(), false);
     if (!daemon->Start().ok()) std::abort();
     srv = std::make_unique<server::Server>(io, *daemon, server::ServerOptions{});

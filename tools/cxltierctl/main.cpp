@@ -92,14 +92,26 @@ int RunPlan(const PlanFlags& f) {
   return 0;
 }
 
+// "tier 1 (nodes 1): 12 blocks, 12.0 MiB of 1.0 GiB, 150 ns": the budget when
+// the tier has one, HMAT read latency when every node's is known.
 std::string TierText(const nlohmann::json& t) {
-  std::string nodes;
-  for (const auto& n : t["nodes"])
+  std::string nodes, latency;
+  bool latency_known = !t["nodes"].empty();
+  for (const auto& n : t["nodes"]) {
     nodes += (nodes.empty() ? "" : ",") + std::to_string(n["node"].get<int>());
+    if (!n.contains("read_latency_ns")) {
+      latency_known = false;
+    } else {
+      latency +=
+          (latency.empty() ? "" : "/") + std::to_string(n["read_latency_ns"].get<uint64_t>());
+    }
+  }
+  const uint64_t budget = t.value("budget_bytes", uint64_t{0});
   return "tier " + std::to_string(t["tier"].get<int>()) + " (nodes " +
          (nodes.empty() ? "-" : nodes) + "): " + std::to_string(t["blocks"].get<uint64_t>()) +
          " blocks, " + cxltier::FormatBytes(t["used_bytes"].get<uint64_t>()) +
-         (t["tier"] == 0 ? " of " + cxltier::FormatBytes(t["budget_bytes"].get<uint64_t>()) : "");
+         (budget > 0 ? " of " + cxltier::FormatBytes(budget) : "") +
+         (latency_known ? ", " + latency + " ns" : "");
 }
 
 void PrintReadable(const std::string& what, const nlohmann::json& j) {
