@@ -50,12 +50,30 @@ copy_checks() {
   grep -q '"copies": [1-9]' "$1" || fail "no block was copied in $1"
 }
 
-if [ "$SHAPE" = cxl ]; then
-  # QEMU 7.2's cxl-type3 has only persistent memory: pmem region -> devdax -> kmem.
+# QEMU 7.2's cxl-type3 has only persistent memory: pmem region -> devdax -> kmem.
+cxl_as_devdax() {
   echo "== the emulated CXL Type-3 device as device-DAX"
   cxl create-region -m -t pmem -d decoder0.0 -w 1 mem0 >/tmp/region.json || fail "cxl create-region"
   ndctl create-namespace -m devdax -r region0 >/tmp/ns.json || fail "ndctl create-namespace"
   [ -c /dev/dax0.0 ] || fail "no /dev/dax0.0"
+}
+# Not movable: pinned pages of a movable zone are migrated off it (to node 0).
+cxl_as_system_ram() {  # NODE: the node the CXL memory must become
+  echo "== bringing it online as system RAM, not movable (pinned pools stay on it)"
+  daxctl reconfigure-device --mode=system-ram --no-movable dax0.0 >/tmp/dax.json ||
+    fail "daxctl reconfigure-device"
+  grep -q "\"target_node\":$1" /tmp/dax.json || fail "the CXL memory did not become node $1"
+  [ -n "$(cat /sys/devices/system/node/node$1/cpulist)" ] && fail "the CXL node has CPUs"
+  return 0
+}
+
+if [ "$SHAPE" = hmat ]; then
+  cxl_as_devdax
+  cxl_as_system_ram 2
+fi
+
+if [ "$SHAPE" = cxl ]; then
+  cxl_as_devdax
   echo "== copy mode, tier 1 the device-DAX device (never onlined), tier 0 pinned"
   start_daemon
   cxltier-loadgen --socket "$SOCK" $COPY_RUN --devdax /dev/dax0.0 \
@@ -66,12 +84,7 @@ if [ "$SHAPE" = cxl ]; then
   grep -q "tier 1 pool 0 (device-DAX" /tmp/cxltierd.log || fail "the daemon did not map the device"
   kill -TERM $DAEMON
   wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
-  # Not movable: pinned pages of a movable zone are migrated off it (to node 0).
-  echo "== bringing it online as system RAM, not movable (pinned pools stay on it)"
-  daxctl reconfigure-device --mode=system-ram --no-movable dax0.0 >/tmp/dax.json ||
-    fail "daxctl reconfigure-device"
-  grep -q '"target_node":1' /tmp/dax.json || fail "the CXL memory did not become node 1"
-  [ -n "$(cat /sys/devices/system/node/node1/cpulist)" ] && fail "the CXL node has CPUs"
+  cxl_as_system_ram 1
 fi
 
 echo "== $SHAPE guest: nodes $(cat /sys/devices/system/node/online), node 1 CPUs: '$(cat /sys/devices/system/node/node1/cpulist 2>/dev/null)'"
@@ -79,7 +92,8 @@ start_daemon
 grep -q "tiers: auto" /tmp/cxltierd.log || fail "the daemon did not pick tiers itself"
 cxltierctl --socket "$SOCK" tiers | tee /tmp/tiers.txt
 grep -q '^tier 0 (nodes 0)' /tmp/tiers.txt || fail "tier 0 is not node 0 alone"
-grep -q '^tier 1 (nodes 1)' /tmp/tiers.txt || fail "node 1 is not the slow tier"
+# The hmat guest's CXL node 2 serves as tier 1 too: the engine places blocks in two tiers.
+grep -q '^tier 1 (nodes 1[,)]' /tmp/tiers.txt || fail "node 1 is not the slow tier"
 if [ "$SHAPE" = cxl ]; then
   # In 6.1 only the kmem-onlined CXL node lands in a lower memory tier.
   t0=$(cat /sys/devices/virtual/memory_tiering/memory_tier*/nodelist | grep -n '^0$' | cut -d: -f1)
@@ -88,9 +102,18 @@ if [ "$SHAPE" = cxl ]; then
   grep -q '"kernel_memory_tier":4,"memory_bytes":[0-9]*,"node":0' /tmp/tiers.txt || fail "tier of node 0"
 fi
 if [ "$SHAPE" = hmat ]; then
-  # node 1 is slower in the HMAT table the guest was built with (250 ns against 10 ns).
-  grep -q '"node":1,"read_bandwidth_mib_s":5120,"read_latency_ns":250' /tmp/tiers.txt ||
+  # node 1 is slower in the HMAT table the guest was built with (150 ns against 10 ns).
+  grep -q '"node":1,"read_bandwidth_mib_s":5120,"read_latency_ns":150' /tmp/tiers.txt ||
     fail "the daemon did not read node 1's HMAT latency and bandwidth"
+  # Three tiers, in order: node 0 (CPUs), node 1 (CPU-less, the DRAM kernel
+  # memory tier, 150 ns), node 2 (the kmem CXL node, a lower kernel tier).
+  for t in /sys/devices/virtual/memory_tiering/memory_tier*; do echo "$t: $(cat $t/nodelist)"; done
+  grep -q "tiers: auto: .* in 2 tiers by kernel memory tier" /tmp/cxltierd.log ||
+    fail "the daemon did not find two tiers below tier 0"
+  grep -q "node 0: .* tier 0, read latency 10 ns" /tmp/cxltierd.log || fail "node 0 is not tier 0"
+  grep -q "node 1: .* tier 1, read latency 150 ns" /tmp/cxltierd.log || fail "node 1 is not tier 1"
+  grep -q "node 2: .* 0 CPUs, tier 2, kernel memory_tier" /tmp/cxltierd.log ||
+    fail "the CXL node 2 is not tier 2"
 fi
 
 CHECKS="--check-placement --expect-moves --expect-slow-tier --expect-kernel-migrations"

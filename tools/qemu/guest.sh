@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a QEMU guest from Debian's kernel, busybox and our binaries, boots it
-# with a CPU-less second NUMA node (or an emulated CXL Type-3 device), runs a
-# command inside, and exits with that command's status.
+# with a CPU-less second NUMA node (or an emulated CXL Type-3 device, or both:
+# the hmat shape has three memory nodes), runs a command inside, and exits with
+# that command's status.
 #
 #   tools/qemu/guest.sh --shape numa|hmat|cxl [--run 'CMD'] [--shell] [--file SRC:DST]...
 #                       [--bin DIR] [--cache DIR] [--memory MiB] [--timeout SECONDS]
@@ -65,7 +66,10 @@ need() {
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
 }
 need qemu-system-x86 busybox-static cpio
-[ "$SHAPE" = cxl ] && need ndctl daxctl
+# The cxl and hmat shapes have the emulated CXL Type-3 device.
+HAS_CXL=0
+case "$SHAPE" in cxl|hmat) HAS_CXL=1 ;; esac
+[ "$HAS_CXL" = 1 ] && need ndctl daxctl
 
 # ---- the kernel, cached per version ----
 source "$ROOT/tools/qemu/lib.sh"
@@ -111,7 +115,7 @@ add_mod() {
   cp "$path" "$STAGE/lib/modules/"
   order+=("$name")
 }
-if [ "$SHAPE" = cxl ]; then
+if [ "$HAS_CXL" = 1 ]; then
   for t in cxl daxctl ndctl; do copy_with_libs "$(command -v $t)" "/bin/$t"; done
   for m in cxl_acpi cxl_pci cxl_port cxl_mem cxl_pmem libnvdimm nd_pmem dax_pmem device_dax kmem; do
     add_mod "$m"
@@ -161,31 +165,38 @@ case "$SHAPE" in
            -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,memdev=m1
            -numa dist,src=0,dst=1,val=20) ;;
   hmat)
-    ARGS+=(-machine q35,hmat=on
+    # Three memory nodes: node 0 with the CPUs, node 1 CPU-less at 150 ns in
+    # HMAT, and the CXL device below, onlined in the guest as node 2.
+    ARGS+=(-machine q35,hmat=on,cxl=on
            -object memory-backend-ram,id=m0,size=${HALF}M -object memory-backend-ram,id=m1,size=${HALF}M
            -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,memdev=m1,initiator=0
            -numa dist,src=0,dst=1,val=20
            -numa hmat-lb,initiator=0,target=0,hierarchy=memory,data-type=access-latency,latency=10
            -numa hmat-lb,initiator=0,target=0,hierarchy=memory,data-type=access-bandwidth,bandwidth=20G
-           -numa hmat-lb,initiator=0,target=1,hierarchy=memory,data-type=access-latency,latency=250
+           -numa hmat-lb,initiator=0,target=1,hierarchy=memory,data-type=access-latency,latency=150
            -numa hmat-lb,initiator=0,target=1,hierarchy=memory,data-type=access-bandwidth,bandwidth=5G) ;;
   cxl)
-    # QEMU 7.2 has only a persistent memdev for cxl-type3, so: pmem region ->
-    # devdax -> kmem. A second, empty root port is needed (see docs/testing.md).
-    # Fresh backing files every boot: stale namespace labels in the LSA would
-    # make the guest's namespace creation fail.
-    rm -f "$CACHE/cxl-mem0.raw" "$CACHE/cxl-lsa0.raw"
-    # An SRAT (one explicit node) is what lets the kernel give the CXL window a node of its own.
     ARGS+=(-machine q35,cxl=on
-           -object memory-backend-ram,id=m0,size=${MEMORY}M -numa node,nodeid=0,cpus=0-1,memdev=m0
-           -object memory-backend-file,id=cxl-mem0,share=on,mem-path="$CACHE/cxl-mem0.raw",size=512M
-           -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$CACHE/cxl-lsa0.raw",size=256M
-           -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1
-           -device cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2
-           -device cxl-rp,port=1,bus=cxl.1,id=root_port14,chassis=0,slot=3
-           -device cxl-type3,bus=root_port13,memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0
-           -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G) ;;
+           -object memory-backend-ram,id=m0,size=${MEMORY}M -numa node,nodeid=0,cpus=0-1,memdev=m0) ;;
 esac
+
+if [ "$HAS_CXL" = 1 ]; then
+  # QEMU 7.2 has only a persistent memdev for cxl-type3, so: pmem region ->
+  # devdax -> kmem. A second, empty root port is needed (see docs/testing.md).
+  # Fresh backing files every boot: stale namespace labels in the LSA would
+  # make the guest's namespace creation fail. An SRAT (explicit nodes) is what
+  # lets the kernel give the CXL window a node of its own. QEMU 7.2 cannot put
+  # the window in HMAT (it is no -numa node), so the guest's kernel knows no
+  # latency for it; it puts kmem memory in a lower memory tier.
+  rm -f "$CACHE/cxl-mem0-$SHAPE.raw" "$CACHE/cxl-lsa0-$SHAPE.raw"
+  ARGS+=(-object memory-backend-file,id=cxl-mem0,share=on,mem-path="$CACHE/cxl-mem0-$SHAPE.raw",size=512M
+         -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$CACHE/cxl-lsa0-$SHAPE.raw",size=256M
+         -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1
+         -device cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2
+         -device cxl-rp,port=1,bus=cxl.1,id=root_port14,chassis=0,slot=3
+         -device cxl-type3,bus=root_port13,memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0
+         -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G)
+fi
 
 if [ -n "$DISK" ]; then
   ARGS+=(-drive "file=$DISK,if=none,id=disk0,format=raw,cache=unsafe"
