@@ -165,8 +165,9 @@ int main(int argc, char** argv) {
   if (tiers.count() > 2) {
     // The placement engine holds two tiers: the lower ones' nodes serve as tier 1.
     spdlog::warn(
-        "{} tiers found; blocks are placed in two: the nodes of tiers 2-{} serve as tier 1",
-        tiers.count(), tiers.count() - 1);
+        "{} tiers found; blocks are placed in two: the nodes of tier{} serve as tier 1",
+        tiers.count(),
+        tiers.count() > 3 ? "s 2-" + std::to_string(tiers.count() - 1) : std::string(" 2"));
     for (const std::vector<int>& nodes : tiers.lower_nodes) {
       tiers.slow_nodes.insert(tiers.slow_nodes.end(), nodes.begin(), nodes.end());
     }
