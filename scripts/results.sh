@@ -42,3 +42,9 @@ run --workload attention --budget 32GiB --policy ema:0.001,ema:0.003,ema:0.01,em
 echo "## Tick mode (the daemon's semantics)"
 run --workload attention --budget 32GiB --policy lru,lfu,ema:0.01,ema:0.15 --persist both \
   --mode tick --tick-steps 8 --migrate-per-tick 2GiB --hysteresis 2 --jobs 2
+
+echo "## Three tiers (16 GiB tier 0, 32 GiB tier 1, the rest in tier 2)"
+run --workload attention --tiers 16GiB,32GiB \
+  --policy lru,lfu,ema:0.01,ema:0.15,arc,s3fifo,sieve,tinylfu,default,min --persist persist --jobs 2
+run --workload attention --tiers 16GiB,32GiB --policy lru,lfu,ema:0.01,ema:0.15,default --persist persist \
+  --mode tick --tick-steps 8 --migrate-per-tick 2GiB --hysteresis 2 --jobs 2

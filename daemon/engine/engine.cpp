@@ -14,6 +14,12 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
       ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0,
               options.ghost_capacity_per_owner) {
   assert(policy_ && options.block_bytes > 0);
+  assert(options.lower_tier_budget_bytes.size() + 2 <= kMaxTiers);
+  tiers_ = static_cast<unsigned>(options.lower_tier_budget_bytes.size()) + 2;
+  for (uint64_t bytes : options.lower_tier_budget_bytes) {
+    lower_capacity_.push_back(bytes / options.block_bytes);
+  }
+  lower_.resize(lower_capacity_.size());
   // Allocating (and so faulting in) the tables now keeps that cost out of the
   // first touches; without the hint they grow by doubling.
   states_.resize(options.expected_blocks);
@@ -24,6 +30,12 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
+  heat_epoch_ = policy_->HeatEpoch();
+}
+
+size_t Engine::tier_capacity_blocks(unsigned k) const {
+  if (k == 0) return capacity_;
+  return k < tiers_ - 1 ? lower_capacity_[k - 1] : std::numeric_limits<size_t>::max();
 }
 
 Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
@@ -31,7 +43,7 @@ Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
 Slot Engine::Admit(const BlockKey& key, uint32_t owner) { return AdmitAt(key, Tier::kNone, owner); }
 
 Slot Engine::Admit(const BlockKey& key, Tier placed, uint32_t owner) {
-  assert(options_.mode == Mode::kTick && placed != Tier::kNone);
+  assert(options_.mode == Mode::kTick && TierIndex(placed) < tiers_);
   return AdmitAt(key, placed, owner);
 }
 
@@ -46,7 +58,8 @@ bool Engine::RestoreGhost(const BlockState& ghost, uint32_t owner) {
   return true;
 }
 
-// `placed` kNone: the engine decides (tick mode: tier 0 while it has room).
+// `placed` kNone: the engine decides (tick mode: tier 0 while it has room,
+// then the first tier below with room in its ranking).
 Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   const Slot s = free_slots_.empty() ? next_slot_ : free_slots_.back();
   if (const Slot known = index_.Insert(key, s); known != s) return known;
@@ -80,6 +93,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   st.flags |= kFlagResident;
   moved_tick_[s] = 0;
   slot_hints_[s].placed_ahead = 0;
+  slot_hints_[s].rank = 0;
   owners_[s] = owner;
   const auto [known_owner, new_owner] =
       owner_index_.try_emplace(owner, static_cast<uint32_t>(in_set_by_owner_.size()));
@@ -88,25 +102,95 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   retry_[s] = Retry{};
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
-    const bool fast = placed == Tier::kNone ? fast_blocks_ < capacity_ : placed == Tier::kFast;
-    SetTier(s, fast ? Tier::kFast : Tier::kSlow);
+    if (placed == Tier::kNone) {
+      placed = tier_blocks_[0] < capacity_ ? Tier::kFast : TierAt(FirstLowerWithRoom());
+    }
+    const bool fast = placed == Tier::kFast;
+    SetTier(s, placed);
     if (fast) ++counters_.placed_fast;
     Log(fast ? EngineEvent::kPlaceFast : EngineEvent::kPlaceSlow, s);
-    Reclassify(s);
+    if (fast) {
+      Reclassify(s);
+    } else {
+      Rank(s, TierIndex(placed));
+    }
   }
   return s;
 }
 
 void Engine::SetTier(Slot s, Tier t) {
   BlockState& st = states_[s];
-  if (st.tier == Tier::kFast) --fast_blocks_;
-  if (st.tier == Tier::kSlow) --slow_blocks_;
+  if (st.tier != Tier::kNone) --tier_blocks_[TierIndex(st.tier)];
   st.tier = t;
-  if (t == Tier::kFast) ++fast_blocks_;
-  if (t == Tier::kSlow) ++slow_blocks_;
+  if (t != Tier::kNone) ++tier_blocks_[TierIndex(t)];
+}
+
+unsigned Engine::FirstLowerWithRoom() const {
+  for (unsigned k = 1; k + 1 < tiers_; ++k) {
+    if (lower_[k - 1].Size() < lower_capacity_[k - 1]) return k;
+  }
+  return tiers_ - 1;
+}
+
+void Engine::RekeyIfNeeded() {
+  const uint64_t epoch = policy_->HeatEpoch();
+  if (epoch == heat_epoch_) return;
+  heat_epoch_ = epoch;
+  std::vector<Slot> members;
+  for (SlotHeap& h : lower_) {
+    members.clear();
+    for (const SlotHeap::Entry& e : h.entries()) members.push_back(e.slot);
+    for (Slot m : members) h.Set(m, policy_->Heat(m), states_[m].touch_seq);
+  }
+}
+
+void Engine::Rank(Slot s, unsigned tier) {
+  const unsigned last = tiers_ - 1;
+  Unrank(s);
+  slot_hints_[s].rank = static_cast<uint8_t>(std::min(tier, last));
+  if (tier < last) {
+    RekeyIfNeeded();
+    lower_[tier - 1].Set(s, policy_->Heat(s), states_[s].touch_seq);
+    // Each middle tier over its capacity sends its coldest one tier down
+    // (`s` itself when it is the coldest).
+    for (unsigned k = tier; k < last && lower_[k - 1].Size() > lower_capacity_[k - 1]; ++k) {
+      const Slot c = lower_[k - 1].Pop();
+      slot_hints_[c].rank = static_cast<uint8_t>(k + 1);
+      if (k + 1 < last) lower_[k].Set(c, policy_->Heat(c), states_[c].touch_seq);
+      if (c != s) Settle(c);
+    }
+  }
+  Settle(s);
+}
+
+void Engine::Unrank(Slot s) {
+  const unsigned r = slot_hints_[s].rank;
+  if (r != 0 && r + 1 < tiers_) lower_[r - 1].Erase(s);
+  slot_hints_[s].rank = 0;
+}
+
+void Engine::Settle(Slot s) {
+  if (options_.mode == Mode::kTick) {
+    Reclassify(s);
+    return;
+  }
+  BlockState& st = states_[s];
+  const Tier to = TierAt(slot_hints_[s].rank);
+  if (st.tier == to || st.tier == Tier::kNone) return;
+  const bool up = TierIndex(to) < TierIndex(st.tier);
+  SetTier(s, to);
+  if (up) {
+    ++counters_.promotions;
+    counters_.promoted_bytes += options_.block_bytes;
+  } else {
+    ++counters_.demotions;
+    counters_.demoted_bytes += options_.block_bytes;
+  }
+  Log(up ? EngineEvent::kPromote : EngineEvent::kDemote, s);
 }
 
 void Engine::EnterSet(Slot s) {
+  Unrank(s);
   states_[s].flags |= kFlagInTarget;
   ++in_set_;
   ++in_set_by_owner_[slot_hints_[s].owner];
@@ -131,14 +215,11 @@ void Engine::ForgetIfReset(BlockState& v) const {
 
 void Engine::DemoteNow(Slot v) {
   assert(states_[v].tier == Tier::kFast);
-  SetTier(v, Tier::kSlow);
-  ++counters_.demotions;
-  counters_.demoted_bytes += options_.block_bytes;
-  Log(EngineEvent::kDemote, v);
+  Rank(v, 1);
 }
 
 void Engine::EnterFastNow(Slot s) {
-  if (states_[s].tier == Tier::kSlow) {
+  if (states_[s].tier != Tier::kNone && states_[s].tier != Tier::kFast) {
     ++counters_.promotions;
     counters_.promoted_bytes += options_.block_bytes;
     Log(EngineEvent::kPromote, s);
@@ -158,8 +239,17 @@ void Engine::JoinSet(Slot s, const engine::Touch& t) {
     if (victim != kNoSlot) DemoteNow(victim);
     EnterFastNow(s);
   } else {
-    if (victim != kNoSlot) Reclassify(victim);
+    if (victim != kNoSlot) LeftSetTick(victim);
     Reclassify(s);
+  }
+}
+
+void Engine::LeftSetTick(Slot v) {
+  const Tier t = states_[v].tier;
+  if (t == Tier::kFast) {
+    Reclassify(v);  // ranked when Plan() demotes it
+  } else {
+    Rank(v, TierIndex(t));
   }
 }
 
@@ -182,6 +272,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   const bool hit = st.tier == Tier::kFast;
   ++counters_.touches;
   if (hit) ++counters_.hits;
+  if (st.tier != Tier::kNone) ++counters_.tier_hits[TierIndex(st.tier)];
   now_ = t.now;
   if (slot_hints_[s].placed_ahead) {
     slot_hints_[s].placed_ahead = 0;
@@ -200,8 +291,12 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   st.score = policy_->Score(st, prev_score, prev_time, fresh, t);
 
   if (capacity_ == 0) {
-    // No tier 0 at all: every block lives in tier 1.
-    if (st.tier == Tier::kNone) SetTier(s, Tier::kSlow);
+    // No tier 0 at all: every block lives below it, ranked as it first comes.
+    if (st.tier == Tier::kNone) {
+      const unsigned k = FirstLowerWithRoom();
+      SetTier(s, TierAt(k));
+      Rank(s, k);
+    }
     return hit;
   }
   if (st.flags & kFlagInTarget) {
@@ -215,7 +310,9 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
     }
     return hit;
   }
-  // The blocks of done and idle groups leave the set before the policy's own choice.
+  // The blocks of done and idle groups leave the set before the policy's own
+  // choice; `s`, on its way in, no longer counts in its tier's ranking.
+  Unrank(s);
   if (in_set_ >= capacity_ && !PoolEmpty()) Displace(PoolBack());
   JoinSet(s, t);
   return hit;
@@ -228,10 +325,13 @@ void Engine::Release(Slot s) {
   ClearSet(s);
   LeaveGroup(s);
   queues_.Remove(s);
+  Unrank(s);
   Log(EngineEvent::kRelease, s);
   // A move in flight will be ignored by Complete(); stop counting it now.
-  if (st.flags & kFlagMigrating)
-    --(st.tier == Tier::kSlow ? inflight_promotions_ : inflight_demotions_);
+  if (st.flags & kFlagMigrating) {
+    --inflight_in_[slot_hints_[s].moving_to];
+    --inflight_out_[TierIndex(st.tier)];
+  }
   SetTier(s, Tier::kNone);
   if (options_.persistence == Persistence::kPersist) {
     BlockState ghost = st;
@@ -259,6 +359,10 @@ void Engine::Reclassify(Slot s) {
     const bool in_set = st.flags & kFlagInTarget;
     if (in_set && st.tier != Tier::kFast) want = kPromoteQueue;
     if (!in_set && st.tier == Tier::kFast) want = kDemoteQueue;
+    if (!in_set && st.tier != Tier::kFast && slot_hints_[s].rank != 0 &&
+        slot_hints_[s].rank != TierIndex(st.tier)) {
+      want = kLowerQueue;
+    }
   }
   uint8_t have = queues_.ListOf(s);
   if (have == kRetouchedQueue) have = kPromoteQueue;  // one candidate queue, in two parts
@@ -278,14 +382,22 @@ std::span<const Move> Engine::Plan() {
   uint64_t budget = options_.migrate_bytes_per_tick ? options_.migrate_bytes_per_tick
                                                     : std::numeric_limits<uint64_t>::max();
   // Tier-0 blocks once every promotion planned so far (this tick or earlier) is done.
-  size_t projected = fast_blocks_ + inflight_promotions_;
+  size_t projected = tier_blocks_[0] + inflight_in_[0];
 
   auto plan_move = [&](Slot s, Tier to) {
     BlockState& st = states_[s];
     moves_.push_back(Move{s, st.generation, st.tier, to});
     st.flags |= kFlagMigrating;
     queues_.Remove(s);
-    ++(to == Tier::kFast ? inflight_promotions_ : inflight_demotions_);
+    slot_hints_[s].moving_to = static_cast<uint8_t>(TierIndex(to));
+    ++inflight_in_[TierIndex(to)];
+    ++inflight_out_[TierIndex(st.tier)];
+  };
+  // A block leaving tier 0 goes to its rank (ranked now if it was not: a
+  // block admitted into tier 0 and never in the set).
+  auto demote = [&](Slot d) {
+    if (slot_hints_[d].rank == 0) Rank(d, 1);
+    plan_move(d, TierAt(slot_hints_[d].rank));
   };
 
   Slot demote_cursor = queues_.Back(kDemoteQueue);
@@ -297,12 +409,12 @@ std::span<const Move> Engine::Plan() {
   };
   // Tier 0 over its budget (blocks admitted where their pages already were):
   // demote outside-the-set blocks first.
-  for (size_t after = projected - std::min(projected, inflight_demotions_);
+  for (size_t after = projected - std::min(projected, inflight_out_[0]);
        after > capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
     const Slot d = demote_cursor;
     demote_cursor = queues_.Prev(d);
     budget -= bb;
-    plan_move(d, Tier::kSlow);
+    demote(d);
   }
   // Promotions: the blocks touched again while queued, then the others, each
   // from its queue's head (most recently touched or queued first).
@@ -327,10 +439,22 @@ std::span<const Move> Engine::Plan() {
       budget -= 2 * bb;
       const Slot d = demote_cursor;
       demote_cursor = queues_.Prev(d);
-      plan_move(d, Tier::kSlow);
+      demote(d);
       plan_move(p, Tier::kFast);
     }
     p = next;
+  }
+  // Below tier 0: blocks whose rank changed, longest waiting first, each into
+  // its tier when that has room (once the moves planned into it are done).
+  for (Slot s = queues_.Back(kLowerQueue); s != kNoSlot && budget >= bb;) {
+    const Slot prev = queues_.Prev(s);
+    const unsigned to = slot_hints_[s].rank;
+    if (!Held(s) &&
+        (to == tiers_ - 1 || tier_blocks_[to] + inflight_in_[to] < lower_capacity_[to - 1])) {
+      budget -= bb;
+      plan_move(s, TierAt(to));
+    }
+    s = prev;
   }
   return moves_;
 }
@@ -341,7 +465,8 @@ void Engine::Complete(const Move& m, bool done) {
   if (st.generation != m.generation || !(st.flags & kFlagResident)) return;
   if (!(st.flags & kFlagMigrating)) return;
   st.flags &= static_cast<uint8_t>(~kFlagMigrating);
-  --(m.to == Tier::kFast ? inflight_promotions_ : inflight_demotions_);
+  --inflight_in_[TierIndex(m.to)];
+  --inflight_out_[TierIndex(m.from)];
   if (!done) {
     ++counters_.failed_moves;
     // Back off: 1, 2, 4, ... x retry_min_ticks, at most retry_max_ticks.
@@ -356,7 +481,7 @@ void Engine::Complete(const Move& m, bool done) {
     retry_[m.slot] = Retry{};
     SetTier(m.slot, m.to);
     moved_tick_[m.slot] = tick_;
-    if (m.to == Tier::kFast) {
+    if (TierIndex(m.to) < TierIndex(m.from)) {
       ++counters_.promotions;
       counters_.promoted_bytes += options_.block_bytes;
       Log(EngineEvent::kPromote, m.slot);
@@ -374,10 +499,12 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   policy_ = std::move(policy);
   policy_->Bind(&states_, capacity_, options_.persistence, options_.mode);
   policy_->Reserve(states_.size());
+  heat_epoch_ = policy_->HeatEpoch();
   std::vector<Slot> live;
   for (Slot s = 0; s < next_slot_; ++s) {
     if (!IsLive(s)) continue;
     ClearSet(s);
+    Unrank(s);
     if (states_[s].touch_count > 0) live.push_back(s);
   }
   for (Group& g : groups_) g.hinted_out = false;
@@ -391,6 +518,17 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
       if (victim != kNoSlot) ClearSet(victim);
     }
   }
+  // Below tier 0, the blocks are ranked again by the new policy's heat, in the
+  // tiers they sit in (in the order they were last touched).
+  std::vector<Slot> below;
+  for (Slot s = 0; s < next_slot_; ++s) {
+    if (IsLive(s) && !(states_[s].flags & kFlagInTarget) && states_[s].tier != Tier::kFast) {
+      below.push_back(s);
+    }
+  }
+  std::sort(below.begin(), below.end(),
+            [this](Slot a, Slot b) { return states_[a].touch_seq < states_[b].touch_seq; });
+  for (Slot s : below) Rank(s, TierIndex(states_[s].tier));
   for (Slot s = 0; s < next_slot_; ++s) {
     if (IsLive(s)) Reclassify(s);
   }
@@ -398,9 +536,14 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
 
 void Engine::Relocated(Slot s, Tier tier) {
   if (!IsLive(s) || (states_[s].flags & kFlagMigrating) || states_[s].tier == tier) return;
-  if (tier != Tier::kFast && tier != Tier::kSlow) return;
+  if (TierIndex(tier) >= tiers_) return;
   SetTier(s, tier);
-  Reclassify(s);
+  if (!(states_[s].flags & kFlagInTarget) && tier != Tier::kFast) {
+    Rank(s, TierIndex(tier));
+  } else {
+    if (!(states_[s].flags & kFlagInTarget)) Unrank(s);
+    Reclassify(s);
+  }
 }
 
 size_t Engine::PlanAndApply() {
@@ -494,7 +637,7 @@ void Engine::Displace(Slot v) {
   if (options_.mode == Mode::kDemand) {
     DemoteNow(v);
   } else {
-    Reclassify(v);
+    LeftSetTick(v);
   }
 }
 
@@ -502,6 +645,7 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   if (capacity_ == 0) return false;
   if (in_set_ >= capacity_) {
     if (!PoolEmpty()) {
+      Unrank(s);  // on its way in
       Displace(PoolBack());
     } else if (in_set_by_owner_[owner_index_.at(owner)] != in_set_) {
       return false;  // the policy might evict another owner's block

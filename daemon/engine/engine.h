@@ -5,6 +5,7 @@
 // Thread-safety: none. One owner calls every method.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -16,6 +17,7 @@
 #include "engine/ghost_store.h"
 #include "engine/key_index.h"
 #include "engine/policy.h"
+#include "engine/slot_heap.h"
 #include "engine/slot_list.h"
 #include "engine/types.h"
 
@@ -24,6 +26,9 @@ namespace cxltier::engine {
 struct EngineOptions {
   uint64_t block_bytes = 5ull << 20;          // bytes of one block (5 MiB: Llama-3 70B)
   uint64_t tier0_budget_bytes = 32ull << 30;  // bytes of tier 0 cxltier may fill
+  // Bytes of tiers 1 .. N-2 cxltier may fill, for a host with N > 2 tiers;
+  // the last tier holds the rest. Empty: two tiers.
+  std::vector<uint64_t> lower_tier_budget_bytes;
   Persistence persistence = Persistence::kPersist;
   Mode mode = Mode::kDemand;
   size_t ghost_capacity = 1u << 20;  // ghosts kept after release (persist only)
@@ -42,14 +47,17 @@ struct EngineOptions {
 struct EngineCounters {
   uint64_t touches = 0;
   uint64_t hits = 0;  // touches of a block in tier 0 at that moment
+  // Touches of a block in tier k at that moment (tier_hits[0] == hits); a
+  // touch of a block with no tier yet (demand mode's first) counts in none.
+  std::array<uint64_t, kMaxTiers> tier_hits{};
   uint64_t admits = 0;
   uint64_t releases = 0;
   uint64_t ghost_restores = 0;  // admits that got a ghost's state back
   uint64_t ghosts_dropped = 0;  // ghosts pushed out of the bounded store (by either bound)
   uint64_t evictions = 0;       // blocks the policy took out of its tier-0 set
   uint64_t placed_fast = 0;     // new blocks placed straight into tier 0
-  uint64_t promotions = 0;      // tier 1 -> tier 0 moves
-  uint64_t demotions = 0;       // tier 0 -> tier 1 moves
+  uint64_t promotions = 0;      // moves to a faster tier (tier 1 -> tier 0 with two)
+  uint64_t demotions = 0;       // moves to a slower tier (tier 0 -> tier 1 with two)
   uint64_t promoted_bytes = 0;
   uint64_t demoted_bytes = 0;
   uint64_t failed_moves = 0;      // moves the caller reported as not done
@@ -101,8 +109,8 @@ class Engine {
   Slot Admit(const BlockKey& key, uint32_t owner = 0);
 
   // Tick mode, for the daemon: admits `key` whose pages already sit in `placed`
-  // (kFast or kSlow). Tier 0 may then hold more than the budget; the next plans
-  // demote the excess. REQUIRES: mode kTick.
+  // (any tier). A tier may then hold more than its budget; the next plans
+  // demote the excess. REQUIRES: mode kTick, placed < tiers().
   Slot Admit(const BlockKey& key, Tier placed, uint32_t owner = 0);
 
   // Persist only: puts a ghost (from a checkpoint) into the ghost store as
@@ -145,8 +153,11 @@ class Engine {
   // tier 0, first those touched again since they were queued, then the others,
   // each group most recently touched first, each paired (when tier 0 is full) with
   // the demotion of the tier-0 block that left the set longest ago. Demotions
-  // come before the promotions they make room for. Returns the moves; the span
-  // lives until the next Plan().
+  // come before the promotions they make room for. With more than two tiers, a
+  // block demoted from tier 0 goes to the tier its rank gives it, and then the
+  // blocks below tier 0 whose rank changed move, longest waiting first, into
+  // tiers with room (the last always has). Returns the moves; the span lives
+  // until the next Plan().
   std::span<const Move> Plan();
 
   // Reports the outcome of a planned move. Only a move reported done changes the
@@ -191,14 +202,25 @@ class Engine {
   const Policy& policy() const { return *policy_; }
   size_t capacity_blocks() const { return capacity_; }
   size_t live_blocks() const { return index_.size(); }
-  size_t tier_blocks(Tier t) const { return t == Tier::kFast ? fast_blocks_ : slow_blocks_; }
+  size_t tier_blocks(Tier t) const {
+    return TierIndex(t) < kMaxTiers ? tier_blocks_[TierIndex(t)] : 0;
+  }
+  // The number of tiers: 2 + lower_tier_budget_bytes.size().
+  unsigned tiers() const { return tiers_; }
+  // Tier k's capacity in blocks (the last tier's: unbounded, SIZE_MAX).
+  size_t tier_capacity_blocks(unsigned k) const;
+  // Below tier 0: the tier the block outside the policy's set is ranked in (it
+  // sits there, or will once Plan() moves it); 0 for a block in the set or
+  // not ranked yet (admitted into tier 0 and not demoted since).
+  unsigned rank(Slot s) const { return slot_hints_[s].rank; }
   const GhostStore& ghosts() const { return ghosts_; }
 
   // Attach a log that receives every EngineEvent (nullptr detaches).
   void set_event_log(std::vector<EngineEvent>* log) { log_ = log; }
 
  private:
-  enum Queue { kPromoteQueue = 0, kDemoteQueue = 1, kRetouchedQueue = 2 };
+  // kLowerQueue: blocks below tier 0 whose rank differs from the tier they sit in.
+  enum Queue { kPromoteQueue = 0, kDemoteQueue = 1, kRetouchedQueue = 2, kLowerQueue = 3 };
   enum Pool { kDonePool = 0, kIdlePool = 1 };  // hinted_ lists, taken from in this order
 
   // A group of blocks that hints name (docs/policies.md, "Scheduler hints").
@@ -228,6 +250,9 @@ class Engine {
   // policy's victim leaves, and demand mode moves both now, tick mode queues.
   void JoinSet(Slot s, const engine::Touch& t);
   void LeaveSet(Slot victim);
+  // Tick mode: `v` left the set. Below tier 0 it is ranked in the tier it sits
+  // in; in tier 0 it waits there unranked, and is ranked when Plan() demotes it.
+  void LeftSetTick(Slot v);
   // With reset, a block that leaves the set loses its history.
   void ForgetIfReset(BlockState& v) const;
   // Demand mode: `v` leaves tier 0 now; `s` enters it now (a promotion from
@@ -236,6 +261,18 @@ class Engine {
   void EnterFastNow(Slot s);
   void EnterSet(Slot s);
   void ClearSet(Slot s);
+  // Ranking below tier 0 (docs/policies.md, "More than two tiers"): `s`,
+  // outside the set, enters tier `tier`'s ranking by its heat; each middle
+  // tier over its capacity then sends its coldest one tier down. Every block
+  // whose rank changed is settled: moved now (demand) or queued (tick).
+  void Rank(Slot s, unsigned tier);
+  void Unrank(Slot s);
+  // Demand mode: moves `s` to its rank now; tick mode: queues it for Plan().
+  void Settle(Slot s);
+  // The first tier below tier 0 with room in its ranking (the last if none).
+  unsigned FirstLowerWithRoom() const;
+  // The policy's heat changed its scale (adaptive's leader): re-keys the rankings.
+  void RekeyIfNeeded();
   // Takes the block out of the set for a hint (no policy eviction is counted).
   void Displace(Slot v);
   // Room for one more block in the set for `owner`: free room, an idle or done
@@ -274,6 +311,8 @@ class Engine {
     uint32_t pos = 0;
     uint32_t owner = 0;
     uint8_t placed_ahead = 0;
+    uint8_t rank = 0;       // Engine::rank()
+    uint8_t moving_to = 0;  // the destination of its move in flight
   };
   std::vector<SlotHint> slot_hints_;
   // The groups; soon groups with blocks still to place.
@@ -293,15 +332,21 @@ class Engine {
   // at the front), demotion candidates (oldest at the back, served first), and
   // promotion candidates touched again while waiting (most recent at the front,
   // served before the others).
-  SlotLists queues_{3};
+  SlotLists queues_{4};
   std::vector<Move> moves_;
   EngineCounters counters_;
   uint64_t seq_ = 0;
   uint64_t tick_ = 0;
-  size_t fast_blocks_ = 0;
-  size_t slow_blocks_ = 0;
-  size_t inflight_promotions_ = 0;  // planned moves to tier 0 not yet completed
-  size_t inflight_demotions_ = 0;   // planned moves to tier 1 not yet completed
+  unsigned tiers_ = 2;
+  std::array<size_t, kMaxTiers> tier_blocks_{};
+  // Planned moves not yet completed, into and out of each tier.
+  std::array<size_t, kMaxTiers> inflight_in_{};
+  std::array<size_t, kMaxTiers> inflight_out_{};
+  // Tiers 1 .. N-2 (index k - 1): their capacity in blocks, and the blocks
+  // ranked in each by their heat when they entered it, coldest on top.
+  std::vector<size_t> lower_capacity_;
+  std::vector<SlotHeap> lower_;
+  uint64_t heat_epoch_ = 0;
   std::vector<EngineEvent>* log_ = nullptr;
 };
 

@@ -192,10 +192,31 @@ class MinPolicy final : public HeapPolicy {
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_count);
   }
+  void OnHit(Slot s, const Touch& t) override {
+    Remember(s, t);
+    HeapPolicy::OnHit(s, t);
+  }
+  Slot OnMiss(Slot s, const Touch& t) override {
+    Remember(s, t);
+    return HeapPolicy::OnMiss(s, t);
+  }
+  void Erase(Slot s) override {
+    if (s < next_use_.size()) next_use_[s] = kNever;
+    HeapPolicy::Erase(s);
+  }
+  // Below tier 0 too, the sooner the next touch, the hotter.
+  double Heat(Slot s) const override {
+    return -static_cast<double>(s < next_use_.size() ? next_use_[s] : kNever);
+  }
 
  private:
+  void Remember(Slot s, const Touch& t) {
+    GrowFor(next_use_, s, kNever);
+    next_use_[s] = t.next_use;
+  }
   // Min-heap on -next_use = max-heap on next_use.
   double Key(Slot, const Touch& t) const override { return -static_cast<double>(t.next_use); }
+  std::vector<uint64_t> next_use_;  // by slot: the next touch its last touch foretold
 };
 
 // Adaptive Replacement Cache (Megiddo and Modha, FAST'03).
@@ -574,6 +595,7 @@ class AdaptivePolicy final : public Policy {
     for (const Expert& e : experts_) e.policy->Prefetch(s);
   }
   double Heat(Slot s) const override { return experts_[leader_].policy->Heat(s); }
+  uint64_t HeatEpoch() const override { return follows_; }
   void OnResume(Slot s, uint64_t idle_for, uint64_t now) override {
     for (Expert& e : experts_) e.policy->OnResume(s, idle_for, now);
   }
@@ -700,6 +722,7 @@ class AdaptivePolicy final : public Policy {
   // by their last touch), so R evicts as that leader did.
   void Follow(size_t k) {
     leader_ = k;
+    ++follows_;
     std::vector<Slot> out;
     const std::vector<uint8_t>& in = experts_[k].member;
     for (int l : {kAgree, kOther}) {
@@ -732,6 +755,7 @@ class AdaptivePolicy final : public Policy {
   uint64_t hold_touches_ = 0;
   uint64_t drops_ = 0;  // evictions by any expert, for Expert::dropped
   size_t leader_ = 0;
+  uint64_t follows_ = 0;  // leader changes: Heat's scale changes with them
   SlotLists lists_{2};
 };
 

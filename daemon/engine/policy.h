@@ -52,8 +52,12 @@ class Policy {
   virtual void Erase(Slot s) = 0;
 
   // How hot the live block `s` is, higher hotter: orders a group's blocks for a
-  // soon hint (Engine::Hint). The block's score unless the policy knows better.
+  // soon hint (Engine::Hint), and ranks the blocks below tier 0 when there are
+  // more than two tiers. The block's score unless the policy knows better.
   virtual double Heat(Slot s) const { return state(s).score; }
+  // Changes when Heat's scale changes (adaptive: its leader), so that heats
+  // taken before are not compared with heats taken after.
+  virtual uint64_t HeatEpoch() const { return 0; }
 
   // A soon hint places the block, whose group was idle for `idle_for` clock
   // units and runs again (now `now`): history the policy keeps by time of its

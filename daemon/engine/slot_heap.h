@@ -1,4 +1,4 @@
-// An indexed binary min-heap of slots ordered by (primary, secondary).
+// An indexed binary min-heap of slots ordered by (primary, secondary, slot).
 // Push, Update, Erase and Pop are O(log n); Top and Contains are O(1).
 #pragma once
 
@@ -24,6 +24,8 @@ class SlotHeap {
   bool Empty() const { return heap_.empty(); }
   // REQUIRES: !Empty().
   const Entry& Top() const { return heap_.front(); }
+  // Every entry, in heap order.
+  const std::vector<Entry>& entries() const { return heap_; }
 
   void Reserve(size_t n) {
     if (n > pos_.size()) pos_.resize(n, kNoPos);
@@ -79,7 +81,8 @@ class SlotHeap {
 
   static bool Less(const Entry& a, const Entry& b) {
     if (a.primary != b.primary) return a.primary < b.primary;
-    return a.secondary < b.secondary;
+    if (a.secondary != b.secondary) return a.secondary < b.secondary;
+    return a.slot < b.slot;  // a fixed order for full ties
   }
 
   void Place(uint32_t i, const Entry& e) {

@@ -62,12 +62,16 @@ struct BlockKeyHash {
   size_t operator()(const BlockKey& key) const { return static_cast<size_t>(HashKey(key)); }
 };
 
-// Tiers, fastest first.
+// Tiers, fastest first. A host has two or more: tier k is TierAt(k), for k
+// below kMaxTiers; the last one holds what the faster ones have no room for.
 enum class Tier : uint8_t {
   kFast = 0,     // tier 0: DRAM, nodes with CPUs
-  kSlow = 1,     // tier 1: CXL Type-3 or a remote node
+  kSlow = 1,     // tier 1: CXL Type-3 or a remote node (the last tier of a two-tier host)
   kNone = 0xff,  // not resident anywhere (a ghost)
 };
+inline constexpr unsigned kMaxTiers = 8;
+constexpr Tier TierAt(unsigned k) { return static_cast<Tier>(k); }
+constexpr unsigned TierIndex(Tier t) { return static_cast<unsigned>(t); }
 
 // BlockState::flags bits (written by the daemon only).
 enum BlockFlags : uint8_t {

@@ -640,6 +640,11 @@ Outcome RunEngine(const EngineOptions& o, const std::string& policy, const std::
         const bool hit = e.Touch(e.Find(k), Touch{obs, now, next});
         // Invariants that hold after every touch.
         EXPECT_LE(e.tier_blocks(Tier::kFast), e.capacity_blocks());
+        if (o.mode == Mode::kDemand) {
+          for (unsigned t = 1; t + 1 < e.tiers(); ++t) {
+            EXPECT_LE(e.tier_blocks(TierAt(t)), e.tier_capacity_blocks(t));
+          }
+        }
         return hit;
       },
       [&](const BlockKey& k) { e.Release(e.Find(k)); }, [&] { e.PlanAndApply(); });
@@ -678,10 +683,17 @@ bool Same(const Outcome& a, const Outcome& b) {
          x.demotions == y.demotions && x.placed_fast == y.placed_fast &&
          x.ghost_restores == y.ghost_restores && x.ghosts_dropped == y.ghosts_dropped &&
          x.hints == y.hints && x.hint_displaced == y.hint_displaced &&
-         x.hint_prefetched == y.hint_prefetched && x.hint_prefetch_hits == y.hint_prefetch_hits;
+         x.hint_prefetched == y.hint_prefetched && x.hint_prefetch_hits == y.hint_prefetch_hits &&
+         x.tier_hits == y.tier_hits;
 }
 
 void ExpectSame(const Outcome& a, const Outcome& b, const std::string& what) {
+  if (getenv("DUMP_LOGS") && !Same(a, b)) {
+    for (size_t i = 0; i < std::max(a.log.size(), b.log.size()); ++i) {
+      fprintf(stderr, "%3zu %-16s %-16s\n", i, i < a.log.size() ? Describe(a.log[i]).c_str() : "",
+              i < b.log.size() ? Describe(b.log[i]).c_str() : "");
+    }
+  }
   ASSERT_EQ(a.hits, b.hits) << what;
   ASSERT_EQ(a.answers, b.answers) << what;
   for (size_t i = 0; i < std::min(a.log.size(), b.log.size()); ++i) {
@@ -703,6 +715,22 @@ void ExpectSame(const Outcome& a, const Outcome& b, const std::string& what) {
   ASSERT_EQ(x.hint_displaced, y.hint_displaced) << what;
   ASSERT_EQ(x.hint_prefetched, y.hint_prefetched) << what;
   ASSERT_EQ(x.hint_prefetch_hits, y.hint_prefetch_hits) << what;
+  ASSERT_EQ(x.tier_hits, y.tier_hits) << what;
+}
+
+// Half the random traces run with two tiers, the others with three or four:
+// middle tiers of 0 to `universe` / 2 blocks.
+void RandomLowerTiers(std::mt19937_64& rng, int universe, EngineOptions& o) {
+  const int middle = static_cast<int>(rng() % 4);  // 0 or 1: two tiers
+  for (int k = 1; k < middle; ++k) {
+    o.lower_tier_budget_bytes.push_back(kBlock * (rng() % (universe / 2 + 1)));
+  }
+}
+
+std::string TiersOf(const EngineOptions& o) {
+  std::string s = " tiers " + std::to_string(o.lower_tier_budget_bytes.size() + 2);
+  for (uint64_t b : o.lower_tier_budget_bytes) s += " " + std::to_string(b / kBlock);
+  return s;
 }
 
 const char* kPolicies[] = {"lru",    "lfu",   "ema:0.01", "ema:0.15", "arc",
@@ -754,9 +782,10 @@ TEST_P(Differential, EngineMatchesReferenceOnRandomTraces) {
       o.migrate_bytes_per_tick = (rng() % 2) ? 0 : kBlock * (1 + rng() % 4);
       o.hysteresis_ticks = static_cast<uint32_t>(rng() % 4);
     }
+    RandomLowerTiers(rng, universe, o);
     const std::string what = std::string(policy) + " trace " + std::to_string(t) + " universe " +
                              std::to_string(universe) + " capacity " +
-                             std::to_string(o.tier0_budget_bytes / kBlock);
+                             std::to_string(o.tier0_budget_bytes / kBlock) + TiersOf(o);
     const Outcome want = RunReference(o, policy, ops, tick_steps);
     const Outcome got = RunEngine(o, policy, ops, tick_steps);
     switched += want.leader_changes > 0;
@@ -1003,10 +1032,11 @@ TEST_P(DifferentialHints, EngineMatchesReferenceOnRandomTracesWithHints) {
       o.migrate_bytes_per_tick = (rng() % 2) ? 0 : kBlock * (1 + rng() % 4);
       o.hysteresis_ticks = static_cast<uint32_t>(rng() % 4);
     }
-    const std::string what = std::string(policy) + " hint trace " + std::to_string(t) +
-                             " universe " + std::to_string(universe) + " capacity " +
-                             std::to_string(o.tier0_budget_bytes / kBlock) + " groups " +
-                             std::to_string(groups) + " owners " + std::to_string(owners);
+    RandomLowerTiers(rng, universe, o);
+    const std::string what =
+        std::string(policy) + " hint trace " + std::to_string(t) + " universe " +
+        std::to_string(universe) + " capacity " + std::to_string(o.tier0_budget_bytes / kBlock) +
+        TiersOf(o) + " groups " + std::to_string(groups) + " owners " + std::to_string(owners);
     const Outcome want = RunReferenceHints(o, policy, ops, tick_steps, owners, kEngineHintQuirks);
     const Outcome got = RunEngineHints(o, policy, ops, tick_steps, owners);
     if (want.ambiguous > 0 && !Same(got, want)) {

@@ -14,6 +14,10 @@
 // Scheduler hints (docs/policies.md, "Scheduler hints"): a map group -> its
 // members, the idle and done blocks as two explicit vectors in the order they
 // leave, the soon groups still placing in a vector served round by round.
+//
+// More than two tiers (docs/policies.md, "More than two tiers"): each block
+// outside the set has a rank (the tier it belongs in); a middle tier's members
+// are found by a scan, and its coldest by ColdestFirst, as hints order blocks.
 #pragma once
 
 #include <algorithm>
@@ -54,6 +58,8 @@ class ReferenceEngine {
   ReferenceEngine(const EngineOptions& o, const std::string& policy, Quirks q = {})
       : quirks(q), o_(o) {
     cap_ = o.tier0_budget_bytes / o.block_bytes;
+    tiers_ = static_cast<unsigned>(o.lower_tier_budget_bytes.size()) + 2;
+    for (uint64_t bytes : o.lower_tier_budget_bytes) lower_cap_.push_back(bytes / o.block_bytes);
     std::string spec = policy == "default" ? std::string(kDefaultPolicy) : policy;
     if (spec == "adaptive") spec = std::string(kAdaptivePolicy);
     if (spec.starts_with("adaptive:")) {
@@ -77,14 +83,12 @@ class ReferenceEngine {
     B b;
     b.key = key;
     b.owner = owner;
-    if (quirks.candidates_by_slot) {
-      // The engine's slots: the last one freed first, else a new one.
-      if (free_slots_.empty()) {
-        b.slot = next_slot_++;
-      } else {
-        b.slot = free_slots_.back();
-        free_slots_.pop_back();
-      }
+    // The engine's slots: the last one freed first, else a new one.
+    if (free_slots_.empty()) {
+      b.slot = next_slot_++;
+    } else {
+      b.slot = free_slots_.back();
+      free_slots_.pop_back();
     }
     if (Persist()) {
       for (auto it = ghosts_.begin(); it != ghosts_.end(); ++it) {
@@ -106,10 +110,15 @@ class ReferenceEngine {
     ++counters.admits;
     if (o_.mode == Mode::kTick) {
       const bool room = CountTier(Tier::kFast) < cap_;
-      blocks_[id].tier = room ? Tier::kFast : Tier::kSlow;
+      const unsigned below = FirstLowerWithRoom();
+      blocks_[id].tier = room ? Tier::kFast : TierAt(below);
       if (room) ++counters.placed_fast;
       Log(room ? EngineEvent::kPlaceFast : EngineEvent::kPlaceSlow, id);
-      Classify(id);
+      if (room) {
+        Classify(id);
+      } else {
+        RankBelow(id, below);
+      }
     }
   }
 
@@ -119,6 +128,7 @@ class ReferenceEngine {
     const bool hit = b.tier == Tier::kFast;
     ++counters.touches;
     if (hit) ++counters.hits;
+    if (b.tier != Tier::kNone) ++counters.tier_hits[TierIndex(b.tier)];
     now_ = now;
     if (b.placed_ahead) {  // a soon placed it: this is its next touch
       b.placed_ahead = false;
@@ -139,7 +149,11 @@ class ReferenceEngine {
     if (policies_[0].kind == Kind::kLru) b.score = static_cast<double>(b.seq);
     if (policies_[0].kind != Kind::kLru && policies_[0].kind != Kind::kEma) b.score = b.count;
     if (cap_ == 0) {
-      if (b.tier == Tier::kNone) b.tier = Tier::kSlow;
+      if (b.tier == Tier::kNone) {
+        const unsigned k = FirstLowerWithRoom();
+        b.tier = TierAt(k);
+        RankBelow(id, k);
+      }
       return hit;
     }
     if (b.in_set) {
@@ -154,11 +168,14 @@ class ReferenceEngine {
       }
       return hit;
     }
-    // Idle and done blocks leave before the policy chooses.
+    // Idle and done blocks leave before the policy chooses (`id`, on its way
+    // in, is no longer ranked).
+    b.rank = 0;
     if (InSet() >= cap_ && Pooled()) Displace(NextPooled());
     const std::optional<size_t> victim =
         adaptive_ ? AdaptiveMiss(id, obs, now) : policies_[0].Miss(id, obs, now);
     blocks_[id].in_set = true;
+    blocks_[id].rank = 0;
     if (victim) {
       B& v = blocks_[*victim];
       v.in_set = false;
@@ -168,12 +185,8 @@ class ReferenceEngine {
       if (!Persist()) v.score = 0, v.count = 0, v.time = 0;
     }
     if (o_.mode == Mode::kDemand) {
-      if (victim) {
-        blocks_[*victim].tier = Tier::kSlow;
-        ++counters.demotions;
-        Log(EngineEvent::kDemote, *victim);
-      }
-      if (blocks_[id].tier == Tier::kSlow) {
+      if (victim) RankBelow(*victim, 1);
+      if (blocks_[id].tier != Tier::kNone) {
         ++counters.promotions;
         Log(EngineEvent::kPromote, id);
       } else {
@@ -182,7 +195,7 @@ class ReferenceEngine {
       }
       blocks_[id].tier = Tier::kFast;
     } else {
-      if (victim) Classify(*victim);
+      if (victim) LeftSetTick(*victim);
       Classify(id);
     }
     return hit;
@@ -196,6 +209,7 @@ class ReferenceEngine {
     Unpool(id);
     LeaveGroup(id);
     b.queue = kNone;
+    b.rank = 0;
     Log(EngineEvent::kRelease, id);
     b.tier = Tier::kNone;
     if (Persist() && o_.ghost_capacity > 0) {
@@ -213,7 +227,7 @@ class ReferenceEngine {
     }
     b.live = false;
     live_.erase(key);
-    if (quirks.candidates_by_slot) free_slots_.push_back(b.slot);
+    free_slots_.push_back(b.slot);
     ++counters.releases;
     ServePending(now_);  // the room it leaves
   }
@@ -290,27 +304,46 @@ class ReferenceEngine {
                           [&](size_t id) { return blocks_[id].retouched; });
     const std::vector<size_t> demos = QueueOrder(kDemoteQ);
     std::vector<std::pair<size_t, Tier>> moves;
+    std::vector<size_t> planned_into(kMaxTiers, 0);
+    auto plan = [&](size_t id, Tier to) {
+      moves.push_back({id, to});
+      ++planned_into[TierIndex(to)];
+      blocks_[id].queue = kNone;
+    };
     size_t di = 0;
     for (size_t p : promos) {
       if (Held(p)) continue;
       if (projected < cap_) {
         if (budget < bb) break;
         budget -= bb;
-        moves.push_back({p, Tier::kFast});
+        plan(p, Tier::kFast);
         ++projected;
       } else {
         while (di < demos.size() && Held(demos[di])) ++di;
         if (di == demos.size() || budget / 2 < bb) break;
         budget -= 2 * bb;
-        moves.push_back({demos[di++], Tier::kSlow});
-        moves.push_back({p, Tier::kFast});
+        const size_t d = demos[di++];
+        // To its rank; ranked now if it never was (admitted into tier 0).
+        if (blocks_[d].rank == 0) RankBelow(d, 1);
+        plan(d, TierAt(blocks_[d].rank));
+        plan(p, Tier::kFast);
       }
     }
-    for (auto& [id, _] : moves) blocks_[id].queue = kNone;
+    // Below tier 0: rank changes, longest waiting first, into tiers with room.
+    for (size_t id : QueueOrder(kLowerQ)) {
+      if (budget < bb) break;
+      const unsigned to = blocks_[id].rank;
+      if (blocks_[id].queue != kLowerQ || Held(id)) continue;
+      if (to == tiers_ - 1 || CountTier(TierAt(to)) + planned_into[to] < lower_cap_[to - 1]) {
+        budget -= bb;
+        plan(id, TierAt(to));
+      }
+    }
     for (auto& [id, to] : moves) {
+      const bool up = TierIndex(to) < TierIndex(blocks_[id].tier);
       blocks_[id].tier = to;
       blocks_[id].moved_tick = tick_;
-      if (to == Tier::kFast) {
+      if (up) {
         ++counters.promotions;
         Log(EngineEvent::kPromote, id);
       } else {
@@ -335,7 +368,7 @@ class ReferenceEngine {
 
  private:
   static constexpr int kNone = -1;
-  enum { kPromoteQ = 0, kDemoteQ = 1 };
+  enum { kPromoteQ = 0, kDemoteQ = 1, kLowerQ = 2 };
   // What the engine keeps of a block (its 64-byte state, its tier, R and the
   // planner's queues). What a policy keeps is in RefPolicy::Entry.
   struct B {
@@ -352,9 +385,10 @@ class ReferenceEngine {
     uint32_t owner = 0;
     GroupId group = kNoGroup;
     bool placed_ahead = false;  // a soon placed it, not touched since
-    uint32_t slot = 0;          // the engine's slot (Quirks::candidates_by_slot)
+    uint32_t slot = 0;          // the engine's slot
     int queue = kNone;
     uint64_t queue_stamp = 0;
+    unsigned rank = 0;       // outside the set: the tier it belongs in (0: not ranked)
     bool retouched = false;  // promotion candidate touched since it was queued
     uint64_t moved_tick = 0;
   };
@@ -927,6 +961,10 @@ class ReferenceEngine {
     int want = kNone;
     if (b.live && b.in_set && b.tier != Tier::kFast) want = kPromoteQ;
     if (b.live && !b.in_set && b.tier == Tier::kFast) want = kDemoteQ;
+    if (b.live && !b.in_set && b.tier != Tier::kFast && b.rank != 0 &&
+        b.rank != TierIndex(b.tier)) {
+      want = kLowerQ;
+    }
     if (want != b.queue) {
       b.queue = want;
       b.queue_stamp = ++qstamp_;
@@ -941,6 +979,58 @@ class ReferenceEngine {
     std::sort(ids.begin(), ids.end(),
               [&](size_t a, size_t b) { return blocks_[a].queue_stamp < blocks_[b].queue_stamp; });
     return ids;
+  }
+
+  // ---- more than two tiers ----
+
+  std::vector<size_t> RankedIn(unsigned k) const {
+    std::vector<size_t> ids;
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      if (blocks_[i].live && !blocks_[i].in_set && blocks_[i].rank == k) ids.push_back(i);
+    }
+    return ids;
+  }
+  unsigned FirstLowerWithRoom() const {
+    for (unsigned k = 1; k + 1 < tiers_; ++k) {
+      if (RankedIn(k).size() < lower_cap_[k - 1]) return k;
+    }
+    return tiers_ - 1;
+  }
+  // `id` belongs in tier `tier` (it left the set, or was placed there); each
+  // middle tier then over its capacity sends its coldest one tier down.
+  void RankBelow(size_t id, unsigned tier) {
+    blocks_[id].rank = std::min(tier, tiers_ - 1);
+    for (unsigned k = tier; k + 1 < tiers_; ++k) {
+      const std::vector<size_t> m = RankedIn(k);
+      if (m.size() <= lower_cap_[k - 1]) break;
+      const size_t c = ColdestFirst(m).front();
+      blocks_[c].rank = k + 1;
+      if (c != id) Settle(c);
+    }
+    Settle(id);
+  }
+  // Tick mode: a block that left the set is ranked where it sits, unless that
+  // is tier 0: then when it is demoted.
+  void LeftSetTick(size_t id) {
+    if (blocks_[id].tier == Tier::kFast) {
+      Classify(id);
+    } else {
+      RankBelow(id, TierIndex(blocks_[id].tier));
+    }
+  }
+  // Demand: to its rank now; tick: queued.
+  void Settle(size_t id) {
+    B& b = blocks_[id];
+    if (o_.mode == Mode::kTick) {
+      Classify(id);
+      return;
+    }
+    const Tier to = TierAt(b.rank);
+    if (b.tier == to || b.tier == Tier::kNone) return;
+    const bool up = b.rank < TierIndex(b.tier);
+    b.tier = to;
+    ++(up ? counters.promotions : counters.demotions);
+    Log(up ? EngineEvent::kPromote : EngineEvent::kDemote, id);
   }
 
   // ---- scheduler hints ----
@@ -1004,13 +1094,17 @@ class ReferenceEngine {
     uint64_t t = 0;
     for (size_t id : ids) t = std::max(t, ema(id).time);
     auto heat = [&](size_t id) -> long double {
+      // MIN (never hinted): the sooner the next touch, the hotter.
+      if (p.kind == Kind::kMin) return -static_cast<long double>(blocks_[id].next_use);
       if (p.kind != Kind::kEma) return blocks_[id].score;
       const Ema x = ema(id);
       return x.score * std::pow(1.0L - p.alpha, static_cast<long double>(t - x.time));
     };
     std::sort(ids.begin(), ids.end(), [&](size_t a, size_t b) {
       const long double ha = heat(a), hb = heat(b);
-      return ha != hb ? ha < hb : blocks_[a].seq < blocks_[b].seq;
+      if (ha != hb) return ha < hb;
+      if (blocks_[a].seq != blocks_[b].seq) return blocks_[a].seq < blocks_[b].seq;
+      return blocks_[a].slot < blocks_[b].slot;  // never touched: by slot
     });
     if (p.kind == Kind::kEma) {
       for (size_t a : ids) {
@@ -1038,11 +1132,9 @@ class ReferenceEngine {
     Log(EngineEvent::kEvict, v);
     if (!Persist()) b.score = 0, b.count = 0, b.time = 0;
     if (o_.mode == Mode::kDemand) {
-      b.tier = Tier::kSlow;
-      ++counters.demotions;
-      Log(EngineEvent::kDemote, v);
+      RankBelow(v, 1);
     } else {
-      Classify(v);
+      LeftSetTick(v);
     }
   }
 
@@ -1053,6 +1145,7 @@ class ReferenceEngine {
     if (cap_ == 0) return false;
     if (InSet() >= cap_) {
       if (Pooled()) {
+        blocks_[id].rank = 0;  // on its way in
         Displace(NextPooled());
       } else {
         for (const B& x : blocks_) {
@@ -1073,6 +1166,7 @@ class ReferenceEngine {
         adaptive_ ? AdaptiveMiss(id, 0.0, now) : policies_[0].Miss(id, 0.0, now);
     placing_ = false;
     blocks_[id].in_set = true;
+    blocks_[id].rank = 0;
     blocks_[id].placed_ahead = true;
     ++counters.hint_prefetched;
     if (victim) {
@@ -1084,12 +1178,8 @@ class ReferenceEngine {
       if (!Persist()) v.score = 0, v.count = 0, v.time = 0;
     }
     if (o_.mode == Mode::kDemand) {
-      if (victim) {
-        blocks_[*victim].tier = Tier::kSlow;
-        ++counters.demotions;
-        Log(EngineEvent::kDemote, *victim);
-      }
-      if (blocks_[id].tier == Tier::kSlow) {
+      if (victim) RankBelow(*victim, 1);
+      if (blocks_[id].tier != Tier::kNone) {
         ++counters.promotions;
         Log(EngineEvent::kPromote, id);
       } else {
@@ -1098,7 +1188,7 @@ class ReferenceEngine {
       }
       blocks_[id].tier = Tier::kFast;
     } else {
-      if (victim) Classify(*victim);
+      if (victim) LeftSetTick(*victim);
       Classify(id);
       // Wanted soon: planned with the blocks touched while queued.
       if (blocks_[id].queue == kPromoteQ) {
@@ -1154,7 +1244,9 @@ class ReferenceEngine {
 
   EngineOptions o_;
   size_t cap_;
-  double score_alpha_ = 0;  // the alpha of the ema whose value is the block's score, if any
+  unsigned tiers_ = 2;
+  std::vector<size_t> lower_cap_;  // tiers 1 .. N-2, in blocks
+  double score_alpha_ = 0;         // the alpha of the ema whose value is the block's score, if any
   std::vector<B> blocks_;
   std::map<BlockKey, size_t> live_;
   std::deque<Ghost> ghosts_;

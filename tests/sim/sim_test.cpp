@@ -384,6 +384,56 @@ TEST(SimCli, TickModeReportsMigrationBytes) {
             j[0]["ticks"].get<uint64_t>() * (40ull << 20));
 }
 
+// --tiers: three tiers; tier_hits per tier, tier 0 first, tier_hits[0] the
+// hits; in demand mode a block's first touch is in no tier, so the tiers add
+// up to the touches less the distinct first touches. Tier 0 and 1 together as
+// one tier 0 would hit at least what tier 0 and tier 1 hit (rank puts the
+// hottest in tier 0), and tick mode places blocks in all three.
+TEST(SimCli, TiersGiveEachTiersHits) {
+  const std::string w =
+      " --workload attention:steps=400,sessions=6,batch=3,context_min=4096,context_max=16384"
+      " --policy lru,lfu,default --persist persist --json";
+  const ShellResult r = Shell(kSim + w + " --tiers 256MiB,512MiB");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 3u);
+  const ShellResult two = Shell(kSim + w + " --budget 256MiB");
+  const ShellResult wide = Shell(kSim + w + " --budget 768MiB");
+  ASSERT_EQ(two.status, 0);
+  ASSERT_EQ(wide.status, 0);
+  const auto j2 = nlohmann::json::parse(two.out), jw = nlohmann::json::parse(wide.out);
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& row = j[i];
+    ASSERT_EQ(row["tier_hits"].size(), 3u) << row;
+    EXPECT_EQ(row["tier_budget_bytes"], (std::vector<uint64_t>{256ull << 20, 512ull << 20}));
+    EXPECT_EQ(row["tier_hits"][0], row["hits"]);
+    const uint64_t sum = row["tier_hits"][0].get<uint64_t>() + row["tier_hits"][1].get<uint64_t>() +
+                         row["tier_hits"][2].get<uint64_t>();
+    // Every admission is followed by its first touch, found in no tier.
+    EXPECT_EQ(sum, row["touches"].get<uint64_t>() - row["admits"].get<uint64_t>()) << row;
+    EXPECT_GT(row["tier_hits"][1].get<uint64_t>(), 0u) << row;
+    EXPECT_GT(row["tier_hits"][2].get<uint64_t>(), 0u) << row;
+    // Tier 0 is the policy's set whatever lies below: the same hits as with two tiers.
+    EXPECT_EQ(row["hits"], j2[i]["hits"]) << row["policy"];
+    EXPECT_EQ(j2[i]["tier_hits"].size(), 2u);
+    EXPECT_EQ(j2[i]["tier_hits"][0], j2[i]["hits"]);
+    // Tiers 0 and 1 hold what one 768 MiB tier 0 would hold, for LRU exactly.
+    if (row["policy"] == "lru") {
+      EXPECT_EQ(row["tier_hits"][0].get<uint64_t>() + row["tier_hits"][1].get<uint64_t>(),
+                jw[i]["hits"].get<uint64_t>());
+    }
+  }
+  const ShellResult tick = Shell(kSim + w + " --tiers 256MiB,512MiB --mode tick --tick-steps 2");
+  ASSERT_EQ(tick.status, 0) << tick.out;
+  for (const auto& row : nlohmann::json::parse(tick.out)) {
+    EXPECT_EQ(row["tier_hits"][0], row["hits"]);
+    EXPECT_GT(row["tier_hits"][1].get<uint64_t>(), 0u) << row;
+    EXPECT_GT(row["tier_hits"][2].get<uint64_t>(), 0u) << row;
+  }
+  const ShellResult table = Shell(kSim + w.substr(0, w.size() - 7) + " --tiers 256MiB,512MiB");
+  EXPECT_NE(table.out.find("tier 2 rest"), std::string::npos) << table.out;
+}
+
 TEST(SimCli, PlotWritesAPng) {
   const auto dir = TempDir();
   const std::string png = (dir / "p.png").string();
@@ -578,6 +628,9 @@ TEST(SimCli, BadArgumentsAreClearErrors) {
            {"--workload attention --budget 12q", "bad budget '12q'"},
            {"--workload attention --persist maybe", "--persist"},
            {"--workload attention --mode lazy", "--mode"},
+           {"--workload attention --tiers 1GiB,2x", "bad tier budget '2x'"},
+           {"--workload attention --tiers 1GiB --budget 2GiB", "not both"},
+           {"--workload attention --tiers 1,2,3,4,5,6,7,8", "--tiers takes 1 to 7"},
            {"--workload attention:bogus=1", "unknown attention parameter"},
            {"--workload zipf", "unknown workload"},
            {"--trace /nonexistent.jsonl", "cannot open"},

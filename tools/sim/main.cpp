@@ -46,6 +46,19 @@ int Fail(const std::string& msg) {
 
 std::string Percent(double rate) { return fmt::format("{:.2f}%", 100.0 * rate); }
 
+// Budgets of every tier but the last (which holds the rest), tier 0 first.
+std::vector<uint64_t> TierBudgets(const SimConfig& c) {
+  std::vector<uint64_t> b{c.budget_bytes};
+  b.insert(b.end(), c.lower_budget_bytes.begin(), c.lower_budget_bytes.end());
+  return b;
+}
+
+// Touches found in each tier, tier 0 first (a first touch in demand mode: in none).
+std::vector<uint64_t> TierHits(const SimResult& r) {
+  const size_t n = r.config.lower_budget_bytes.size() + 2;
+  return {r.counters.tier_hits.begin(), r.counters.tier_hits.begin() + n};
+}
+
 nlohmann::json ToJson(const std::string& workload, const SimResult& r) {
   const auto& c = r.counters;
   return {
@@ -54,11 +67,13 @@ nlohmann::json ToJson(const std::string& workload, const SimResult& r) {
       {"persist", r.config.persistence == engine::Persistence::kPersist},
       {"mode", r.config.mode == engine::Mode::kDemand ? "demand" : "tick"},
       {"budget_bytes", r.config.budget_bytes},
+      {"tier_budget_bytes", TierBudgets(r.config)},
       {"block_bytes", r.config.block_bytes},
       {"capacity_blocks", r.capacity_blocks},
       {"touches", c.touches},
       {"hits", c.hits},
       {"hit_rate", r.hit_rate()},
+      {"tier_hits", TierHits(r)},
       {"promotions", c.promotions},
       {"demotions", c.demotions},
       {"promoted_bytes", c.promoted_bytes},
@@ -100,6 +115,18 @@ void PrintTable(const std::string& workload, const std::vector<SimResult>& resul
                 static_cast<unsigned long long>(r.counters.hits), Percent(r.hit_rate()).c_str(),
                 FormatBytes(r.counters.promoted_bytes).c_str(),
                 FormatBytes(r.counters.demoted_bytes).c_str());
+    if (!r.config.lower_budget_bytes.empty()) {
+      std::string line = "  tiers";
+      const std::vector<uint64_t> budgets = TierBudgets(r.config);
+      const std::vector<uint64_t> hits = TierHits(r);
+      for (size_t k = 0; k < hits.size(); ++k) {
+        line += fmt::format(
+            " | tier {} {}: {} hits ({})", k,
+            k < budgets.size() ? FormatBytes(budgets[k]) : std::string("rest"), hits[k],
+            Percent(r.counters.touches ? static_cast<double>(hits[k]) / r.counters.touches : 0.0));
+      }
+      std::printf("%s\n", line.c_str());
+    }
   }
   // The persistence effect: persist minus reset, in percentage points.
   std::map<std::pair<std::string, uint64_t>, std::pair<double, double>> pairs;
@@ -190,8 +217,13 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_name, "model preset (block bytes)")->capture_default_str();
   app.add_option("--block-bytes", block_bytes_flag,
                  "bytes per block (instead of --model's), as cxltierctl record prints it");
-  app.add_option("--budget", budgets, "tier-0 budgets, comma-separated (32GiB,64GiB)")
-      ->capture_default_str();
+  auto* budget_opt =
+      app.add_option("--budget", budgets, "tier-0 budgets, comma-separated (32GiB,64GiB)")
+          ->capture_default_str();
+  std::string tiers_flag;
+  app.add_option("--tiers", tiers_flag,
+                 "more than two tiers: the budgets of tier 0, 1, ... (16GiB,32GiB: three "
+                 "tiers, the last holds the rest)");
   app.add_option("--policy", policies, "policies, comma-separated: " + engine::PolicyNames())
       ->capture_default_str();
   app.add_option("--persist", persist, "persist, reset or both")->capture_default_str();
@@ -290,6 +322,20 @@ int main(int argc, char** argv) {
       std::any_of(trace.events.begin(), trace.events.end(),
                   [](const TraceEvent& e) { return e.kind == EventKind::kHint; });
   if (!has_hints) hint_sides.resize(1);  // nothing to switch off
+
+  if (!tiers_flag.empty()) {
+    if (budget_opt->count() > 0) return Fail("give --budget or --tiers, not both");
+    const std::vector<std::string> list = SplitList(tiers_flag);
+    if (list.empty() || list.size() + 1 > kMaxTiers) {
+      return Fail("--tiers takes 1 to " + std::to_string(kMaxTiers - 1) + " budgets");
+    }
+    budgets = list[0];
+    for (size_t k = 1; k < list.size(); ++k) {
+      const auto bytes = ParseSize(list[k]);
+      if (!bytes) return Fail("bad tier budget '" + list[k] + "' (examples: 32GiB, 512MiB)");
+      base.lower_budget_bytes.push_back(*bytes);
+    }
+  }
 
   std::vector<SimConfig> configs;
   bool needs_future = false;

@@ -34,9 +34,14 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
     *error = "policy " + config.policy + " needs the future of the trace";
     return result;
   }
+  if (config.lower_budget_bytes.size() + 2 > kMaxTiers) {
+    *error = "at most " + std::to_string(kMaxTiers) + " tiers";
+    return result;
+  }
   engine::EngineOptions o;
   o.block_bytes = config.block_bytes;
   o.tier0_budget_bytes = config.budget_bytes;
+  o.lower_tier_budget_bytes = config.lower_budget_bytes;
   o.persistence = config.persistence;
   o.mode = config.mode;
   o.ghost_capacity = config.ghost_capacity;

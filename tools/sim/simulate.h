@@ -14,7 +14,9 @@ struct SimConfig {
   std::string policy = "lru";
   engine::Persistence persistence = engine::Persistence::kPersist;
   engine::Mode mode = engine::Mode::kDemand;
-  uint64_t budget_bytes = 32ull << 30;
+  uint64_t budget_bytes = 32ull << 30;  // tier 0
+  // Budgets of tiers 1 .. N-2 (--tiers); the last tier holds the rest. Empty: two tiers.
+  std::vector<uint64_t> lower_budget_bytes;
   uint64_t block_bytes = 5ull << 20;
   uint32_t tick_steps = 1;              // tick mode: plan every N steps of the workload clock
   uint64_t migrate_bytes_per_tick = 0;  // tick mode: 0 = unlimited
