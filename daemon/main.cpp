@@ -162,17 +162,6 @@ int main(int argc, char** argv) {
   for (size_t pos = 0, nl; (nl = desc.find('\n', pos)) != std::string::npos; pos = nl + 1) {
     spdlog::info("  {}", desc.substr(pos, nl - pos));
   }
-  if (tiers.count() > 2) {
-    // The placement engine holds two tiers: the lower ones' nodes serve as tier 1.
-    spdlog::warn(
-        "{} tiers found; blocks are placed in two: the nodes of tier{} serve as tier 1",
-        tiers.count(),
-        tiers.count() > 3 ? "s 2-" + std::to_string(tiers.count() - 1) : std::string(" 2"));
-    for (const std::vector<int>& nodes : tiers.lower_nodes) {
-      tiers.slow_nodes.insert(tiers.slow_nodes.end(), nodes.begin(), nodes.end());
-    }
-    tiers.lower_nodes.clear();
-  }
   bool can_migrate = config.migrate;
   if (!tiers.has_slow()) {
     spdlog::warn(

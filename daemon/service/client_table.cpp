@@ -137,8 +137,13 @@ std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::Cre
     return Error{ErrorCode::kBadPool, "tier " + std::to_string(m.tier) + " already has pool " +
                                           std::to_string(c.copy.pool[m.tier])};
   }
+  if (tiers.count() > 2) {
+    return Error{ErrorCode::kBadPool,
+                 "copy mode holds two tiers and this daemon has " + std::to_string(tiers.count()) +
+                     " ([tiers]): use page mode, or name two tiers in [tiers] nodes"};
+  }
   if (m.source == wire::TierPoolSource::kDaemon &&
-      (m.tier == 0 ? tiers.fast_nodes : tiers.slow_nodes).empty()) {
+      (m.tier >= tiers.count() || tiers.Nodes(m.tier).empty())) {
     return Error{ErrorCode::kBadPool,
                  "this daemon has no tier " + std::to_string(m.tier) + " nodes ([tiers])"};
   }

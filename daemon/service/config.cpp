@@ -406,10 +406,12 @@ uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes) {
                             (config.migrate_rate_mib_s << 20) / 1000 * config.tick_ms);
 }
 
-engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t block_bytes) {
+engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t block_bytes,
+                                       std::vector<uint64_t> lower_tier_budgets) {
   engine::EngineOptions o;
   o.block_bytes = block_bytes;
   o.tier0_budget_bytes = config.tier0_budget_bytes;
+  o.lower_tier_budget_bytes = std::move(lower_tier_budgets);
   o.persistence = config.persist ? engine::Persistence::kPersist : engine::Persistence::kReset;
   o.mode = engine::Mode::kTick;
   o.ghost_capacity = config.ghost_capacity;

@@ -98,7 +98,9 @@ uint64_t TierBudgetBytes(const DaemonConfig& config, size_t tier, size_t tiers,
 // Start-up and reload both use it, so a reload's tick and rate reach the planner.
 uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes);
 // The daemon's engine for blocks of `block_bytes`: tick mode, the budgets,
-// ghost capacities and hysteresis of `config`.
-engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t block_bytes);
+// ghost capacities and hysteresis of `config`; `lower_tier_budgets`: those of
+// tiers 1 .. N-2 on a host with N > 2 tiers (TierBudgetBytes), empty with two.
+engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t block_bytes,
+                                       std::vector<uint64_t> lower_tier_budgets = {});
 
 }  // namespace cxltier::service

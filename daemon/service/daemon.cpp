@@ -100,8 +100,8 @@ Status Daemon::EnsureEngine(uint64_t block_bytes) {
   if (engine_) return Status::Ok();
   auto policy = engine::MakePolicy(config_.policy);
   if (!policy.ok()) return policy.status();
-  engine_ =
-      std::make_unique<engine::Engine>(EngineOptionsFor(config_, block_bytes), std::move(*policy));
+  engine_ = std::make_unique<engine::Engine>(
+      EngineOptionsFor(config_, block_bytes, LowerTierBudgets()), std::move(*policy));
   for (size_t i = 0; i < pending_ghosts_.size(); ++i) {
     engine_->RestoreGhost(pending_ghosts_[i], i < pending_ghost_owners_.size()
                                                   ? pending_ghost_owners_[i]
@@ -305,8 +305,9 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
     return *refusal;
   }
   const uint32_t blocks = clients_.TierPoolBlocks(*c, m, *engine_);
+  static const std::vector<int> kNoNodes;
   const std::vector<int>& nodes =
-      m.tier == 0 ? moves_.tiers().fast_nodes : moves_.tiers().slow_nodes;
+      m.tier < moves_.tiers().count() ? moves_.tiers().Nodes(m.tier) : kNoNodes;
   server::Pool pool;
   if (Status st = pool.OpenTier(m.tier, blocks, m.stride, engine_->options().block_bytes, nodes,
                                 std::move(devdax), m.offset);

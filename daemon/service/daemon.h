@@ -126,6 +126,10 @@ class Daemon final : public server::Handler {
   // (only = nullopt), or only those of uid `only`.
   std::optional<nlohmann::json> StatsJson(const std::string& what, std::optional<uid_t> only) const;
   std::vector<TierStatus> TierStatuses() const;
+  // Bytes of memory of tier k's nodes (those the topology knows).
+  uint64_t TierMemoryBytes(size_t tier) const;
+  // The engine's budgets of tiers 1 .. N-2 (none with two tiers).
+  std::vector<uint64_t> LowerTierBudgets() const;
   std::vector<ClientStatus> ClientStatuses(std::optional<uid_t> only) const;
   BlockRanking RankBlocks(std::optional<uid_t> only) const;
 

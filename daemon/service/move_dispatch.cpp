@@ -20,9 +20,9 @@ MoveDispatch::MoveDispatch(numa::TierAssignment tiers, std::shared_ptr<numa::Mig
       mover_(std::make_unique<Mover>(migrator_, rate_bytes_per_s, std::move(on_done))) {}
 
 Tier MoveDispatch::TierOfNode(int node) const {
-  if (std::count(tiers_.fast_nodes.begin(), tiers_.fast_nodes.end(), node)) return Tier::kFast;
-  if (std::count(tiers_.slow_nodes.begin(), tiers_.slow_nodes.end(), node)) return Tier::kSlow;
-  return Tier::kFast;  // a node we do not manage counts as fast: it is not CXL memory we know of
+  const int tier = tiers_.TierOf(node);
+  // A node we do not manage counts as fast: it is not CXL memory we know of.
+  return tier < 0 ? Tier::kFast : TierAt(static_cast<unsigned>(tier));
 }
 
 Tier MoveDispatch::WhereIs(const numa::PageRange& range) const {
@@ -37,9 +37,7 @@ Tier MoveDispatch::WhereIs(const numa::PageRange& range) const {
   return TierOfNode(node);
 }
 
-int MoveDispatch::TargetNode(Tier to) const {
-  return to == Tier::kFast ? tiers_.fast_nodes.front() : tiers_.slow_nodes.front();
-}
+int MoveDispatch::TargetNode(Tier to) const { return tiers_.Nodes(TierIndex(to)).front(); }
 
 void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, bool page_moves) {
   for (const engine::Move& mv : engine.Plan()) {
@@ -55,7 +53,8 @@ void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, bool p
       DispatchCopy(engine, mv, c, holder->seg_slot);
       continue;
     }
-    if (!page_moves || (mv.to == Tier::kSlow ? tiers_.slow_nodes : tiers_.fast_nodes).empty()) {
+    if (!page_moves || TierIndex(mv.to) >= tiers_.count() ||
+        tiers_.Nodes(TierIndex(mv.to)).empty()) {
       engine.Complete(mv, false);
       continue;
     }

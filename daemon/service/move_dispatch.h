@@ -29,9 +29,13 @@ class MoveDispatch {
                uint64_t rate_bytes_per_s, std::function<void(MoveDone)> on_done);
 
   // Where the kernel has most of `range`'s pages: their tier (fast when none
-  // is faulted in yet, or on a node no tier names).
+  // is faulted in yet, or on a node no tier names; a node in two tiers, as in
+  // a one-node test setup, counts in the first).
   Tier WhereIs(const numa::PageRange& range) const;
   Tier TierOfNode(int node) const;
+  // The node a page-mode move to `to` goes to: the first of that tier's.
+  // REQUIRES: `to` is one of tiers() with a node.
+  int TargetNode(Tier to) const;
   // Hands every move of `engine`'s plan to the mover; page-mode moves only
   // with `page_moves` (else they are not done).
   void Dispatch(engine::Engine& engine, ClientTable& clients, bool page_moves = true);
@@ -52,7 +56,6 @@ class MoveDispatch {
   MoveStats& mutable_stats() { return stats_; }
 
  private:
-  int TargetNode(Tier to) const;
   // Copy mode: a move of client slot `seg` to the other tier's pool.
   void DispatchCopy(engine::Engine& engine, const engine::Move& mv, Client& c, uint32_t seg);
   void CompleteCopy(const MoveDone& d, engine::Engine* engine, Client* c, const Warn& warn,

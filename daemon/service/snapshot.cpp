@@ -16,6 +16,24 @@ std::optional<nlohmann::json> Daemon::StatsJson(const std::string& what,
   return std::nullopt;
 }
 
+uint64_t Daemon::TierMemoryBytes(size_t tier) const {
+  uint64_t bytes = 0;
+  if (tier >= moves_.tiers().count()) return 0;
+  for (int n : moves_.tiers().Nodes(tier)) {
+    if (const numa::NumaNode* node = topology_.Find(n)) bytes += node->memory_bytes;
+  }
+  return bytes;
+}
+
+std::vector<uint64_t> Daemon::LowerTierBudgets() const {
+  std::vector<uint64_t> out;
+  const size_t tiers = moves_.tiers().count();
+  for (size_t k = 1; k + 1 < tiers; ++k) {
+    out.push_back(TierBudgetBytes(config_, k, tiers, TierMemoryBytes(k)));
+  }
+  return out;
+}
+
 std::vector<TierStatus> Daemon::TierStatuses() const {
   std::vector<TierStatus> out;
   const uint64_t bb = engine_ ? engine_->options().block_bytes : 0;
@@ -23,7 +41,6 @@ std::vector<TierStatus> Daemon::TierStatuses() const {
   for (size_t t = 0; t < tiers; ++t) {
     TierStatus ts;
     ts.tier = static_cast<int>(t);
-    uint64_t memory_bytes = 0;
     static const std::vector<int> kNoNodes;
     for (int n : t < moves_.tiers().count() ? moves_.tiers().Nodes(t) : kNoNodes) {
       NodeStatus ns;
@@ -35,13 +52,12 @@ std::vector<TierStatus> Daemon::TierStatuses() const {
         ns.read_latency_ns = node->read_latency_ns;
         ns.read_bandwidth_mib_s = node->read_bandwidth_mib_s;
         ns.kernel_memory_tier = node->kernel_memory_tier;
-        memory_bytes += node->memory_bytes;
       }
       ts.nodes.push_back(ns);
     }
     ts.blocks = engine_ ? engine_->tier_blocks(static_cast<Tier>(t)) : 0;
     ts.used_bytes = ts.blocks * bb;
-    ts.budget_bytes = TierBudgetBytes(config_, t, tiers, memory_bytes);
+    ts.budget_bytes = TierBudgetBytes(config_, t, tiers, TierMemoryBytes(t));
     out.push_back(std::move(ts));
   }
   return out;

@@ -731,6 +731,17 @@ class FakeMigrator : public numa::Migrator {
   int calls_ = 0;
 };
 
+TEST(MoveDispatch, ThreeTiersMapNodesBothWays) {
+  MoveDispatch d(numa::TierAssignment{{0}, {1}, "test: three tiers", {{2, 3}}},
+                 std::make_shared<FakeMigrator>(), 1 << 30, [](MoveDone) {});
+  EXPECT_EQ(d.TierOfNode(0), Tier::kFast);
+  EXPECT_EQ(d.TierOfNode(1), Tier::kSlow);
+  EXPECT_EQ(d.TierOfNode(3), TierAt(2));
+  EXPECT_EQ(d.TierOfNode(7), Tier::kFast);  // a node no tier names
+  EXPECT_EQ(d.TargetNode(TierAt(2)), 2);
+  EXPECT_EQ(d.TargetNode(Tier::kSlow), 1);
+}
+
 // Waits (up to 60 s) until the mover has nothing queued or running.
 bool WaitIdle(const Mover& m) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   bool expect_slow_tier = false, expect_kernel_migrations = false, reconnect = false;
   bool expect_no_leaks = false, until_signal = false, pin = false, expect_pinned = false;
   bool hints = false;
+  uint32_t expect_tiers = 0;
   uint32_t hint_lead = sim::AttentionParams{}.hint_lead;
   int reader_threads = 2;
   std::string devdax;
@@ -150,6 +151,9 @@ int main(int argc, char** argv) {
                "fail unless some admitted keys got their ghost state back");
   app.add_flag("--expect-slow-tier", expect_slow_tier,
                "fail unless the daemon reports a slow tier with at least one node");
+  app.add_option("--expect-tiers", expect_tiers,
+                 "with --check-placement: fail unless the daemon has at least N tiers and, "
+                 "at the check, blocks the kernel shows on each of tiers 0 .. N-1's nodes");
   app.add_flag("--expect-kernel-migrations", expect_kernel_migrations,
                "fail unless /proc/vmstat pgmigrate_success grew during the run");
   try {
@@ -210,7 +214,9 @@ int main(int argc, char** argv) {
   Status st;
   auto client = Client::Connect({socket_path, model, blocks, name}, &st);
   if (!client) return Fail(st.message);
-  // The daemon's tiers: which nodes the kernel should show each tier's pages on.
+  // The daemon's tiers: which nodes the kernel should show each tier's pages
+  // on. slow_nodes: those of every tier but 0.
+  std::vector<std::vector<int>> tier_nodes;
   std::vector<int> fast_nodes, slow_nodes;
   {
     std::string text;
@@ -218,15 +224,21 @@ int main(int argc, char** argv) {
       const nlohmann::json t = nlohmann::json::parse(text, nullptr, false);
       if (t.is_array()) {
         for (const auto& tier : t) {
+          const size_t k = tier["tier"].get<size_t>();
+          if (k >= kMaxTiers) continue;
+          if (tier_nodes.size() <= k) tier_nodes.resize(k + 1);
           for (const auto& n : tier["nodes"]) {
-            (tier["tier"] == 0 ? fast_nodes : slow_nodes).push_back(n["node"].get<int>());
+            tier_nodes[k].push_back(n["node"].get<int>());
+            (k == 0 ? fast_nodes : slow_nodes).push_back(n["node"].get<int>());
           }
         }
       }
     }
   }
+  tier_nodes.resize(std::max<size_t>(tier_nodes.size(), 2));
   auto nodes_of = [&](uint8_t t) -> const std::vector<int>& {
-    return t == 0 ? fast_nodes : slow_nodes;
+    static const std::vector<int> kNone;
+    return t < tier_nodes.size() ? tier_nodes[t] : kNone;
   };
   // Device-DAX memory is no node's: the kernel cannot say where it is.
   auto kernel_knows = [&](uint8_t t) { return t == 0 || devdax.empty(); };
@@ -535,6 +547,7 @@ int main(int argc, char** argv) {
   // Where the kernel says each live block's pages are, against the tier the
   // daemon published (never our own bookkeeping).
   uint64_t placement_checked = 0, placement_mismatches = 0, kernel_fast = 0, kernel_slow = 0;
+  std::vector<uint64_t> kernel_by_tier(tier_nodes.size(), 0);  // blocks all on their tier's nodes
   const bool same_nodes = fast_nodes == slow_nodes;  // a one-node test setup: no way to tell
   if (check_placement) {
     // Wait until the daemon is quiet: nothing pending and no move completed
@@ -576,31 +589,36 @@ int main(int argc, char** argv) {
       std::vector<int> status(pages.size(), -1);
       const long rc = numa_move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0);
       const int call_errno = rc < 0 ? errno : 0;
-      size_t on_fast = 0, on_slow = 0;
+      size_t on_fast = 0, on_slow = 0, on_published = 0;
       std::map<int, size_t> seen;  // node (or -errno) -> pages, for the report
+      const std::vector<int>& published_nodes = nodes_of(static_cast<uint8_t>(published));
       for (int n : status) {
         on_fast += std::count(fast_nodes.begin(), fast_nodes.end(), n) > 0;
         on_slow += std::count(slow_nodes.begin(), slow_nodes.end(), n) > 0;
+        on_published += std::count(published_nodes.begin(), published_nodes.end(), n) > 0;
         ++seen[n];
       }
       ++placement_checked;
       const bool all_fast = on_fast == pages.size(), all_slow = on_slow == pages.size();
       kernel_fast += all_fast;
       kernel_slow += all_slow && !same_nodes;
+      // Every page on the nodes of the tier the daemon published (tier 1
+      // and below: that tier's own nodes, not just any slow node).
       const bool ok = same_nodes ? (all_fast && published != Tier::kNone)
-                                 : (published == Tier::kFast   ? all_fast
-                                    : published == Tier::kSlow ? all_slow
-                                                               : false);
+                                 : (published != Tier::kNone && on_published == pages.size());
+      if (ok && !same_nodes && TierIndex(published) < kernel_by_tier.size()) {
+        ++kernel_by_tier[TierIndex(published)];
+      }
       if (!ok) {
         if (placement_mismatches < 5) {
           std::fprintf(stderr,
-                       "cxltier-loadgen: block %u published %s but the kernel has %zu pages on "
-                       "fast nodes and %zu on slow nodes of %zu\n",
+                       "cxltier-loadgen: block %u published %s (tier %u) but the kernel has %zu "
+                       "pages on fast nodes, %zu on slow nodes and %zu on its tier's of %zu\n",
                        v.first,
                        published == Tier::kFast   ? "fast"
-                       : published == Tier::kSlow ? "slow"
-                                                  : "none",
-                       on_fast, on_slow, pages.size());
+                       : published == Tier::kNone ? "none"
+                                                  : "slow",
+                       TierIndex(published), on_fast, on_slow, on_published, pages.size());
           // What the kernel said instead: node ids, or -errno per page (-2: not
           // present, -14: not mapped), and the call's own error (then every
           // page still shows the -1 it was given before the call).
@@ -673,6 +691,8 @@ int main(int argc, char** argv) {
       {"placement_mismatches", placement_mismatches},
       {"kernel_blocks_fast", kernel_fast},
       {"kernel_blocks_slow", kernel_slow},
+      {"kernel_blocks_by_tier", kernel_by_tier},
+      {"tier_nodes", tier_nodes},
       {"slow_nodes", slow_nodes},
       {"pgmigrate_success", pgmigrate},
       {"live_blocks_fast", blocks_fast},
@@ -769,6 +789,21 @@ int main(int argc, char** argv) {
                      std::to_string(segments_at_start) + " at start)");
   }
   if (expect_slow_tier && slow_nodes.empty()) failed.push_back("the daemon reports no slow tier");
+  if (expect_tiers > 0) {
+    size_t reported = 0;
+    for (const std::vector<int>& nodes : tier_nodes) reported += !nodes.empty();
+    if (!check_placement || reported < expect_tiers) {
+      failed.push_back("expected " + std::to_string(expect_tiers) +
+                       " tiers with nodes, the daemon reports " + std::to_string(reported) +
+                       (check_placement ? "" : " (and --expect-tiers needs --check-placement)"));
+    } else {
+      for (uint32_t k = 0; k < expect_tiers; ++k) {
+        if (kernel_by_tier[k] == 0) {
+          failed.push_back("no block the kernel shows on tier " + std::to_string(k) + "'s nodes");
+        }
+      }
+    }
+  }
   if (hint_keys_unknown) {
     failed.push_back(std::to_string(hint_keys_unknown) +
                      " keys of our hints were unknown to the daemon (we held them)");
