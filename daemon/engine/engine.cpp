@@ -179,6 +179,10 @@ void Engine::Settle(Slot s) {
   if (st.tier == to || st.tier == Tier::kNone) return;
   const bool up = TierIndex(to) < TierIndex(st.tier);
   SetTier(s, to);
+  CountMove(s, up);
+}
+
+void Engine::CountMove(Slot s, bool up) {
   if (up) {
     ++counters_.promotions;
     counters_.promoted_bytes += options_.block_bytes;
@@ -220,9 +224,7 @@ void Engine::DemoteNow(Slot v) {
 
 void Engine::EnterFastNow(Slot s) {
   if (states_[s].tier != Tier::kNone && states_[s].tier != Tier::kFast) {
-    ++counters_.promotions;
-    counters_.promoted_bytes += options_.block_bytes;
-    Log(EngineEvent::kPromote, s);
+    CountMove(s, /*up=*/true);
   } else {
     ++counters_.placed_fast;
     Log(EngineEvent::kPlaceFast, s);
@@ -449,8 +451,7 @@ std::span<const Move> Engine::Plan() {
   for (Slot s = queues_.Back(kLowerQueue); s != kNoSlot && budget >= bb;) {
     const Slot prev = queues_.Prev(s);
     const unsigned to = slot_hints_[s].rank;
-    if (!Held(s) &&
-        (to == tiers_ - 1 || tier_blocks_[to] + inflight_in_[to] < lower_capacity_[to - 1])) {
+    if (!Held(s) && tier_blocks_[to] + inflight_in_[to] < tier_capacity_blocks(to)) {
       budget -= bb;
       plan_move(s, TierAt(to));
     }
@@ -481,15 +482,7 @@ void Engine::Complete(const Move& m, bool done) {
     retry_[m.slot] = Retry{};
     SetTier(m.slot, m.to);
     moved_tick_[m.slot] = tick_;
-    if (TierIndex(m.to) < TierIndex(m.from)) {
-      ++counters_.promotions;
-      counters_.promoted_bytes += options_.block_bytes;
-      Log(EngineEvent::kPromote, m.slot);
-    } else {
-      ++counters_.demotions;
-      counters_.demoted_bytes += options_.block_bytes;
-      Log(EngineEvent::kDemote, m.slot);
-    }
+    CountMove(m.slot, TierIndex(m.to) < TierIndex(m.from));
   }
   Reclassify(m.slot);
 }

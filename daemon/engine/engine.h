@@ -269,6 +269,8 @@ class Engine {
   void Unrank(Slot s);
   // Demand mode: moves `s` to its rank now; tick mode: queues it for Plan().
   void Settle(Slot s);
+  // A completed move of `s` up (to a faster tier) or down: counted and logged.
+  void CountMove(Slot s, bool up);
   // The first tier below tier 0 with room in its ranking (the last if none).
   unsigned FirstLowerWithRoom() const;
   // The policy's heat changed its scale (adaptive's leader): re-keys the rankings.
