@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,6 +68,45 @@ struct EngineCounters {
   uint64_t hint_displaced = 0;      // blocks of idle or done groups taken out of the set first
   uint64_t hint_prefetched = 0;     // blocks a soon hint put into the set ahead of their touch
   uint64_t hint_prefetch_hits = 0;  // of those, touched next while in tier 0
+  uint64_t quota_evictions = 0;     // blocks taken out of the set by a cap or a guarantee
+};
+
+// Quotas (docs/policies.md, "Quotas"). An account is an opaque 64-bit id: every
+// block counts in its owner's account (id = Admit's owner) and, when admitted
+// with one, in a client account (the daemon: kClientAccount | client id).
+inline constexpr uint64_t kClientAccount = 1ull << 63;
+inline constexpr uint64_t kNoAccount = ~0ull;
+inline constexpr size_t kNoCap = SIZE_MAX;
+
+struct Quota {
+  // The most blocks the account may have in tier k: cap[0] bounds its blocks
+  // in the policy's set (tier 0, or what the planner moves there), cap[k] its
+  // blocks ranked in middle tier k. The last tier is never capped (every block
+  // stays whole in some tier). An account at its cap that wants one more block
+  // there gives up its own coldest (by the policy's Heat); cap[0] = 0 keeps
+  // its blocks out of tier 0.
+  std::array<size_t, kMaxTiers> cap = DefaultCaps();
+  // Owner accounts only: while the account has at most this many blocks in
+  // the set, other accounts' misses take none of them (each takes the coldest
+  // block of the accounts above their guarantee instead).
+  size_t guarantee = 0;
+
+  static constexpr std::array<size_t, kMaxTiers> DefaultCaps() {
+    std::array<size_t, kMaxTiers> c{};
+    c.fill(kNoCap);
+    return c;
+  }
+  bool Unlimited() const { return guarantee == 0 && cap == DefaultCaps(); }
+  friend bool operator==(const Quota&, const Quota&) = default;
+};
+
+// One account as the operator sees it.
+struct AccountUsage {
+  uint64_t account = 0;
+  Quota quota;
+  std::array<size_t, kMaxTiers> tier_blocks{};  // its live blocks where they sit now
+  size_t in_set = 0;                            // of them, in the policy's tier-0 set
+  uint64_t quota_evictions = 0;                 // its blocks taken out of the set by quotas
 };
 
 // One planned move. The caller carries it out and reports back with Complete().
@@ -106,12 +146,22 @@ class Engine {
   // it is placed by its first touch. `owner` is opaque to the engine: the
   // block's ghost, once released, counts against that owner's ghost share
   // (a ghost of the key is restored whoever owned it). A known key keeps its owner.
-  Slot Admit(const BlockKey& key, uint32_t owner = 0);
+  // `client` (kNoAccount: none) is the block's second account for quotas.
+  Slot Admit(const BlockKey& key, uint32_t owner = 0, uint64_t client = kNoAccount);
 
   // Tick mode, for the daemon: admits `key` whose pages already sit in `placed`
-  // (any tier). A tier may then hold more than its budget; the next plans
-  // demote the excess. REQUIRES: mode kTick, placed < tiers().
-  Slot Admit(const BlockKey& key, Tier placed, uint32_t owner = 0);
+  // (any tier). A tier may then hold more than its budget (or an account more
+  // than its cap); the next plans demote the excess. REQUIRES: mode kTick,
+  // placed < tiers().
+  Slot Admit(const BlockKey& key, Tier placed, uint32_t owner = 0, uint64_t client = kNoAccount);
+
+  // Sets `account`'s quota (an unlimited Quota removes it), enforced at once:
+  // an account over a lowered cap loses its coldest blocks there (demand mode
+  // moves them now, tick mode queues them for Plan()). A client account's
+  // guarantee is ignored. Quotas cost nothing until the first is set.
+  void SetQuota(uint64_t account, const Quota& quota);
+  // Every account with a quota or a live block (once a quota was set), by id.
+  std::vector<AccountUsage> Accounts() const;
 
   // Persist only: puts a ghost (from a checkpoint) into the ghost store as
   // `owner`'s, unless its key is live. Returns false when it was not kept.
