@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 namespace cxltier::engine {
 
@@ -27,6 +28,8 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   owners_.resize(options.expected_blocks, 0);
   retry_.resize(options.expected_blocks);
   slot_hints_.resize(options.expected_blocks);
+  slot_accounts_.resize(options.expected_blocks, {kNoIndex, kNoIndex});
+  clients_.resize(options.expected_blocks, kNoAccount);
   index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
@@ -40,11 +43,13 @@ size_t Engine::tier_capacity_blocks(unsigned k) const {
 
 Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
 
-Slot Engine::Admit(const BlockKey& key, uint32_t owner) { return AdmitAt(key, Tier::kNone, owner); }
+Slot Engine::Admit(const BlockKey& key, uint32_t owner, uint64_t client) {
+  return AdmitAt(key, Tier::kNone, owner, client);
+}
 
-Slot Engine::Admit(const BlockKey& key, Tier placed, uint32_t owner) {
+Slot Engine::Admit(const BlockKey& key, Tier placed, uint32_t owner, uint64_t client) {
   assert(options_.mode == Mode::kTick && TierIndex(placed) < tiers_);
-  return AdmitAt(key, placed, owner);
+  return AdmitAt(key, placed, owner, client);
 }
 
 bool Engine::RestoreGhost(const BlockState& ghost, uint32_t owner) {
@@ -60,7 +65,7 @@ bool Engine::RestoreGhost(const BlockState& ghost, uint32_t owner) {
 
 // `placed` kNone: the engine decides (tick mode: tier 0 while it has room,
 // then the first tier below with room in its ranking).
-Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
+Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t client) {
   const Slot s = free_slots_.empty() ? next_slot_ : free_slots_.back();
   if (const Slot known = index_.Insert(key, s); known != s) return known;
   if (!free_slots_.empty()) {
@@ -73,6 +78,8 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
       owners_.push_back(0);
       retry_.emplace_back();
       slot_hints_.emplace_back();
+      slot_accounts_.push_back({kNoIndex, kNoIndex});
+      clients_.push_back(kNoAccount);
     }
   }
   BlockState& st = states_[s];
@@ -100,10 +107,16 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
   if (new_owner) in_set_by_owner_.push_back(0);
   slot_hints_[s].owner = known_owner->second;
   retry_[s] = Retry{};
+  clients_[s] = client;
+  if (quotas_on_) AttachAccounts(s);
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
     if (placed == Tier::kNone) {
-      placed = tier_blocks_[0] < capacity_ ? Tier::kFast : TierAt(FirstLowerWithRoom());
+      bool room = tier_blocks_[0] < capacity_;
+      if (quotas_on_) {
+        ForAccounts(s, [&room](const Account& a) { room &= a.Projected0() < a.quota.cap[0]; });
+      }
+      placed = room ? Tier::kFast : TierAt(FirstLowerWithRoom());
     }
     const bool fast = placed == Tier::kFast;
     SetTier(s, placed);
@@ -121,6 +134,12 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner) {
 void Engine::SetTier(Slot s, Tier t) {
   BlockState& st = states_[s];
   if (st.tier != Tier::kNone) --tier_blocks_[TierIndex(st.tier)];
+  if (quotas_on_) {
+    ForAccounts(s, [&](Account& a) {
+      if (st.tier != Tier::kNone) --a.tier_blocks[TierIndex(st.tier)];
+      if (t != Tier::kNone) ++a.tier_blocks[TierIndex(t)];
+    });
+  }
   st.tier = t;
   if (t != Tier::kNone) ++tier_blocks_[TierIndex(t)];
 }
@@ -137,35 +156,64 @@ void Engine::RekeyIfNeeded() {
   if (epoch == heat_epoch_) return;
   heat_epoch_ = epoch;
   std::vector<Slot> members;
-  for (SlotHeap& h : lower_) {
+  auto rekey = [&](auto& h) {
     members.clear();
     for (const SlotHeap::Entry& e : h.entries()) members.push_back(e.slot);
     for (Slot m : members) h.Set(m, policy_->Heat(m), states_[m].touch_seq);
+  };
+  for (SlotHeap& h : lower_) rekey(h);
+  for (Account& a : accounts_) {
+    rekey(a.set_heat);
+    for (SparseSlotHeap& h : a.ranked_heat) rekey(h);
   }
 }
 
 void Engine::Rank(Slot s, unsigned tier) {
-  const unsigned last = tiers_ - 1;
   Unrank(s);
-  slot_hints_[s].rank = static_cast<uint8_t>(std::min(tier, last));
-  if (tier < last) {
-    RekeyIfNeeded();
-    lower_[tier - 1].Set(s, policy_->Heat(s), states_[s].touch_seq);
-    // Each middle tier over its capacity sends its coldest one tier down
-    // (`s` itself when it is the coldest).
-    for (unsigned k = tier; k < last && lower_[k - 1].Size() > lower_capacity_[k - 1]; ++k) {
-      const Slot c = lower_[k - 1].Pop();
-      slot_hints_[c].rank = static_cast<uint8_t>(k + 1);
-      if (k + 1 < last) lower_[k].Set(c, policy_->Heat(c), states_[c].touch_seq);
-      if (c != s) Settle(c);
-    }
-  }
+  const unsigned last = tiers_ - 1;
+  tier = std::min(tier, last);
+  if (tier < last) RekeyIfNeeded();
+  PlaceRanked(s, tier, s);
   Settle(s);
+}
+
+void Engine::PlaceRanked(Slot x, unsigned k, Slot s) {
+  const unsigned last = tiers_ - 1;
+  for (;;) {
+    if (quotas_on_) k = CapTier(x, k, s);
+    slot_hints_[x].rank = static_cast<uint8_t>(k);
+    if (k < last) Enrank(x, k);
+    if (x != s) Settle(x);
+    // A middle tier over its capacity sends its coldest one tier down (`s`
+    // itself when it is the coldest).
+    if (k >= last || lower_[k - 1].Size() <= lower_capacity_[k - 1]) return;
+    x = lower_[k - 1].Top().slot;
+    Unrank(x);
+    ++k;
+  }
+}
+
+void Engine::Enrank(Slot x, unsigned k) {
+  lower_[k - 1].Set(x, policy_->Heat(x), states_[x].touch_seq);
+  if (quotas_on_) {
+    ForAccounts(x, [&](Account& a) {
+      ++a.target[k];
+      a.ranked_heat[k - 1].Set(x, policy_->Heat(x), states_[x].touch_seq);
+    });
+  }
 }
 
 void Engine::Unrank(Slot s) {
   const unsigned r = slot_hints_[s].rank;
-  if (r != 0 && r + 1 < tiers_) lower_[r - 1].Erase(s);
+  if (r != 0 && r + 1 < tiers_ && lower_[r - 1].Contains(s)) {
+    lower_[r - 1].Erase(s);
+    if (quotas_on_) {
+      ForAccounts(s, [&](Account& a) {
+        --a.target[r];
+        a.ranked_heat[r - 1].Erase(s);
+      });
+    }
+  }
   slot_hints_[s].rank = 0;
 }
 
@@ -198,6 +246,12 @@ void Engine::EnterSet(Slot s) {
   states_[s].flags |= kFlagInTarget;
   ++in_set_;
   ++in_set_by_owner_[slot_hints_[s].owner];
+  if (quotas_on_) {
+    ForAccounts(s, [&](Account& a) {
+      ++a.target[0];
+      a.set_heat.Set(s, policy_->Heat(s), states_[s].touch_seq);
+    });
+  }
 }
 
 void Engine::ClearSet(Slot s) {
@@ -207,6 +261,12 @@ void Engine::ClearSet(Slot s) {
   --in_set_;
   --in_set_by_owner_[slot_hints_[s].owner];
   hinted_.Remove(s);
+  if (quotas_on_) {
+    ForAccounts(s, [s](Account& a) {
+      --a.target[0];
+      a.set_heat.Erase(s);
+    });
+  }
 }
 
 void Engine::ForgetIfReset(BlockState& v) const {
@@ -233,6 +293,7 @@ void Engine::EnterFastNow(Slot s) {
 }
 
 void Engine::JoinSet(Slot s, const engine::Touch& t) {
+  if (quotas_on_) MakeRoomByQuota(s);
   const Slot victim = policy_->OnMiss(s, t);
   assert(victim != s);
   EnterSet(s);
@@ -303,6 +364,10 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   }
   if (st.flags & kFlagInTarget) {
     policy_->OnHit(s, t);
+    if (quotas_on_) {
+      RekeyIfNeeded();
+      ForAccounts(s, [&](Account& a) { a.set_heat.Set(s, policy_->Heat(s), st.touch_seq); });
+    }
     // Tick mode: a block touched again while it waits for promotion has shown
     // reuse; Plan() serves those first, most recent first, so the budget goes to
     // wanted blocks in use, not to those that entered the set longest ago.
@@ -312,10 +377,22 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
     }
     return hit;
   }
+  if (quotas_on_ && !MayEnterSet(s)) {
+    // Its account has no tier 0: it stays below, ranked as it first comes.
+    if (st.tier == Tier::kNone) {
+      const unsigned k = FirstLowerWithRoom();
+      SetTier(s, TierAt(k));
+      Rank(s, k);
+    }
+    return hit;
+  }
   // The blocks of done and idle groups leave the set before the policy's own
-  // choice; `s`, on its way in, no longer counts in its tier's ranking.
+  // choice (but not another account's under its guarantee); `s`, on its way
+  // in, no longer counts in its tier's ranking.
   Unrank(s);
-  if (in_set_ >= capacity_ && !PoolEmpty()) Displace(PoolBack());
+  if (in_set_ >= capacity_ && !PoolEmpty() && !(quotas_on_ && Guaranteed(PoolBack(), s))) {
+    Displace(PoolBack());
+  }
   JoinSet(s, t);
   return hit;
 }
@@ -333,8 +410,21 @@ void Engine::Release(Slot s) {
   if (st.flags & kFlagMigrating) {
     --inflight_in_[slot_hints_[s].moving_to];
     --inflight_out_[TierIndex(st.tier)];
+    if (quotas_on_) {
+      ForAccounts(s, [&](Account& a) {
+        a.in0 -= slot_hints_[s].moving_to == 0;
+        a.out0 -= st.tier == Tier::kFast;
+      });
+    }
   }
   SetTier(s, Tier::kNone);
+  if (quotas_on_) {
+    for (uint32_t& i : slot_accounts_[s]) {
+      if (i == kNoIndex) continue;
+      --accounts_[i].live;
+      FreeAccountIfUnused(std::exchange(i, kNoIndex));
+    }
+  }
   if (options_.persistence == Persistence::kPersist) {
     BlockState ghost = st;
     ghost.flags = 0;
@@ -394,12 +484,45 @@ std::span<const Move> Engine::Plan() {
     slot_hints_[s].moving_to = static_cast<uint8_t>(TierIndex(to));
     ++inflight_in_[TierIndex(to)];
     ++inflight_out_[TierIndex(st.tier)];
+    if (quotas_on_) {
+      ForAccounts(s, [&](Account& a) {
+        a.in0 += to == Tier::kFast;
+        a.out0 += st.tier == Tier::kFast;
+      });
+    }
   };
   // A block leaving tier 0 goes to its rank (ranked now if it was not: a
   // block admitted into tier 0 and never in the set).
   auto demote = [&](Slot d) {
     if (slot_hints_[d].rank == 0) Rank(d, 1);
     plan_move(d, TierAt(slot_hints_[d].rank));
+  };
+
+  // Accounts at or over their tier-0 cap (blocks admitted where their pages
+  // were, a cap lowered, or blocks that left the set for the account's own):
+  // their tier-0 blocks outside the set leave first, making room for its set.
+  if (quotas_on_) {
+    for (uint32_t i = 0; i < accounts_.size(); ++i) {
+      const Account& a = accounts_[i];
+      if (!a.used || a.quota.cap[0] == kNoCap || a.Projected0() < a.quota.cap[0]) continue;
+      for (Slot d = queues_.Back(kDemoteQueue); d != kNoSlot && budget >= bb;) {
+        const Slot prev = queues_.Prev(d);
+        if (!Held(d) && (slot_accounts_[d][0] == i || slot_accounts_[d][1] == i)) {
+          budget -= bb;
+          demote(d);
+        }
+        d = prev;
+      }
+    }
+  }
+  // An account with its cap's worth in tier 0 (counting moves in flight)
+  // promotes nothing more until its blocks outside the set have left.
+  auto over_cap = [this](Slot p) {
+    bool full = false;
+    if (quotas_on_) {
+      ForAccounts(p, [&full](const Account& a) { full |= a.Projected0() >= a.quota.cap[0]; });
+    }
+    return full;
   };
 
   Slot demote_cursor = queues_.Back(kDemoteQueue);
@@ -427,7 +550,7 @@ std::span<const Move> Engine::Plan() {
     if (next == kNoSlot && queues_.ListOf(p) == kRetouchedQueue) {
       next = queues_.Front(kPromoteQueue);
     }
-    if (Held(p)) {
+    if (Held(p) || over_cap(p)) {
       p = next;
       continue;
     }
@@ -468,6 +591,12 @@ void Engine::Complete(const Move& m, bool done) {
   st.flags &= static_cast<uint8_t>(~kFlagMigrating);
   --inflight_in_[TierIndex(m.to)];
   --inflight_out_[TierIndex(m.from)];
+  if (quotas_on_) {
+    ForAccounts(m.slot, [&m](Account& a) {
+      a.in0 -= m.to == Tier::kFast;
+      a.out0 -= m.from == Tier::kFast;
+    });
+  }
   if (!done) {
     ++counters_.failed_moves;
     // Back off: 1, 2, 4, ... x retry_min_ticks, at most retry_max_ticks.
@@ -524,6 +653,12 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   for (Slot s : below) Rank(s, TierIndex(states_[s].tier));
   for (Slot s = 0; s < next_slot_; ++s) {
     if (IsLive(s)) Reclassify(s);
+  }
+  if (quotas_on_) {
+    RebuildAccounts();  // heaps by the new policy's heat
+    for (uint32_t i = 0; i < accounts_.size(); ++i) {
+      if (accounts_[i].used) EnforceCaps(i);
+    }
   }
 }
 
@@ -635,9 +770,10 @@ void Engine::Displace(Slot v) {
 }
 
 bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
-  if (capacity_ == 0) return false;
-  if (in_set_ >= capacity_) {
-    if (!PoolEmpty()) {
+  if (capacity_ == 0 || (quotas_on_ && !MayEnterSet(s))) return false;
+  // An account at its cap makes room with its own coldest block.
+  if (in_set_ >= capacity_ && !(quotas_on_ && AtSetCap(s))) {
+    if (!PoolEmpty() && !(quotas_on_ && Guaranteed(PoolBack(), s))) {
       Unrank(s);  // on its way in
       Displace(PoolBack());
     } else if (in_set_by_owner_[owner_index_.at(owner)] != in_set_) {
@@ -756,6 +892,230 @@ bool Engine::Hint(GroupId id, HintKind kind, uint64_t now) {
   pending_.push_back(index);
   ServePending(now);
   return true;
+}
+
+}  // namespace cxltier::engine
+
+// ---------------------------------------------------------------- quotas
+
+namespace cxltier::engine {
+
+uint32_t Engine::AccountIndex(uint64_t id, bool create) {
+  if (const auto it = account_index_.find(id); it != account_index_.end()) return it->second;
+  if (!create) return kNoIndex;
+  uint32_t index;
+  if (free_accounts_.empty()) {
+    index = static_cast<uint32_t>(accounts_.size());
+    accounts_.emplace_back();
+  } else {
+    index = free_accounts_.back();
+    free_accounts_.pop_back();
+  }
+  Account& a = accounts_[index];
+  a = Account{};
+  a.id = id;
+  a.used = true;
+  a.ranked_heat.resize(lower_.size());
+  account_index_.emplace(id, index);
+  return index;
+}
+
+void Engine::FreeAccountIfUnused(uint32_t index) {
+  Account& a = accounts_[index];
+  if (!a.used || a.live > 0 || !a.quota.Unlimited()) return;
+  account_index_.erase(a.id);
+  a = Account{};
+  free_accounts_.push_back(index);
+}
+
+void Engine::AttachAccounts(Slot s) {
+  slot_accounts_[s] = {AccountIndex(owners_[s], /*create=*/true),
+                       clients_[s] == kNoAccount ? kNoIndex : AccountIndex(clients_[s], false)};
+  ForAccounts(s, [](Account& a) { ++a.live; });
+}
+
+void Engine::RebuildAccounts() {
+  for (Account& a : accounts_) {
+    if (!a.used) continue;
+    const Quota q = a.quota;
+    const uint64_t id = a.id, lost = a.quota_evictions;
+    a = Account{};
+    a.id = id;
+    a.used = true;
+    a.ranked_heat.resize(lower_.size());
+    a.quota = q;
+    a.quota_evictions = lost;
+  }
+  heat_epoch_ = policy_->HeatEpoch();
+  const unsigned last = tiers_ - 1;
+  for (Slot s = 0; s < next_slot_; ++s) {
+    if (!IsLive(s)) continue;
+    AttachAccounts(s);
+    const BlockState& st = states_[s];
+    const unsigned r = slot_hints_[s].rank;
+    const bool ranked = r != 0 && r < last && lower_[r - 1].Contains(s);
+    ForAccounts(s, [&](Account& a) {
+      if (st.tier != Tier::kNone) ++a.tier_blocks[TierIndex(st.tier)];
+      if (st.flags & kFlagInTarget) {
+        ++a.target[0];
+        a.set_heat.Set(s, policy_->Heat(s), st.touch_seq);
+      }
+      if (ranked) {
+        ++a.target[r];
+        a.ranked_heat[r - 1].Set(s, policy_->Heat(s), st.touch_seq);
+      }
+      if (st.flags & kFlagMigrating) {
+        a.in0 += slot_hints_[s].moving_to == 0;
+        a.out0 += st.tier == Tier::kFast;
+      }
+    });
+  }
+  for (uint32_t i = 0; i < accounts_.size(); ++i) FreeAccountIfUnused(i);
+}
+
+void Engine::TrackAccounts() {
+  if (quotas_on_) return;
+  quotas_on_ = true;
+  RebuildAccounts();
+}
+
+void Engine::SetQuota(uint64_t id, const Quota& quota) {
+  if (!quotas_on_ && quota.Unlimited()) return;
+  const bool known = account_index_.contains(id);
+  const uint32_t index = AccountIndex(id, /*create=*/true);
+  accounts_[index].quota = quota;
+  if (!quotas_on_ || !known) {
+    quotas_on_ = true;
+    RebuildAccounts();  // the account's live blocks join it
+  }
+  if (!accounts_[index].used) return;  // freed by the rebuild: no quota, no block
+  EnforceCaps(index);
+  FreeAccountIfUnused(index);
+}
+
+void Engine::EnforceCaps(uint32_t index) {
+  const Account& a = accounts_[index];
+  RekeyIfNeeded();
+  while (a.target[0] > a.quota.cap[0]) EvictForQuota(a.set_heat.Top().slot);
+  // Middle tiers: the coldest of the excess are ranked further down.
+  for (unsigned k = 1; k + 1 < tiers_; ++k) {
+    while (a.target[k] > a.quota.cap[k]) {
+      const Slot c = a.ranked_heat[k - 1].Top().slot;
+      Unrank(c);
+      PlaceRanked(c, k + 1, kNoSlot);
+    }
+  }
+}
+
+std::vector<AccountUsage> Engine::Accounts() const {
+  std::vector<AccountUsage> out;
+  for (const Account& a : accounts_) {
+    if (!a.used) continue;
+    out.push_back(AccountUsage{a.id, a.quota, a.tier_blocks, a.target[0], a.quota_evictions});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const AccountUsage& x, const AccountUsage& y) { return x.account < y.account; });
+  return out;
+}
+
+bool Engine::MayEnterSet(Slot s) const {
+  for (uint32_t i : slot_accounts_[s]) {
+    if (i != kNoIndex && accounts_[i].quota.cap[0] == 0) return false;
+  }
+  return true;
+}
+
+bool Engine::AtSetCap(Slot s) const {
+  for (uint32_t i : slot_accounts_[s]) {
+    if (i != kNoIndex && accounts_[i].target[0] >= accounts_[i].quota.cap[0]) return true;
+  }
+  return false;
+}
+
+bool Engine::Guaranteed(Slot v, Slot s) const {
+  const uint32_t i = slot_accounts_[v][0];
+  if (i == slot_accounts_[s][0]) return false;
+  const Account& a = accounts_[i];
+  return a.quota.guarantee > 0 && a.target[0] <= a.quota.guarantee;
+}
+
+void Engine::MakeRoomByQuota(Slot s) {
+  RekeyIfNeeded();
+  for (uint32_t i : slot_accounts_[s]) {
+    if (i == kNoIndex) continue;
+    const Account& a = accounts_[i];
+    while (a.target[0] >= a.quota.cap[0] && !a.set_heat.Empty()) {
+      EvictForQuota(a.set_heat.Top().slot);
+    }
+  }
+  if (in_set_ < capacity_) return;
+  // The set is full and the policy would pick the block to leave: unless that
+  // may be a block of another owner at or under its guarantee, it does.
+  const uint32_t own = slot_accounts_[s][0];
+  bool at_stake = false;
+  for (uint32_t i = 0; i < accounts_.size() && !at_stake; ++i) {
+    const Account& a = accounts_[i];
+    at_stake = i != own && a.used && !a.IsClient() && a.quota.guarantee > 0 && a.target[0] > 0 &&
+               a.target[0] <= a.quota.guarantee;
+  }
+  if (!at_stake) return;
+  // The coldest block of the owners above their guarantee (`s`'s own owner
+  // counts as above: its block makes room for its own).
+  const HeapEntry* coldest = nullptr;
+  for (uint32_t i = 0; i < accounts_.size(); ++i) {
+    const Account& a = accounts_[i];
+    if (!a.used || a.IsClient() || a.set_heat.Empty()) continue;
+    if (i != own && a.target[0] <= a.quota.guarantee) continue;
+    const HeapEntry& top = a.set_heat.Top();
+    if (coldest == nullptr || SlotHeap::Less(top, *coldest)) coldest = &top;
+  }
+  if (coldest != nullptr) EvictForQuota(coldest->slot);
+}
+
+void Engine::EvictForQuota(Slot v) {
+  BlockState& st = states_[v];
+  ++accounts_[slot_accounts_[v][0]].quota_evictions;
+  if (slot_accounts_[v][1] != kNoIndex) ++accounts_[slot_accounts_[v][1]].quota_evictions;
+  policy_->Erase(v);
+  ClearSet(v);
+  ++counters_.quota_evictions;
+  Log(EngineEvent::kEvict, v);
+  ForgetIfReset(st);
+  if (options_.mode == Mode::kDemand) {
+    DemoteNow(v);
+  } else {
+    LeftSetTick(v);
+  }
+}
+
+unsigned Engine::CapTier(Slot x, unsigned k, Slot s) {
+  const unsigned last = tiers_ - 1;
+  for (; k < last; ++k) {
+    const SlotHeap::Entry mine = HeatEntry(x);
+    bool fits = true;
+    for (uint32_t i : slot_accounts_[x]) {
+      if (i == kNoIndex) continue;
+      const Account& a = accounts_[i];
+      if (a.target[k] < a.quota.cap[k]) continue;
+      // Full: `x` goes in only in place of a colder block of the account.
+      if (a.quota.cap[k] == 0 || a.ranked_heat[k - 1].Empty() ||
+          SlotHeap::Less(mine, a.ranked_heat[k - 1].Top())) {
+        fits = false;
+      }
+    }
+    if (!fits) continue;
+    for (uint32_t i : slot_accounts_[x]) {
+      if (i == kNoIndex) continue;
+      const Account& a = accounts_[i];
+      while (a.target[k] >= a.quota.cap[k] && !a.ranked_heat[k - 1].Empty()) {
+        const Slot c = a.ranked_heat[k - 1].Top().slot;
+        Unrank(c);
+        PlaceRanked(c, k + 1, s);
+      }
+    }
+    return k;
+  }
+  return last;
 }
 
 }  // namespace cxltier::engine

@@ -160,7 +160,10 @@ class Engine {
   // moves them now, tick mode queues them for Plan()). A client account's
   // guarantee is ignored. Quotas cost nothing until the first is set.
   void SetQuota(uint64_t account, const Quota& quota);
-  // Every account with a quota or a live block (once a quota was set), by id.
+  // Starts keeping accounts before any quota (SetQuota starts it too): from
+  // then on each hit also re-keys its block's place in its accounts' heaps.
+  void TrackAccounts();
+  // Once accounts are kept: every account with a quota or a live block, by id.
   std::vector<AccountUsage> Accounts() const;
 
   // Persist only: puts a ghost (from a checkpoint) into the ghost store as
@@ -294,7 +297,7 @@ class Engine {
   void Log(EngineEvent::Kind kind, Slot s) {
     if (__builtin_expect(log_ != nullptr, 0)) log_->push_back(EngineEvent{kind, states_[s].key});
   }
-  Slot AdmitAt(const BlockKey& key, Tier placed, uint32_t owner);
+  Slot AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t client);
   void SetTier(Slot s, Tier t);
   // `s`, outside the set, enters it (a miss, or a soon's placement): the
   // policy's victim leaves, and demand mode moves both now, tick mode queues.
@@ -340,6 +343,58 @@ class Engine {
   Group* FindGroup(GroupId id);
   void Reclassify(Slot s);
   bool Held(Slot s) const;  // by hysteresis or by a failed move's backoff
+
+  // Quotas (docs/policies.md, "Quotas"); each only while quotas_on_.
+  struct Account {
+    uint64_t id = 0;
+    Quota quota;
+    bool used = false;  // false: on the free list
+    size_t live = 0;
+    std::array<size_t, kMaxTiers> tier_blocks{};  // its live blocks where they sit
+    std::array<size_t, kMaxTiers> target{};       // [0]: in the set; [k]: ranked in middle tier k
+    size_t in0 = 0, out0 = 0;                     // its moves in flight into and out of tier 0
+    SparseSlotHeap set_heat;                      // its blocks in the set, coldest on top
+    std::vector<SparseSlotHeap> ranked_heat;      // [k - 1]: its blocks ranked in tier k
+    uint64_t quota_evictions = 0;
+    bool IsClient() const { return (id & kClientAccount) != 0; }
+    // Its tier-0 blocks once the moves in flight are done.
+    size_t Projected0() const { return tier_blocks[0] + in0 - out0; }
+  };
+  static constexpr uint32_t kNoIndex = UINT32_MAX;
+  uint32_t AccountIndex(uint64_t id, bool create);
+  void FreeAccountIfUnused(uint32_t index);
+  // Recomputes every account's counts and heaps from the live blocks.
+  void RebuildAccounts();
+  void AttachAccounts(Slot s);
+  // Calls f(Account&) for each of the block's accounts.
+  template <typename F>
+  void ForAccounts(Slot s, F&& f) {
+    for (uint32_t i : slot_accounts_[s]) {
+      if (i != kNoIndex) f(accounts_[i]);
+    }
+  }
+  // False when an account of `s` has a tier-0 cap of 0.
+  bool MayEnterSet(Slot s) const;
+  bool AtSetCap(Slot s) const;  // an account of `s` has its cap's worth in the set
+  // Before `s` enters the set: each of its accounts at its tier-0 cap gives up
+  // its coldest block; with the set full and a guarantee at stake, the coldest
+  // block of the accounts above their guarantee leaves.
+  void MakeRoomByQuota(Slot s);
+  // The owner account of `v` is at or under its guarantee, and is not `s`'s.
+  bool Guaranteed(Slot v, Slot s) const;
+  void EvictForQuota(Slot v);
+  // Ranks `x` (unranked) in tier `k` or, where an account of `x` is at its
+  // cap and `x` is colder than that account's coldest there, lower. The
+  // blocks it pushes out (an account's coldest, a tier's coldest over its
+  // capacity) go one tier lower in turn, and are settled; `x` is too unless
+  // it is `s` (Rank settles `s` last).
+  void PlaceRanked(Slot x, unsigned k, Slot s);
+  unsigned CapTier(Slot x, unsigned k, Slot s);
+  SlotHeap::Entry HeatEntry(Slot x) const {
+    return SlotHeap::Entry{policy_->Heat(x), states_[x].touch_seq, x};
+  }
+  void Enrank(Slot x, unsigned k);  // into tier k's ranking (and its accounts')
+  void EnforceCaps(uint32_t index);
 
   EngineOptions options_;
   std::unique_ptr<Policy> policy_;
@@ -399,6 +454,15 @@ class Engine {
   std::vector<size_t> lower_capacity_;
   std::vector<SlotHeap> lower_;
   uint64_t heat_epoch_ = 0;
+  // Quotas: off (and costing nothing) until the first SetQuota. The accounts
+  // by dense index, and by slot the block's owner and client account indexes
+  // (kNoIndex: none) and Admit's client id.
+  bool quotas_on_ = false;
+  std::vector<Account> accounts_;
+  std::vector<uint32_t> free_accounts_;
+  std::unordered_map<uint64_t, uint32_t> account_index_;
+  std::vector<std::array<uint32_t, 2>> slot_accounts_;
+  std::vector<uint64_t> clients_;
   std::vector<EngineEvent>* log_ = nullptr;
 };
 
