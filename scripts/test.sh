@@ -41,15 +41,21 @@ sanitized() {
   shift
   cmake -S "$CXLTIER_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCXLTIER_WERROR=ON \
     -DCXLTIER_SANITIZE="$kind" >/dev/null &&
-    cmake --build "$dir" -j "$JOBS" --target "$@" cxltierd cxltier-loadgen cxltier-sim cxltierctl >/dev/null &&
-    for t in "$@"; do
-      # Bounded, like ctest's --timeout: a hung test fails its stage, named.
-      ASAN_OPTIONS=detect_leaks=1 TSAN_OPTIONS=halt_on_error=1 \
-        timeout --kill-after=30 900 "$dir/bin/$t" --gtest_brief=1 || {
-        echo "$kind: $t failed or ran over 900 s (exit $?)" >&2
-        return 1
-      }
-    done
+    cmake --build "$dir" -j "$JOBS" --target "$@" cxltierd cxltier-loadgen cxltier-sim cxltierctl >/dev/null ||
+    return 1
+  # $JOBS at a time, as ctest runs the unit tests; each bounded like ctest's
+  # --timeout, so a hung test fails its stage, named, with its output.
+  printf '%s\n' "$@" | xargs -P "$JOBS" -I{} bash -c '
+    t0=$SECONDS
+    if ASAN_OPTIONS=detect_leaks=1 TSAN_OPTIONS=halt_on_error=1 \
+      timeout --kill-after=30 900 "$1/bin/$2" --gtest_brief=1 >"$1/$2.log" 2>&1; then
+      echo "$3: $2 passed in $((SECONDS - t0)) s"
+    else
+      rc=$?
+      cat "$1/$2.log"
+      echo "$3: $2 failed or ran over 900 s (exit $rc)" >&2
+      exit 1
+    fi' _ "$dir" {} "$kind"
 }
 stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test daemon_test isolation_test systemd_test hostile_test lease_test copy_mode_test hint_test
 stage tsan sanitized thread service_test daemon_test fault_test lease_test copy_mode_test hint_test
