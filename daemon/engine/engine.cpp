@@ -391,7 +391,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   // in, no longer counts in its tier's ranking.
   Unrank(s);
   if (in_set_ >= capacity_ && !PoolEmpty() && !(quotas_on_ && Guaranteed(PoolBack(), s))) {
-    Displace(PoolBack());
+    Displace(PoolBack(), &counters_.hint_displaced);
   }
   JoinSet(s, t);
   return hit;
@@ -755,11 +755,11 @@ Slot Engine::PoolBack() const {
   return done != kNoSlot ? done : hinted_.Back(kIdlePool);
 }
 
-void Engine::Displace(Slot v) {
+void Engine::Displace(Slot v, uint64_t* counter) {
   BlockState& st = states_[v];
   policy_->Erase(v);
   ClearSet(v);
-  ++counters_.hint_displaced;
+  ++*counter;
   Log(EngineEvent::kEvict, v);
   ForgetIfReset(st);
   if (options_.mode == Mode::kDemand) {
@@ -775,7 +775,7 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   if (in_set_ >= capacity_ && !(quotas_on_ && AtSetCap(s))) {
     if (!PoolEmpty() && !(quotas_on_ && Guaranteed(PoolBack(), s))) {
       Unrank(s);  // on its way in
-      Displace(PoolBack());
+      Displace(PoolBack(), &counters_.hint_displaced);
     } else if (in_set_by_owner_[owner_index_.at(owner)] != in_set_) {
       return false;  // the policy might evict another owner's block
     }
@@ -1073,19 +1073,9 @@ void Engine::MakeRoomByQuota(Slot s) {
 }
 
 void Engine::EvictForQuota(Slot v) {
-  BlockState& st = states_[v];
   ++accounts_[slot_accounts_[v][0]].quota_evictions;
   if (slot_accounts_[v][1] != kNoIndex) ++accounts_[slot_accounts_[v][1]].quota_evictions;
-  policy_->Erase(v);
-  ClearSet(v);
-  ++counters_.quota_evictions;
-  Log(EngineEvent::kEvict, v);
-  ForgetIfReset(st);
-  if (options_.mode == Mode::kDemand) {
-    DemoteNow(v);
-  } else {
-    LeftSetTick(v);
-  }
+  Displace(v, &counters_.quota_evictions);
 }
 
 unsigned Engine::CapTier(Slot x, unsigned k, Slot s) {

@@ -328,8 +328,9 @@ class Engine {
   unsigned FirstLowerWithRoom() const;
   // The policy's heat changed its scale (adaptive's leader): re-keys the rankings.
   void RekeyIfNeeded();
-  // Takes the block out of the set for a hint (no policy eviction is counted).
-  void Displace(Slot v);
+  // Takes the block out of the set for a hint or a quota (no policy eviction
+  // is counted; `counter` is).
+  void Displace(Slot v, uint64_t* counter);
   // Room for one more block in the set for `owner`: free room, an idle or done
   // block displaced, or (true with *policy_may_evict) the policy's victim.
   bool RoomFor(uint32_t owner, bool* policy_may_evict);
