@@ -1,13 +1,11 @@
-# NOT RUN YET by any test stage: systemd_guest_test.sh does not source it,
-# and the guest root lacks podman (docs/deploy.md, "How the image is tested",
-# says why and what is left). Kept so the next attempt starts from it.
-#
-# Sourced by systemd_guest_test.sh inside the systemd guest, after its own
-# checks (say, fail and T0 are its): cxltierd's container image
-# (deploy/container) under podman, as on a real host: systemd PID 1, cgroup
-# v2, rootful podman with crun, no network.
-#   - the image builds from this guest's debootstrapped root (tarred before
-#     dpkg -i) and the .deb, with deploy/container/build.sh;
+# Sourced by systemd_guest_test.sh inside the systemd guest
+# (tools/qemu/systemd-guest.sh), after its own checks, in the same boot (say,
+# fail and T0 are its): cxltierd's container image (deploy/container) under
+# podman, as on a real host: systemd PID 1, cgroup v2, rootful podman 4.3
+# with crun, overlay storage on an ext4 disk, no network, no registry.
+#   - the image builds with deploy/container/build.sh from the guest's own
+#     debootstrapped root (its tar, taken on the build host before podman
+#     went in, waits on podman's disk) and the .deb;
 #   - the daemon's container starts as uid 990 with CAP_SYS_NICE only, and
 #     its socket, on a host-path volume, answers;
 #   - a loadgen in a second container (another uid, no capabilities) connects
@@ -15,6 +13,7 @@
 #     the kernel;
 #   - `podman stop` (SIGTERM) ends it cleanly with the block states saved in
 #     the state volume, and a restarted container gives them back.
+# docs/deploy.md ("How the image is tested") has the figures of a run.
 IMG=localhost/cxltier:test
 HOSTDIR=/srv/cxltier
 CSOCK=$HOSTDIR/run/cxltierd.sock
@@ -36,11 +35,10 @@ client_run() {
     --socket /run/cxltierd/cxltierd.sock --blocks 48 --block-bytes 1MiB --step-ms 2 "$@"
 }
 clog() { podman logs cxltierd 2>&1 | sed 's/^/systemd-guest:   /'; }
-wait_socket() {  # the daemon's socket answers (up to 120 s)
-  i=0
+wait_socket() {  # the daemon's socket answers (up to 120 s by the clock: each podman call takes a second or so under TCG)
+  end=$(( $(date +%s) + 120 ))
   until [ -S $CSOCK ] && cxltierctl --socket $CSOCK status >/dev/null 2>&1; do
-    i=$((i + 1))
-    [ $i -lt 600 ] || { clog; return 1; }
+    [ "$(date +%s)" -lt $end ] || { clog; return 1; }
     [ "$(podman inspect -f '{{.State.Running}}' cxltierd 2>/dev/null)" = true ] || { clog; return 1; }
     sleep 0.2
   done
@@ -48,18 +46,23 @@ wait_socket() {  # the daemon's socket answers (up to 120 s)
 
 systemctl disable --now cxltierd.socket cxltierd.service >/dev/null 2>&1 || fail "stop the unit's daemon"
 t=$(date +%s)
-# Rootful podman, no D-Bus in this root: cgroupfs (cgroup v2 all the same),
-# events and logs to files. The vfs storage driver: this root is a tmpfs,
-# and podman 4.3's storage refuses overlay over tmpfs (a real host's ext4 or
-# xfs takes the default, overlay); vfs copies each layer, which costs memory
-# (the guest has 4 GiB), not correctness.
-mkdir -p /etc/containers
-printf '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n[containers]\nlog_driver = "k8s-file"\n' > /etc/containers/containers.conf
-printf '[storage]\ndriver = "vfs"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n' > /etc/containers/storage.conf
-tag=$(bash /root/container/build.sh --deb /root/cxltier.deb --base-tar /var/tmp/cxltier-base.tar --tag $IMG 2>/tmp/build.log) ||
+# Podman's store on its own ext4 disk (systemd-guest.sh makes it, the
+# guest's /init mounts it), where podman takes the overlay driver as on a
+# real host; the guest's root is a tmpfs. Rootful podman, no D-Bus in this
+# root: cgroupfs (cgroup v2 all the same), events and logs to files. The
+# image copy's scratch file goes to the disk too, not to the tmpfs.
+[ "$(findmnt -n -o FSTYPE /var/lib/containers)" = ext4 ] || fail "podman's disk is not mounted on /var/lib/containers"
+mkdir -p /etc/containers /var/lib/containers/tmp
+printf '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\nimage_copy_tmp_dir = "/var/lib/containers/tmp"\n[containers]\nlog_driver = "k8s-file"\n' > /etc/containers/containers.conf
+printf '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n' > /etc/containers/storage.conf
+engine=$(podman info -f '{{.Host.OCIRuntime.Name}} {{.Store.GraphDriverName}} {{index .Store.GraphStatus "Backing Filesystem"}} cgroup {{.Host.CgroupsVersion}}') ||
+  fail "podman info"
+case "$engine" in *" overlay extfs "*) ;; *) fail "podman's store is not overlay on ext4: $engine" ;; esac
+say "podman $(podman version -f '{{.Client.Version}}'): $engine"
+tag=$(bash /root/container/build.sh --deb /root/cxltier.deb --base-tar /var/lib/containers/cxltier-base.tar --tag $IMG 2>/tmp/build.log) ||
   { sed 's/^/systemd-guest:   /' /tmp/build.log; fail "build.sh (the image)"; }
-rm -f /var/tmp/cxltier-base.tar
-say "image: $(grep -o 'built in .*' /tmp/build.log) (podman $(podman version -f '{{.Client.Version}}'), $(podman info -f '{{.Host.OCIRuntime.Name}} {{.Store.GraphDriverName}} cgroup {{.Host.CgroupsVersion}}'))"
+[ "$tag" = $IMG ] || fail "build.sh printed '$tag', not $IMG"
+say "image: $(grep -o 'imported (.*' /tmp/build.log), $(grep -o 'built in .*' /tmp/build.log)"
 
 mkdir -p $HOSTDIR/run $HOSTDIR/state
 python3 /root/container/seccomp.py > $SECCOMP || fail "seccomp.py"

@@ -2,7 +2,9 @@
 # Runs inside the systemd guest (tools/qemu/systemd-guest.sh) as a boot
 # service: installs our .deb, then checks socket activation, the journal,
 # migration under the unit's sandbox, the watchdog, that a stop saves
-# block states that a start restores, and the Python module and its example. Every line it prints starts with
+# block states that a start restores, and the Python module and its example;
+# then, in the same boot, the container image under podman
+# (container_guest_test.sh). Every line it prints starts with
 # "systemd-guest:"; the last one says CXLTIER-SYSTEMD-EXIT and the result.
 SOCK=/run/cxltierd/cxltierd.sock
 T0=$(date +%s)
@@ -115,5 +117,9 @@ out=$(python3 /usr/share/doc/cxltier/examples/kv_engine.py --socket $SOCK --sequ
 echo "$out" | tail -1 | grep -q '"logits_bit_identical": true' ||
   { echo "$out" | sed 's/^/systemd-guest:   /'; fail "the example's logits are not bit-identical"; }
 say "python: import cxltier from $(python3 -c 'import cxltier, os; print(os.path.dirname(cxltier.__file__))'); kv_engine.py: $(echo "$out" | tail -1 | tr -d ' ' | grep -o '"tokens_decoded":[0-9]*\|"blocks_stored":[0-9]*\|"logits_bit_identical":[a-z]*' | paste -sd,)"
+say "systemd checks passed"
+# The container image under podman, in this same boot (a second boot would
+# cost as much again under TCG): tests/e2e/container_guest_test.sh.
+. /root/container_guest_test.sh
 say "all checks passed"
 finish 0

@@ -102,29 +102,17 @@ for f in "${FILES[@]}"; do
 done
 
 # Modules and their dependencies, in load order.
-declare -A seen=()
-order=()
-add_mod() {
-  local name=$1 path dep
-  [ -n "${seen[$name]:-}" ] && return 0
-  seen[$name]=1
-  path=$(find "$MODDIR" -name "$name.ko" -print -quit)
-  [ -n "$path" ] || return 0   # built in
-  # The module's own record of what it needs (the .modinfo section).
-  for dep in $(strings -a "$path" | sed -n 's/^depends=//p' | tr ',' ' '); do add_mod "$dep"; done
-  cp "$path" "$STAGE/lib/modules/"
-  order+=("$name")
-}
+mods=()
 if [ "$HAS_CXL" = 1 ]; then
   for t in cxl daxctl ndctl; do copy_with_libs "$(command -v $t)" "/bin/$t"; done
-  for m in cxl_acpi cxl_pci cxl_port cxl_mem cxl_pmem libnvdimm nd_pmem dax_pmem device_dax kmem; do
-    add_mod "$m"
-  done
+  mods+=(cxl_acpi cxl_pci cxl_port cxl_mem cxl_pmem libnvdimm nd_pmem dax_pmem device_dax kmem)
 fi
-if [ -n "$DISK" ]; then
-  for m in virtio_pci virtio_blk; do add_mod "$m"; done
-fi
-MODULES="${order[*]}"
+[ -z "$DISK" ] || mods+=(virtio_pci virtio_blk)
+MODULES=""
+for path in $(module_paths "$MODDIR" "${mods[@]}"); do
+  cp "$path" "$STAGE/lib/modules/"
+  MODULES+=" $(basename "$path" .ko)"
+done
 
 cat > "$STAGE/init" <<INIT
 #!/bin/busybox sh

@@ -41,3 +41,23 @@ finish_guest() {
   fi
   exit "$rc"
 }
+
+# module_paths MODDIR NAME...: the .ko files of the named modules and of every
+# module they need (each .ko's own .modinfo depends=), dependencies first, one
+# per line, each once; a module built into the kernel prints nothing.
+module_paths() {
+  local moddir=$1
+  shift
+  declare -A seen=()
+  visit() {
+    local name=$1 path dep
+    [ -n "${seen[$name]:-}" ] && return 0
+    seen[$name]=1
+    path=$(find "$moddir" -name "$name.ko" -print -quit)
+    [ -n "$path" ] || return 0
+    for dep in $(strings -a "$path" | sed -n 's/^depends=//p' | tr ',' ' '); do visit "$dep"; done
+    echo "$path"
+  }
+  local m
+  for m in "$@"; do visit "$m"; done
+}
