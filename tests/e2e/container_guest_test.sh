@@ -2,10 +2,10 @@
 # (tools/qemu/systemd-guest.sh), after its own checks, in the same boot (say,
 # fail and T0 are its): cxltierd's container image (deploy/container) under
 # podman, as on a real host: systemd PID 1, cgroup v2, rootful podman 4.3
-# with crun, overlay storage on an ext4 disk, no network, no registry.
+# with crun and the overlay storage driver, no network, no registry.
 #   - the image builds with deploy/container/build.sh from the guest's own
-#     debootstrapped root (its tar, taken on the build host before podman
-#     went in, waits on podman's disk) and the .deb;
+#     debootstrapped root (its tar, /var/tmp/cxltier-base.tar, taken on the
+#     build host before anything else went in) and the .deb;
 #   - the daemon's container starts as uid 990 with CAP_SYS_NICE only, and
 #     its socket, on a host-path volume, answers;
 #   - a loadgen in a second container (another uid, no capabilities) connects
@@ -46,22 +46,23 @@ wait_socket() {  # the daemon's socket answers (up to 120 s by the clock: each p
 
 systemctl disable --now cxltierd.socket cxltierd.service >/dev/null 2>&1 || fail "stop the unit's daemon"
 t=$(date +%s)
-# Podman's store on its own ext4 disk (systemd-guest.sh makes it, the
-# guest's /init mounts it), where podman takes the overlay driver as on a
-# real host; the guest's root is a tmpfs. Rootful podman, no D-Bus in this
-# root: cgroupfs (cgroup v2 all the same), events and logs to files. The
-# image copy's scratch file goes to the disk too, not to the tmpfs.
-[ "$(findmnt -n -o FSTYPE /var/lib/containers)" = ext4 ] || fail "podman's disk is not mounted on /var/lib/containers"
-mkdir -p /etc/containers /var/lib/containers/tmp
-printf '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\nimage_copy_tmp_dir = "/var/lib/containers/tmp"\n[containers]\nlog_driver = "k8s-file"\n' > /etc/containers/containers.conf
+# Rootful podman, no D-Bus in this root: cgroupfs (cgroup v2 all the same),
+# events and logs to files, netavark (a CNI file in containers-common would
+# otherwise pick CNI, which is not installed). The overlay storage driver:
+# the guest's /init loads the kernel's overlay module (podman 4.3 takes
+# overlay on this tmpfs root as on a real host's ext4 or xfs); the test fails
+# if podman falls back to vfs, which copies every layer.
+mkdir -p /etc/containers
+printf '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n[containers]\nlog_driver = "k8s-file"\n[network]\nnetwork_backend = "netavark"\n' > /etc/containers/containers.conf
 printf '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n' > /etc/containers/storage.conf
-engine=$(podman info -f '{{.Host.OCIRuntime.Name}} {{.Store.GraphDriverName}} {{index .Store.GraphStatus "Backing Filesystem"}} cgroup {{.Host.CgroupsVersion}}') ||
+engine=$(podman info -f 'podman {{.Version.Version}}: {{.Host.OCIRuntime.Name}} {{.Host.NetworkBackend}} {{.Store.GraphDriverName}} on {{index .Store.GraphStatus "Backing Filesystem"}}, cgroup {{.Host.CgroupsVersion}}') ||
   fail "podman info"
-case "$engine" in *" overlay extfs "*) ;; *) fail "podman's store is not overlay on ext4: $engine" ;; esac
-say "podman $(podman version -f '{{.Client.Version}}'): $engine"
-tag=$(bash /root/container/build.sh --deb /root/cxltier.deb --base-tar /var/lib/containers/cxltier-base.tar --tag $IMG 2>/tmp/build.log) ||
+case "$engine" in *": crun netavark overlay on "*) ;; *) fail "podman is not crun, netavark and overlay: $engine" ;; esac
+say "$engine"
+tag=$(bash /root/container/build.sh --deb /root/cxltier.deb --base-tar /var/tmp/cxltier-base.tar --tag $IMG 2>/tmp/build.log) ||
   { sed 's/^/systemd-guest:   /' /tmp/build.log; fail "build.sh (the image)"; }
 [ "$tag" = $IMG ] || fail "build.sh printed '$tag', not $IMG"
+rm -f /var/tmp/cxltier-base.tar  # memory: the root is a tmpfs
 say "image: $(grep -o 'imported (.*' /tmp/build.log), $(grep -o 'built in .*' /tmp/build.log)"
 
 mkdir -p $HOSTDIR/run $HOSTDIR/state

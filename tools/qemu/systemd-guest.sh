@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A real systemd host in QEMU: a minimal Debian 12 root filesystem
 # (debootstrap, cached), booted with systemd as PID 1 from an initramfs, with
-# a CPU-less second NUMA node and an ext4 disk for podman's store. Our .deb
-# goes in, and tests/e2e/systemd_guest_test.sh (then, in the same boot,
+# a CPU-less second NUMA node. Our .deb goes in, and
+# tests/e2e/systemd_guest_test.sh (then, in the same boot,
 # tests/e2e/container_guest_test.sh) runs as a boot service and reports on
 # the serial console.
 #
@@ -11,8 +11,8 @@
 # The root filesystem is the container image's base root (debootstrapped by
 # deploy/container/build.sh --save-base: minbase and the .deb's Depends) plus
 # systemd-sysv, procps, the .deb's Recommends (python3, python3-numpy for the
-# module) and podman, nothing else. It and the base's tar are cached, keyed
-# by that recipe, so later runs skip debootstrap and apt.
+# module), podman and the base's own tar, nothing else. It is cached as a
+# compressed cpio keyed by that recipe, so later runs skip debootstrap and apt.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -45,29 +45,31 @@ fetch_kernel "$CACHE"   # sets VMLINUZ, MODDIR
 
 # ---- the root filesystem: the image's base + systemd, python, podman; cached ----
 # The base is what deploy/container/build.sh debootstraps for the image
-# (minbase, the .deb's Depends, libcap2-bin); its tar is the container
-# test's base image. The guest's root is that base plus, with the root's own
-# apt, systemd-sysv and procps, the .deb's Recommends (python3 and
-# python3-numpy, for the Python module's check) and the container engine
-# (rootful podman 4.3 with crun; netavark, which podman's configuration
-# package needs even with --network none; catatonit, its init).
+# (minbase, the .deb's Depends, libcap2-bin); its tar, in the root as
+# /var/tmp/cxltier-base.tar, is the container test's base image. The guest's
+# root is that base plus, with the root's own apt, systemd-sysv and procps,
+# the .deb's Recommends (python3 and python3-numpy, for the Python module's
+# check) and the container engine (rootful podman 4.3 with crun; netavark,
+# which podman's configuration package needs even with --network none;
+# catatonit, its init).
 extras=(systemd-sysv procps podman crun conmon catatonit netavark)
 for d in $(dpkg-deb -f "$DEB" Recommends | sed -E 's/^[A-Za-z]+: //' | tr ',' '\n' |
   sed -E 's/\(.*\)//; s/\|.*//; s/ //g'); do
   extras+=("$d")
 done
 # The key: the recipe (this list, build.sh, the .deb's fields). Any change
-# builds a new root and base tar from scratch.
-KEY=$( { echo recipe-2; printf '%s\n' "${extras[@]}"; dpkg-deb -f "$DEB" Depends Recommends;
+# builds a new root from scratch (and drops the old ones).
+KEY=$( { echo recipe-3; printf '%s\n' "${extras[@]}"; dpkg-deb -f "$DEB" Depends Recommends;
   cat "$ROOT/deploy/container/build.sh"; } | sha256sum | cut -c1-12)
 ROOTFS="$CACHE/systemd-rootfs-$KEY.cpio.gz"
-BASETAR="$CACHE/systemd-base-$KEY.tar"
-if [ ! -f "$ROOTFS" ] || [ ! -f "$BASETAR" ]; then
+if [ ! -f "$ROOTFS" ]; then
   t0=$SECONDS
+  rm -f "$CACHE"/systemd-rootfs-*.cpio.gz
+  DIR=$(mktemp -d /tmp/cxltier-rootfs.XXXXXX)
+  BASETAR="$DIR.base.tar"
   bash "$ROOT/deploy/container/build.sh" --deb "$DEB" --mirror "$MIRROR" --save-base "$BASETAR" ||
     die "build.sh --save-base failed"
   t1=$SECONDS
-  DIR=$(mktemp -d /tmp/cxltier-rootfs.XXXXXX)
   tar -C "$DIR" -xf "$BASETAR"
   { chroot "$DIR" apt-get update -qq &&
     chroot "$DIR" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${extras[@]}"
@@ -81,27 +83,13 @@ if [ ! -f "$ROOTFS" ] || [ ! -f "$BASETAR" ]; then
     podman-restart.service podman-auto-update.timer; do
     ln -sf /dev/null "$DIR/etc/systemd/system/$u"
   done
+  basesize=$(du -h "$BASETAR" | cut -f1)
+  mv "$BASETAR" "$DIR/var/tmp/cxltier-base.tar"
   ( cd "$DIR" && find . | cpio -o -H newc --quiet | gzip -1 ) > "$ROOTFS.tmp"
   mv "$ROOTFS.tmp" "$ROOTFS"
   rm -rf "$DIR"
-  echo "systemd-guest.sh: root filesystem built in $((SECONDS - t0)) s (base $((t1 - t0)) s, $(du -h "$BASETAR" | cut -f1) tar; the rest $((SECONDS - t1)) s, root $(du -h "$ROOTFS" | cut -f1))" >&2
+  echo "systemd-guest.sh: root filesystem built in $((SECONDS - t0)) s (base $((t1 - t0)) s, its tar $basesize; the rest $((SECONDS - t1)) s; root $(du -h "$ROOTFS" | cut -f1))" >&2
 fi
-
-# ---- podman's disk: an ext4 file system for /var/lib/containers ----
-# Podman 4.3's storage refuses the overlay driver on the guest's tmpfs root,
-# and vfs copies every layer; on ext4 it takes overlay, as on a real host.
-# Made afresh each run (every run starts from an empty image store) holding
-# the base tar; mkfs.ext4 -d copies it in without mounting anything. The
-# inode tables are written here, not by the guest's lazy init under TCG.
-t0=$SECONDS
-DISK="$CACHE/systemd-podman-disk.raw"
-DISKSRC=$(mktemp -d "$CACHE/podman-disk.XXXXXX")
-ln "$BASETAR" "$DISKSRC/cxltier-base.tar"
-rm -f "$DISK" && truncate -s 4G "$DISK"
-mkfs.ext4 -q -F -L cxltier-podman -E lazy_itable_init=0,lazy_journal_init=0 -d "$DISKSRC" "$DISK" ||
-  die "mkfs.ext4 of podman's disk failed"
-rm -rf "$DISKSRC"
-echo "systemd-guest.sh: podman's disk made in $((SECONDS - t0)) s" >&2
 
 # ---- the overlay: our package, the test and the unit that runs it ----
 STAGE=$(mktemp -d)
@@ -131,10 +119,11 @@ ln -sf ../cxltier-e2e.service "$STAGE/etc/systemd/system/multi-user.target.wants
 # root, which can never be unmounted or pivoted away from: /init copies the
 # tree into a tmpfs and switch_roots to systemd there.
 cp /bin/busybox "$STAGE/cxltier-boot/busybox"
-# The kernel modules for podman's disk and its overlay storage, loaded by /init.
+# The kernel's overlay file system, for podman's overlay storage driver (the
+# root holds no kernel modules): /init loads it.
 mkdir -p "$STAGE/cxltier-boot/modules"
 MODULES=""
-for path in $(module_paths "$MODDIR" virtio_pci virtio_blk crc32c_generic ext4 overlay); do
+for path in $(module_paths "$MODDIR" overlay); do
   cp "$path" "$STAGE/cxltier-boot/modules/"
   MODULES+=" $(basename "$path" .ko)"
 done
@@ -148,13 +137,7 @@ for d in bin etc home lib lib64 opt root sbin srv usr var; do
 done
 $B mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/run /newroot/tmp /newroot/mnt
 $B chmod 1777 /newroot/tmp
-# Podman's disk (/dev/vda, ext4) on /var/lib/containers; the test fails,
-# saying so, if it is not there.
 for m in MODULES; do $B insmod /cxltier-boot/modules/$m.ko || echo "init: insmod $m failed"; done
-$B mkdir -p /dev /newroot/var/lib/containers
-$B mount -t devtmpfs devtmpfs /dev
-$B mount -t ext4 /dev/vda /newroot/var/lib/containers || echo "init: cannot mount /dev/vda"
-$B umount /dev
 exec $B switch_root /newroot /lib/systemd/systemd
 INIT
 sed -i "s|for m in MODULES;|for m in$MODULES;|" "$STAGE/init"
@@ -172,7 +155,6 @@ timeout --kill-after=30 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2
   -m "${MEMORY}M" -machine q35 \
   -object memory-backend-ram,id=m0,size=${HALF}M -object memory-backend-ram,id=m1,size=${HALF}M \
   -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,memdev=m1 -numa dist,src=0,dst=1,val=20 \
-  -drive "file=$DISK,if=none,id=disk0,format=raw,cache=unsafe" -device virtio-blk-pci,drive=disk0,bus=pcie.0 \
   -kernel "$VMLINUZ" -initrd "$STAGE/initrd.gz" \
   -append "console=ttyS0 panic=-1 loglevel=3 systemd.show_status=0" \
   </dev/null 2>&1 | tr -d '\r' | tee "$LOG" | grep --line-buffered '^systemd-guest:'
