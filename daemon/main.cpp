@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -153,6 +154,13 @@ int main(int argc, char** argv) {
                  std::to_string(tiers.count()) +
                  " tiers (one per tier but the last, which holds the rest)";
   }
+  if (tier_error.empty()) {
+    if (cxltier::Status st =
+            cxltier::service::CheckQuotaTiers(config, std::max<size_t>(2, tiers.count()));
+        !st.ok()) {
+      tier_error = st.message;
+    }
+  }
   if (!tier_error.empty()) {
     spdlog::critical("tiers: {}", tier_error);
     return 2;
@@ -274,6 +282,7 @@ int main(int argc, char** argv) {
                              ? cxltier::Status::Ok()
                              : cxltier::service::LoadConfigFile(config_file, &fresh);
     if (st.ok()) st = fresh.Validate();
+    if (st.ok()) st = daemon.CheckReload(fresh);
     if (st.ok()) {
       daemon.Reload(fresh);
     } else {

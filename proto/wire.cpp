@@ -313,7 +313,9 @@ void Fields(Io& io, Admin& m) {
   uint8_t op = static_cast<uint8_t>(m.op);
   io.Field(op);
   if constexpr (Io::kReading) {
-    if (op < 1 || op > 5) io.Fail("unknown admin operation " + std::to_string(op));
+    if (op < 1 || op > static_cast<uint8_t>(AdminOp::kSetQuota)) {
+      io.Fail("unknown admin operation " + std::to_string(op));
+    }
     m.op = static_cast<AdminOp>(op);
   }
   io.Str(m.arg, kMaxName);

@@ -1,6 +1,7 @@
 // cxltierctl: the plan figures, and the real binary's output and exit codes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <string>
@@ -10,6 +11,7 @@
 #include "shell.h"
 
 #include "plan.h"
+#include "share.h"
 
 namespace cxltier::ctl {
 namespace {
@@ -57,6 +59,36 @@ TEST(Plan, PerLayerNamesTheSmallestCache) {
   EXPECT_EQ(j["smallest_per_layer"], "qwen2.5-7b");
   EXPECT_EQ(j["models"][0]["per_layer_kv_bytes"], 536870912);
   EXPECT_EQ(j["models"][0]["mha_per_layer_kv_bytes"], 4294967296ull);
+}
+
+TEST(Share, EveryTierEachUserAndClientWithCapsAndShare) {
+  const nlohmann::json q = nlohmann::json::parse(R"({
+    "quota_evictions": 4,
+    "users": [
+      {"uid": 1001, "quota": true, "in_set": 2, "quota_evictions": 4,
+       "guarantee_blocks": 1, "guarantee_bytes": 1048576,
+       "tiers": [{"tier": 0, "blocks": 2, "bytes": 2097152, "cap_blocks": 2, "cap_bytes": 2097152},
+                 {"tier": 1, "blocks": 1, "bytes": 1048576},
+                 {"tier": 2, "blocks": 0, "bytes": 0}]},
+      {"uid": 4242, "quota": false, "in_set": 6, "quota_evictions": 0,
+       "guarantee_blocks": 0, "guarantee_bytes": 0,
+       "tiers": [{"tier": 0, "blocks": 6, "bytes": 6291456},
+                 {"tier": 1, "blocks": 0, "bytes": 0},
+                 {"tier": 2, "blocks": 9, "bytes": 9437184}]}],
+    "clients": [
+      {"uid": 1001, "id": 3, "name": "vllm-0", "quota": true, "in_set": 0, "quota_evictions": 0,
+       "tiers": [{"tier": 0, "blocks": 0, "bytes": 0, "cap_blocks": 0, "cap_bytes": 0},
+                 {"tier": 1, "blocks": 1, "bytes": 1048576},
+                 {"tier": 2, "blocks": 0, "bytes": 0}]}]})");
+  const std::string t =
+      ShareTable(q, 8 << 20, [](uint32_t uid) { return uid == 1001 ? "alice" : ""; });
+  for (const char* s :
+       {"tier 0", "tier 1", "tier 2", "alice (1001)", "2.00 MiB/2.00 MiB", "uid 4242", "6.00 MiB",
+        "9.00 MiB", "25.0%", "75.0%", "1.00 MiB", "client vllm-0 #3", "0 B/0 B"}) {
+    EXPECT_NE(t.find(s), std::string::npos) << "missing '" << s << "' in\n" << t;
+  }
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 4);  // a header and three rows
+  EXPECT_EQ(ShareTable(nlohmann::json::parse(R"({"users": [], "clients": []})"), 0, nullptr), "");
 }
 
 TEST(CxltierctlBinary, PlanJsonWithSuffixContext) {

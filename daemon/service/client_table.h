@@ -75,6 +75,9 @@ struct Client {
   uint32_t release_cursor = 0;  // slots before it are released
   uint64_t bad_observations = 0;
   uint64_t observations = 0;
+  // Its quota account (engine::kClientAccount | id) when its hello's name had
+  // a client quota; kNoAccount otherwise. Admits pass it to the engine.
+  uint64_t account = engine::kNoAccount;
   CopyState copy;  // copy mode: tier pools and places
 };
 

@@ -1,5 +1,6 @@
 #include "service/config.h"
 
+#include <pwd.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -31,12 +32,15 @@ std::optional<int64_t> IntOf(const toml::node& n) {
 class TableReader {
  public:
   TableReader(const toml::table& root, const char* name, std::string* error)
-      : name_(name), error_(error) {
+      : label_("[" + std::string(name) + "]"), error_(error) {
     if (const toml::node* n = root.get(name)) {
       table_ = n->as_table();
-      if (!table_) Fail("[" + name_ + "] must be a table");
+      if (!table_) Fail(label_ + " must be a table");
     }
   }
+  // One table of an array of tables, named `label` in errors ("[[quotas.user]] #2").
+  TableReader(const toml::table* table, std::string label, std::string* error)
+      : label_(std::move(label)), error_(error), table_(table) {}
 
   void Str(const char* key, std::string* out) {
     if (const toml::node* n = Get(key)) {
@@ -130,41 +134,168 @@ class TableReader {
     }
     return true;
   }
+  // A quota cap: a size, or "none" (kNoCapBytes).
+  void Cap(const char* key, uint64_t* out) {
+    if (const toml::node* n = Get(key)) {
+      if (auto c = CapOf(*n)) {
+        *out = *c;
+      } else {
+        Fail(key, "a byte count, a size like \"8GiB\" or \"none\"");
+      }
+    }
+  }
+  // An array of caps; returns whether the key was there.
+  bool Caps(const char* key, std::vector<uint64_t>* out) {
+    const toml::node* n = Get(key);
+    if (!n) return false;
+    const toml::array* a = n->as_array();
+    out->clear();
+    for (size_t i = 0; a && i < a->size(); ++i) {
+      auto c = CapOf(*a->get(i));
+      if (!c) break;
+      out->push_back(*c);
+    }
+    if (!a || out->size() != a->size()) {
+      Fail(key, "an array of caps, tier 0 first: byte counts, sizes like \"8GiB\" or \"none\"");
+    }
+    return true;
+  }
   bool Has(const char* key) const { return table_ && table_->get(key); }
   // Call after reading every key: unknown keys are errors.
   void Finish() {
     if (!table_) return;
     for (const auto& [k, v] : *table_) {
       if (!seen_.count(std::string(k.str()))) {
-        Fail("unknown key '" + std::string(k.str()) + "' in [" + name_ + "]");
+        Fail("unknown key '" + std::string(k.str()) + "' in " + label_);
       }
     }
-  }
-
- private:
-  const toml::node* Get(const char* key) {
-    seen_.insert(key);
-    return table_ ? table_->get(key) : nullptr;
-  }
-  void Fail(const char* key, const char* want) {
-    Fail("[" + name_ + "] " + key + " must be " + want);
   }
   void Fail(const std::string& msg) {
     if (error_->empty()) *error_ = msg;
   }
+  const std::string& label() const { return label_; }
 
-  std::string name_;
+ private:
+  static std::optional<uint64_t> CapOf(const toml::node& n) {
+    if (auto i = IntOf(n); i && *i >= 0) return static_cast<uint64_t>(*i);
+    if (auto s = n.value<std::string>()) {
+      if (*s == "none") return kNoCapBytes;
+      return ParseSize(*s);
+    }
+    return std::nullopt;
+  }
+  const toml::node* Get(const char* key) {
+    seen_.insert(key);
+    return table_ ? table_->get(key) : nullptr;
+  }
+  void Fail(const char* key, const char* want) { Fail(label_ + " " + key + " must be " + want); }
+
+  std::string label_;
   std::string* error_;
   const toml::table* table_ = nullptr;
   std::set<std::string> seen_;
 };
+
+// Drops trailing "none" caps: a quota means the same with or without them.
+void TrimCaps(std::vector<uint64_t>* caps) {
+  while (!caps->empty() && caps->back() == kNoCapBytes) caps->pop_back();
+}
+
+// tier0 / tiers / guarantee of one [[quotas.*]] table.
+void ReadQuota(TableReader& r, bool user, QuotaBytes* q) {
+  uint64_t tier0 = kNoCapBytes;
+  const bool has_tier0 = r.Has("tier0");
+  r.Cap("tier0", &tier0);
+  std::vector<uint64_t> tiers;
+  const bool has_tiers = r.Caps("tiers", &tiers);
+  if (has_tier0 && has_tiers) {
+    r.Fail(r.label() + ": tier 0's cap is given twice: tier0 and tiers");
+  }
+  q->caps = has_tiers ? tiers : std::vector<uint64_t>{tier0};
+  TrimCaps(&q->caps);
+  if (!user && r.Has("guarantee")) {
+    r.Fail(r.label() + ": a client has no guarantee (a user's guarantee covers its clients)");
+  }
+  if (user) r.Size("guarantee", &q->guarantee);
+}
+
+std::optional<uint32_t> UidOfUser(const std::string& name) {
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || !found) {
+    return std::nullopt;
+  }
+  return found->pw_uid;
+}
+
+// [quotas]: [[quotas.user]] and [[quotas.client]] tables.
+void ReadQuotas(const toml::table& root, DaemonConfig* c, std::string* error) {
+  const toml::node* n = root.get("quotas");
+  if (!n) return;
+  const toml::table* quotas = n->as_table();
+  if (!quotas) {
+    *error = "[quotas] must be a table (of [[quotas.user]] and [[quotas.client]] tables)";
+    return;
+  }
+  for (const auto& [k, v] : *quotas) {
+    const std::string key(k.str());
+    if (key != "user" && key != "client") {
+      *error = "unknown key '" + key + "' in [quotas] (known: [[quotas.user]], [[quotas.client]])";
+      return;
+    }
+    const toml::array* entries = v.as_array();
+    if (!entries || !entries->is_array_of_tables()) {
+      *error = "quotas." + key + " must be an array of tables: write [[quotas." + key + "]]";
+      return;
+    }
+    std::vector<UserQuota>& users = c->user_quotas;
+    std::vector<ClientQuota>& clients = c->client_quotas;
+    if (key == "user") users.clear();
+    if (key == "client") clients.clear();
+    for (size_t i = 0; i < entries->size() && error->empty(); ++i) {
+      const std::string label = "[[quotas." + key + "]] #" + std::to_string(i + 1);
+      TableReader r(entries->get(i)->as_table(), label, error);
+      if (key == "user") {
+        UserQuota u;
+        uint64_t uid = 0;
+        std::string name;
+        const bool has_uid = r.Has("uid"), has_user = r.Has("user");
+        r.Int("uid", &uid);
+        r.Str("user", &name);
+        if (has_uid == has_user) {
+          r.Fail(label + ": give uid = N or user = \"name\" (one of them)");
+        } else if (has_uid && uid > 0xfffffffeull) {
+          r.Fail(label + ": uid " + std::to_string(uid) + " is out of range");
+        } else if (has_user && error->empty()) {
+          if (auto resolved = UidOfUser(name)) {
+            uid = *resolved;
+          } else {
+            r.Fail(label + ": no user '" + name + "' in the password database");
+          }
+        }
+        u.uid = static_cast<uint32_t>(uid);
+        ReadQuota(r, true, &u.quota);
+        r.Finish();
+        users.push_back(std::move(u));
+      } else {
+        ClientQuota q;
+        if (!r.Has("name")) r.Fail(label + ": give name = \"the client's hello name\"");
+        r.Str("name", &q.name);
+        ReadQuota(r, false, &q.quota);
+        r.Finish();
+        clients.push_back(std::move(q));
+      }
+    }
+  }
+}
 
 Status Apply(const toml::table& root, DaemonConfig* c) {
   std::string error;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (key != "daemon" && key != "engine" && key != "migration" && key != "tiers" &&
-        key != "limits" && key != "metrics") {
+        key != "limits" && key != "metrics" && key != "quotas") {
       return Invalid("unknown table or key '" + key + "'");
     }
   }
@@ -229,11 +360,14 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   l.Size("max_tier_pool_bytes_per_uid", &c->max_tier_pool_bytes_per_uid);
   l.Int("lease_timeout_s", &c->lease_timeout_s);
   l.Finish();
+  if (error.empty()) ReadQuotas(root, c, &error);
   if (!error.empty()) return Invalid(error);
   return c->Validate();
 }
 
 }  // namespace
+
+Status ValidateQuotas(const DaemonConfig& c);
 
 Status DaemonConfig::Validate() const {
   if (socket_path.empty()) return Invalid("socket path is empty");
@@ -306,7 +440,232 @@ Status DaemonConfig::Validate() const {
   for (uint64_t b : lower_tier_budget_bytes) {
     if (b > (uint64_t{1} << 60)) return Invalid("[tiers] budgets must be at most 1 EiB each");
   }
+  return ValidateQuotas(*this);
+}
+
+namespace {
+
+std::string QuotaName(const UserQuota& u) { return "[quotas] uid " + std::to_string(u.uid); }
+std::string QuotaName(const ClientQuota& c) { return "[quotas] client '" + c.name + "'"; }
+
+// One quota's own checks (the host's tiers come later: CheckQuotaTiers).
+Status ValidateQuota(const std::string& who, const QuotaBytes& q, size_t tier_nodes) {
+  if (q.Unlimited()) {
+    return Invalid(who + ": no cap and no guarantee (give tier0, tiers or guarantee)");
+  }
+  if (q.caps.size() > kMaxTiers - 1) {
+    return Invalid(who + ": caps for " + std::to_string(q.caps.size()) + " tiers; at most " +
+                   std::to_string(kMaxTiers - 1) + " (of " + std::to_string(kMaxTiers) +
+                   " tiers the last is never capped)");
+  }
+  if (tier_nodes && q.caps.size() >= tier_nodes) {
+    return Invalid(who + ": caps for " + std::to_string(q.caps.size()) + " tiers, but [tiers] " +
+                   "nodes names " + std::to_string(tier_nodes) + " and the last (tier " +
+                   std::to_string(tier_nodes - 1) +
+                   ") is never capped: it holds every block that fits nowhere else");
+  }
+  for (uint64_t cap : q.caps) {
+    if (cap != kNoCapBytes && cap > (uint64_t{1} << 60)) {
+      return Invalid(who + ": caps must be at most 1 EiB (or \"none\")");
+    }
+  }
+  if (q.guarantee > (uint64_t{1} << 60)) return Invalid(who + ": guarantee must be at most 1 EiB");
+  if (q.guarantee > 0 && !q.caps.empty() && q.guarantee > q.caps[0]) {
+    return Invalid(who + ": guarantee " + FormatBytes(q.guarantee) + " is above its tier-0 cap " +
+                   FormatBytes(q.caps[0]));
+  }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateQuotas(const DaemonConfig& c) {
+  std::set<uint32_t> uids;
+  uint64_t guaranteed = 0;
+  for (const UserQuota& u : c.user_quotas) {
+    if (!uids.insert(u.uid).second) {
+      return Invalid(QuotaName(u) + " has two quotas (one [[quotas.user]] per uid; a user = " +
+                     "\"name\" entry counts as its uid)");
+    }
+    if (Status st = ValidateQuota(QuotaName(u), u.quota, c.tier_nodes.size()); !st.ok()) return st;
+    // Each guarantee is at most 1 EiB and the sum so far at most the budget
+    // (1 EiB): no overflow.
+    guaranteed += u.quota.guarantee;
+    if (guaranteed > c.tier0_budget_bytes) {
+      return Invalid("[quotas] the guarantees add up to more than tier 0's budget " +
+                     FormatBytes(c.tier0_budget_bytes) + " (at " + QuotaName(u) +
+                     "): every guarantee must fit in tier 0 at once");
+    }
+  }
+  std::set<std::string> names;
+  for (const ClientQuota& q : c.client_quotas) {
+    if (q.name.empty() || q.name.size() > 64) {
+      return Invalid(
+          "[quotas] a client quota's name must be 1 to 64 bytes (hello names are cut "
+          "at 64)");
+    }
+    if (!names.insert(q.name).second) {
+      return Invalid(QuotaName(q) + " has two quotas (one [[quotas.client]] per name)");
+    }
+    if (q.quota.guarantee) {
+      return Invalid(QuotaName(q) +
+                     ": a client has no guarantee (a user's guarantee covers its clients)");
+    }
+    if (Status st = ValidateQuota(QuotaName(q), q.quota, c.tier_nodes.size()); !st.ok()) {
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+bool QuotaBytes::Unlimited() const {
+  return guarantee == 0 &&
+         std::all_of(caps.begin(), caps.end(), [](uint64_t c) { return c == kNoCapBytes; });
+}
+
+const QuotaBytes* DaemonConfig::UserQuotaOf(uint32_t uid) const {
+  for (const UserQuota& u : user_quotas) {
+    if (u.uid == uid) return &u.quota;
+  }
+  return nullptr;
+}
+
+const QuotaBytes* DaemonConfig::ClientQuotaOf(const std::string& name) const {
+  for (const ClientQuota& q : client_quotas) {
+    if (q.name == name) return &q.quota;
+  }
+  return nullptr;
+}
+
+Status CheckQuotaTiers(const DaemonConfig& c, size_t tiers) {
+  auto check = [tiers](const std::string& who, const QuotaBytes& q) {
+    if (q.caps.size() < tiers) return Status::Ok();
+    return Invalid(who + ": caps for " + std::to_string(q.caps.size()) + " tiers, but this host " +
+                   "has " + std::to_string(tiers) + " tiers and the last (tier " +
+                   std::to_string(tiers - 1) +
+                   ") is never capped: it holds every block that fits nowhere else");
+  };
+  for (const UserQuota& u : c.user_quotas) {
+    if (Status st = check(QuotaName(u), u.quota); !st.ok()) return st;
+  }
+  for (const ClientQuota& q : c.client_quotas) {
+    if (Status st = check(QuotaName(q), q.quota); !st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+engine::Quota ToEngineQuota(const QuotaBytes& q, uint64_t block_bytes, bool user) {
+  engine::Quota out;
+  for (size_t k = 0; k < q.caps.size() && k < out.cap.size(); ++k) {
+    if (q.caps[k] != kNoCapBytes) out.cap[k] = static_cast<size_t>(q.caps[k] / block_bytes);
+  }
+  if (user) out.guarantee = static_cast<size_t>(q.guarantee / block_bytes);
+  return out;
+}
+
+Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* quota) {
+  std::istringstream in(arg);
+  std::string word;
+  bool have_target = false, none = false, have_tiers = false, have_guarantee = false;
+  std::set<size_t> tiers_given;
+  *quota = QuotaBytes{};
+  std::vector<uint64_t> caps;
+  auto cap_of = [](const std::string& v) -> std::optional<uint64_t> {
+    if (v == "none") return kNoCapBytes;
+    return ParseSize(v);
+  };
+  const std::string usage =
+      " (usage: uid=N|user=NAME|client=NAME then tier0=SIZE, tierK=SIZE, tiers=SIZE,SIZE,..., "
+      "guarantee=SIZE, or none)";
+  while (in >> word) {
+    const size_t eq = word.find('=');
+    const std::string key = word.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : word.substr(eq + 1);
+    if (eq == std::string::npos) {
+      if (word != "none") return Invalid("quota: '" + word + "' is not key=value" + usage);
+      none = true;
+      continue;
+    }
+    if (key == "uid" || key == "user" || key == "client") {
+      if (have_target) return Invalid("quota: give one of uid=, user= or client=");
+      have_target = true;
+      target->user = key != "client";
+      target->client.clear();
+      if (key == "uid") {
+        const std::optional<uint64_t> uid =
+            value.find_first_not_of("0123456789") == std::string::npos && !value.empty() &&
+                    value.size() <= 10
+                ? std::optional<uint64_t>(std::stoull(value))
+                : std::nullopt;
+        if (!uid || *uid > 0xfffffffeull) return Invalid("quota: uid '" + value + "' is no uid");
+        target->uid = static_cast<uint32_t>(*uid);
+      } else if (key == "user") {
+        const std::optional<uint32_t> uid = UidOfUser(value);
+        if (!uid) return Invalid("quota: no user '" + value + "' in the password database");
+        target->uid = *uid;
+      } else {
+        if (value.empty() || value.size() > 64) {
+          return Invalid("quota: a client name must be 1 to 64 bytes");
+        }
+        target->client = value;
+      }
+    } else if (key == "guarantee") {
+      const std::optional<uint64_t> g = ParseSize(value);
+      if (!g || have_guarantee) return Invalid("quota: guarantee=SIZE, once, e.g. guarantee=4GiB");
+      have_guarantee = true;
+      quota->guarantee = *g;
+    } else if (key == "tiers") {
+      if (have_tiers || !tiers_given.empty()) {
+        return Invalid("quota: tiers= and tierK= name the same caps: give one or the other");
+      }
+      have_tiers = true;
+      std::istringstream list(value);
+      std::string item;
+      while (std::getline(list, item, ',')) {
+        const std::optional<uint64_t> c = cap_of(item);
+        if (!c) return Invalid("quota: tiers=" + value + ": '" + item + "' is no size or none");
+        caps.push_back(*c);
+      }
+      if (caps.empty()) return Invalid("quota: tiers= needs tier 0's cap at least");
+    } else if (key.size() >= 5 && key.compare(0, 4, "tier") == 0 &&
+               key.find_first_not_of("0123456789", 4) == std::string::npos && key.size() <= 5) {
+      const size_t k = static_cast<size_t>(key[4] - '0');
+      if (have_tiers || !tiers_given.insert(k).second) {
+        return Invalid("quota: tier " + std::to_string(k) + "'s cap is given twice");
+      }
+      const std::optional<uint64_t> c = cap_of(value);
+      if (!c) return Invalid("quota: " + word + ": '" + value + "' is no size or none");
+      if (caps.size() <= k) caps.resize(k + 1, kNoCapBytes);
+      caps[k] = *c;
+    } else {
+      return Invalid("quota: unknown key '" + key + "'" + usage);
+    }
+  }
+  if (!have_target) return Invalid("quota: whose? give uid=, user= or client=" + usage);
+  if (none && (have_tiers || have_guarantee || !tiers_given.empty())) {
+    return Invalid("quota: none removes the quota; it takes no caps");
+  }
+  if (!none && !have_tiers && !have_guarantee && tiers_given.empty()) {
+    return Invalid("quota: no cap and no guarantee: give tier0=SIZE, guarantee=SIZE or none" +
+                   usage);
+  }
+  if (!target->user && have_guarantee) {
+    return Invalid("quota: a client has no guarantee (a user's guarantee covers its clients)");
+  }
+  TrimCaps(&caps);
+  quota->caps = std::move(caps);
+  return Status::Ok();
+}
+
+std::string DescribeQuota(const QuotaBytes& q) {
+  std::string out;
+  for (size_t k = 0; k < q.caps.size(); ++k) {
+    if (q.caps[k] == kNoCapBytes) continue;
+    out += (out.empty() ? "" : ", ") +
+           ("tier " + std::to_string(k) + " cap " + FormatBytes(q.caps[k]));
+  }
+  if (q.guarantee) out += (out.empty() ? "" : ", ") + ("guarantee " + FormatBytes(q.guarantee));
+  return out.empty() ? "no quota" : out;
 }
 
 Status LoadConfigText(const std::string& text, const std::string& name, DaemonConfig* c) {
@@ -386,6 +745,39 @@ std::string ToToml(const DaemonConfig& c) {
            {"lease_timeout_s", c.lease_timeout_s}}},
   };
   if (!c.lower_tier_budget_bytes.empty()) t["engine"].as_table()->erase("tier0_budget");
+  // [[quotas.user]] and [[quotas.client]]: every cap as tiers = [...] (bytes,
+  // "none" for none), users by uid.
+  auto quota_table = [](const QuotaBytes& q) {
+    toml::table out;
+    toml::array caps;
+    for (uint64_t cap : q.caps) {
+      if (cap == kNoCapBytes) {
+        caps.push_back("none");
+      } else {
+        caps.push_back(static_cast<int64_t>(cap));
+      }
+    }
+    if (!caps.empty()) out.insert("tiers", caps);
+    if (q.guarantee) out.insert("guarantee", static_cast<int64_t>(q.guarantee));
+    return out;
+  };
+  toml::array users, clients;
+  for (const UserQuota& u : c.user_quotas) {
+    toml::table e = quota_table(u.quota);
+    e.insert("uid", static_cast<int64_t>(u.uid));
+    users.push_back(std::move(e));
+  }
+  for (const ClientQuota& q : c.client_quotas) {
+    toml::table e = quota_table(q.quota);
+    e.insert("name", q.name);
+    clients.push_back(std::move(e));
+  }
+  if (!users.empty() || !clients.empty()) {
+    toml::table quotas;
+    if (!users.empty()) quotas.insert("user", std::move(users));
+    if (!clients.empty()) quotas.insert("client", std::move(clients));
+    t.insert("quotas", std::move(quotas));
+  }
   std::ostringstream out;
   out << t << "\n";
   return out.str();

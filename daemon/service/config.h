@@ -13,6 +13,33 @@
 
 namespace cxltier::service {
 
+// A quota as the configuration gives it, in bytes (docs/operations.md,
+// "Quotas"). The daemon converts it to blocks, rounding down, once the block
+// size is known (ToEngineQuota).
+inline constexpr uint64_t kNoCapBytes = UINT64_MAX;
+struct QuotaBytes {
+  // caps[k]: the most bytes of the account's blocks in tier k (kNoCapBytes:
+  // none). Never one for the last tier, which holds every block that fits
+  // nowhere else; trailing kNoCapBytes are dropped.
+  std::vector<uint64_t> caps;
+  uint64_t guarantee = 0;  // users only: tier-0 bytes other accounts' misses leave alone
+  bool Unlimited() const;
+  friend bool operator==(const QuotaBytes&, const QuotaBytes&) = default;
+};
+// [[quotas.user]]: a uid's quota (`user = "name"` is resolved to its uid at load).
+struct UserQuota {
+  uint32_t uid = 0;
+  QuotaBytes quota;
+  friend bool operator==(const UserQuota&, const UserQuota&) = default;
+};
+// [[quotas.client]]: the quota of every connection whose hello names `name`
+// (each connection on its own; no guarantee).
+struct ClientQuota {
+  std::string name;
+  QuotaBytes quota;
+  friend bool operator==(const ClientQuota&, const ClientQuota&) = default;
+};
+
 struct DaemonConfig {
   // [daemon]
   std::string socket_path = kDefaultSocketPath;  // client socket
@@ -69,6 +96,14 @@ struct DaemonConfig {
   // may still run.
   uint64_t max_tier_pool_bytes_per_uid = 64ull << 30;
   uint32_t lease_timeout_s = 30;
+  // [quotas] (empty: none). Reload replaces both lists, and so does nothing
+  // else but `cxltierctl quota set` (until the next reload).
+  std::vector<UserQuota> user_quotas;
+  std::vector<ClientQuota> client_quotas;
+
+  // The user quota of `uid`, the client quota of `name`, or nullptr.
+  const QuotaBytes* UserQuotaOf(uint32_t uid) const;
+  const QuotaBytes* ClientQuotaOf(const std::string& name) const;
 
   // Ok when the values make sense together; otherwise (kBadPayload) what is wrong.
   Status Validate() const;
@@ -83,6 +118,31 @@ Status LoadConfigText(const std::string& text, const std::string& name, DaemonCo
 
 // The effective configuration as TOML.
 std::string ToToml(const DaemonConfig& config);
+
+// What a host with `tiers` tiers can enforce: no quota caps the last tier
+// (tier tiers-1) or a tier the host does not have. Validate() checks what it
+// can without the host (at most 7 caps; fewer than [tiers] nodes names).
+Status CheckQuotaTiers(const DaemonConfig& config, size_t tiers);
+
+// The engine's quota for blocks of `block_bytes`: every byte figure divided
+// by the block size, rounded down (a cap below one block is 0 blocks: none in
+// that tier); `user`: with the guarantee (a client account has none).
+engine::Quota ToEngineQuota(const QuotaBytes& quota, uint64_t block_bytes, bool user);
+
+// `cxltierctl quota set`'s argument: whose quota ("uid=1001", "user=alice"
+// resolved with the password database, or "client=vllm-0") and what it is,
+// words separated by spaces: "tier0=8GiB", "tierK=SIZE", "tiers=8GiB,16GiB"
+// (tiers 0, 1, ...; "none" for no cap on one), "guarantee=4GiB" (users
+// only), or "none" alone to remove the quota (*quota is then unlimited).
+// The quota replaces the account's whole quota. kBadPayload: what is wrong.
+struct QuotaTarget {
+  bool user = true;
+  uint32_t uid = 0;  // user
+  std::string client;
+};
+Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* quota);
+// "tier 0 cap 8.00 GiB, tier 1 cap 16.0 GiB, guarantee 4.00 GiB" (or "no quota").
+std::string DescribeQuota(const QuotaBytes& quota);
 
 // Tier k's byte budget with `tiers` tiers (from the config, or `memory_bytes`,
 // the tier's nodes' memory, for a middle tier the config leaves out); 0 for

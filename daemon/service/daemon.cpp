@@ -95,6 +95,7 @@ Status Daemon::EnsureEngine(uint64_t block_bytes) {
     pending_ghosts_ = std::move(kept.states);
     pending_ghost_owners_ = std::move(kept.owners);
     engine_.reset();
+    applied_quotas_.clear();
     clients_.ForgetEngineSlots();
   }
   if (engine_) return Status::Ok();
@@ -112,6 +113,7 @@ Status Daemon::EnsureEngine(uint64_t block_bytes) {
   spdlog::info("engine: policy {}, {}, block {} bytes, tier-0 budget {} ({} blocks)",
                config_.policy, config_.persist ? "persist" : "reset", block_bytes,
                FormatBytes(config_.tier0_budget_bytes), engine_->capacity_blocks());
+  ApplyQuotas();
   return Status::Ok();
 }
 
@@ -151,9 +153,107 @@ void Daemon::Reload(const DaemonConfig& config) {
       spdlog::error("reload: policy {} refused: {}", config.policy, st.message);
     }
   }
+  // The file's quotas replace every quota, those `cxltierctl quota set` made too.
+  if (config.user_quotas != config_.user_quotas || config.client_quotas != config_.client_quotas) {
+    config_.user_quotas = config.user_quotas;
+    config_.client_quotas = config.client_quotas;
+    spdlog::info("quotas: {} user and {} client quotas", config_.user_quotas.size(),
+                 config_.client_quotas.size());
+  }
+  ApplyQuotas();
   spdlog::set_level(spdlog::level::from_str(config_.log_level));
   spdlog::info("configuration reloaded (tick {} ms, migration {} MiB/s)", config_.tick_ms,
                config_.migrate_rate_mib_s);
+}
+
+size_t Daemon::TierCount() const { return std::max<size_t>(2, moves_.tiers().count()); }
+
+Status Daemon::CheckReload(const DaemonConfig& config) const {
+  return CheckQuotaTiers(config, TierCount());
+}
+
+void Daemon::ApplyQuotas() {
+  if (!engine_) return;  // the first hello's engine applies them
+  const uint64_t bb = engine_->options().block_bytes;
+  std::map<uint64_t, engine::Quota> want;
+  for (const UserQuota& u : config_.user_quotas) {
+    want[u.uid] = ToEngineQuota(u.quota, bb, true);
+  }
+  for (const auto& [session, c] : clients_.all()) {
+    if (c.account == engine::kNoAccount || c.leaving) continue;
+    if (const QuotaBytes* q = config_.ClientQuotaOf(c.name)) {
+      want[c.account] = ToEngineQuota(*q, bb, false);
+    }
+  }
+  // An unlimited quota (a guarantee below one block, say) is no quota.
+  std::erase_if(want, [](const auto& kv) { return kv.second.Unlimited(); });
+  for (const auto& [account, quota] : applied_quotas_) {
+    if (!want.count(account)) engine_->SetQuota(account, engine::Quota{});
+  }
+  for (const auto& [account, quota] : want) {
+    auto it = applied_quotas_.find(account);
+    if (it == applied_quotas_.end() || it->second != quota) engine_->SetQuota(account, quota);
+  }
+  applied_quotas_ = std::move(want);
+}
+
+server::Answer<wire::AdminOk> Daemon::SetQuotaRequest(const std::string& arg) {
+  QuotaTarget target;
+  QuotaBytes quota;
+  if (Status st = ParseQuotaArg(arg, &target, &quota); !st.ok()) return st;
+  DaemonConfig next = config_;
+  std::string who;
+  if (target.user) {
+    who = "uid " + std::to_string(target.uid);
+    std::erase_if(next.user_quotas, [&](const UserQuota& u) { return u.uid == target.uid; });
+    if (!quota.Unlimited()) next.user_quotas.push_back({target.uid, quota});
+  } else {
+    who = "client '" + target.client + "'";
+    std::erase_if(next.client_quotas,
+                  [&](const ClientQuota& q) { return q.name == target.client; });
+    if (!quota.Unlimited()) next.client_quotas.push_back({target.client, quota});
+  }
+  if (Status st = next.Validate(); !st.ok()) return st;
+  if (Status st = CheckQuotaTiers(next, TierCount()); !st.ok()) return st;
+  config_.user_quotas = std::move(next.user_quotas);
+  config_.client_quotas = std::move(next.client_quotas);
+  ApplyQuotas();
+  std::string text = who + ": " + DescribeQuota(quota);
+  if (engine_ && !quota.Unlimited()) {
+    const engine::Quota q = ToEngineQuota(quota, engine_->options().block_bytes, target.user);
+    std::string blocks;
+    for (size_t k = 0; k < quota.caps.size(); ++k) {
+      if (quota.caps[k] != kNoCapBytes) {
+        blocks += (blocks.empty() ? "" : ", ") +
+                  fmt::format("tier {} {} blocks", k, static_cast<uint64_t>(q.cap[k]));
+      }
+    }
+    if (q.guarantee) {
+      blocks += (blocks.empty() ? "" : ", ") +
+                fmt::format("guarantee {} blocks", static_cast<uint64_t>(q.guarantee));
+    }
+    if (!blocks.empty()) {
+      text += fmt::format(" ({}, blocks of {}, rounded down)", blocks,
+                          FormatBytes(engine_->options().block_bytes));
+    }
+  }
+  if (!target.user && !quota.Unlimited()) {
+    // A client's blocks count in its account only from its hello on.
+    uint64_t with = 0, without = 0;
+    for (const auto& [session, c] : clients_.all()) {
+      if (!c.hello || c.leaving || c.name != target.client) continue;
+      ++(c.account == engine::kNoAccount ? without : with);
+    }
+    if (without) {
+      text += fmt::format(
+          "; {} connected client(s) of that name said hello before it had a quota: it applies "
+          "to them from their next connection",
+          without);
+    }
+  }
+  text += "; until the next reload";
+  spdlog::info("quota set: {}", text);
+  return wire::AdminOk{text};
 }
 
 Status Daemon::SetPolicy(const std::string& name) {
@@ -177,6 +277,7 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
   const char* what = m.op == wire::AdminOp::kReload        ? "reload"
                      : m.op == wire::AdminOp::kSetPolicy   ? "policy set"
                      : m.op == wire::AdminOp::kRecordStart ? "record start"
+                     : m.op == wire::AdminOp::kSetQuota    ? "quota set"
                                                            : "record stop";
   if (!IsAdmin(peer, config_.admin_group)) {
     ClientWarning(peer, fmt::format("denied {}: not root nor in group '{}' (gid {})", what,
@@ -191,6 +292,7 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
   }
   if (m.op == wire::AdminOp::kRecordStart) return StartRecording(m.arg);
   if (m.op == wire::AdminOp::kRecordStop) return StopRecording(reply_fd);
+  if (m.op == wire::AdminOp::kSetQuota) return SetQuotaRequest(m.arg);
   Status st;
   if (reload_hook_) {
     st = reload_hook_();
@@ -228,6 +330,9 @@ void Daemon::OnDisconnect(const server::Peer& peer) {
   clients_.MarkLeaving(*c);
   spdlog::info("client {} ({}, pid {}) left; its {} blocks become ghosts", c->id, c->name, peer.pid,
                c->live);
+  // Its client account loses its quota; the engine forgets it once its
+  // blocks are released.
+  if (c->account != engine::kNoAccount) ApplyQuotas();
   if (const uint64_t held = warnings_.Forget(peer.session_id)) {
     spdlog::warn("client pid {} uid {}: {} more warnings were suppressed", peer.pid, peer.uid,
                  held);
@@ -262,6 +367,10 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   if (auto err = clients_.Open(*c, m.max_blocks)) return *err;
   c->model = m.model;
   c->name = m.client_name.substr(0, 64);
+  if (config_.ClientQuotaOf(c->name)) {
+    c->account = engine::kClientAccount | c->id;
+    ApplyQuotas();
+  }
   *segment_fd = c->segment.fd();
   spdlog::info("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id, c->name,
                peer.pid, peer.uid, m.max_blocks, m.model.block_bytes());
@@ -339,7 +448,7 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
       continue;
     }
     const Tier where = moves_.WhereIs(pool.Range(e.block_index));
-    const engine::Slot es = engine_->Admit(EngineKey(e.key, peer.uid), where, peer.uid);
+    const engine::Slot es = engine_->Admit(EngineKey(e.key, peer.uid), where, peer.uid, c->account);
     recorder_.Admit(EventTick(), engine_->state(es).key, where);
     const uint32_t seg = clients_.Bind(*c, es, m.pool_id, e.block_index, e.key);
     WriteBack(*engine_, *c, seg);
@@ -365,7 +474,8 @@ server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m)
     uint32_t pool = 0, index = 0;
     if (auto full = PlaceNew(c, m.pool_id, &pool, &index)) return *full;  // CheckAdmit counted
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
-    const engine::Slot es = engine_->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid);
+    const engine::Slot es =
+        engine_->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid, c.account);
     recorder_.Admit(EventTick(), engine_->state(es).key, where);
     const uint32_t seg = clients_.Bind(c, es, pool, index, e.key);
     PublishAdmitted(c, seg);
@@ -483,13 +593,14 @@ server::Answer<wire::QueryTiersOk> Daemon::OnQueryTiers(const server::Peer& peer
 
 server::Answer<wire::StatsOk> Daemon::OnStats(const server::Peer& peer, const wire::Stats& m) {
   // Keys are often hashes of prompt prefixes: a peer sees only its own uid's
-  // clients and blocks; root and the admin group see everyone's.
+  // clients, blocks and share (status's and quotas' users and clients); root
+  // and the admin group see everyone's.
   const std::optional<uid_t> only =
       IsAdmin(peer, config_.admin_group) ? std::nullopt : std::optional<uid_t>(peer.uid);
   std::optional<nlohmann::json> j = StatsJson(m.what, only);
   if (!j) {
     return Error{ErrorCode::kBadPayload,
-                 "unknown stats '" + m.what + "'; known: status, tiers, clients, blocks"};
+                 "unknown stats '" + m.what + "'; known: status, tiers, clients, blocks, quotas"};
   }
   return wire::StatsOk{j->dump()};
 }

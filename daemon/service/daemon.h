@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,11 @@ class Daemon final : public server::Handler {
   // Switches the placement policy of the running engine (kBadPayload: no
   // such policy).
   Status SetPolicy(const std::string& policy);
+  // What Reload cannot take from `config` on this host (a quota capping the
+  // last tier or a tier the host lacks); main checks it before Reload.
+  Status CheckReload(const DaemonConfig& config) const;
+  // The engine's tiers on this host: 2, or every tier the topology found.
+  size_t TierCount() const;
   // What an Admin kReload request runs (the daemon's main re-reads its config
   // file); without one, kReload re-applies the running configuration.
   void set_reload_hook(std::function<Status()> hook) { reload_hook_ = std::move(hook); }
@@ -111,6 +117,14 @@ class Daemon final : public server::Handler {
   MoveDispatch::Warn ClientWarner();
   uint64_t LeaseTimeoutTicks() const;
   void ReleaseLeaving(uint64_t session);
+  // Sets the engine's quotas from config_ and the connected clients: every
+  // account whose quota changed since the last call (an account no longer
+  // named is removed); the byte figures converted to the engine's blocks.
+  void ApplyQuotas();
+  // Admin kSetQuota: parses, checks and applies one account's quota.
+  server::Answer<wire::AdminOk> SetQuotaRequest(const std::string& arg);
+  // Every user's (and every quota-holding client's) share and quota (snapshot.cpp).
+  QuotaStatus QuotaStatuses() const;
   // cxltierctl record (recording.cpp).
   server::Answer<wire::AdminOk> StartRecording(const std::string& arg);
   server::Answer<wire::AdminOk> StopRecording(server::UniqueFd* trace_fd);
@@ -121,9 +135,9 @@ class Daemon final : public server::Handler {
   // The ghosts (those loaded while there is no engine yet), and with
   // `with_live` every live block's state too.
   GhostSnapshot CollectGhosts(bool with_live) const;
-  // The views of Stats (snapshot.cpp): "status", "tiers", "clients" or
-  // "blocks" (nothing for another name). Clients and blocks: every client's
-  // (only = nullopt), or only those of uid `only`.
+  // The views of Stats (snapshot.cpp): "status", "tiers", "clients",
+  // "blocks" or "quotas" (nothing for another name). Clients, blocks and the
+  // users of status and quotas: every uid's (only = nullopt), or only `only`'s.
   std::optional<nlohmann::json> StatsJson(const std::string& what, std::optional<uid_t> only) const;
   std::vector<TierStatus> TierStatuses() const;
   // Bytes of memory of tier k's nodes (those the topology knows).
@@ -144,6 +158,8 @@ class Daemon final : public server::Handler {
   MoveDispatch moves_;
   Checkpointer checkpoints_;
   std::unique_ptr<engine::Engine> engine_;
+  // The quotas set in engine_ by account (ApplyQuotas).
+  std::map<uint64_t, engine::Quota> applied_quotas_;
   std::vector<BlockState> pending_ghosts_;      // loaded before the engine exists
   std::vector<uint32_t> pending_ghost_owners_;  // the uid of each (kUnknownOwner: not known)
   // Warnings a client causes: 10 per connection per 10 s.

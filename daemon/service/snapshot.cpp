@@ -9,7 +9,16 @@ namespace cxltier::service {
 
 std::optional<nlohmann::json> Daemon::StatsJson(const std::string& what,
                                                 std::optional<uid_t> only) const {
-  if (what == "status") return StatusJson();
+  if (what == "status") {
+    StatusSnapshot s = Snapshot();
+    if (only) s.quotas.KeepOnly(*only);
+    return StatusToJson(s);
+  }
+  if (what == "quotas") {
+    QuotaStatus q = QuotaStatuses();
+    if (only) q.KeepOnly(*only);
+    return QuotasToJson(q, engine_ ? engine_->options().block_bytes : 0);
+  }
   if (what == "tiers") return TiersToJson(TierStatuses());
   if (what == "clients") return ClientsToJson(ClientStatuses(only));
   if (what == "blocks") return BlocksToJson(RankBlocks(only));
@@ -94,6 +103,7 @@ StatusSnapshot Daemon::Snapshot() const {
   s.memory = ReadProcessMemory();
   s.metrics_endpoint = metrics_endpoint_;
   s.tiers = TierStatuses();
+  s.quotas = QuotaStatuses();
   MigrationStatus& m = s.migrations;
   m.enabled = can_migrate_;
   m.promotions = c.promotions;
@@ -111,6 +121,84 @@ StatusSnapshot Daemon::Snapshot() const {
     }
   }
   return s;
+}
+
+QuotaStatus Daemon::QuotaStatuses() const {
+  QuotaStatus out;
+  const size_t tiers = TierCount();
+  const uint64_t bb = engine_ ? engine_->options().block_bytes : 0;
+  std::map<uint32_t, AccountStatus> users;
+  std::map<uint64_t, AccountStatus> clients;  // by account
+  auto blank = [tiers](uint32_t uid) {
+    AccountStatus a;
+    a.uid = uid;
+    a.tier_blocks.assign(tiers, 0);
+    a.cap_blocks.assign(tiers, AccountStatus::kNoCapBlocks);
+    return a;
+  };
+  auto set_quota = [&](AccountStatus& a, const engine::Quota& q) {
+    a.has_quota = !q.Unlimited();
+    for (size_t k = 0; k + 1 < tiers && k < q.cap.size(); ++k) {
+      if (q.cap[k] != engine::kNoCap) a.cap_blocks[k] = q.cap[k];
+    }
+    a.guarantee_blocks = q.guarantee;
+  };
+  // Where every live block sits, by its user and (with a quota) its client:
+  // one pass over the clients' slots.
+  for (const auto& [session, c] : clients_.all()) {
+    if (!engine_ || c.live == 0) {
+      if (engine_ && c.account != engine::kNoAccount && c.hello && !c.leaving) {
+        AccountStatus& cl = clients.try_emplace(c.account, blank(c.peer.uid)).first->second;
+        cl.client_id = c.id;
+        cl.client_name = c.name;
+      }
+      continue;
+    }
+    AccountStatus& u = users.try_emplace(c.peer.uid, blank(c.peer.uid)).first->second;
+    AccountStatus* cl = nullptr;
+    if (c.account != engine::kNoAccount && c.hello && !c.leaving) {
+      cl = &clients.try_emplace(c.account, blank(c.peer.uid)).first->second;
+      cl->client_id = c.id;
+      cl->client_name = c.name;
+    }
+    for (const SegSlot& slot : c.slots) {
+      if (!slot.live) continue;
+      const unsigned t = TierIndex(engine_->state(slot.engine_slot).tier);
+      if (t >= tiers) continue;
+      ++u.tier_blocks[t];
+      if (cl) ++cl->tier_blocks[t];
+    }
+  }
+  // The quotas: as the engine enforces them, or, before there is an engine,
+  // none in blocks yet (the users are listed with no blocks).
+  for (const UserQuota& q : config_.user_quotas) {
+    AccountStatus& u = users.try_emplace(q.uid, blank(q.uid)).first->second;
+    if (bb) set_quota(u, ToEngineQuota(q.quota, bb, true));
+    u.has_quota = true;
+  }
+  if (engine_) {
+    for (const engine::AccountUsage& a : engine_->Accounts()) {
+      AccountStatus* row = nullptr;
+      if (a.account & engine::kClientAccount) {
+        auto it = clients.find(a.account);
+        if (it != clients.end()) row = &it->second;
+      } else if (a.account <= UINT32_MAX) {
+        auto it = users.find(static_cast<uint32_t>(a.account));
+        if (it != users.end()) row = &it->second;
+      }
+      if (!row) continue;  // a leaving client's, or a uid with no live block
+      set_quota(*row, a.quota);
+      row->in_set = a.in_set;
+      row->quota_evictions = a.quota_evictions;
+    }
+    out.quota_evictions = engine_->counters().quota_evictions;
+  }
+  for (auto& [uid, a] : users) out.users.push_back(std::move(a));
+  for (auto& [account, a] : clients) out.clients.push_back(std::move(a));
+  std::sort(
+      out.clients.begin(), out.clients.end(),
+      [](const AccountStatus& a, const AccountStatus& b) { return a.client_id < b.client_id; });
+  return out;
 }
 
 std::vector<ClientStatus> Daemon::ClientStatuses(std::optional<uid_t> only) const {

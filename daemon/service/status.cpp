@@ -136,6 +136,43 @@ nlohmann::json TiersToJson(const std::vector<TierStatus>& tiers) {
   return out;
 }
 
+void QuotaStatus::KeepOnly(uid_t uid) {
+  std::erase_if(users, [uid](const AccountStatus& a) { return a.uid != uid; });
+  std::erase_if(clients, [uid](const AccountStatus& a) { return a.uid != uid; });
+}
+
+nlohmann::json QuotasToJson(const QuotaStatus& q, uint64_t block_bytes) {
+  auto account = [block_bytes](const AccountStatus& a, bool user) {
+    nlohmann::json tiers = nlohmann::json::array();
+    for (size_t k = 0; k < a.tier_blocks.size(); ++k) {
+      nlohmann::json t = {
+          {"tier", k}, {"blocks", a.tier_blocks[k]}, {"bytes", a.tier_blocks[k] * block_bytes}};
+      if (k < a.cap_blocks.size() && a.cap_blocks[k] != AccountStatus::kNoCapBlocks) {
+        t["cap_blocks"] = a.cap_blocks[k];
+        t["cap_bytes"] = a.cap_blocks[k] * block_bytes;
+      }
+      tiers.push_back(t);
+    }
+    nlohmann::json j = {{"uid", a.uid},
+                        {"quota", a.has_quota},
+                        {"tiers", tiers},
+                        {"in_set", a.in_set},
+                        {"quota_evictions", a.quota_evictions}};
+    if (user) {
+      j["guarantee_blocks"] = a.guarantee_blocks;
+      j["guarantee_bytes"] = a.guarantee_blocks * block_bytes;
+    } else {
+      j["id"] = a.client_id;
+      j["name"] = a.client_name;
+    }
+    return j;
+  };
+  nlohmann::json users = nlohmann::json::array(), clients = nlohmann::json::array();
+  for (const AccountStatus& a : q.users) users.push_back(account(a, true));
+  for (const AccountStatus& a : q.clients) clients.push_back(account(a, false));
+  return {{"quota_evictions", q.quota_evictions}, {"users", users}, {"clients", clients}};
+}
+
 nlohmann::json StatusToJson(const StatusSnapshot& s) {
   const server::ServerCounters& sc = s.server;
   const MemoryStatus& m = s.memory;
@@ -179,6 +216,7 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
         {"prefetched", s.hints.prefetched},
         {"displaced", s.hints.displaced},
         {"prefetch_hits", s.hints.prefetch_hits}}},
+      {"quotas", QuotasToJson(s.quotas, s.block_bytes)},
   };
 }
 

@@ -134,6 +134,34 @@ struct HintStatus {
   uint64_t prefetch_hits = 0;  // prefetched blocks touched next while in tier 0
 };
 
+// One account's share and quota (docs/operations.md, "Quotas"): a user (by
+// uid: every block its clients hold) or a client with a quota.
+struct AccountStatus {
+  uint32_t uid = 0;                   // the user, or the client's user
+  uint64_t client_id = 0;             // clients: the connection
+  std::string client_name;            // clients: its hello's name
+  std::vector<uint64_t> tier_blocks;  // its live blocks in each tier, tier 0 first
+  // Its quota as enforced, in blocks (the configured bytes rounded down to
+  // whole blocks): cap_blocks[k] for tier k (kNoCapBlocks: none).
+  static constexpr uint64_t kNoCapBlocks = UINT64_MAX;
+  std::vector<uint64_t> cap_blocks;
+  uint64_t guarantee_blocks = 0;
+  bool has_quota = false;
+  // From the engine, once a quota was set: its blocks in the policy's tier-0
+  // set, and those quotas took out of it.
+  uint64_t in_set = 0;
+  uint64_t quota_evictions = 0;
+};
+
+struct QuotaStatus {
+  uint64_t quota_evictions = 0;        // every account's (the engine's counter)
+  std::vector<AccountStatus> users;    // every uid with a live block or a quota, by uid
+  std::vector<AccountStatus> clients;  // connected clients with a quota, by id
+  // Status for a peer that is neither root nor in the admin group: only its
+  // own uid's users and clients rows are left (the others' usage stays private).
+  void KeepOnly(uid_t uid);
+};
+
 struct StatusSnapshot {
   uint64_t clients = 0;      // said hello and still connected
   uint64_t connections = 0;  // connected sessions, operator tools included
@@ -160,6 +188,7 @@ struct StatusSnapshot {
   std::vector<TierStatus> tiers;  // by tier number
   MigrationStatus migrations;
   HintStatus hints;
+  QuotaStatus quotas;
 
   // The oldest place's wait for its read lease, in seconds.
   double oldest_lease_wait_s() const {
@@ -203,6 +232,8 @@ nlohmann::json StatusToJson(const StatusSnapshot& s);
 nlohmann::json TiersToJson(const std::vector<TierStatus>& tiers);
 nlohmann::json ClientsToJson(const std::vector<ClientStatus>& clients);
 nlohmann::json BlocksToJson(const BlockRanking& ranking);
+// `Stats quotas` and status's "quotas": byte figures are blocks times `block_bytes`.
+nlohmann::json QuotasToJson(const QuotaStatus& quotas, uint64_t block_bytes);
 // The Prometheus text exposition, format 0.0.4 (metrics.cpp).
 std::string MetricsExposition(const StatusSnapshot& s);
 // The line `systemctl status` shows.

@@ -178,7 +178,7 @@ struct QueryTiersOk {
 };
 
 struct Stats {
-  std::string what;  // "status", "tiers", "clients", "blocks"
+  std::string what;  // "status", "tiers", "clients", "blocks", "quotas"
 };
 
 struct StatsOk {
@@ -215,6 +215,11 @@ enum class AdminOp : uint8_t {
   // SCM_RIGHTS, a sealed memfd holding the trace (docs/workloads.md).
   kRecordStart = 4,
   kRecordStop = 5,
+  // A user's or a client's quota (docs/operations.md, "Quotas"), until the
+  // next reload. Arg: "uid=1001 tier0=8GiB guarantee=4GiB", "user=alice
+  // tiers=8GiB,16GiB", "client=vllm-0 tier0=1GiB", or "uid=1001 none" to
+  // remove it; the quota replaces the account's whole quota.
+  kSetQuota = 6,
 };
 
 struct Admin {

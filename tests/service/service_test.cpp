@@ -307,6 +307,181 @@ TEST(Config, ErrorsNameTheProblem) {
   }
 }
 
+TEST(Config, QuotasReadPrintBackAndConvertToBlocksRoundingDown) {
+  DaemonConfig c;
+  ASSERT_EQ(LoadConfigText("[engine]\ntier0_budget = \"16GiB\"\n"
+                           "[tiers]\nnodes = [[0], [1], [2]]\n"
+                           "[[quotas.user]]\nuid = 1001\ntier0 = \"8GiB\"\nguarantee = \"4GiB\"\n"
+                           "[[quotas.user]]\nuser = \"root\"\ntiers = [\"none\", \"16GiB\"]\n"
+                           "[[quotas.user]]\nuid = 7\ntiers = [\"1GiB\", \"none\"]\n"
+                           "[[quotas.client]]\nname = \"vllm-0\"\ntier0 = 1000\n",
+                           "t.toml", &c)
+                .message,
+            "");
+  ASSERT_EQ(c.user_quotas.size(), 3u);
+  EXPECT_EQ(c.user_quotas[0].uid, 1001u);
+  EXPECT_EQ(c.user_quotas[0].quota.caps, std::vector<uint64_t>{8ull << 30});
+  EXPECT_EQ(c.user_quotas[0].quota.guarantee, 4ull << 30);
+  EXPECT_EQ(c.user_quotas[1].uid, 0u);  // user = "root", resolved at load
+  EXPECT_EQ(c.user_quotas[1].quota.caps, (std::vector<uint64_t>{kNoCapBytes, 16ull << 30}));
+  EXPECT_EQ(c.user_quotas[2].quota.caps, std::vector<uint64_t>{1ull << 30});  // trailing none
+  ASSERT_EQ(c.client_quotas.size(), 1u);
+  EXPECT_EQ(c.client_quotas[0].name, "vllm-0");
+  EXPECT_EQ(c.UserQuotaOf(1001), &c.user_quotas[0].quota);
+  EXPECT_EQ(c.ClientQuotaOf("vllm-0"), &c.client_quotas[0].quota);
+  EXPECT_EQ(c.ClientQuotaOf("vllm-1"), nullptr);
+  // Printed back (users by uid, every cap in tiers = [...]) and read again: the same.
+  DaemonConfig back;
+  ASSERT_EQ(LoadConfigText(ToToml(c), "back.toml", &back).message, "") << ToToml(c);
+  EXPECT_EQ(back.user_quotas, c.user_quotas);
+  EXPECT_EQ(back.client_quotas, c.client_quotas);
+  EXPECT_EQ(ToToml(back), ToToml(c));
+  // Blocks of 5 MiB: 8 GiB is 1638.4 blocks, so 1638; 1000 bytes is no block.
+  const engine::Quota q = ToEngineQuota(c.user_quotas[0].quota, 5ull << 20, true);
+  EXPECT_EQ(q.cap[0], 1638u);
+  EXPECT_EQ(q.cap[1], engine::kNoCap);
+  EXPECT_EQ(q.guarantee, 819u);
+  const engine::Quota client = ToEngineQuota(c.client_quotas[0].quota, 5ull << 20, false);
+  EXPECT_EQ(client.cap[0], 0u);  // below one block: kept out of tier 0
+  EXPECT_EQ(ToEngineQuota(c.user_quotas[1].quota, 1ull << 30, true).cap[1], 16u);
+  // This host's tiers: three take caps on tiers 0 and 1; two only on tier 0.
+  EXPECT_EQ(CheckQuotaTiers(c, 3).message, "");
+  const std::string two = CheckQuotaTiers(c, 2).message;
+  EXPECT_NE(two.find("uid 0: caps for 2 tiers, but this host has 2 tiers and the last (tier 1) "
+                     "is never capped"),
+            std::string::npos)
+      << two;
+}
+
+TEST(Config, QuotaErrorsNameTheProblem) {
+  for (auto [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"[quotas]\nuser = 5\n", "quotas.user must be an array of tables"},
+           {"[quotas]\ngroup = []\n", "unknown key 'group' in [quotas]"},
+           {"quotas = 5\n", "[quotas] must be a table"},
+           {"[[quotas.user]]\nuid = 5\ntier0 = \"1GiB\"\ntier = 5\n",
+            "unknown key 'tier' in [[quotas.user]] #1"},
+           {"[[quotas.user]]\ntier0 = \"1GiB\"\n", "give uid = N or user = \"name\""},
+           {"[[quotas.user]]\nuid = 5\nuser = \"root\"\ntier0 = 1\n", "(one of them)"},
+           {"[[quotas.user]]\nuser = \"no-such-user-here\"\ntier0 = 1\n",
+            "no user 'no-such-user-here'"},
+           {"[[quotas.user]]\nuid = -1\ntier0 = 1\n", "uid must be"},
+           {"[[quotas.user]]\nuid = 4294967295\ntier0 = 1\n", "out of range"},
+           {"[[quotas.user]]\nuid = 5\n", "uid 5: no cap and no guarantee"},
+           {"[[quotas.user]]\nuid = 5\ntier0 = \"lots\"\n", "tier0 must be a byte count"},
+           {"[[quotas.user]]\nuid = 5\ntiers = [\"1GiB\", true]\n", "tiers must be an array"},
+           {"[[quotas.user]]\nuid = 5\ntier0 = 1\ntiers = [1]\n", "given twice"},
+           {"[[quotas.user]]\nuid = 5\ntiers = [1, 1, 1, 1, 1, 1, 1, 1]\n",
+            "caps for 8 tiers; at most 7"},
+           {"[tiers]\nnodes = [[0], [1]]\n[[quotas.user]]\nuid = 5\ntiers = [1, 1]\n",
+            "[tiers] nodes names 2 and the last (tier 1) is never capped"},
+           {"[[quotas.user]]\nuid = 5\ntier0 = \"2GiB\"\nguarantee = \"3GiB\"\n",
+            "guarantee 3.00 GiB is above its tier-0 cap 2.00 GiB"},
+           {"[engine]\ntier0_budget = \"4GiB\"\n[[quotas.user]]\nuid = 5\nguarantee = "
+            "\"3GiB\"\n[[quotas.user]]\nuid = 6\nguarantee = \"2GiB\"\n",
+            "the guarantees add up to more than tier 0's budget 4.00 GiB (at [quotas] uid 6)"},
+           {"[[quotas.user]]\nuid = 5\ntier0 = 1\n[[quotas.user]]\nuid = 5\ntier0 = 2\n",
+            "uid 5 has two quotas"},
+           {"[[quotas.user]]\nuid = 0\ntier0 = 1\n[[quotas.user]]\nuser = \"root\"\ntier0 = 2\n",
+            "uid 0 has two quotas"},
+           {"[[quotas.client]]\nname = \"a\"\ntier0 = 1\nguarantee = 1\n",
+            "a client has no guarantee"},
+           {"[[quotas.client]]\ntier0 = 1\n", "give name ="},
+           {"[[quotas.client]]\nname = \"\"\ntier0 = 1\n", "name must be 1 to 64 bytes"},
+           {"[[quotas.client]]\nname = \"a\"\ntier0 = 1\n[[quotas.client]]\nname = "
+            "\"a\"\ntier0 = 2\n",
+            "client 'a' has two quotas"},
+       }) {
+    DaemonConfig c;
+    const std::string err = LoadConfigText(text, "t.toml", &c).message;
+    EXPECT_NE(err.find(want), std::string::npos) << text << " -> " << err;
+  }
+}
+
+TEST(Config, QuotaArgumentsOfTheAdminRequest) {
+  QuotaTarget t;
+  QuotaBytes q;
+  ASSERT_EQ(ParseQuotaArg("uid=1001 tier0=8GiB guarantee=4GiB", &t, &q).message, "");
+  EXPECT_TRUE(t.user);
+  EXPECT_EQ(t.uid, 1001u);
+  EXPECT_EQ(q.caps, std::vector<uint64_t>{8ull << 30});
+  EXPECT_EQ(q.guarantee, 4ull << 30);
+  EXPECT_EQ(DescribeQuota(q), "tier 0 cap 8.00 GiB, guarantee 4.00 GiB");
+  ASSERT_EQ(ParseQuotaArg("user=root tier1=16GiB", &t, &q).message, "");
+  EXPECT_EQ(t.uid, 0u);
+  EXPECT_EQ(q.caps, (std::vector<uint64_t>{kNoCapBytes, 16ull << 30}));
+  ASSERT_EQ(ParseQuotaArg("client=vllm-0 tiers=1GiB,none", &t, &q).message, "");
+  EXPECT_FALSE(t.user);
+  EXPECT_EQ(t.client, "vllm-0");
+  EXPECT_EQ(q.caps, std::vector<uint64_t>{1ull << 30});
+  ASSERT_EQ(ParseQuotaArg("uid=1001 none", &t, &q).message, "");
+  EXPECT_TRUE(q.Unlimited());
+  EXPECT_EQ(DescribeQuota(q), "no quota");
+  for (auto [arg, want] : std::vector<std::pair<std::string, std::string>>{
+           {"tier0=1GiB", "whose?"},
+           {"uid=1 client=a tier0=1", "one of uid=, user= or client="},
+           {"uid=abc tier0=1", "uid 'abc' is no uid"},
+           {"uid=99999999999 tier0=1", "is no uid"},
+           {"user=no-such-user-here tier0=1", "no user 'no-such-user-here'"},
+           {"uid=1", "no cap and no guarantee"},
+           {"uid=1 tier0=lots", "'lots' is no size or none"},
+           {"uid=1 tier0=1 tier0=2", "tier 0's cap is given twice"},
+           {"uid=1 tiers=1 tier0=2", "given twice"},
+           {"uid=1 tier0=1 tiers=1", "give one or the other"},
+           {"uid=1 none tier0=1", "none removes the quota"},
+           {"uid=1 guarantee=x", "guarantee=SIZE"},
+           {"uid=1 colour=red", "unknown key 'colour'"},
+           {"uid=1 nothing", "'nothing' is not key=value"},
+           {"client=a guarantee=1", "a client has no guarantee"},
+       }) {
+    EXPECT_NE(ParseQuotaArg(arg, &t, &q).message.find(want), std::string::npos)
+        << arg << " -> " << ParseQuotaArg(arg, &t, &q).message;
+  }
+}
+
+TEST(Status, QuotasRenderAndNonAdminsSeeOnlyTheirOwnUid) {
+  StatusSnapshot s;
+  s.block_bytes = 1 << 20;
+  AccountStatus a;
+  a.uid = 1001;
+  a.tier_blocks = {3, 5};
+  a.cap_blocks = {4, AccountStatus::kNoCapBlocks};
+  a.guarantee_blocks = 2;
+  a.has_quota = true;
+  a.quota_evictions = 9;
+  AccountStatus b;
+  b.uid = 1002;
+  b.tier_blocks = {7, 0};
+  b.cap_blocks = {AccountStatus::kNoCapBlocks, AccountStatus::kNoCapBlocks};
+  AccountStatus cl = a;
+  cl.client_id = 3;
+  cl.client_name = "vllm-0";
+  s.quotas.users = {a, b};
+  s.quotas.clients = {cl};
+  s.quotas.quota_evictions = 9;
+  const nlohmann::json j = StatusToJson(s)["quotas"];
+  EXPECT_EQ(j["quota_evictions"], 9);
+  ASSERT_EQ(j["users"].size(), 2u);
+  EXPECT_EQ(j["users"][0]["tiers"][0]["bytes"], 3 << 20);
+  EXPECT_EQ(j["users"][0]["tiers"][0]["cap_bytes"], 4 << 20);
+  EXPECT_FALSE(j["users"][0]["tiers"][1].contains("cap_bytes"));
+  EXPECT_EQ(j["users"][0]["guarantee_bytes"], 2 << 20);
+  EXPECT_EQ(j["clients"][0]["name"], "vllm-0");
+  const std::string m = MetricsExposition(s);
+  for (const char* line :
+       {"cxltier_user_tier_bytes{uid=\"1001\",tier=\"0\"} 3145728",
+        "cxltier_user_tier_bytes{uid=\"1002\",tier=\"0\"} 7340032",
+        "cxltier_user_tier_cap_bytes{uid=\"1001\",tier=\"0\"} 4194304",
+        "cxltier_user_guarantee_bytes{uid=\"1001\"} 2097152",
+        "cxltier_user_quota_evictions_total{uid=\"1001\"} 9", "cxltier_quota_evictions_total 9"}) {
+    EXPECT_NE(m.find(line), std::string::npos) << line;
+  }
+  EXPECT_EQ(m.find("cxltier_user_tier_cap_bytes{uid=\"1002\""), std::string::npos);
+  s.quotas.KeepOnly(1002);
+  ASSERT_EQ(s.quotas.users.size(), 1u);
+  EXPECT_EQ(s.quotas.users[0].uid, 1002u);
+  EXPECT_TRUE(s.quotas.clients.empty());  // the client is uid 1001's
+}
+
 TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
   const auto dir = TempDir("ckpt");
   const std::string path = (dir / "ghosts.bin").string();

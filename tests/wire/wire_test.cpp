@@ -73,6 +73,10 @@ TEST(Wire, EveryMessageRoundTrips) {
   const Admin ad = RoundTrip(Admin{AdminOp::kSetPolicy, "ema:0.01"}, MsgType::kAdmin);
   EXPECT_EQ(ad.op, AdminOp::kSetPolicy);
   EXPECT_EQ(ad.arg, "ema:0.01");
+  const Admin q =
+      RoundTrip(Admin{AdminOp::kSetQuota, "uid=1001 tier0=8GiB guarantee=4GiB"}, MsgType::kAdmin);
+  EXPECT_EQ(q.op, AdminOp::kSetQuota);
+  EXPECT_EQ(q.arg, "uid=1001 tier0=8GiB guarantee=4GiB");
   EXPECT_EQ(RoundTrip(AdminOk{"done"}, MsgType::kAdminOk).text, "done");
   {  // an unknown admin operation is refused with its number
     Admin bad;
@@ -80,6 +84,12 @@ TEST(Wire, EveryMessageRoundTrips) {
     const cxltier::Status st = Decode(p, &bad);
     EXPECT_EQ(st.code, ErrorCode::kBadPayload);
     EXPECT_NE(st.message.find("admin operation 9"), std::string::npos) << st.message;
+    // The first past the last known (kSetQuota = 6), and 0.
+    for (uint8_t op : {uint8_t{7}, uint8_t{0}}) {
+      const std::vector<uint8_t> past = {op, 0, 0, 0, 0};
+      EXPECT_NE(Decode(past, &bad).message.find("admin operation " + std::to_string(op)),
+                std::string::npos);
+    }
   }
   EXPECT_EQ(RoundTrip(StatsOk{"{\"a\":1}"}, MsgType::kStatsOk).json, "{\"a\":1}");
   const Error e = RoundTrip(Error{ErrorCode::kLimit, "too many"}, MsgType::kError);

@@ -1,5 +1,6 @@
 // cxltierctl: the operator's command line.
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include "cxltier/model.h"
 #include "cxltier/socket_path.h"
 #include "plan.h"
+#include "share.h"
 
 namespace {
 
@@ -114,6 +116,29 @@ std::string TierText(const nlohmann::json& t) {
          (latency_known ? ", " + latency + " ns" : "");
 }
 
+// A uid's login name from the password database ("" when it has none).
+std::string UserName(uint32_t uid) {
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || !found) return "";
+  return found->pw_name;
+}
+
+// Every user's share of the tiers and its quota (status's "quotas"), with a
+// title line; "" when there is no row.
+std::string SharesText(const nlohmann::json& status) {
+  if (!status.contains("quotas")) return "";
+  const nlohmann::json& q = status["quotas"];
+  const uint64_t tier0_used = status.contains("tiers") && !status["tiers"].empty()
+                                  ? status["tiers"][0].value("used_bytes", uint64_t{0})
+                                  : 0;
+  const std::string table = cxltier::ctl::ShareTable(q, tier0_used, UserName);
+  if (table.empty()) return "";
+  return "users (share of tier 0's blocks; used/cap per tier; " +
+         std::to_string(q.value("quota_evictions", uint64_t{0})) + " quota evictions):\n" + table;
+}
+
 void PrintReadable(const std::string& what, const nlohmann::json& j) {
   if (what == "status") {
     std::printf("clients %llu, blocks %llu, ghosts %llu, policy %s (%s), tick %llu ms\n",
@@ -139,6 +164,7 @@ void PrintReadable(const std::string& what, const nlohmann::json& j) {
                   h["prefetched"].get<unsigned long long>(),
                   h["displaced"].get<unsigned long long>());
     }
+    std::fputs(SharesText(j).c_str(), stdout);
   } else if (what == "tiers") {
     for (const auto& t : j) {
       std::printf("%s\n", TierText(t).c_str());
@@ -244,6 +270,7 @@ int RunTop(const std::string& socket, double interval, int iterations, bool json
                   cxltier::FormatBytes(static_cast<uint64_t>(rate("demoted_bytes"))).c_str(),
                   s["migrations"]["pending"].get<unsigned long long>(),
                   s["migrations"]["failed"].get<unsigned long long>());
+      std::fputs(SharesText(s).c_str(), stdout);
       std::printf("tick p50 %.0f us, p99 %.0f us\n\n%-34s %8s %10s %8s %5s\n",
                   s["tick_seconds"]["p50"].get<double>() * 1e6,
                   s["tick_seconds"]["p99"].get<double>() * 1e6, "hottest blocks", "client", "score",
@@ -263,6 +290,30 @@ int RunTop(const std::string& socket, double interval, int iterations, bool json
       std::this_thread::sleep_for(std::chrono::duration<double>(interval));
     }
   }
+  return 0;
+}
+
+// `quota`: every user's share and quota (one's own only, for a peer that is
+// neither root nor in the admin group).
+int RunQuotaShow(const std::string& socket, bool json) {
+  std::string text;
+  const cxltier::Status st = cxltier::Client::DaemonStats(socket, "status", &text);
+  if (!st.ok()) {
+    std::fprintf(stderr, "cxltierctl quota: %s\n", st.message.c_str());
+    return 1;
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.contains("quotas")) {
+    std::fprintf(stderr, "cxltierctl quota: the daemon sent bad JSON (or has no quotas)\n");
+    return 1;
+  }
+  if (json) {
+    std::cout << j["quotas"].dump(2) << "\n";
+    return 0;
+  }
+  const std::string shares = SharesText(j);
+  std::fputs(shares.empty() ? "no user holds blocks and no quota is set\n" : shares.c_str(),
+             stdout);
   return 0;
 }
 
@@ -455,6 +506,17 @@ int main(int argc, char** argv) {
   policy_set->add_option("name", policy, "lru, lfu, ema:<alpha>, arc, s3fifo, sieve, tinylfu")
       ->required();
   policy_set->add_flag("--json", json, "print JSON");
+  CLI::App* quota_cmd = app.add_subcommand(
+      "quota", "every user's share of the tiers and its quota (set: root or the admin group)");
+  quota_cmd->add_flag("--json", json, "print JSON");
+  std::vector<std::string> quota_words;
+  CLI::App* quota_set = quota_cmd->add_subcommand(
+      "set",
+      "set a quota until the next reload: uid=N|user=NAME|client=NAME, then tier0=SIZE, "
+      "tierK=SIZE, tiers=SIZE,SIZE,..., guarantee=SIZE (users), or none to remove it");
+  quota_set->add_option("words", quota_words, "e.g. uid=1001 tier0=8GiB guarantee=4GiB")
+      ->required();
+  quota_set->add_flag("--json", json, "print JSON");
   CLI::App* config_cmd = app.add_subcommand("config", "the daemon's configuration");
   config_cmd->require_subcommand(1);
   CLI::App* config_show =
@@ -487,6 +549,12 @@ int main(int argc, char** argv) {
   if (policy_set->parsed())
     return RunAdmin(socket, AdminOp::kSetPolicy, policy, "policy set", json);
   if (config_show->parsed()) return RunAdmin(socket, AdminOp::kShowConfig, "", "config show", json);
+  if (quota_set->parsed()) {
+    std::string arg;
+    for (const std::string& w : quota_words) arg += (arg.empty() ? "" : " ") + w;
+    return RunAdmin(socket, AdminOp::kSetQuota, arg, "quota set", json);
+  }
+  if (quota_cmd->parsed()) return RunQuotaShow(socket, json);
   for (const auto& [cmd, what] : stats_cmds) {
     if (cmd->parsed()) return RunStats(socket, what, json);
   }
