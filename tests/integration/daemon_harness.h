@@ -26,10 +26,11 @@ namespace cxltier::testing {
 
 class DaemonProcess {
  public:
-  // `extra_toml` is appended to a config with both tiers on node 0;
-  // `daemon_keys` go into its [daemon] table.
+  // `extra_toml` is appended to a config with both tiers on node 0 (or the
+  // [tiers] keys `tiers`); `daemon_keys` go into its [daemon] table.
   explicit DaemonProcess(const std::string& extra_toml = "", const std::string& dir = "",
-                         const std::string& daemon_keys = "") {
+                         const std::string& daemon_keys = "",
+                         const std::string& tiers = "fast_nodes = [0]\nslow_nodes = [0]\n") {
     dir_ =
         dir.empty()
             ? std::filesystem::temp_directory_path() /
@@ -41,9 +42,8 @@ class DaemonProcess {
     std::ofstream(config_) << "[daemon]\nsocket = \"" << socket_ << "\"\nstate_dir = \""
                            << (dir_ / "state").string()
                            << "\"\ntick_ms = 20\nlog_level = \"info\"\n"
-                           << daemon_keys
-                           << "\n[tiers]\nfast_nodes = [0]\nslow_nodes = [0]\n"
-                              "[metrics]\nlisten = \"127.0.0.1:0\"\n"
+                           << daemon_keys << "\n[tiers]\n"
+                           << tiers << "[metrics]\nlisten = \"127.0.0.1:0\"\n"
                            << extra_toml;
     Start();
   }
@@ -63,7 +63,7 @@ class DaemonProcess {
       const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
-      execl(CXLTIERD_PATH, "cxltierd", "--config", config_.c_str(), static_cast<char*>(nullptr));
+      execl(DaemonPath(), "cxltierd", "--config", config_.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     // Wait until the socket accepts (up to 60 s: a loaded machine may be slow to
@@ -88,6 +88,14 @@ class DaemonProcess {
     pid_ = -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
   }
+
+  // The daemon binary: $CXLTIERD (a test binary copied into a QEMU guest),
+  // else the build's.
+  static const char* DaemonPath() {
+    const char* env = getenv("CXLTIERD");
+    return env && *env ? env : CXLTIERD_PATH;
+  }
+  const std::string& config_path() const { return config_; }
 
   bool Alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
   pid_t pid() const { return pid_; }
