@@ -31,6 +31,9 @@ want = {
     "cxltier_tick_interval_seconds": "gauge", "cxltier_tick_overruns": "counter",
     "cxltier_lease_oldest_wait_seconds": "gauge", "cxltier_lease_timeout_seconds": "gauge",
     "cxltier_lease_timeouts": "counter", "cxltier_migration_enabled": "gauge",
+    "cxltier_user_tier_bytes": "gauge", "cxltier_user_tier_cap_bytes": "gauge",
+    "cxltier_user_guarantee_bytes": "gauge", "cxltier_user_quota_evictions": "counter",
+    "cxltier_quota_evictions": "counter",
 }
 for name, kind in want.items():
     f = families.get(name)
@@ -52,6 +55,12 @@ if value("cxltier_tick_duration_seconds_bucket", le="+Inf") != value("cxltier_ti
     failed.append("+Inf bucket differs from the count")
 if (value("cxltier_tier_blocks", tier="0") or 0) + (value("cxltier_tier_blocks", tier="1") or 0) <= 0:
     failed.append("no blocks in any tier")
+# Each user's bytes per tier add up to the tier's (every block has a user).
+for tier in ("0", "1"):
+    users = sum(s.value for s in families["cxltier_user_tier_bytes"].samples
+                if s.labels.get("tier") == tier) if "cxltier_user_tier_bytes" in families else -1
+    if users != value("cxltier_tier_bytes", tier=tier):
+        failed.append("tier %s: users' bytes %s, the tier's %s" % (tier, users, value("cxltier_tier_bytes", tier=tier)))
 for path, method, code in (("/nothing", "GET", 404), ("/metrics", "POST", 405)):
     try:
         urllib.request.urlopen(urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None), timeout=10)
