@@ -146,21 +146,15 @@ QuotaStatus Daemon::QuotaStatuses() const {
   // Where every live block sits, by its user and (with a quota) its client:
   // one pass over the clients' slots.
   for (const auto& [session, c] : clients_.all()) {
-    if (!engine_ || c.live == 0) {
-      if (engine_ && c.account != engine::kNoAccount && c.hello && !c.leaving) {
-        AccountStatus& cl = clients.try_emplace(c.account, blank(c.peer.uid)).first->second;
-        cl.client_id = c.id;
-        cl.client_name = c.name;
-      }
-      continue;
-    }
-    AccountStatus& u = users.try_emplace(c.peer.uid, blank(c.peer.uid)).first->second;
+    if (!engine_) break;
     AccountStatus* cl = nullptr;
     if (c.account != engine::kNoAccount && c.hello && !c.leaving) {
       cl = &clients.try_emplace(c.account, blank(c.peer.uid)).first->second;
       cl->client_id = c.id;
       cl->client_name = c.name;
     }
+    if (c.live == 0) continue;
+    AccountStatus& u = users.try_emplace(c.peer.uid, blank(c.peer.uid)).first->second;
     for (const SegSlot& slot : c.slots) {
       if (!slot.live) continue;
       const unsigned t = TierIndex(engine_->state(slot.engine_slot).tier);
