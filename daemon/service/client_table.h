@@ -75,8 +75,10 @@ struct Client {
   uint32_t release_cursor = 0;  // slots before it are released
   uint64_t bad_observations = 0;
   uint64_t observations = 0;
-  // Its quota account (engine::kClientAccount | id) when its hello's name had
-  // a client quota; kNoAccount otherwise. Admits pass it to the engine.
+  // Its client account (engine::kClientAccount | id), set at hello; admits
+  // pass it to the engine, which counts blocks in it only while it has a
+  // quota (its hello's name has a [[quotas.client]]), so it costs nothing
+  // otherwise and a quota set later applies to the blocks it already holds.
   uint64_t account = engine::kNoAccount;
   CopyState copy;  // copy mode: tier pools and places
 };

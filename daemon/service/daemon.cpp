@@ -180,7 +180,7 @@ void Daemon::ApplyQuotas() {
     want[u.uid] = ToEngineQuota(u.quota, bb, true);
   }
   for (const auto& [session, c] : clients_.all()) {
-    if (c.account == engine::kNoAccount || c.leaving) continue;
+    if (!c.hello || c.leaving) continue;
     if (const QuotaBytes* q = config_.ClientQuotaOf(c.name)) {
       want[c.account] = ToEngineQuota(*q, bb, false);
     }
@@ -237,19 +237,12 @@ server::Answer<wire::AdminOk> Daemon::SetQuotaRequest(const std::string& arg) {
                           FormatBytes(engine_->options().block_bytes));
     }
   }
-  if (!target.user && !quota.Unlimited()) {
-    // A client's blocks count in its account only from its hello on.
-    uint64_t with = 0, without = 0;
+  if (!target.user) {
+    uint64_t connected = 0;
     for (const auto& [session, c] : clients_.all()) {
-      if (!c.hello || c.leaving || c.name != target.client) continue;
-      ++(c.account == engine::kNoAccount ? without : with);
+      connected += c.hello && !c.leaving && c.name == target.client;
     }
-    if (without) {
-      text += fmt::format(
-          "; {} connected client(s) of that name said hello before it had a quota: it applies "
-          "to them from their next connection",
-          without);
-    }
+    text += fmt::format("; {} connected client(s) of that name", connected);
   }
   text += "; until the next reload";
   spdlog::info("quota set: {}", text);
@@ -332,7 +325,7 @@ void Daemon::OnDisconnect(const server::Peer& peer) {
                c->live);
   // Its client account loses its quota; the engine forgets it once its
   // blocks are released.
-  if (c->account != engine::kNoAccount) ApplyQuotas();
+  if (config_.ClientQuotaOf(c->name)) ApplyQuotas();
   if (const uint64_t held = warnings_.Forget(peer.session_id)) {
     spdlog::warn("client pid {} uid {}: {} more warnings were suppressed", peer.pid, peer.uid,
                  held);
@@ -367,10 +360,8 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   if (auto err = clients_.Open(*c, m.max_blocks)) return *err;
   c->model = m.model;
   c->name = m.client_name.substr(0, 64);
-  if (config_.ClientQuotaOf(c->name)) {
-    c->account = engine::kClientAccount | c->id;
-    ApplyQuotas();
-  }
+  c->account = engine::kClientAccount | c->id;
+  if (config_.ClientQuotaOf(c->name)) ApplyQuotas();
   *segment_fd = c->segment.fd();
   spdlog::info("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id, c->name,
                peer.pid, peer.uid, m.max_blocks, m.model.block_bytes());

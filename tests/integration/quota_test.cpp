@@ -17,9 +17,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,13 +36,13 @@
 namespace cxltier::testing {
 namespace {
 
-const ModelGeometry kTiny{"tiny", 1, 1, 1, 64, 2, 16};  // 2 KiB blocks
+const ModelGeometry kTiny{"tiny", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
 constexpr uint64_t kPage = 4096;                        // pool stride: one page a block
 constexpr uint32_t kBlocksA = 40;                       // more than tier 0 holds
 constexpr uint32_t kBlocksB = 16;
-constexpr uint64_t kTier0Blocks = 32;  // tier0_budget = 64 KiB
-constexpr uint64_t kCapA = 8;          // tier0 = "16KiB"
-constexpr uint64_t kGuaranteeB = 12;   // guarantee=24KiB
+constexpr uint64_t kTier0Blocks = 32;  // tier0_budget = 128 KiB
+constexpr uint64_t kCapA = 8;          // tier0 = "32KiB"
+constexpr uint64_t kGuaranteeB = 12;   // guarantee=48KiB
 constexpr const char* kClients = "cxltier-test-clients";
 constexpr const char* kUserA = "cxltier-test-qa";
 constexpr const char* kUserB = "cxltier-test-qb";
@@ -71,18 +74,41 @@ std::string CtlPath() {
   return env && *env ? env : CXLTIERCTL_PATH;
 }
 
-// Ends a client loop when it goes out of scope (a failed ASSERT returns early:
-// the child must not wait for commands that never come).
-struct Quit {
-  int fd = -1;
-  ~Quit() {
-    if (fd < 0) return;
-    const char q = 'q';
-    if (write(fd, &q, 1) != 1) {
-      // The child is gone already.
-    }
-    close(fd);
+// A client loop in a child as `user`, fed commands through a pipe. Ends it
+// and reports what it said when it goes out of scope (a failed ASSERT returns
+// early: the child must not wait for commands that never come, and why it
+// failed is worth seeing).
+class ClientChild {
+ public:
+  ClientChild(const char* user, const std::function<std::string(int)>& loop) {
+    if (pipe2(fds_, O_CLOEXEC) != 0) return;
+    child_ = std::make_unique<ChildAs>(user, [&] {
+      close(fds_[1]);
+      return loop(fds_[0]);
+    });
+    close(fds_[0]);
   }
+  ~ClientChild() {
+    const std::string report = Finish();
+    if (!report.empty()) ADD_FAILURE() << "client child: " << report;
+  }
+  void Send(char c) {
+    if (write(fds_[1], &c, 1) != 1) ADD_FAILURE() << "the client child is gone";
+  }
+  // Quits the loop and returns what the child reported ("" = fine).
+  std::string Finish() {
+    if (!child_) return "";
+    Send('q');
+    close(fds_[1]);
+    std::string report = child_->Wait();
+    child_.reset();
+    return report;
+  }
+  int command_fd() const { return fds_[1]; }
+
+ private:
+  int fds_[2] = {-1, -1};
+  std::unique_ptr<ChildAs> child_;
 };
 
 // One user's share as root's status shows it.
@@ -203,10 +229,10 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   ASSERT_NE(uid_a, static_cast<uid_t>(-1));
   const int slow = SlowNode();
   const bool kernel_tells = slow != 0;
-  DaemonProcess d(std::string("[engine]\npolicy = \"lru\"\ntier0_budget = \"64KiB\"\n"
-                              "block_bytes = 2048\n"
+  DaemonProcess d(std::string("[engine]\npolicy = \"lru\"\ntier0_budget = \"128KiB\"\n"
+                              "block_bytes = 4096\n"
                               "[[quotas.user]]\nuser = \"") +
-                      kUserA + "\"\ntier0 = \"16KiB\"\n",
+                      kUserA + "\"\ntier0 = \"32KiB\"\n",
                   "", std::string("socket_group = \"") + kClients + "\"\nadmin_group = \"\"\n",
                   "fast_nodes = [0]\nslow_nodes = [" + std::to_string(slow) + "]\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
@@ -219,8 +245,7 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
 
   Pool pool_a(kBlocksA), pool_b(kBlocksB);
   ASSERT_TRUE(pool_a.base && pool_b.base);
-  int cmd_a[2], cmd_b[2];
-  auto send = [](int fd, char c) { ASSERT_EQ(write(fd, &c, 1), 1); };
+  signal(SIGPIPE, SIG_IGN);  // a child that failed early closed its end
 
   Seen s;
   // Samples every status the parent reads, with the kernel's view.
@@ -283,13 +308,8 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   };
 
   // B first: its 16 blocks settle in tier 0 (the whole of them fit).
-  ASSERT_EQ(pipe2(cmd_b, O_CLOEXEC), 0);
-  ChildAs b(kUserB, [&] {
-    close(cmd_b[1]);
-    return RunClient(socket, "b", pool_b.fd, kBlocksB, 2, cmd_b[0]);
-  });
-  close(cmd_b[0]);
-  Quit quit_b{cmd_b[1]};
+  ClientChild b(kUserB,
+                [&](int cmd) { return RunClient(socket, "b", pool_b.fd, kBlocksB, 2, cmd); });
   ASSERT_TRUE(WaitFor([&] {
     return ReadStatus(socket, uid_a, uid_b, &s) && s.b.live == kBlocksB && s.b.tier0 == kBlocksB;
   })) << "B's blocks did not settle in tier 0: "
@@ -297,14 +317,10 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
 
   // Phase 1, the cap: A's 40 hot blocks, more than tier 0 holds, each
   // touched every tick. A stays within 8; B keeps all 16 from A's admission on.
-  ASSERT_EQ(pipe2(cmd_a, O_CLOEXEC), 0);
-  ChildAs a(kUserA, [&] {
-    close(cmd_a[1]);
-    close(cmd_b[1]);  // inherited: B's commands are the parent's
-    return RunClient(socket, "a", pool_a.fd, kBlocksA, 1, cmd_a[0]);
+  ClientChild a(kUserA, [&](int cmd) {
+    close(b.command_fd());  // inherited: B's commands are the parent's
+    return RunClient(socket, "a", pool_a.fd, kBlocksA, 1, cmd);
   });
-  close(cmd_a[0]);
-  Quit quit_a{cmd_a[1]};
   ASSERT_TRUE(WaitFor([&] {
     sample(UINT64_MAX, kBlocksB, "A admitted");
     return s.a.live == kBlocksA && s.a.tier0 <= kCapA;
@@ -348,11 +364,11 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   // touching all 40. A's misses take B's blocks above 12, never below.
   std::string text;
   ASSERT_TRUE(Client::DaemonAdmin(socket, wire::AdminOp::kSetQuota,
-                                  std::string("user=") + kUserB + " guarantee=24KiB", &text)
+                                  std::string("user=") + kUserB + " guarantee=48KiB", &text)
                   .ok())
       << text;
   EXPECT_NE(text.find("guarantee 12 blocks"), std::string::npos) << text;
-  send(cmd_b[1], 'i');
+  b.Send('i');
   const ShellResult ctl =
       Shell(CtlPath() + " --socket " + socket + " quota set user=" + kUserA + " none 2>&1");
   ASSERT_EQ(ctl.status, 0) << ctl.out;
@@ -395,13 +411,8 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   })) << "the reload did not restore A's cap: "
       << s.quotas.dump();
 
-  send(cmd_a[1], 'q');
-  send(cmd_b[1], 'q');
-  close(cmd_a[1]);
-  close(cmd_b[1]);
-  quit_a.fd = quit_b.fd = -1;
-  EXPECT_EQ(a.Wait(), "");
-  EXPECT_EQ(b.Wait(), "");
+  EXPECT_EQ(a.Finish(), "");
+  EXPECT_EQ(b.Finish(), "");
   EXPECT_EQ(violations, "");
   std::printf(
       "figures: %llu samples; A max %llu in tier 0 by status (cap %llu)%s; B min %llu "
@@ -416,8 +427,8 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
 // Client quotas: keyed by the hello's name, one account per connection.
 TEST(Quota, ClientQuotaCapsItsConnectionOnly) {
   DaemonProcess d(
-      "[engine]\npolicy = \"lru\"\ntier0_budget = \"64KiB\"\nblock_bytes = 2048\n"
-      "[[quotas.client]]\nname = \"capped\"\ntier0 = \"8KiB\"\n");
+      "[engine]\npolicy = \"lru\"\ntier0_budget = \"128KiB\"\nblock_bytes = 4096\n"
+      "[[quotas.client]]\nname = \"capped\"\ntier0 = \"16KiB\"\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
   constexpr uint32_t kBlocks = 12;
   Pool pools[2] = {Pool(kBlocks), Pool(kBlocks)};
@@ -474,36 +485,46 @@ TEST(Quota, ClientQuotaCapsItsConnectionOnly) {
     ASSERT_LE(capped_tier0(), 4u) << q.dump();
     ASSERT_EQ(root_tier0(), capped_tier0() + kBlocks) << q.dump();
   }
-  ASSERT_EQ(q["clients"].size(), 1u) << q.dump();  // the free client has no account
+  ASSERT_EQ(q["clients"].size(), 1u) << q.dump();  // no row for the client with no quota
   EXPECT_EQ(q["clients"][0]["tiers"][0]["cap_blocks"], 4);
   EXPECT_GT(q["clients"][0]["quota_evictions"].get<uint64_t>(), 0u);
   // Raised at run time for the connected client: applies at once.
   std::string text;
   ASSERT_TRUE(
-      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=capped tier0=16KiB", &text)
+      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=capped tier0=32KiB", &text)
           .ok())
       << text;
   ASSERT_TRUE(WaitFor([&] { return touch_and_read() && capped_tier0() > 4; })) << q.dump();
   EXPECT_LE(capped_tier0(), 8u);
-  // A quota for a client that said hello without one: from its next connection.
+  // A quota for a client that said hello without one applies at once to the
+  // blocks it holds: 4 KiB is one block.
   ASSERT_TRUE(
-      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=free tier0=2KiB", &text)
+      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=free tier0=4KiB", &text)
           .ok())
       << text;
-  EXPECT_NE(text.find("from their next connection"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 connected client(s) of that name"), std::string::npos) << text;
+  ASSERT_TRUE(WaitFor([&] {
+    if (!touch_and_read()) return false;
+    for (const auto& c : q["clients"]) {
+      if (c["name"] == "free") return c["tiers"][0]["blocks"].get<uint64_t>() <= 1;
+    }
+    return false;
+  })) << "the new quota of the connected client 'free' did not apply: "
+      << q.dump();
   // A bad request names the problem; the quota stays as it was.
   const Status bad =
       Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=capped tiers=1,1", &text);
   EXPECT_EQ(bad.code, wire::ErrorCode::kBadPayload);
   EXPECT_NE(bad.message.find("the last (tier 1) is never capped"), std::string::npos)
       << bad.message;
-  // The capped client leaves: its row goes with it.
+  // The clients leave: their rows go with them.
   clients[0].reset();
+  clients[1].reset();
   ASSERT_TRUE(WaitFor([&] {
     std::string t;
     if (!Client::DaemonStats(d.socket(), "quotas", &t).ok()) return false;
     q = nlohmann::json::parse(t, nullptr, false);
-    return !q.is_discarded() && q["clients"].empty();
+    return !q.is_discarded() && q["clients"].empty() && q["users"].empty();
   })) << q.dump();
   std::printf(
       "figures: the capped client held at most %llu of its 12 hot blocks in tier 0 "
