@@ -148,7 +148,7 @@ QuotaStatus Daemon::QuotaStatuses() const {
   for (const auto& [session, c] : clients_.all()) {
     if (!engine_) break;
     AccountStatus* cl = nullptr;
-    if (c.account != engine::kNoAccount && c.hello && !c.leaving) {
+    if (c.hello && !c.leaving && config_.ClientQuotaOf(c.name)) {
       cl = &clients.try_emplace(c.account, blank(c.peer.uid)).first->second;
       cl->client_id = c.id;
       cl->client_name = c.name;
