@@ -177,6 +177,16 @@ BENCHMARK_CAPTURE(BM_Tick, adaptive, engine::kAdaptivePolicy)
     ->ArgsProduct({{8192, 65536}, {1, 10}})
     ->Unit(benchmark::kMicrosecond);
 
+// `Stats status` with every block live: its per-user shares walk every
+// client's slots (docs/operations.md, "Quotas"); BM_TickBaseline-sized.
+void BM_StatusJson(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  InProcessDaemon d(n, kBenchModel, uint64_t{n / 2} * kBenchModel.block_bytes(), "lfu");
+  for (auto _ : state) benchmark::DoNotOptimize(d.daemon->StatusJson());
+  state.counters["blocks"] = n;
+}
+BENCHMARK(BM_StatusJson)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+
 // ---- 4. the seeds' scenario ----
 
 // Llama-3 70B, 128K-token contexts, 32 sequences decoding at 30 tokens/s,
