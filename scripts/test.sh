@@ -57,7 +57,7 @@ sanitized() {
       exit 1
     fi' _ "$dir" {} "$kind"
 }
-stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test daemon_test isolation_test systemd_test hostile_test lease_test copy_mode_test hint_test
+stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test daemon_test isolation_test quota_test systemd_test hostile_test lease_test copy_mode_test hint_test
 stage tsan sanitized thread service_test daemon_test fault_test lease_test copy_mode_test hint_test
 # libFuzzer (clang, ASan+UBSan): saved crashes replayed, then 30 s per target.
 stage fuzz env BUILD_DIR="$BUILD_DIR" JOBS="$JOBS" bash "$CXLTIER_ROOT/tests/fuzz/run.sh" 30
@@ -68,7 +68,11 @@ stage load bash "$CXLTIER_ROOT/scripts/load.sh" 256 1024 10
 # End to end in QEMU guests with a CPU-less second NUMA node (docs/testing.md).
 GUESTS_PASSED=0
 guest() {
-  bash "$CXLTIER_ROOT/tools/qemu/guest.sh" --shape "$1" --bin "$BUILD_DIR/bin" \
+  # The numa guest also runs quota_test (two users, a cap and a guarantee,
+  # checked against the kernel's placement of two nodes).
+  local extra=()
+  [ "$1" = numa ] && extra=(--file "$BUILD_DIR/bin/quota_test:/bin/quota_test")
+  bash "$CXLTIER_ROOT/tools/qemu/guest.sh" --shape "$1" --bin "$BUILD_DIR/bin" "${extra[@]}" \
     --cache "$BUILD_DIR/qemu-cache" --file "$CXLTIER_ROOT/tests/e2e/guest_test.sh:/bin/guest_test.sh" \
     --run "sh /bin/guest_test.sh $1" && GUESTS_PASSED=$((GUESTS_PASSED + 1))
 }

@@ -222,7 +222,7 @@ struct Pool {
   }
 };
 
-TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
+TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   if (geteuid() != 0) GTEST_SKIP() << "creating users needs root";
   ASSERT_TRUE(EnsureUsers());
   const uid_t uid_a = UidOf(kUserA), uid_b = UidOf(kUserB);
@@ -425,7 +425,7 @@ TEST(Quota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
 }
 
 // Client quotas: keyed by the hello's name, one account per connection.
-TEST(Quota, ClientQuotaCapsItsConnectionOnly) {
+TEST(DaemonQuota, ClientQuotaCapsItsConnectionOnly) {
   DaemonProcess d(
       "[engine]\npolicy = \"lru\"\ntier0_budget = \"128KiB\"\nblock_bytes = 4096\n"
       "[[quotas.client]]\nname = \"capped\"\ntier0 = \"16KiB\"\n");
