@@ -419,7 +419,10 @@ TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
       "with its guarantee of %llu; tier 0 holds %llu\n",
       static_cast<unsigned long long>(samples), static_cast<unsigned long long>(max_a),
       static_cast<unsigned long long>(kCapA),
-      kernel_tells ? (", " + std::to_string(max_a_kernel) + " by the kernel").c_str() : "",
+      kernel_tells ? (", " + std::to_string(max_a_kernel) + " by the kernel, B min " +
+                      std::to_string(min_b_kernel) + " by the kernel")
+                         .c_str()
+                   : "",
       static_cast<unsigned long long>(min_b_guarantee),
       static_cast<unsigned long long>(kGuaranteeB), static_cast<unsigned long long>(kTier0Blocks));
 }

@@ -77,6 +77,8 @@ fetch_kernel "$CACHE"   # sets VMLINUZ, MODDIR
 
 # ---- the initramfs ----
 STAGE=$(mktemp -d)
+# The guest's / (mktemp made it 0700): other users must reach /tmp and /bin.
+chmod 755 "$STAGE"
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE"/{bin,sbin,dev,proc,sys,tmp,run,etc,root,var/lib,lib/modules}
 cp /bin/busybox "$STAGE/bin/busybox"
