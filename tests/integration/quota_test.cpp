@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -520,6 +521,16 @@ TEST(DaemonQuota, ClientQuotaCapsItsConnectionOnly) {
   EXPECT_EQ(bad.code, wire::ErrorCode::kBadPayload);
   EXPECT_NE(bad.message.find("the last (tier 1) is never capped"), std::string::npos)
       << bad.message;
+  // A reload whose file caps this host's last tier is refused, naming it; the
+  // running quotas stay.
+  std::ofstream(d.config_path(), std::ios::app) << "[[quotas.user]]\nuid = 5\ntiers = [1, 1]\n";
+  const Status reload = Client::DaemonAdmin(d.socket(), wire::AdminOp::kReload, "", &text);
+  EXPECT_FALSE(reload.ok());
+  EXPECT_NE(reload.message.find("uid 5: caps for 2 tiers, but this host has 2 tiers"),
+            std::string::npos)
+      << reload.message;
+  ASSERT_TRUE(touch_and_read());
+  EXPECT_EQ(q["clients"][0]["tiers"][0]["cap_blocks"], 8) << q.dump();
   // The clients leave: their rows go with them.
   clients[0].reset();
   clients[1].reset();
