@@ -707,14 +707,7 @@ bool Engine::SetGroup(Slot s, GroupId id) {
   if (g != nullptr && g->owner != owners_[s]) return false;
   LeaveGroup(s);
   if (g == nullptr) {
-    uint32_t index;
-    if (free_groups_.empty()) {
-      index = static_cast<uint32_t>(groups_.size());
-      groups_.emplace_back();
-    } else {
-      index = free_groups_.back();
-      free_groups_.pop_back();
-    }
+    const uint32_t index = TakeEntry(groups_, free_groups_);
     group_index_.emplace(id, index);
     g = &groups_[index];
     *g = Group{};
@@ -903,14 +896,7 @@ namespace cxltier::engine {
 uint32_t Engine::AccountIndex(uint64_t id, bool create) {
   if (const auto it = account_index_.find(id); it != account_index_.end()) return it->second;
   if (!create) return kNoIndex;
-  uint32_t index;
-  if (free_accounts_.empty()) {
-    index = static_cast<uint32_t>(accounts_.size());
-    accounts_.emplace_back();
-  } else {
-    index = free_accounts_.back();
-    free_accounts_.pop_back();
-  }
+  const uint32_t index = TakeEntry(accounts_, free_accounts_);
   Account& a = accounts_[index];
   a = Account{};
   a.id = id;

@@ -59,4 +59,17 @@ void GrowFor(std::vector<T>& table, Slot s, const T& fill = T{}) {
   if (s >= table.size()) table.resize(std::max<size_t>(s + 1, table.size() * 2), fill);
 }
 
+// An entry of `items` for reuse: the last freed index, else a new one at the
+// end. The caller resets the entry.
+template <typename T>
+uint32_t TakeEntry(std::vector<T>& items, std::vector<uint32_t>& free) {
+  if (free.empty()) {
+    items.emplace_back();
+    return static_cast<uint32_t>(items.size() - 1);
+  }
+  const uint32_t index = free.back();
+  free.pop_back();
+  return index;
+}
+
 }  // namespace cxltier::engine
