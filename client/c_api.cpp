@@ -118,7 +118,7 @@ int cxltier_observe(cxltier_client* c, uint32_t slot, float mass) {
 
 int cxltier_tier(const cxltier_client* c, uint32_t slot) {
   const cxltier::Tier t = c->client->TierOf(slot);
-  return t == cxltier::Tier::kFast ? 0 : t == cxltier::Tier::kSlow ? 1 : -1;
+  return t == cxltier::Tier::kNone ? -1 : static_cast<int>(cxltier::TierIndex(t));
 }
 
 int cxltier_reconnect(cxltier_client* c) { return Result(c, c->client->Reconnect()); }

@@ -104,7 +104,8 @@ class Reader {
   void Field(Tier& t) {
     uint8_t b = 0;
     U(b);
-    if (b != 0 && b != 1 && b != 0xff) Fail("bad tier value");
+    // Tiers 0 .. kMaxTiers-1 (a host may have more than two), or none.
+    if (b >= kMaxTiers && b != 0xff) Fail("bad tier value " + std::to_string(b));
     t = static_cast<Tier>(b);
   }
   void Str(std::string& s, size_t max) {

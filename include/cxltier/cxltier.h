@@ -75,7 +75,8 @@ int cxltier_hint(cxltier_client* client, uint32_t group, int kind, const cxltier
 /* Shared-memory fast path: no syscall; one writer thread per slot.
  * Returns 0, or -CXLTIER_E_BAD_SLOT for a bad slot or a mass that is not finite, >= 0, <= 65535. */
 int cxltier_observe(cxltier_client* client, uint32_t slot, float mass);
-/* 0 = fast tier, 1 = slow tier, -1 = not resident or bad slot. */
+/* The block's tier: 0 = fast (DRAM), 1 = the next, ... (a host may have more than
+ * two); -1 = not resident or bad slot. */
 int cxltier_tier(const cxltier_client* client, uint32_t slot);
 int cxltier_reconnect(cxltier_client* client);
 

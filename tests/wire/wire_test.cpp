@@ -60,6 +60,13 @@ TEST(Wire, EveryMessageRoundTrips) {
   ASSERT_EQ(ao.results.size(), 2u);
   EXPECT_EQ(ao.results[0].tier, Tier::kSlow);
   EXPECT_EQ(ao.results[0].restored, 1);
+  // A host with more than two tiers: every tier below kMaxTiers goes through.
+  const AdmitOk deep = RoundTrip(AdmitOk{{{3, TierAt(2), 0}, {4, TierAt(kMaxTiers - 1), 0}}},
+                                 MsgType::kAdmitOk);
+  ASSERT_EQ(deep.results.size(), 2u);
+  EXPECT_EQ(deep.results[0].tier, TierAt(2));
+  EXPECT_EQ(deep.results[1].tier, TierAt(kMaxTiers - 1));
+  EXPECT_EQ(RoundTrip(QueryTiersOk{{TierAt(2)}}, MsgType::kQueryTiersOk).tiers.at(0), TierAt(2));
 
   EXPECT_EQ(RoundTrip(Release{{BlockKey{5, 6}}}, MsgType::kRelease).keys.at(0), (BlockKey{5, 6}));
   EXPECT_EQ(RoundTrip(ReleaseOk{3, 1}, MsgType::kReleaseOk).unknown, 1u);
@@ -274,9 +281,10 @@ TEST(Wire, HostilePayloadsAreRejected) {
   EXPECT_NE(err.find("pool kind"), std::string::npos) << err;
   buf.clear();
   Encode(QueryTiersOk{{Tier::kFast}}, 0, buf);
-  buf.back() = 7;
+  buf.back() = kMaxTiers;  // the first value past the last tier
   QueryTiersOk q;
-  EXPECT_FALSE(Decode(std::span(buf).subspan(kHeaderBytes), &q).ok());
+  err = Decode(std::span(buf).subspan(kHeaderBytes), &q).message;
+  EXPECT_NE(err.find("bad tier value 8"), std::string::npos) << err;
   // Random garbage never crashes any decoder.
   std::mt19937 rng(5);
   for (int i = 0; i < 20000; ++i) {

@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
                "fail unless the daemon reports a slow tier with at least one node");
   app.add_option("--expect-tiers", expect_tiers,
                  "with --check-placement: fail unless the daemon has at least N tiers and, "
-                 "at the check, blocks the kernel shows on each of tiers 0 .. N-1's nodes");
+                 "at the check, blocks the kernel shows on each of tiers 0 .. N-1's nodes "
+                 "(with --until-moves, the run also goes on until live blocks sit in each)");
   app.add_flag("--expect-kernel-migrations", expect_kernel_migrations,
                "fail unless /proc/vmstat pgmigrate_success grew during the run");
   try {
@@ -342,6 +343,20 @@ int main(int argc, char** argv) {
     const nlohmann::json now = migrations();
     return moved(now, "promotions") >= until_moves && moved(now, "demotions") >= until_moves;
   };
+  // With --expect-tiers, --until-moves also waits until the daemon has
+  // published live blocks in each of the tiers checked at the end: where a
+  // pass stops decides how many blocks are live, and too few fit in the
+  // upper tiers.
+  auto until_met = [&] {
+    if (!moves_seen()) return false;
+    if (expect_tiers == 0) return true;
+    std::vector<bool> seen(expect_tiers, false);
+    for (const auto& [k, v] : live) {
+      const size_t t = TierIndex(client->TierOf(v.second));
+      if (t < seen.size()) seen[t] = true;
+    }
+    return std::find(seen.begin(), seen.end(), false) == seen.end();
+  };
   const uint64_t pgmigrate_before = PgmigrateSuccess();
 
   // The attention workload, sized so every live key fits the pool.
@@ -413,7 +428,7 @@ int main(int argc, char** argv) {
       // The trace is done. Replay it while a --until-* condition is not met:
       // release every live block and give the next pass fresh keys (no ghost
       // of this run comes back, as in a pass of new conversations).
-      const bool replay = until_signal ? !g_stop_requested : until_moves > 0 && !moves_seen();
+      const bool replay = until_signal ? !g_stop_requested : until_moves > 0 && !until_met();
       if (!replay) break;
       std::vector<BlockKey> all;
       for (const auto& [key, v] : live) {
@@ -445,7 +460,7 @@ int main(int argc, char** argv) {
       break;
     }
     const uint32_t step = trace.events[i].step;
-    if (until_moves > 0 && passes > 1 && step % 25 == 0 && moves_seen()) break;
+    if (until_moves > 0 && passes > 1 && step % 25 == 0 && until_met()) break;
     size_t end = i;
     while (end < trace.events.size() && trace.events[end].step == step) ++end;
     // Admit this step's new keys in one batch, release the released ones.
