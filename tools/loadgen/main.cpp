@@ -556,7 +556,7 @@ int main(int argc, char** argv) {
   for (const auto& [k, v] : live) {
     const Tier t = client->TierOf(v.second);
     blocks_fast += t == Tier::kFast;
-    blocks_slow += t == Tier::kSlow;
+    blocks_slow += t != Tier::kFast && t != Tier::kNone;  // any tier below 0
   }
 
   // Where the kernel says each live block's pages are, against the tier the
