@@ -61,8 +61,8 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(ao.results[0].tier, Tier::kSlow);
   EXPECT_EQ(ao.results[0].restored, 1);
   // A host with more than two tiers: every tier below kMaxTiers goes through.
-  const AdmitOk deep = RoundTrip(AdmitOk{{{3, TierAt(2), 0}, {4, TierAt(kMaxTiers - 1), 0}}},
-                                 MsgType::kAdmitOk);
+  const AdmitOk deep =
+      RoundTrip(AdmitOk{{{3, TierAt(2), 0}, {4, TierAt(kMaxTiers - 1), 0}}}, MsgType::kAdmitOk);
   ASSERT_EQ(deep.results.size(), 2u);
   EXPECT_EQ(deep.results[0].tier, TierAt(2));
   EXPECT_EQ(deep.results[1].tier, TierAt(kMaxTiers - 1));
