@@ -72,6 +72,8 @@ guest() {
   # checked against the kernel's placement of two nodes).
   local extra=()
   [ "$1" = numa ] && extra=(--file "$BUILD_DIR/bin/quota_test:/bin/quota_test")
+  # The hmat guest replays a recording of three tiers with the simulator.
+  [ "$1" = hmat ] && extra=(--file "$BUILD_DIR/bin/cxltier-sim:/bin/cxltier-sim")
   bash "$CXLTIER_ROOT/tools/qemu/guest.sh" --shape "$1" --bin "$BUILD_DIR/bin" "${extra[@]}" \
     --cache "$BUILD_DIR/qemu-cache" --file "$CXLTIER_ROOT/tests/e2e/guest_test.sh:/bin/guest_test.sh" \
     --run "sh /bin/guest_test.sh $1" && GUESTS_PASSED=$((GUESTS_PASSED + 1))

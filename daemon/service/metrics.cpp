@@ -41,7 +41,8 @@ std::string ErrnoName(int e) {
 std::string MetricsExposition(const StatusSnapshot& s) {
   const MigrationStatus& m = s.migrations;
   Exposition x;
-  x.Family("cxltier_tier_blocks", "gauge", "Blocks resident in each tier (0 DRAM, 1 CXL/slow).");
+  x.Family("cxltier_tier_blocks", "gauge",
+           "Blocks resident in each tier (0 DRAM, then each slower tier in order).");
   for (const TierStatus& t : s.tiers) {
     x.Sample("cxltier_tier_blocks", static_cast<double>(t.blocks),
              fmt::format("tier=\"{}\"", t.tier));
@@ -89,6 +90,13 @@ std::string MetricsExposition(const StatusSnapshot& s) {
            static_cast<double>(q.quota_evictions));
   x.Metric("cxltier_tier0_budget_bytes", "gauge", "Bytes of tier 0 cxltier may fill.",
            static_cast<double>(s.tiers.empty() ? 0 : s.tiers.front().budget_bytes));
+  // Every tier but the last, which holds the rest (no budget, no sample).
+  x.Family("cxltier_tier_budget_bytes", "gauge",
+           "Bytes of each tier cxltier may fill (every tier but the last).");
+  for (size_t k = 0; k + 1 < s.tiers.size(); ++k) {
+    x.Sample("cxltier_tier_budget_bytes", static_cast<double>(s.tiers[k].budget_bytes),
+             fmt::format("tier=\"{}\"", s.tiers[k].tier));
+  }
   x.Metric("cxltier_block_bytes", "gauge", "Bytes of one KV block.",
            static_cast<double>(s.block_bytes));
   x.Metric("cxltier_touches_total", "counter", "Block touches folded (one per block per tick).",
@@ -96,13 +104,15 @@ std::string MetricsExposition(const StatusSnapshot& s) {
   x.Metric("cxltier_hits_total", "counter", "Touches of blocks that were in tier 0.",
            static_cast<double>(s.hits));
   x.Metric("cxltier_hit_ratio", "gauge", "hits_total / touches_total since start.", s.hit_rate());
-  x.Metric("cxltier_promotions_total", "counter", "Verified moves from tier 1 to tier 0.",
+  x.Metric("cxltier_promotions_total", "counter",
+           "Verified moves to a faster tier (tier 1 to 0 with two).",
            static_cast<double>(m.promotions));
-  x.Metric("cxltier_demotions_total", "counter", "Verified moves from tier 0 to tier 1.",
+  x.Metric("cxltier_demotions_total", "counter",
+           "Verified moves to a slower tier (tier 0 to 1 with two).",
            static_cast<double>(m.demotions));
-  x.Metric("cxltier_promoted_bytes_total", "counter", "Bytes moved from tier 1 to tier 0.",
+  x.Metric("cxltier_promoted_bytes_total", "counter", "Bytes moved to a faster tier.",
            static_cast<double>(m.promoted_bytes));
-  x.Metric("cxltier_demoted_bytes_total", "counter", "Bytes moved from tier 0 to tier 1.",
+  x.Metric("cxltier_demoted_bytes_total", "counter", "Bytes moved to a slower tier.",
            static_cast<double>(m.demoted_bytes));
   x.Metric("cxltier_migration_enabled", "gauge",
            "1: page moves are on (migration.enabled, a slow tier, CAP_SYS_NICE); 0: they are "

@@ -77,7 +77,7 @@ class Recorder {
     if (on()) Add(tick, key, 0.0f, sim::EventKind::kRelease);
   }
   void Admit(uint64_t tick, const BlockKey& key, Tier placed) {
-    if (on()) Add(tick, key, placed == Tier::kFast ? 0.0f : 1.0f, sim::EventKind::kAdmit);
+    if (on()) Add(tick, key, static_cast<float>(TierIndex(placed)), sim::EventKind::kAdmit);
   }
   // Once per tick, after the fold: stops the recording when its time is up.
   void EndTick(uint64_t tick) {

@@ -110,6 +110,9 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
       {"persist", config_.persist},
       {"tier0_budget_bytes",
        engine_ ? engine_->capacity_blocks() * block_bytes : config_.tier0_budget_bytes},
+      // Tiers 1 .. n-2 on a host with more than two (the last holds the rest).
+      {"lower_tier_budget_bytes",
+       engine_ ? engine_->options().lower_tier_budget_bytes : LowerTierBudgets()},
       {"block_bytes", block_bytes},
       {"migrate_bytes_per_tick", block_bytes ? MigrateBytesPerTick(config_, block_bytes) : 0},
       {"hysteresis_ticks", config_.hysteresis_ticks},

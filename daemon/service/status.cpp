@@ -12,7 +12,10 @@
 namespace cxltier::service {
 
 const char* TierName(Tier t) {
-  return t == Tier::kFast ? "fast" : t == Tier::kSlow ? "slow" : "none";
+  static constexpr const char* kNames[kMaxTiers] = {"fast",  "slow",  "tier2", "tier3",
+                                                    "tier4", "tier5", "tier6", "tier7"};
+  static_assert(kMaxTiers == 8, "one name per tier");
+  return TierIndex(t) < kMaxTiers ? kNames[TierIndex(t)] : "none";
 }
 
 void TickTimes::Add(double seconds, double interval_s) {

@@ -238,7 +238,8 @@ nlohmann::json QuotasToJson(const QuotaStatus& quotas, uint64_t block_bytes);
 std::string MetricsExposition(const StatusSnapshot& s);
 // The line `systemctl status` shows.
 std::string SystemdStatusLine(const StatusSnapshot& s);
-// "fast", "slow" or "none", as status and the logs name tiers.
+// "fast" (tier 0), "slow" (tier 1), "tier2" .. "tier7" on hosts with more
+// tiers, or "none": as status and the logs name tiers.
 const char* TierName(Tier t);
 
 }  // namespace cxltier::service

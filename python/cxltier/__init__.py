@@ -52,7 +52,9 @@ from .gqa import aggregate_streams_np, block_masses, query_heads_to_streams_np
 
 _cxltier._set_error_factory(_make_error)
 
-#: Tier numbers as the daemon publishes them.
+#: Tier numbers as the daemon publishes them: 0 is DRAM, 1 the next tier, and
+#: a host with more than two has 2, 3, ... below it (up to 7). "Not in DRAM"
+#: is ``tier not in (TIER_FAST, TIER_NONE)``, not ``tier == TIER_SLOW``.
 TIER_FAST = 0
 TIER_SLOW = 1
 TIER_NONE = 255

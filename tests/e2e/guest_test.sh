@@ -139,6 +139,33 @@ for pool in memfd range; do
   cat /tmp/lg-$pool.json
 done
 
+if [ "$SHAPE" = hmat ]; then
+  # A recording on three tiers replays on three: the command cxltierctl
+  # prints names every tier's budget, and the admits keep their tier.
+  echo "== record a loadgen run on three tiers, replay it with the printed command"
+  cxltierctl --socket "$SOCK" record --seconds 3600 --json --out /tmp/rec.bin > /tmp/rec.json 2>&1 &
+  REC=$!
+  i=0  # the daemon says it is recording (up to 60 s)
+  until grep -q "recording for" /tmp/cxltierd.log; do
+    i=$((i + 1)); [ $i -lt 300 ] || fail "the recording did not start"; sleep 0.2
+  done
+  cxltier-loadgen --socket "$SOCK" --pool range --blocks 96 --block-bytes 1MiB --steps 300 \
+    --step-ms 2 --seed 11 > /tmp/lg-rec.txt 2>&1 || { cat /tmp/lg-rec.txt; fail "loadgen (recorded)"; }
+  kill -INT $REC
+  wait $REC || { cat /tmp/rec.json; fail "cxltierctl record"; }
+  cat /tmp/rec.json
+  replay=$(tr -d '\n' < /tmp/rec.json | grep -o '"replay": *"[^"]*"' | sed 's/^"replay": *"//; s/"$//')
+  case "$replay" in
+    "cxltier-sim "*" --tiers 25165824,25165824 "*) ;;
+    *) fail "the replay command does not name both budgeted tiers: '$replay'" ;;
+  esac
+  # The printed command quotes the trace's path ('bin:/tmp/rec.bin'): eval it.
+  eval "$replay --json" > /tmp/replay.json 2>&1 || { cat /tmp/replay.json; fail "the replay"; }
+  hits=$(tr -d ' \n' < /tmp/replay.json | grep -o '"tier_hits":\[[0-9]*,[0-9]*,[0-9]*\]') ||
+    { cat /tmp/replay.json; fail "the replay has no hits for three tiers"; }
+  echo "replayed on three tiers: $hits; live $(tr -d ' \n' < /tmp/rec.json | grep -o '"hit_rate":[0-9.]*')"
+fi
+
 if [ "$SHAPE" != hmat ]; then
   echo "== copy mode: a pool per tier, pinned with io_uring fixed buffers, moved by copy"
   cxltier-loadgen --socket "$SOCK" $COPY_RUN \

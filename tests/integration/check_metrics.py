@@ -18,7 +18,8 @@ if not ctype.startswith("text/plain; version=0.0.4"):
 families = {f.name: f for f in text_string_to_metric_families(text)}
 want = {
     "cxltier_tier_blocks": "gauge", "cxltier_tier_bytes": "gauge",
-    "cxltier_tier0_budget_bytes": "gauge", "cxltier_touches": "counter",
+    "cxltier_tier0_budget_bytes": "gauge", "cxltier_tier_budget_bytes": "gauge",
+    "cxltier_touches": "counter",
     "cxltier_hits": "counter", "cxltier_hit_ratio": "gauge",
     "cxltier_promotions": "counter", "cxltier_demotions": "counter",
     "cxltier_promoted_bytes": "counter", "cxltier_demoted_bytes": "counter",
@@ -55,6 +56,12 @@ if value("cxltier_tick_duration_seconds_bucket", le="+Inf") != value("cxltier_ti
     failed.append("+Inf bucket differs from the count")
 if (value("cxltier_tier_blocks", tier="0") or 0) + (value("cxltier_tier_blocks", tier="1") or 0) <= 0:
     failed.append("no blocks in any tier")
+# Tier 0's budget is in both forms; the last tier (which holds the rest) has none.
+if value("cxltier_tier_budget_bytes", tier="0") != value("cxltier_tier0_budget_bytes"):
+    failed.append("cxltier_tier_budget_bytes{tier=0} differs from cxltier_tier0_budget_bytes")
+last = max(int(s.labels["tier"]) for s in families["cxltier_tier_bytes"].samples)
+if value("cxltier_tier_budget_bytes", tier=str(last)) is not None:
+    failed.append("the last tier (%d) has a budget sample" % last)
 # Each user's bytes per tier add up to the tier's (every block has a user).
 for tier in ("0", "1"):
     users = sum(s.value for s in families["cxltier_user_tier_bytes"].samples

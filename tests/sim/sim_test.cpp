@@ -434,6 +434,44 @@ TEST(SimCli, TiersGiveEachTiersHits) {
   EXPECT_NE(table.out.find("tier 2 rest"), std::string::npos) << table.out;
 }
 
+// A recording from a host with three tiers admits blocks where the daemon
+// found their pages, tier 2 included; a replay with fewer tiers puts such a
+// block in its last.
+TEST(Simulate, AdmitsInAThirdTierAreReplayedThere) {
+  Trace t;
+  t.block_tokens = 16;
+  t.keys = {BlockKey{1, 1}, BlockKey{2, 2}, BlockKey{3, 3}};
+  t.events = {{0, 0, 2.0f, EventKind::kAdmit}, {0, 1, 1.0f, EventKind::kAdmit},
+              {0, 2, 0.0f, EventKind::kAdmit}, {0, 0, 1.0f, EventKind::kTouch},
+              {0, 1, 1.0f, EventKind::kTouch}, {0, 2, 1.0f, EventKind::kTouch}};
+  ASSERT_EQ(t.Validate(), "");
+  SimConfig c;
+  c.mode = engine::Mode::kTick;
+  c.block_bytes = 1;
+  c.budget_bytes = 1;  // tier 0 holds one block, tier 1 one, tier 2 the rest
+  c.lower_budget_bytes = {1};
+  std::string error;
+  const SimResult three = Simulate(t, c, nullptr, &error);
+  ASSERT_EQ(error, "");
+  // Each touch found its block in the tier it was admitted to.
+  EXPECT_EQ(three.counters.tier_hits[0], 1u);
+  EXPECT_EQ(three.counters.tier_hits[1], 1u);
+  EXPECT_EQ(three.counters.tier_hits[2], 1u);
+  c.lower_budget_bytes.clear();  // two tiers: tier 2's block is in tier 1
+  const SimResult two = Simulate(t, c, nullptr, &error);
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(two.counters.tier_hits[0], 1u);
+  EXPECT_EQ(two.counters.tier_hits[1], 2u);
+  // Not a tier: past the last one a host can have, or not a whole number.
+  for (float bad : {static_cast<float>(kMaxTiers), 1.5f}) {
+    Trace b = t;
+    b.events[0].obs = bad;
+    EXPECT_NE(b.Validate().find("an admit's tier must be a whole number, 0 to 7"),
+              std::string::npos)
+        << bad;
+  }
+}
+
 TEST(SimCli, PlotWritesAPng) {
   const auto dir = TempDir();
   const std::string png = (dir / "p.png").string();

@@ -350,11 +350,18 @@ std::string ShellQuoted(const std::string& s) {
 
 std::string ReplayCommand(const nlohmann::json& s, const std::string& out) {
   const auto num = [&](const char* k) { return s.value(k, nlohmann::json(0)).dump(); };
+  // Two tiers: --budget (tier 0's); more: --tiers with every budgeted tier's.
+  std::string budgets = " --budget " + num("tier0_budget_bytes");
+  if (const auto lower = s.find("lower_tier_budget_bytes");
+      lower != s.end() && lower->is_array() && !lower->empty()) {
+    budgets = " --tiers " + num("tier0_budget_bytes");
+    for (const nlohmann::json& b : *lower) budgets += "," + b.dump();
+  }
   return "cxltier-sim --trace " + ShellQuoted("bin:" + out) +
-         " --mode tick --tick-steps 1 --block-bytes " + num("block_bytes") + " --budget " +
-         num("tier0_budget_bytes") + " --migrate-per-tick " + num("migrate_bytes_per_tick") +
-         " --hysteresis " + num("hysteresis_ticks") + " --ghosts " + num("ghost_capacity") +
-         " --persist " + (s.value("persist", true) ? "persist" : "reset") + " --policy " +
+         " --mode tick --tick-steps 1 --block-bytes " + num("block_bytes") + budgets +
+         " --migrate-per-tick " + num("migrate_bytes_per_tick") + " --hysteresis " +
+         num("hysteresis_ticks") + " --ghosts " + num("ghost_capacity") + " --persist " +
+         (s.value("persist", true) ? "persist" : "reset") + " --policy " +
          ShellQuoted(s.value("policy", std::string("default")));
 }
 

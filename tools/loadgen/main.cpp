@@ -741,7 +741,7 @@ int main(int argc, char** argv) {
     std::cout << fmt::format(
         "cxltier-loadgen: {} touches, {} hits ({:.1f}%), {} admitted, {} released\n"
         "  moved: {} promoted, {} demoted ({} failed moves)\n"
-        "  now: {} live blocks in tier 0, {} in tier 1\n"
+        "  now: {} live blocks in tier 0, {} in slower tiers\n"
         "  verified {} blocks of {}: {} corrupt\n",
         touches, hits, touches ? 100.0 * hits / touches : 0.0, admitted, released,
         FormatBytes(out["bytes_promoted"].get<uint64_t>()),

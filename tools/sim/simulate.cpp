@@ -1,5 +1,6 @@
 #include "simulate.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace cxltier::sim {
@@ -91,9 +92,11 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
       continue;
     }
     if (ev.kind == EventKind::kAdmit) {
-      // Where the daemon found the block's pages; demand mode places by touch.
+      // Where the daemon found the block's pages (a tier this run lacks: its
+      // last); demand mode places by touch.
       if (tick && s == engine::kNoSlot) {
-        s = e.Admit(trace.keys[ev.key], ev.obs == 0.0f ? Tier::kFast : Tier::kSlow);
+        const unsigned placed = std::min(static_cast<unsigned>(ev.obs), e.tiers() - 1);
+        s = e.Admit(trace.keys[ev.key], TierAt(placed));
         if (grouped) e.SetGroup(s, trace.group_of(ev.key));
       }
       continue;

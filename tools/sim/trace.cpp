@@ -80,8 +80,10 @@ std::string Trace::Validate() const {
     } else if (e.key >= keys.size()) {
       return "event " + std::to_string(i) + ": key index out of range";
     }
-    if (e.kind == EventKind::kAdmit && e.obs != 0.0f && e.obs != 1.0f) {
-      return "event " + std::to_string(i) + ": an admit's tier must be 0 or 1";
+    if (e.kind == EventKind::kAdmit &&
+        !(e.obs >= 0.0f && e.obs < kMaxTiers && e.obs == std::floor(e.obs))) {
+      return "event " + std::to_string(i) + ": an admit's tier must be a whole number, 0 to " +
+             std::to_string(kMaxTiers - 1);
     }
     if (!std::isfinite(e.obs) || e.obs < 0) {
       return "event " + std::to_string(i) + ": observation is not a finite number >= 0";
