@@ -424,6 +424,10 @@ void Engine::Release(Slot s) {
       --accounts_[i].live;
       FreeAccountIfUnused(std::exchange(i, kNoIndex));
     }
+    if (clients_[s] != kNoAccount) {
+      const auto it = client_live_.find(clients_[s]);
+      if (--it->second == 0) client_live_.erase(it);
+    }
   }
   if (options_.persistence == Persistence::kPersist) {
     BlockState ghost = st;
@@ -918,6 +922,7 @@ void Engine::AttachAccounts(Slot s) {
   slot_accounts_[s] = {AccountIndex(owners_[s], /*create=*/true),
                        clients_[s] == kNoAccount ? kNoIndex : AccountIndex(clients_[s], false)};
   ForAccounts(s, [](Account& a) { ++a.live; });
+  if (clients_[s] != kNoAccount) ++client_live_[clients_[s]];
 }
 
 void Engine::RebuildAccounts() {
@@ -932,31 +937,53 @@ void Engine::RebuildAccounts() {
     a.quota = q;
     a.quota_evictions = lost;
   }
-  heat_epoch_ = policy_->HeatEpoch();
-  const unsigned last = tiers_ - 1;
+  // The middle tiers' heaps too are keyed by this epoch's heat (the accounts'
+  // are empty now and filled below with it).
+  RekeyIfNeeded();
+  client_live_.clear();
   for (Slot s = 0; s < next_slot_; ++s) {
     if (!IsLive(s)) continue;
     AttachAccounts(s);
-    const BlockState& st = states_[s];
-    const unsigned r = slot_hints_[s].rank;
-    const bool ranked = r != 0 && r < last && lower_[r - 1].Contains(s);
-    ForAccounts(s, [&](Account& a) {
-      if (st.tier != Tier::kNone) ++a.tier_blocks[TierIndex(st.tier)];
-      if (st.flags & kFlagInTarget) {
-        ++a.target[0];
-        a.set_heat.Set(s, policy_->Heat(s), st.touch_seq);
-      }
-      if (ranked) {
-        ++a.target[r];
-        a.ranked_heat[r - 1].Set(s, policy_->Heat(s), st.touch_seq);
-      }
-      if (st.flags & kFlagMigrating) {
-        a.in0 += slot_hints_[s].moving_to == 0;
-        a.out0 += st.tier == Tier::kFast;
-      }
-    });
+    ForAccounts(s, [&](Account& a) { CountInAccount(s, a); });
   }
   for (uint32_t i = 0; i < accounts_.size(); ++i) FreeAccountIfUnused(i);
+}
+
+void Engine::CountInAccount(Slot s, Account& a) {
+  const BlockState& st = states_[s];
+  const unsigned r = slot_hints_[s].rank;
+  if (st.tier != Tier::kNone) ++a.tier_blocks[TierIndex(st.tier)];
+  if (st.flags & kFlagInTarget) {
+    ++a.target[0];
+    a.set_heat.Set(s, policy_->Heat(s), st.touch_seq);
+  }
+  if (r != 0 && r < tiers_ - 1 && lower_[r - 1].Contains(s)) {
+    ++a.target[r];
+    a.ranked_heat[r - 1].Set(s, policy_->Heat(s), st.touch_seq);
+  }
+  if (st.flags & kFlagMigrating) {
+    a.in0 += slot_hints_[s].moving_to == 0;
+    a.out0 += st.tier == Tier::kFast;
+  }
+}
+
+void Engine::JoinAccount(uint32_t index) {
+  Account& a = accounts_[index];
+  const uint64_t id = a.id;
+  // A client account with no live block (every hello of a client whose name
+  // has a quota) and an owner's (an owner's blocks always have one): nothing
+  // to join, no pass over the slots.
+  if (!a.IsClient() || !client_live_.contains(id)) return;
+  // Heaps keyed by an older heat epoch are rekeyed together, this one too.
+  RekeyIfNeeded();
+  for (Slot s = 0; s < next_slot_; ++s) {
+    if (!IsLive(s)) continue;
+    const int which = owners_[s] == id ? 0 : clients_[s] == id ? 1 : -1;
+    if (which < 0 || slot_accounts_[s][which] == index) continue;
+    slot_accounts_[s][which] = index;
+    ++a.live;
+    CountInAccount(s, a);
+  }
 }
 
 void Engine::TrackAccounts() {
@@ -970,9 +997,11 @@ void Engine::SetQuota(uint64_t id, const Quota& quota) {
   const bool known = account_index_.contains(id);
   const uint32_t index = AccountIndex(id, /*create=*/true);
   accounts_[index].quota = quota;
-  if (!quotas_on_ || !known) {
+  if (!quotas_on_) {
     quotas_on_ = true;
-    RebuildAccounts();  // the account's live blocks join it
+    RebuildAccounts();  // every live block joins its accounts
+  } else if (!known) {
+    JoinAccount(index);  // the new account's live blocks join it
   }
   if (!accounts_[index].used) return;  // freed by the rebuild: no quota, no block
   EnforceCaps(index);

@@ -367,6 +367,14 @@ class Engine {
   // Recomputes every account's counts and heaps from the live blocks.
   void RebuildAccounts();
   void AttachAccounts(Slot s);
+  // A new account while quotas are on: its live blocks (a client's admitted
+  // before its quota; an owner's have one already) join it alone, without
+  // rebuilding the others: one pass over the slots' account ids, none for a
+  // client with no live block.
+  void JoinAccount(uint32_t index);
+  // Counts live block `s` in `a`: its tiers, its place in the set or in a
+  // middle tier's ranking, a move in flight.
+  void CountInAccount(Slot s, Account& a);
   // Calls f(Account&) for each of the block's accounts.
   template <typename F>
   void ForAccounts(Slot s, F&& f) {
@@ -463,6 +471,9 @@ class Engine {
   std::vector<uint32_t> free_accounts_;
   std::unordered_map<uint64_t, uint32_t> account_index_;
   std::vector<std::array<uint32_t, 2>> slot_accounts_;
+  // Quotas on: live blocks per client account id, counted in an account or
+  // not (JoinAccount skips the pass for a client with none).
+  std::unordered_map<uint64_t, uint32_t> client_live_;
   std::vector<uint64_t> clients_;
   std::vector<EngineEvent>* log_ = nullptr;
 };

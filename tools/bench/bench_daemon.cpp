@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "cxltier/segment.h"
+#include "engine/engine.h"
+#include "engine/policy.h"
 #include "numa/topology.h"
 #include "service/daemon.h"
 
@@ -186,6 +188,37 @@ void BM_StatusJson(benchmark::State& state) {
   state.counters["blocks"] = n;
 }
 BENCHMARK(BM_StatusJson)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+
+// A quota set for an account the engine has not seen, with quotas already on
+// and `n` live blocks (half in tier 0) of 16 uids, each of 64 clients: what a
+// hello with a name that [[quotas.client]] caps costs the daemon, which any
+// local user can send in a loop. Each iteration sets and lifts the quota (the
+// account is freed again). Baseline: BM_TickBaseline, one read of the table.
+void BM_SetQuotaNewAccount(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  engine::EngineOptions o;
+  o.block_bytes = 4096;
+  o.tier0_budget_bytes = uint64_t{n / 2} * o.block_bytes;
+  auto policy = engine::MakePolicy("lfu");
+  if (!policy.ok()) std::abort();
+  engine::Engine e(o, std::move(*policy));
+  for (uint32_t i = 0; i < n; ++i) {
+    const engine::Slot s = e.Admit(BlockKey::FromSequence(i / 64, i), 1000 + i % 16,
+                                   engine::kClientAccount | (i % 64));
+    e.Touch(s, engine::Touch{1.0 + i % 7, i});
+  }
+  engine::Quota cap;
+  cap.cap[0] = n / 8;
+  e.SetQuota(1000, cap);  // quotas on: every uid's account is kept
+  uint64_t next = 1 << 20;
+  for (auto _ : state) {
+    const uint64_t id = engine::kClientAccount | next++;
+    e.SetQuota(id, cap);
+    e.SetQuota(id, engine::Quota{});
+  }
+  state.counters["blocks"] = n;
+}
+BENCHMARK(BM_SetQuotaNewAccount)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
 
 // ---- 4. the seeds' scenario ----
 
