@@ -266,7 +266,19 @@ Status Daemon::SetPolicy(const std::string& name) {
 
 server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wire::Admin& m,
                                               server::UniqueFd* reply_fd) {
-  if (m.op == wire::AdminOp::kShowConfig) return wire::AdminOk{ToToml(config_)};
+  if (m.op == wire::AdminOp::kShowConfig) {
+    if (IsAdmin(peer, config_.admin_group)) return wire::AdminOk{ToToml(config_)};
+    // Anyone may read the configuration, but of the quotas only their own
+    // uid's, as status shows them: who else has a quota, and which client
+    // names are capped, is the admins' to see.
+    DaemonConfig mine = config_;
+    std::erase_if(mine.user_quotas, [&](const UserQuota& u) { return u.uid != peer.uid; });
+    mine.client_quotas.clear();
+    return wire::AdminOk{ToToml(mine) +
+                         fmt::format("# [quotas]: yours only (uid {}); root and group "
+                                     "'{}' see every user's and client's\n",
+                                     peer.uid, config_.admin_group)};
+  }
   const char* what = m.op == wire::AdminOp::kReload        ? "reload"
                      : m.op == wire::AdminOp::kSetPolicy   ? "policy set"
                      : m.op == wire::AdminOp::kRecordStart ? "record start"

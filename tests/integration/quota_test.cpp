@@ -233,7 +233,12 @@ TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   DaemonProcess d(std::string("[engine]\npolicy = \"lru\"\ntier0_budget = \"128KiB\"\n"
                               "block_bytes = 4096\n"
                               "[[quotas.user]]\nuser = \"") +
-                      kUserA + "\"\ntier0 = \"32KiB\"\n",
+                      kUserA +
+                      "\"\ntier0 = \"32KiB\"\n"
+                      // Others' quotas, which A's `config show` must not list (root's cap
+                      // is the whole tier 0: no effect here).
+                      "[[quotas.user]]\nuid = 0\ntier0 = \"128KiB\"\n"
+                      "[[quotas.client]]\nname = \"hidden-from-users\"\ntier0 = \"4KiB\"\n",
                   "", std::string("socket_group = \"") + kClients + "\"\nadmin_group = \"\"\n",
                   "fast_nodes = [0]\nslow_nodes = [" + std::to_string(slow) + "]\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
@@ -355,9 +360,23 @@ TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
         fail += std::string(what) + " shows A other users: " + users.dump() + "; ";
       }
     }
+    // The configuration too: A's own quota, nobody else's, no client's.
+    if (!Client::DaemonAdmin(socket, wire::AdminOp::kShowConfig, "", &text).ok()) {
+      return fail + "A's config show failed";
+    }
+    if (text.find("uid = " + std::to_string(getuid())) == std::string::npos ||
+        text.find("uid = 0") != std::string::npos ||
+        text.find("hidden-from-users") != std::string::npos ||
+        text.find("yours only") == std::string::npos) {
+      fail += "A's config show: " + text;
+    }
     return fail;
   });
   EXPECT_EQ(a_report, "");
+  std::string root_config;
+  ASSERT_TRUE(Client::DaemonAdmin(socket, wire::AdminOp::kShowConfig, "", &root_config).ok());
+  EXPECT_NE(root_config.find("hidden-from-users"), std::string::npos) << root_config;
+  EXPECT_NE(root_config.find("uid = 0"), std::string::npos) << root_config;
   EXPECT_NE(d.Log().find("denied quota set"), std::string::npos);
 
   // Phase 2, the guarantee, set through the real socket as root: B gets 12
