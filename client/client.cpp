@@ -243,7 +243,10 @@ Status Client::Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries
       return Status::Fail(ErrorCode::kBadPayload, "admit answered for a different number of keys");
     }
     for (size_t i = 0; i < part.size(); ++i) {
-      held_[part[i].key] = Held{pool_id, part[i].block_index, ok.results[i].slot};
+      Held& h = held_[part[i].key];  // a key held already keeps its group
+      h.pool = pool_id;
+      h.block = part[i].block_index;
+      h.slot = ok.results[i].slot;
     }
     all.insert(all.end(), ok.results.begin(), ok.results.end());
     if (entries.empty()) break;
@@ -498,6 +501,11 @@ Status Client::Hint(uint32_t group, HintKind kind, std::span<const BlockKey> key
     total.applied = ok.applied;
     if (keys.empty()) break;
   }
+  // Remembered for Reconnect: the daemon grouped the keys this client holds.
+  for (const BlockKey& k : keys) {
+    if (auto it = held_.find(k); it != held_.end()) it->second.group = group;
+  }
+  group_hints_[group] = kind;
   if (result) *result = total;
   return Status::Ok();
 }
@@ -594,6 +602,17 @@ Status Client::Reconnect(uint64_t* restored) {
         for (const auto& r : results) *restored += r.restored;
       }
     }
+  }
+  // The groups, each with its last hint (groups with no held key are dropped).
+  std::unordered_map<uint32_t, std::vector<BlockKey>> groups;
+  for (const auto& [k, h] : held) {
+    if (h.group == 0) continue;
+    held_[k].group = h.group;
+    groups[h.group].push_back(k);
+  }
+  std::erase_if(group_hints_, [&](const auto& g) { return !groups.contains(g.first); });
+  for (const auto& [group, keys] : groups) {
+    if (Status st = Hint(group, group_hints_.at(group), keys); !st.ok()) return st;
   }
   return Status::Ok();
 }

@@ -162,9 +162,9 @@ class Client {
   // hottest before the group went idle or done, at most as many as it then
   // had there), and only ever at the cost of this client's user's blocks or
   // of blocks idle or done hints gave up (docs/protocol.md, "Hints").
-  // Groups are forgotten when the daemon restarts (Reconnect): send the keys
-  // again with the next hint. Errors: kBadPayload for a kind other than 1 to
-  // 3 or group 0 (the daemon says so; nothing changes).
+  // A restarted daemon knows no group: Reconnect sends each group's last hint
+  // again with the keys of it this client still holds. Errors: kBadPayload for a kind other than 1
+  // to 3 or group 0 (the daemon says so; nothing changes).
   //   c->Hint(seq, HintKind::kIdle, seq_keys);   // the turn ended; the user reads
   //   c->Hint(seq, HintKind::kSoon);             // the user answered: it runs next
   //   c->Hint(seq, HintKind::kDone);  c->Release(seq_keys);  // finished
@@ -201,7 +201,8 @@ class Client {
                             const std::string& arg, std::string* text, int* fd = nullptr);
 
   // After the daemon restarted: connect again, say hello, register the same
-  // pools and admit every key this client holds. Slots may change: use SlotOf.
+  // pools, admit every key this client holds, and hint each group that holds
+  // some of them as last hinted (with those keys). Slots may change: use SlotOf.
   Status Reconnect(uint64_t* restored = nullptr);
   // The slot a held key has now (slots change across Reconnect); false if not held.
   bool SlotOf(const BlockKey& key, uint32_t* slot) const;
@@ -222,6 +223,7 @@ class Client {
     uint32_t pool;
     uint32_t block;
     uint32_t slot;
+    uint32_t group = 0;  // the group its last hint put it in (0: none)
   };
   Status Open();
   Status ConnectSocket();
@@ -247,6 +249,8 @@ class Client {
   uint32_t tick_ms_ = 0;
   std::vector<PoolRecord> pools_;
   std::unordered_map<BlockKey, Held, BlockKeyHash> held_;
+  // Each group's last hint, sent again with its held keys after a Reconnect.
+  std::unordered_map<uint32_t, HintKind> group_hints_;
   struct TierPoolMap {
     uint32_t id = UINT32_MAX;
     uint8_t* base = nullptr;

@@ -394,6 +394,37 @@ TEST(DaemonHints, GroupsAreEachClientsOwn) {
   EXPECT_EQ(y.InTier(y.slots, Tier::kFast), 4u);
 }
 
+// A restarted daemon knows no group: Reconnect sends each group that still
+// holds keys of this client its last hint again, with those keys; a group
+// whose keys were all released is not sent.
+TEST(DaemonHints, ReconnectSendsEachGroupsLastHintAgain) {
+  DaemonProcess d(kConfig);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  MemfdPool pool(16);
+  Holder x(d, "x", pool);
+  ASSERT_TRUE(x.c);
+  x.Admit(A, 0, 4);
+  wire::HintOk ok;
+  ASSERT_TRUE(x.c->Hint(7, HintKind::kSoon, std::span(x.keys).first(3), &ok).ok());
+  ASSERT_TRUE(x.c->Hint(7, HintKind::kIdle, {}, &ok).ok());  // its last hint: idle
+  ASSERT_TRUE(x.c->Hint(9, HintKind::kIdle, std::span(x.keys).last(1), &ok).ok());
+  EXPECT_EQ(ok.grouped, 1u);
+  ASSERT_TRUE(x.c->Release(std::span(x.keys).last(1)).ok());
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+  d.Start();
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  ASSERT_TRUE(x.c->Reconnect().ok()) << d.Log();
+  // One hint came in: group 7's, with its three keys, as idle.
+  const nlohmann::json s = StatusOf(d);
+  EXPECT_EQ(s["hints"]["requests"], 1) << s["hints"];
+  EXPECT_EQ(s["hints"]["unknown_keys"], 0) << s["hints"];
+  EXPECT_EQ(s["hints"]["applied"], 1) << s["hints"];
+  ASSERT_TRUE(x.c->Hint(7, HintKind::kIdle, {}, &ok).ok());
+  EXPECT_EQ(ok.applied, 1) << "group 7 was not sent again";
+  ASSERT_TRUE(x.c->Hint(9, HintKind::kIdle, {}, &ok).ok());
+  EXPECT_EQ(ok.applied, 0) << "group 9 holds no key any more";
+}
+
 // The C ABI: a hint with keys, its result, and a kind out of range refused.
 TEST(DaemonHints, CAbiSendsHints) {
   DaemonProcess d(kConfig);
