@@ -118,7 +118,8 @@ int cxltier_observe(cxltier_client* c, uint32_t slot, float mass) {
 
 int cxltier_tier(const cxltier_client* c, uint32_t slot) {
   const cxltier::Tier t = c->client->TierOf(slot);
-  return t == cxltier::Tier::kNone ? -1 : static_cast<int>(cxltier::TierIndex(t));
+  const unsigned k = cxltier::TierIndex(t);
+  return k < cxltier::kMaxTiers ? static_cast<int>(k) : -1;
 }
 
 int cxltier_reconnect(cxltier_client* c) { return Result(c, c->client->Reconnect()); }

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <unordered_set>
 
 #include "cxltier/detail/fd_passing.h"
 #include "cxltier/segment.h"
@@ -506,6 +507,13 @@ Status Client::Hint(uint32_t group, HintKind kind, std::span<const BlockKey> key
     if (auto it = held_.find(k); it != held_.end()) it->second.group = group;
   }
   group_hints_[group] = kind;
+  // Groups whose keys were all released (a group per sequence, hinted done and
+  // released) are forgotten now and then, so that the map follows what is held.
+  if (group_hints_.size() > 2 * held_.size() + 64) {
+    std::unordered_set<uint32_t> in_use;
+    for (const auto& [k, h] : held_) in_use.insert(h.group);
+    std::erase_if(group_hints_, [&](const auto& g) { return !in_use.contains(g.first); });
+  }
   if (result) *result = total;
   return Status::Ok();
 }
@@ -611,8 +619,13 @@ Status Client::Reconnect(uint64_t* restored) {
     groups[h.group].push_back(k);
   }
   std::erase_if(group_hints_, [&](const auto& g) { return !groups.contains(g.first); });
-  for (const auto& [group, keys] : groups) {
-    if (Status st = Hint(group, group_hints_.at(group), keys); !st.ok()) return st;
+  // Idle and done first, so that a soon finds the room they give up.
+  for (const bool soon : {false, true}) {
+    for (const auto& [group, keys] : groups) {
+      const HintKind kind = group_hints_.at(group);
+      if ((kind == HintKind::kSoon) != soon) continue;
+      if (Status st = Hint(group, kind, keys); !st.ok()) return st;
+    }
   }
   return Status::Ok();
 }

@@ -426,6 +426,7 @@ void Engine::Release(Slot s) {
     }
     if (clients_[s] != kNoAccount) {
       const auto it = client_live_.find(clients_[s]);
+      assert(it != client_live_.end());  // counted at its admit or by the rebuild
       if (--it->second == 0) client_live_.erase(it);
     }
   }
@@ -972,15 +973,14 @@ void Engine::JoinAccount(uint32_t index) {
   const uint64_t id = a.id;
   // A client account with no live block (every hello of a client whose name
   // has a quota) and an owner's (an owner's blocks always have one): nothing
-  // to join, no pass over the slots.
+  // to join, no pass over the slots. Else its blocks have no client account
+  // yet (one exists only while its quota does, with all of them in it).
   if (!a.IsClient() || !client_live_.contains(id)) return;
   // Heaps keyed by an older heat epoch are rekeyed together, this one too.
   RekeyIfNeeded();
   for (Slot s = 0; s < next_slot_; ++s) {
-    if (!IsLive(s)) continue;
-    const int which = owners_[s] == id ? 0 : clients_[s] == id ? 1 : -1;
-    if (which < 0 || slot_accounts_[s][which] == index) continue;
-    slot_accounts_[s][which] = index;
+    if (!IsLive(s) || clients_[s] != id) continue;
+    slot_accounts_[s][1] = index;
     ++a.live;
     CountInAccount(s, a);
   }

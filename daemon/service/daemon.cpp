@@ -274,10 +274,12 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
     DaemonConfig mine = config_;
     std::erase_if(mine.user_quotas, [&](const UserQuota& u) { return u.uid != peer.uid; });
     mine.client_quotas.clear();
-    return wire::AdminOk{ToToml(mine) +
-                         fmt::format("# [quotas]: yours only (uid {}); root and group "
-                                     "'{}' see every user's and client's\n",
-                                     peer.uid, config_.admin_group)};
+    const std::string admins = config_.admin_group.empty()
+                                   ? "root sees"
+                                   : "root and group '" + config_.admin_group + "' see";
+    return wire::AdminOk{ToToml(mine) + fmt::format("# [quotas]: yours only (uid {}); {} every "
+                                                    "user's and client's\n",
+                                                    peer.uid, admins)};
   }
   const char* what = m.op == wire::AdminOp::kReload        ? "reload"
                      : m.op == wire::AdminOp::kSetPolicy   ? "policy set"

@@ -262,6 +262,7 @@ TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
         };
         set_random_quota();
         std::vector<Slot> live;
+        std::map<Slot, uint64_t> client_of;  // each live slot's client account
         uint64_t now = 0, next_key = 0;
         for (int step = 0; step < 600; ++step) {
           const unsigned r = rng() % 100;
@@ -272,6 +273,7 @@ TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
             // Each client is one owner's, as the daemon's are.
             const uint64_t c = rng() % 2 == 0 ? (kClientAccount | (2 * o + rng() % 2)) : kNoAccount;
             live.push_back(e.Admit(Key(o, next_key++), o, c));
+            client_of[live.back()] = c;
           } else if (r < 20) {
             const size_t i = rng() % live.size();
             e.Release(live[i]);
@@ -293,21 +295,23 @@ TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
             }
           }
           if (mode == Mode::kTick && step % 5 == 0) e.PlanAndApply();
-          // A recount of the owners' blocks from the blocks themselves.
+          // A recount of the owners' and clients' blocks from the blocks themselves.
           std::map<uint64_t, AccountUsage> count;
           for (Slot s : live) {
-            AccountUsage& c = count[e.owner(s)];
-            if (e.state(s).tier != Tier::kNone) ++c.tier_blocks[TierIndex(e.state(s).tier)];
-            c.in_set += (e.state(s).flags & kFlagInTarget) != 0;
+            for (const uint64_t id : {uint64_t{e.owner(s)}, client_of.at(s)}) {
+              if (id == kNoAccount) continue;
+              AccountUsage& c = count[id];
+              if (e.state(s).tier != Tier::kNone) ++c.tier_blocks[TierIndex(e.state(s).tier)];
+              c.in_set += (e.state(s).flags & kFlagInTarget) != 0;
+            }
           }
           for (const AccountUsage& u : e.Accounts()) {
             EXPECT_LE(u.in_set, u.quota.cap[0]) << "account " << u.account << " step " << step;
             if (mode == Mode::kDemand) {
               EXPECT_LE(u.tier_blocks[0], u.quota.cap[0]);
             }
-            if (u.account & kClientAccount) continue;
             const AccountUsage& c = count[u.account];
-            ASSERT_EQ(u.in_set, c.in_set) << "owner " << u.account << " step " << step;
+            ASSERT_EQ(u.in_set, c.in_set) << "account " << u.account << " step " << step;
             for (unsigned k = 0; k < e.tiers(); ++k) {
               ASSERT_EQ(u.tier_blocks[k], c.tier_blocks[k]) << "tier " << k << " step " << step;
             }
