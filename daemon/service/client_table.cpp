@@ -1,6 +1,7 @@
 #include "service/client_table.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "service/config.h"
 #include "service/status.h"
@@ -207,6 +208,9 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
                  "the process that registered pool " + std::to_string(m.pool_id) + " has exited"};
   }
   uint64_t fresh = 0;
+  // A key named twice in one admit must name the same block both times.
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> named;
+  named.reserve(m.entries.size());
   for (const wire::AdmitEntry& e : m.entries) {
     if (pool.is_tier() && e.block_index != 0) {
       return Error{ErrorCode::kBadSlot,
@@ -219,7 +223,29 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
                                             " is outside pool " + std::to_string(m.pool_id) + " (" +
                                             std::to_string(pool.blocks()) + " blocks)"};
     }
-    if (c.by_key.count(e.key)) continue;
+    if (const auto [at, first] = named.try_emplace(e.key, e.block_index); !first) {
+      if (at->second == e.block_index) continue;  // counted at its first naming
+      return Error{ErrorCode::kBadSlot, "key " + e.key.ToString() + " is named twice, at blocks " +
+                                            std::to_string(at->second) + " and " +
+                                            std::to_string(e.block_index)};
+    }
+    if (const auto held = c.by_key.find(e.key); held != c.by_key.end()) {
+      // Held already: admitting it again returns its slot, and only where it
+      // is (the daemon would go on moving the block it was admitted at).
+      const SegSlot& s = c.slots[held->second];
+      const bool same = pool.is_tier() ? c.pools[s.pool].is_tier()
+                                       : s.pool == m.pool_id && s.block == e.block_index;
+      if (!same) {
+        return Error{ErrorCode::kBadSlot,
+                     "key " + e.key.ToString() + " is held at pool " + std::to_string(s.pool) +
+                         " block " + std::to_string(s.block) +
+                         ": release it before admitting it at " +
+                         (pool.is_tier() ? "a tier pool"
+                                         : "pool " + std::to_string(m.pool_id) + " block " +
+                                               std::to_string(e.block_index))};
+      }
+      continue;
+    }
     if (engine.Find(EngineKey(e.key, c.peer.uid)) != engine::kNoSlot) {
       return Error{ErrorCode::kDenied,
                    "key " + e.key.ToString() + " is admitted by another client of this user"};

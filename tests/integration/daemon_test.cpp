@@ -96,6 +96,23 @@ TEST(Daemon, ObservationsMoveScoresAndStateSurvivesReleaseAndRestart) {
   EXPECT_GE(a->SlotState(s0)->score, 5.0);  // LFU: score = touch count
   EXPECT_EQ(a->SlotState(res[1].slot)->touch_count, 0u);
 
+  // A held key admitted again: its slot, where it is held; anywhere else (or
+  // one key at two blocks in one admit) is refused, and nothing changes.
+  ASSERT_TRUE(a->Admit(pid, std::vector<wire::AdmitEntry>{{K(0), 0}, {K(0), 0}}, &res).ok());
+  EXPECT_EQ(res[0].slot, s0);
+  Status moved = a->Admit(pid, std::vector<wire::AdmitEntry>{{K(9), 9}, {K(0), 5}}, &res);
+  EXPECT_EQ(moved.code, wire::ErrorCode::kBadSlot) << moved.message;
+  EXPECT_NE(moved.message.find("is held at pool 0 block 0: release it before admitting it at "
+                               "pool 0 block 5"),
+            std::string::npos)
+      << moved.message;
+  moved = a->Admit(pid, std::vector<wire::AdmitEntry>{{K(9), 9}, {K(9), 10}}, &res);
+  EXPECT_EQ(moved.code, wire::ErrorCode::kBadSlot) << moved.message;
+  EXPECT_NE(moved.message.find("is named twice, at blocks 9 and 10"), std::string::npos)
+      << moved.message;
+  EXPECT_EQ(a->SlotOf(K(9)), UINT32_MAX);  // all or nothing: K(9) was not admitted
+  EXPECT_EQ(a->SlotOf(K(0)), s0);
+
   // Release, then admit again: the ghost's state comes back.
   ASSERT_TRUE(a->Release(std::vector<BlockKey>{K(0)}).ok());
   ASSERT_TRUE(a->Admit(pid, std::vector<wire::AdmitEntry>{{K(0), 0}}, &res).ok());
