@@ -163,8 +163,9 @@ class Client {
   // had there), and only ever at the cost of this client's user's blocks or
   // of blocks idle or done hints gave up (docs/protocol.md, "Hints").
   // A restarted daemon knows no group: Reconnect sends each group's last hint
-  // again with the keys of it this client still holds. Errors: kBadPayload for a kind other than 1
-  // to 3 or group 0 (the daemon says so; nothing changes).
+  // again with the keys of it this client still holds. Errors: kBadPayload
+  // for a kind other than 1 to 3 or group 0 (the daemon says so; nothing
+  // changes).
   //   c->Hint(seq, HintKind::kIdle, seq_keys);   // the turn ended; the user reads
   //   c->Hint(seq, HintKind::kSoon);             // the user answered: it runs next
   //   c->Hint(seq, HintKind::kDone);  c->Release(seq_keys);  // finished

@@ -16,8 +16,8 @@ namespace cxltier::sim {
 // kAdmit: the block was admitted with its pages in tier `obs` (0 .. 7),
 // before its first touch; recordings of the daemon have them (cxltierctl
 // record). A replay in tick mode places the block there (in its last tier
-// when it has fewer); demand mode, and a
-// trace without admits, admit a block at its first touch.
+// when it has fewer); demand mode, and a trace without admits, admit a block
+// at its first touch.
 // kHint: a scheduler hint about a group of blocks (engine::HintKind in `obs`:
 // 1 idle, 2 soon, 3 done); its `key` is the group's number (Trace::groups),
 // not a key index.
