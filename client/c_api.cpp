@@ -135,7 +135,7 @@ int cxltier_create_tier_pools(cxltier_client* c, uint32_t blocks, const char* de
 
 int cxltier_tier_pool(const cxltier_client* c, int tier, uint32_t* pool_id, void** base,
                       uint64_t* bytes) {
-  if (tier != 0 && tier != 1) return -CXLTIER_E_BAD_POOL;
+  if (tier < 0 || tier >= static_cast<int>(cxltier::kMaxTiers)) return -CXLTIER_E_BAD_POOL;
   const uint8_t t = static_cast<uint8_t>(tier);
   if (c->client->tier_pool(t) == UINT32_MAX) return -CXLTIER_E_NOT_READY;
   if (pool_id) *pool_id = c->client->tier_pool(t);

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <unordered_set>
 
 #include "cxltier/detail/fd_passing.h"
@@ -79,8 +80,10 @@ std::unique_ptr<Client> Client::Connect(const Options& options, Status* status) 
 Client::~Client() {
   for (TierPoolMap& t : tier_pools_) {
     if (t.base) munmap(t.base, t.bytes);
+    if (t.fd >= 0) close(t.fd);
   }
   Unmap();
+  if (carried_.base) munmap(carried_.base, carried_.bytes);
   if (sock_ >= 0) close(sock_);
   for (PoolRecord& p : pools_) {
     if (p.fd >= 0) close(p.fd);
@@ -134,7 +137,7 @@ Status Client::ConnectSocket() {
   return Status::Ok();
 }
 
-Status Client::Open() {
+Status Client::Open(MappedSegment* previous) {
   if (Status st = ConnectSocket(); !st.ok()) return st;
   wire::Hello hello{options_.model, options_.max_blocks, options_.name};
   wire::HelloOk ok;
@@ -145,7 +148,13 @@ Status Client::Open() {
   }
   if (fd < 0) return Status::Fail(ErrorCode::kInternal, "hello answered without a segment fd");
   const uint64_t bytes = SegmentBytes(ok.slots);
-  Unmap();
+  if (previous) {
+    *previous = MappedSegment{segment_, segment_bytes_, slots_};
+    segment_ = nullptr;
+    slots_ = 0;
+  } else {
+    Unmap();
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return Sys("mapping the state segment");
@@ -163,6 +172,7 @@ Status Client::Open() {
   client_id_ = ok.client_id;
   block_bytes_ = ok.block_bytes;
   tick_ms_ = ok.tick_ms;
+  tiers_ = ok.tiers;
   return Status::Ok();
 }
 
@@ -230,6 +240,7 @@ Status Client::RegisterRangePool(const void* address, uint64_t length, uint64_t 
 
 Status Client::Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries,
                      std::vector<wire::AdmitResult>* results) {
+  ReleaseParked();
   std::vector<wire::AdmitResult> all;
   all.reserve(entries.size());
   // The daemon takes at most kMaxEntriesPerMessage per request.
@@ -276,7 +287,8 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
   m.blocks = o.blocks;
   m.stride = stride;
   int send_fd = -1;
-  if (tier == 1 && !o.devdax_path.empty()) {
+  const bool devdax = tier + 1u == tiers_ && !o.devdax_path.empty();
+  if (devdax) {
     m.source = wire::TierPoolSource::kDevdax;
     m.offset = o.devdax_offset;
     send_fd = open(o.devdax_path.c_str(), O_RDWR | O_CLOEXEC);
@@ -305,27 +317,43 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
     munmap(p, ok.bytes);
   }
   if (send_fd >= 0) close(send_fd);
-  if (fd >= 0) close(fd);
-  if (!st.ok()) return st.Context("tier " + std::to_string(tier) + " pool: ");
-  tier_pools_[tier] = TierPoolMap{ok.pool_id, static_cast<uint8_t*>(p), ok.bytes};
+  if (!st.ok()) {
+    if (fd >= 0) close(fd);
+    return st.Context("tier " + std::to_string(tier) + " pool: ");
+  }
+  // The daemon's memfd is kept: a reconnect hands it to the next daemon.
+  tier_pools_[tier] = TierPoolMap{ok.pool_id,
+                                  static_cast<uint8_t*>(p),
+                                  ok.bytes,
+                                  ok.blocks,
+                                  fd,
+                                  devdax ? o.devdax_path : "",
+                                  devdax ? o.devdax_offset : 0};
   pools_.resize(std::max<size_t>(pools_.size(), ok.pool_id + 1));
+  pools_[ok.pool_id] = PoolRecord{{}, -1, tier};
   return Status::Ok();
 }
 
 Status Client::CreateTierPools(const TierPoolOptions& o) {
   if (!segment_) return Status::Fail(ErrorCode::kNotReady, "not connected");
-  if (tier_pools_[0].base && tier_pools_[1].base) {
+  if (tiers_ < 2 || tiers_ > kMaxTiers) {
+    return Status::Fail(ErrorCode::kInternal,
+                        "the daemon said it has " + std::to_string(tiers_) + " tiers");
+  }
+  if (copy_mode() && std::all_of(tier_pools_.begin(), tier_pools_.begin() + tiers_,
+                                 [](const TierPoolMap& t) { return t.base != nullptr; })) {
     return Status::Fail(ErrorCode::kBadPool, "this client has its tier pools already");
   }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t stride = o.stride ? o.stride : (block_bytes_ + page - 1) / page * page;
   if (tier_stride_ && stride != tier_stride_) {
-    return Status::Fail(ErrorCode::kBadPool, "both tier pools need the same stride");
+    return Status::Fail(ErrorCode::kBadPool, "every tier pool needs the same stride");
   }
-  // Tier 1 first: a device-DAX path or a size limit is what most often
-  // refuses, and then nothing is taken from tier 0's budget. A tier made
-  // before a refusal stays; calling again makes only what is missing.
-  for (uint8_t t : {uint8_t{1}, uint8_t{0}}) {
+  // The last tier first: a device-DAX path or a size limit is what most
+  // often refuses, and then nothing is taken from the faster tiers' budgets.
+  // A tier made before a refusal stays; calling again makes only what is
+  // missing.
+  for (uint8_t t = static_cast<uint8_t>(tiers_); t-- > 0;) {
     if (tier_pools_[t].base) continue;
     if (Status st = CreateTierPool(t, o, stride); !st.ok()) return st;
     tier_stride_ = stride;
@@ -334,13 +362,17 @@ Status Client::CreateTierPools(const TierPoolOptions& o) {
 }
 
 uint32_t Client::tier_pool(uint8_t tier) const {
-  return tier < 2 ? tier_pools_[tier].id : UINT32_MAX;
+  return tier < kMaxTiers ? tier_pools_[tier].id : UINT32_MAX;
 }
 uint8_t* Client::tier_pool_base(uint8_t tier) const {
-  return tier < 2 ? tier_pools_[tier].base : nullptr;
+  return tier < kMaxTiers ? tier_pools_[tier].base : nullptr;
 }
 uint64_t Client::tier_pool_bytes(uint8_t tier) const {
-  return tier < 2 ? tier_pools_[tier].bytes : 0;
+  return tier < kMaxTiers ? tier_pools_[tier].bytes : 0;
+}
+bool Client::copy_mode() const {
+  return std::any_of(tier_pools_.begin(), tier_pools_.end(),
+                     [](const TierPoolMap& t) { return t.base != nullptr; });
 }
 
 Location Client::LocationOf(uint32_t slot) const {
@@ -366,7 +398,7 @@ Status NoPlace(uint32_t slot) {
 }  // namespace
 
 uint8_t* Client::PlaceAddress(const Location& where) const {
-  if (where.tier > 1) return nullptr;
+  if (where.tier >= kMaxTiers) return nullptr;
   const TierPoolMap& t = tier_pools_[where.tier];
   if (!t.base || uint64_t{where.index + 1} * tier_stride_ > t.bytes) return nullptr;
   return t.base + uint64_t{where.index} * tier_stride_;
@@ -419,7 +451,9 @@ std::unique_ptr<Client::Reader> Client::NewReader(Status* status) {
   const uint32_t row = static_cast<uint32_t>(__builtin_ctzll(~rows_used_));
   rows_used_ |= uint64_t{1} << row;
   *status = Status::Ok();
-  return std::unique_ptr<Reader>(new Reader(this, row));
+  auto r = std::unique_ptr<Reader>(new Reader(this, row));
+  readers_[row] = r.get();
+  return r;
 }
 
 Client::Reader::~Reader() {
@@ -429,6 +463,7 @@ Client::Reader::~Reader() {
   }
   std::lock_guard lock(client_->rows_mu_);
   client_->rows_used_ &= ~(uint64_t{1} << row_);
+  client_->readers_[row_] = nullptr;
 }
 
 Status Client::Reader::Acquire(uint32_t slot, Lease* lease) {
@@ -448,6 +483,7 @@ Status Client::Reader::Acquire(uint32_t slot, Lease* lease) {
     return OutsidePools(slot);
   }
   used_ |= 1u << e;
+  data_[e] = p;
   *lease = Lease{p, slot, e, static_cast<Tier>(where.tier)};
   return Status::Ok();
 }
@@ -456,18 +492,21 @@ Status Client::Reader::Release(const Lease& lease) {
   if (lease.entry >= kLeasesPerRow || !(used_ & (1u << lease.entry))) {
     return Status::Fail(ErrorCode::kNoLease, "release of a lease this reader does not hold");
   }
-  LeaseEntry* entry = &client_->lease_row(row_)[lease.entry];
-  if ((entry->held >> 32) != uint64_t{lease.slot} + 1) {
+  // The bytes it was given, not the slot: a Reconnect carries a lease to the
+  // block's new slot, and its bytes stay where they were.
+  if (data_[lease.entry] != lease.data) {
     return Status::Fail(ErrorCode::kNoLease, "release of a lease on slot " +
                                                  std::to_string(lease.slot) +
                                                  " that this reader does not hold");
   }
-  ReleaseRead(entry);
+  ReleaseRead(&client_->lease_row(row_)[lease.entry]);
   used_ &= ~(1u << lease.entry);
+  data_[lease.entry] = nullptr;
   return Status::Ok();
 }
 
 Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) {
+  ReleaseParked();
   wire::ReleaseOk total;
   for (size_t at = 0; at < keys.size() || (at == 0 && keys.empty());
        at += wire::kMaxEntriesPerMessage) {
@@ -580,36 +619,50 @@ bool Client::SlotOf(const BlockKey& key, uint32_t* slot) const {
 
 Status Client::Reconnect(uint64_t* restored) {
   if (restored) *restored = 0;
-  if (tier_pools_[0].base || tier_pools_[1].base) {
-    // The new daemon knows nothing of the tier pools the old one made.
-    return Status::Fail(ErrorCode::kNotReady,
-                        "a client in copy mode cannot reconnect yet: connect anew and admit "
-                        "its blocks into new tier pools");
-  }
-  if (Status st = Open(); !st.ok()) return st;
-  std::vector<PoolRecord> old = std::move(pools_);
-  pools_.clear();
-  for (size_t i = 0; i < old.size(); ++i) {
+  const bool copy = copy_mode();
+  // Copy mode: the previous segment is kept (carried_) until every block is
+  // admitted again: its words say where each block is, its lease table what
+  // the readers hold. A Reconnect that failed half-way kept it already.
+  if (Status st = Open(copy && !carried_.base ? &carried_ : nullptr); !st.ok()) return st;
+  // On a failure below, held_ is as before, so that the next attempt starts
+  // over from the same record.
+  const std::unordered_map<BlockKey, Held, BlockKeyHash> held = held_;
+  auto failed = [&](Status st) {
+    held_ = held;
+    return st;
+  };
+  parked_.clear();  // the old daemon's: a lease that still holds one is parked again
+  for (uint32_t i = 0; i < pools_.size(); ++i) {
     uint32_t id = 0;
-    if (Status st = RegisterPool(old[i].reg, old[i].fd, &id); !st.ok()) return st;
-    pools_.resize(std::max<size_t>(pools_.size(), id + 1));
-    pools_[id] = old[i];
-    if (id != i) return Status::Fail(ErrorCode::kInternal, "pool ids changed on reconnect");
+    Status st = pools_[i].tier >= 0 ? ReimportTierPool(pools_[i], &id)
+                                    : RegisterPool(pools_[i].reg, pools_[i].fd, &id);
+    if (!st.ok()) return failed(st);
+    if (id != i) {
+      return failed(Status::Fail(ErrorCode::kInternal, "pool ids changed on reconnect"));
+    }
   }
   // Admit everything again, pool by pool, in batches.
-  std::unordered_map<BlockKey, Held, BlockKeyHash> held = std::move(held_);
   held_.clear();
   std::vector<std::vector<wire::AdmitEntry>> by_pool(pools_.size());
-  for (const auto& [k, h] : held) by_pool[h.pool].push_back({k, h.block});
+  for (const auto& [k, h] : held) {
+    if (pools_[h.pool].tier < 0) by_pool[h.pool].push_back({k, h.block});
+  }
   for (uint32_t p = 0; p < by_pool.size(); ++p) {
     for (size_t i = 0; i < by_pool[p].size(); i += 4096) {
       const size_t n = std::min<size_t>(4096, by_pool[p].size() - i);
       std::vector<wire::AdmitResult> results;
-      if (Status st = Admit(p, std::span(by_pool[p]).subspan(i, n), &results); !st.ok()) return st;
+      if (Status st = Admit(p, std::span(by_pool[p]).subspan(i, n), &results); !st.ok()) {
+        return failed(st);
+      }
       if (restored) {
         for (const auto& r : results) *restored += r.restored;
       }
     }
+  }
+  if (copy) {
+    if (Status st = ReadmitCopyBlocks(carried_, held, restored); !st.ok()) return failed(st);
+    munmap(carried_.base, carried_.bytes);
+    carried_ = MappedSegment{};
   }
   // The groups, each with its last hint (groups with no held key are dropped).
   std::unordered_map<uint32_t, std::vector<BlockKey>> groups;
@@ -628,6 +681,178 @@ Status Client::Reconnect(uint64_t* restored) {
     }
   }
   return Status::Ok();
+}
+
+namespace {
+
+uint64_t* WordsOf(void* segment, uint32_t slots) {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(segment) + SegmentLocationOffset(slots));
+}
+LeaseEntry* LeasesOf(void* segment, uint32_t slots) {
+  return reinterpret_cast<LeaseEntry*>(static_cast<char*>(segment) + SegmentLeaseOffset(slots));
+}
+uint64_t LoadWord(uint64_t* words, uint32_t slot) {
+  return std::atomic_ref<uint64_t>(words[slot]).load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+Status Client::ReimportTierPool(PoolRecord& record, uint32_t* id) {
+  TierPoolMap& t = tier_pools_[static_cast<size_t>(record.tier)];
+  wire::CreateTierPool m;
+  m.tier = static_cast<uint8_t>(record.tier);
+  m.blocks = t.blocks;
+  m.stride = tier_stride_;
+  int send_fd = t.fd;
+  if (!t.devdax_path.empty()) {
+    m.source = wire::TierPoolSource::kDevdax;
+    m.offset = t.devdax_offset;
+    send_fd = open(t.devdax_path.c_str(), O_RDWR | O_CLOEXEC);
+    if (send_fd < 0) {
+      return Status::Fail(ErrorCode::kBadPool,
+                          "cannot open " + t.devdax_path + ": " + std::strerror(errno));
+    }
+  } else {
+    m.source = wire::TierPoolSource::kImport;
+  }
+  wire::CreateTierPoolOk ok;
+  int got = -1;
+  Status st = Call(m, wire::MsgType::kCreateTierPoolOk, &ok, send_fd, &got);
+  if (got >= 0) close(got);
+  if (send_fd != t.fd) close(send_fd);
+  const std::string what = "tier " + std::to_string(record.tier) + " pool: ";
+  if (!st.ok()) return st.Context(what);
+  if (ok.blocks != t.blocks || ok.bytes != t.bytes) {
+    return Status::Fail(ErrorCode::kInternal,
+                        what + "the daemon took " + std::to_string(ok.blocks) + " blocks (" +
+                            std::to_string(ok.bytes) + " bytes), not the pool's " +
+                            std::to_string(t.blocks) + " (" + std::to_string(t.bytes) + ")");
+  }
+  t.id = ok.pool_id;
+  *id = ok.pool_id;
+  return Status::Ok();
+}
+
+// Every copy-mode block goes back to the place the old segment's word names
+// (the new daemon takes it there: kAdmitAtPlace), the readers' leases are
+// written into the new segment, and then the admission's write leases end.
+// A lease on a place no held block is at any more (its block moved or was
+// released under it) keeps that place too: a parked key is admitted there,
+// and released once no lease holds it (ReleaseParked).
+Status Client::ReadmitCopyBlocks(const MappedSegment& old,
+                                 const std::unordered_map<BlockKey, Held, BlockKeyHash>& held,
+                                 uint64_t* restored) {
+  uint64_t* old_words = WordsOf(old.base, old.slots);
+  std::array<std::vector<wire::AdmitEntry>, kMaxTiers> by_tier;
+  std::unordered_map<uint32_t, BlockKey> key_at;  // old slot -> key
+  for (const auto& [k, h] : held) {
+    if (pools_[h.pool].tier < 0) continue;
+    const Location at =
+        h.slot < old.slots ? DecodeLocation(LoadWord(old_words, h.slot)) : Location{};
+    if (!at.has_place() || at.tier >= kMaxTiers || at.index >= tier_pools_[at.tier].blocks) {
+      return Status::Fail(ErrorCode::kInternal, "key " + k.ToString() + " (slot " +
+                                                    std::to_string(h.slot) +
+                                                    ") has no place in the old state segment");
+    }
+    by_tier[at.tier].push_back({k, wire::kAdmitAtPlace | at.index});
+    key_at[h.slot] = k;
+  }
+  // Each held lease: the key it carries over to (a held block's, or a parked place's).
+  const LeaseEntry* old_leases = LeasesOf(old.base, old.slots);
+  constexpr uint32_t kEntries = kLeaseRows * kLeasesPerRow;
+  std::vector<BlockKey> carry(kEntries);
+  std::vector<bool> carried(kEntries, false);
+  std::map<std::pair<uint32_t, uint32_t>, BlockKey> parks;  // (tier, index) -> parked key
+  {
+    std::lock_guard lock(rows_mu_);
+    for (uint32_t i = 0; i < kEntries; ++i) {
+      const uint64_t w = ReadLease(&old_leases[i]);
+      if (w == 0) continue;
+      const uint32_t slot = static_cast<uint32_t>((w >> 32) - 1);
+      if (auto it = key_at.find(slot);
+          it != key_at.end() &&
+          DecodeLocation(LoadWord(old_words, slot)).version == static_cast<uint32_t>(w)) {
+        carry[i] = it->second;
+        carried[i] = true;
+        continue;
+      }
+      const Reader* r = readers_[i / kLeasesPerRow];
+      const uint8_t* data = r ? r->data_[i % kLeasesPerRow] : nullptr;
+      bool found = false;
+      for (uint32_t t = 0; t < kMaxTiers && data && !found; ++t) {
+        const TierPoolMap& m = tier_pools_[t];
+        if (!m.base || data < m.base || data >= m.base + m.bytes) continue;
+        const uint32_t index = static_cast<uint32_t>((data - m.base) / tier_stride_);
+        auto [at, fresh] = parks.try_emplace({t, index}, BlockKey{kParkedKeyHi, 0});
+        if (fresh) {
+          at->second.lo = client_id_ << 32 | uint64_t{t} << 24 | index;
+          by_tier[t].push_back({at->second, wire::kAdmitAtPlace | index});
+        }
+        carry[i] = at->second;
+        carried[i] = found = true;
+      }
+      // Not a lease this library gave (a stray write to the table): dropped.
+    }
+  }
+  for (uint32_t t = 0; t < kMaxTiers; ++t) {
+    for (size_t i = 0; i < by_tier[t].size(); i += 4096) {
+      const size_t n = std::min<size_t>(4096, by_tier[t].size() - i);
+      std::vector<wire::AdmitResult> results;
+      if (Status st = Admit(tier_pools_[t].id, std::span(by_tier[t]).subspan(i, n), &results);
+          !st.ok()) {
+        return st;
+      }
+      if (restored) {
+        for (const auto& r : results) *restored += r.restored;
+      }
+    }
+  }
+  // Every block (and parked place) is published with the write lease held,
+  // as any admission is, so the daemon cannot move it before the leases on
+  // it are in the new table.
+  LeaseEntry* leases = LeasesOf(segment_, slots_);
+  const uint64_t now = daemon_ticks();
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> parked_slots;
+  for (const auto& [place, key] : parks) parked_slots[key] = held_.at(key).slot;
+  for (uint32_t i = 0; i < kEntries; ++i) {
+    if (!carried[i]) continue;
+    const uint32_t slot = held_.at(carry[i]).slot;
+    const uint32_t version = DecodeLocation(LoadWord(location_words(), slot)).version;
+    std::atomic_ref<uint64_t>(leases[i].since_tick).store(now, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(leases[i].held)
+        .store(LeaseWord(slot, version), std::memory_order_seq_cst);
+    if (parked_slots.contains(carry[i])) parked_.push_back(Parked{carry[i], i, leases[i].held});
+  }
+  // A block whose writer held its write lease keeps it (EndWrite on its new
+  // slot ends it); every other admission's write lease ends now.
+  for (const auto& [old_slot, key] : key_at) {
+    if (!(LoadWord(old_words, old_slot) & kLocWriting)) {
+      cxltier::EndWrite(location_words(), held_.at(key).slot);
+    }
+  }
+  for (const auto& [key, slot] : parked_slots) {
+    cxltier::EndWrite(location_words(), slot);
+    held_.erase(key);  // the library's, not the caller's
+  }
+  return Status::Ok();
+}
+
+void Client::ReleaseParked() {
+  if (parked_.empty()) return;
+  const LeaseEntry* leases = LeasesOf(segment_, slots_);
+  std::unordered_set<BlockKey, BlockKeyHash> busy, done;
+  for (const Parked& p : parked_) {
+    if (ReadLease(&leases[p.lease]) == p.held) busy.insert(p.key);
+  }
+  std::erase_if(parked_, [&](const Parked& p) {
+    if (busy.contains(p.key)) return false;
+    done.insert(p.key);
+    return true;
+  });
+  if (done.empty()) return;
+  wire::Release m{std::vector<BlockKey>(done.begin(), done.end())};
+  wire::ReleaseOk ok;
+  (void)Call(m, wire::MsgType::kReleaseOk, &ok);  // a failure leaves it to the daemon's cleanup
 }
 
 uint32_t KvHeadOfQueryHead(const ModelGeometry& model, uint32_t query_head) {

@@ -186,6 +186,7 @@ void Fields(Io& io, HelloOk& m) {
   io.Field(m.slot_offset);
   io.Field(m.block_bytes);
   io.Field(m.tick_ms);
+  io.Field(m.tiers);
 }
 template <typename Io>
 void Fields(Io& io, RegisterPool& m) {
@@ -212,8 +213,11 @@ void Fields(Io& io, CreateTierPool& m) {
   uint16_t reserved = 0;
   io.Field(reserved);
   if constexpr (Io::kReading) {
-    if (m.tier > 1) io.Fail("tier " + std::to_string(m.tier) + " does not exist (0 or 1)");
-    if (source > 1) io.Fail("unknown tier pool source " + std::to_string(source));
+    if (m.tier >= kMaxTiers) {
+      io.Fail("tier " + std::to_string(m.tier) + " does not exist (at most " +
+              std::to_string(kMaxTiers) + " tiers)");
+    }
+    if (source > 2) io.Fail("unknown tier pool source " + std::to_string(source));
     if (reserved != 0) io.Fail("reserved bytes must be zero");
     m.source = static_cast<TierPoolSource>(source);
   }

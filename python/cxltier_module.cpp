@@ -454,10 +454,10 @@ class PyClient {
 
   std::optional<Pool> tier_pool(uint8_t tier) const {
     Client& c = Get();
-    if (tier > 1 || !c.tier_pool_base(tier)) return std::nullopt;
+    if (tier >= kMaxTiers || !c.tier_pool_base(tier)) return std::nullopt;
     Pool p;
     p.id = c.tier_pool(tier);
-    p.kind = tier == 0 ? "tier0" : "tier1";
+    p.kind = "tier" + std::to_string(tier);
     p.stride = c.tier_pool_stride();
     p.blocks = static_cast<uint32_t>(c.tier_pool_bytes(tier) / p.stride);
     p.block_bytes = c.block_bytes();
@@ -470,7 +470,11 @@ class PyClient {
 
   bool IsTierPool(uint32_t id) const {
     const Client& c = Get();
-    return id != UINT32_MAX && (id == c.tier_pool(0) || id == c.tier_pool(1));
+    if (id == UINT32_MAX) return false;
+    for (uint8_t t = 0; t < kMaxTiers; ++t) {
+      if (id == c.tier_pool(t)) return true;
+    }
+    return false;
   }
 
   AdmitResults admit(py::handle pool, py::handle keys, py::handle blocks) {
@@ -647,9 +651,8 @@ class PyClient {
   uint64_t reconnect() {
     uint64_t restored = 0;
     Check(Locked([&](Client& c) {
-      // Page mode only (copy mode cannot reconnect yet): no lease is held, and
-      // the rows the readers name are in the segment that is about to go.
-      if (!c.tier_pool_base(0) && !c.tier_pool_base(1)) box_->readers.clear();
+      // The readers stay: their rows are the same in the new segment, and in
+      // copy mode the leases they hold are carried over into it.
       return c.Reconnect(&restored);
     }));
     return restored;
@@ -1022,6 +1025,9 @@ PYBIND11_MODULE(_cxltier, m) {
       .def_property_readonly("slots", [](const PyClient& c) { return c.Get().slots(); })
       .def_property_readonly("block_bytes", [](const PyClient& c) { return c.Get().block_bytes(); })
       .def_property_readonly("tick_ms", [](const PyClient& c) { return c.Get().tick_ms(); })
+      .def_property_readonly(
+          "tiers", [](const PyClient& c) { return c.Get().tiers(); },
+          "The daemon's tiers (copy mode: a tier pool each).")
       .def_property_readonly("daemon_ticks",
                              [](const PyClient& c) { return c.Get().daemon_ticks(); })
       .def("create_memfd_pool", &PyClient::create_memfd_pool, py::arg("blocks"),
@@ -1038,8 +1044,8 @@ PYBIND11_MODULE(_cxltier, m) {
            "its pages).")
       .def("create_tier_pools", &PyClient::create_tier_pools, py::arg("blocks"),
            py::arg("stride") = 0, py::arg("devdax_path") = "", py::arg("devdax_offset") = 0,
-           "Copy mode: asks the daemon for a pool per tier and maps both (tier_pool(0), "
-           "tier_pool(1)).")
+           "Copy mode: asks the daemon for a pool per tier and maps each (tier_pool(0), "
+           "tier_pool(1), ... up to tiers - 1).")
       .def("tier_pool", &PyClient::tier_pool, py::arg("tier"),
            "Copy mode: tier t's pool (numpy views over it), or None before create_tier_pools.")
       .def("admit", &PyClient::admit, py::arg("pool"), py::arg("keys"),
@@ -1077,8 +1083,10 @@ PYBIND11_MODULE(_cxltier, m) {
       .def("stats", &PyClient::stats, py::arg("what") = "status",
            "The daemon's stats as parsed JSON: status, tiers, clients or blocks.")
       .def("reconnect", &PyClient::reconnect,
-           "After the daemon restarted: connect again, register the same pools and admit every "
-           "held key. Returns how many came back with their state.")
+           "After the daemon restarted (or dropped this client): connect again, register the same "
+           "pools and admit every held key. Copy mode: the tier pools go to the new daemon as they "
+           "are, every block is admitted where it is and held leases stay valid (docs/python.md). "
+           "Returns how many came back with their state.")
       .def("wait_ticks", &PyClient::wait_ticks, py::arg("n") = 1, py::arg("timeout") = 60.0,
            "Waits until the daemon has ticked n more times; False after timeout seconds.")
       .def("acquire", &PyClient::acquire, py::arg("block"),

@@ -15,6 +15,9 @@
 #include <fstream>
 #include <map>
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -47,6 +50,36 @@ uint64_t NodeAvailable(int node) {
     }
   }
   return kib << 10;
+}
+
+// Whether every page of `m` (all faulted in) is on one of `nodes`; *error
+// says where the others are.
+bool AllOnNodes(const Mapping& m, const std::vector<int>& nodes, std::string* error) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t pages = m.length_bytes() / page;
+  std::vector<void*> addr(pages);
+  for (uint64_t i = 0; i < pages; ++i) addr[i] = m.bytes() + i * page;
+  std::vector<int> status(pages, -1);
+  constexpr uint64_t kChunk = 8192;
+  for (uint64_t i = 0; i < pages; i += kChunk) {
+    const unsigned long n = static_cast<unsigned long>(std::min(kChunk, pages - i));
+    if (numa_move_pages(0, n, addr.data() + i, nullptr, status.data() + i, 0) < 0) {
+      *error = Errno("move_pages (asking where the pool's pages are)");
+      return false;
+    }
+  }
+  std::map<int, uint64_t> off_nodes;
+  for (int s : status) {
+    if (std::find(nodes.begin(), nodes.end(), s) == nodes.end()) ++off_nodes[s];
+  }
+  if (off_nodes.empty()) return true;
+  std::string where;
+  for (auto [n, c] : off_nodes) {
+    where += (where.empty() ? "" : ", ") + std::to_string(c) +
+             (n >= 0 ? " on node " + std::to_string(n) : " not present");
+  }
+  *error = "the pool's pages are not all on node(s) " + NodeList(nodes) + ": " + where;
+  return false;
 }
 
 }  // namespace
@@ -98,33 +131,71 @@ bool CreateTierMemory(const std::vector<int>& nodes, uint64_t bytes, const std::
     return fail(Errno("faulting the pool in on node(s) " + NodeList(nodes)));
   }
   // Ask where every page is: the policy is a request, the kernel's answer is the fact.
-  const uint64_t pages = bytes / page;
-  std::vector<void*> addr(pages);
-  for (uint64_t i = 0; i < pages; ++i) addr[i] = m->bytes() + i * page;
-  std::vector<int> status(pages, -1);
-  constexpr uint64_t kChunk = 8192;
-  for (uint64_t i = 0; i < pages; i += kChunk) {
-    const unsigned long n = static_cast<unsigned long>(std::min(kChunk, pages - i));
-    if (numa_move_pages(0, n, addr.data() + i, nullptr, status.data() + i, 0) < 0) {
-      return fail(Errno("move_pages (asking where the pool's pages are)"));
-    }
-  }
-  std::map<int, uint64_t> off_nodes;
-  for (int s : status) {
-    if (std::find(nodes.begin(), nodes.end(), s) == nodes.end()) ++off_nodes[s];
-  }
-  if (!off_nodes.empty()) {
-    std::string where;
-    for (auto [n, c] : off_nodes) {
-      where += (where.empty() ? "" : ", ") + std::to_string(c) +
-               (n >= 0 ? " on node " + std::to_string(n) : " not present");
-    }
-    return fail("the pool's pages are not all on node(s) " + NodeList(nodes) + ": " + where);
-  }
+  if (!AllOnNodes(*m, nodes, error)) return fail(*error);
   // The client may map, write and pin it, never resize it under our mapping.
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return fail(Errno("sealing the pool"));
   }
+  out->fd = fd;
+  out->mapping = std::move(m);
+  out->nodes = nodes;
+  return true;
+}
+
+bool AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64_t bytes, const std::string& name,
+                     TierMemory* out, std::string* error) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (nodes.empty() || bytes == 0 || bytes % page != 0) {
+    *error = "a tier pool needs nodes and a whole number of pages";
+    return false;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    *error = Errno("fstat");
+    return false;
+  }
+  // The name memfd_create gave it: anyone can choose it, so it only tells a
+  // mistake (another tier's pool, a page-mode memfd) from the right file.
+  char link[64];
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = readlink(self.c_str(), link, sizeof(link) - 1);
+  const std::string got = n > 0 ? std::string(link, static_cast<size_t>(n)) : "";
+  const std::string want = "/memfd:" + name + " (deleted)";
+  if (!S_ISREG(st.st_mode) || got != want) {
+    *error = "not the memfd a daemon makes for this tier ('" + want + "'; this is '" + got + "')";
+    return false;
+  }
+  // The seals CreateTierMemory adds: no size change, ever (so our mapping can
+  // never lose a page), and no seal removed.
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSeals) != kSeals) {
+    *error = "the memfd is not sealed as a daemon seals a tier pool (shrink, grow and seal)";
+    return false;
+  }
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    *error = "the memfd holds " + std::to_string(st.st_size) + " bytes, not the pool's " +
+             std::to_string(bytes);
+    return false;
+  }
+  // Every page exists (a daemon made them all): faulting in a hole would
+  // make this daemon allocate memory the client chose not to have.
+  const off_t hole = lseek(fd, 0, SEEK_HOLE);
+  if (hole < 0 || static_cast<uint64_t>(hole) != bytes) {
+    *error = hole < 0 ? Errno("lseek(SEEK_HOLE)")
+                      : "the memfd has a hole at byte " + std::to_string(hole) +
+                            ": a tier pool a daemon made has every page";
+    return false;
+  }
+  std::shared_ptr<const Mapping> m = Mapping::MapWritable(fd, bytes, 0, error);
+  if (!m) return false;
+  // Maps the pages that exist, allocating none (there is no hole), so that
+  // the kernel can say where each one is.
+  if (madvise(m->bytes(), bytes, MADV_POPULATE_READ) != 0) {
+    *error = Errno("mapping the pool's pages");
+    return false;
+  }
+  if (!AllOnNodes(*m, nodes, error)) return false;
   out->fd = fd;
   out->mapping = std::move(m);
   out->nodes = nodes;

@@ -26,6 +26,14 @@ struct TierMemory {
 bool CreateTierMemory(const std::vector<int>& nodes, uint64_t bytes, const std::string& name,
                       TierMemory* out, std::string* error);
 
+// Reconnect: adopts `fd` (the caller keeps it), a memfd a daemon made with
+// CreateTierMemory(nodes, bytes, name), bytes and all. Refused, with *error,
+// unless it is one: a memfd named `name`, sealed against any change of size,
+// exactly `bytes` long, with no hole, every page on `nodes`. Nothing of it is
+// written or allocated.
+bool AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64_t bytes, const std::string& name,
+                     TierMemory* out, std::string* error);
+
 // What a device-DAX character device is (from /sys/dev/char/MAJ:MIN).
 struct DevdaxInfo {
   uint64_t size = 0;   // bytes

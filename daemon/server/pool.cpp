@@ -81,7 +81,8 @@ Status Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid
 }
 
 Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t block_bytes,
-                      const std::vector<int>& nodes, UniqueFd devdax, uint64_t offset) {
+                      const std::vector<int>& nodes, wire::TierPoolSource source, UniqueFd fd,
+                      uint64_t offset) {
   const uint64_t page = PageSize();
   if (blocks == 0) return Refused("a tier pool needs at least one block");
   if (blocks > kMaxPoolIndex + 1) {
@@ -100,7 +101,10 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
   const uint64_t bytes = uint64_t{blocks} * stride;
   numa::TierMemory mem;
   std::string err;
-  if (devdax.valid()) {
+  const std::string name = "cxltier-tier" + std::to_string(tier);
+  if (source == wire::TierPoolSource::kDevdax) {
+    UniqueFd devdax = std::move(fd);
+    if (!devdax.valid()) return Refused("a device-DAX tier pool needs the device's fd");
     if (tier == 0) return Refused("tier 0 cannot be device-DAX memory (it has no CPU node)");
     numa::DevdaxInfo info;
     if (!numa::InspectDevdax(devdax.get(), &info, &err)) return Refused(err);
@@ -117,8 +121,17 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
     }
     if (!numa::MapDevdax(devdax.get(), offset, mapped, &mem, &err)) return Refused(err);
     node_ = info.node;
+  } else if (source == wire::TierPoolSource::kImport) {
+    if (!fd.valid()) return Refused("an imported tier pool needs its memfd (SCM_RIGHTS)");
+    if (!numa::AdoptTierMemory(fd.get(), nodes, bytes, name, &mem, &err)) {
+      return Refused("the imported tier " + std::to_string(tier) + " pool: " + err);
+    }
+    tier_fd_ = std::move(fd);
+    imported_ = true;
+    node_ = nodes.front();
   } else {
-    if (!numa::CreateTierMemory(nodes, bytes, "cxltier-tier" + std::to_string(tier), &mem, &err)) {
+    if (fd.valid()) return Refused("a tier pool the daemon makes takes no fd");
+    if (!numa::CreateTierMemory(nodes, bytes, name, &mem, &err)) {
       return Status::Fail(wire::ErrorCode::kLimit,
                           "tier " + std::to_string(tier) + " pool: " + err);
     }
@@ -135,20 +148,28 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
   tier_ = tier;
   free_.clear();
   for (uint32_t i = blocks; i-- > 0;) free_.push_back(i);
+  taken_.assign(blocks, 0);
+  free_count_ = blocks;
   return Status::Ok();  // a devdax fd closes here: the mapping holds the device
 }
 
-void Pool::ReleaseMemory() {
-  if (!tier_fd_.valid()) return;
-  // Allowed under F_SEAL_SHRINK (only write seals forbid it); the size stays.
-  (void)fallocate(tier_fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                  static_cast<off_t>(length_));
+bool Pool::TakeFree(uint32_t* index) {
+  while (!free_.empty()) {
+    const uint32_t i = free_.back();
+    free_.pop_back();
+    if (taken_[i]) continue;  // taken by TakeAt, or listed twice
+    taken_[i] = 1;
+    --free_count_;
+    *index = i;
+    return true;
+  }
+  return false;
 }
 
-bool Pool::TakeFree(uint32_t* index) {
-  if (free_.empty()) return false;
-  *index = free_.back();
-  free_.pop_back();
+bool Pool::TakeAt(uint32_t index) {
+  if (!IsFree(index)) return false;
+  taken_[index] = 1;
+  --free_count_;
   return true;
 }
 

@@ -57,15 +57,22 @@ class Pool {
 
   // ---- copy mode: one pool per tier, its blocks handed out by the daemon ----
 
-  // A pool of `blocks` blocks of `stride` bytes for `tier`: a memfd the daemon
-  // creates on `nodes` (devdax invalid), or a region of the client's
-  // device-DAX device from `offset`. kBadPool or kLimit, saying why.
+  // A pool of `blocks` blocks of `stride` bytes for `tier`, from `source`:
+  // kDaemon, a memfd the daemon creates on `nodes`; kDevdax, a region of the
+  // client's device-DAX device `fd` from `offset`; kImport, `fd` is a memfd a
+  // daemon made for this tier (a reconnect): adopted, bytes and all, once it
+  // is checked to be what kDaemon would make (numa::AdoptTierMemory). No
+  // byte of it is written. kBadPool or kLimit, saying why.
   Status OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t block_bytes,
-                  const std::vector<int>& nodes, UniqueFd devdax, uint64_t offset);
+                  const std::vector<int>& nodes, wire::TierPoolSource source, UniqueFd fd,
+                  uint64_t offset);
   bool is_tier() const { return tier_ >= 0; }
   uint8_t tier() const { return static_cast<uint8_t>(tier_); }
-  // The memfd to pass to the client (devdax: -1, the client has its own).
-  int tier_fd() const { return tier_fd_.get(); }
+  // The memfd to pass to the client: kDaemon's; -1 for kDevdax (the client
+  // has its own) and kImport (the client sent it).
+  int tier_fd() const { return imported_ ? -1 : tier_fd_.get(); }
+  // A memfd pool (kDaemon or kImport): counted in the uid's tier pool bytes.
+  bool daemon_memory() const { return tier_fd_.valid(); }
   int node() const { return node_; }
   const std::shared_ptr<const numa::Mapping>& mapping() const { return mapping_; }
   uint8_t* BlockAddress(uint32_t index) const {
@@ -73,11 +80,17 @@ class Pool {
   }
   // A free block, or false when all are taken.
   bool TakeFree(uint32_t* index);
-  // The client is gone: frees the memory of a memfd the daemon made (the
-  // client may still hold the fd; what it writes after this is its own).
-  void ReleaseMemory();
-  void PutFree(uint32_t index) { free_.push_back(index); }
-  uint32_t free_blocks() const { return static_cast<uint32_t>(free_.size()); }
+  // Takes block `index` (a block a reconnect re-admits where it is); false
+  // when it is taken already or out of range.
+  bool TakeAt(uint32_t index);
+  bool IsFree(uint32_t index) const { return index < blocks_ && !taken_[index]; }
+  void PutFree(uint32_t index) {
+    if (index >= blocks_ || !taken_[index]) return;
+    taken_[index] = 0;
+    free_.push_back(index);
+    ++free_count_;
+  }
+  uint32_t free_blocks() const { return free_count_; }
 
  private:
   wire::PoolKind kind_ = wire::PoolKind::kMemfd;
@@ -94,7 +107,12 @@ class Pool {
   int tier_ = -1;  // copy mode: the tier; -1: a page-mode pool
   int node_ = -1;
   UniqueFd tier_fd_;
-  std::vector<uint32_t> free_;  // copy mode: blocks holding nothing
+  bool imported_ = false;
+  // Copy mode: blocks holding nothing. free_ may also list taken blocks (one
+  // TakeAt took, or PutFree listed twice): TakeFree skips them.
+  std::vector<uint32_t> free_;
+  std::vector<uint8_t> taken_;  // by block
+  uint32_t free_count_ = 0;
 };
 
 }  // namespace cxltier::server

@@ -452,6 +452,9 @@ class Session : public std::enable_shared_from_this<Session> {
               if (m.source == wire::TierPoolSource::kDevdax && !fd.valid()) {
                 return MissingFd("a device-DAX tier pool needs the device's fd (SCM_RIGHTS)");
               }
+              if (m.source == wire::TierPoolSource::kImport && !fd.valid()) {
+                return MissingFd("an imported tier pool needs its memfd (SCM_RIGHTS)");
+              }
               if (m.source == wire::TierPoolSource::kDaemon && fd.valid()) {
                 return wire::Error{wire::ErrorCode::kBadPool,
                                    "a tier pool the daemon creates takes no fd"};

@@ -53,11 +53,12 @@ class Handler {
                                         int* segment_fd) = 0;
   virtual Answer<wire::RegisterPoolOk> OnRegisterPool(const Peer& peer, const wire::RegisterPool& m,
                                                       UniqueFd memfd) = 0;
-  // Copy mode. `devdax`: the client's device-DAX fd (kDevdax). *pool_fd: the
-  // memfd the daemon made, to pass back (the handler keeps owning it).
+  // Copy mode. `fd`: the client's device-DAX fd (kDevdax) or the memfd it
+  // imports (kImport). *pool_fd: the memfd the daemon made, to pass back (the
+  // handler keeps owning it); -1: none to pass.
   virtual Answer<wire::CreateTierPoolOk> OnCreateTierPool(const Peer& peer,
                                                           const wire::CreateTierPool& m,
-                                                          UniqueFd devdax, int* pool_fd) = 0;
+                                                          UniqueFd fd, int* pool_fd) = 0;
   virtual Answer<wire::AdmitOk> OnAdmit(const Peer& peer, const wire::Admit& m) = 0;
   virtual Answer<wire::ReleaseOk> OnRelease(const Peer& peer, const wire::Release& m) = 0;
   virtual Answer<wire::ReportOk> OnReport(const Peer& peer, const wire::Report& m) = 0;

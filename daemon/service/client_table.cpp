@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "service/config.h"
 #include "service/status.h"
@@ -51,11 +52,14 @@ void ClientTable::Remove(uint64_t session) {
   Client& c = it->second;
   UidUsage& u = uids_[c.peer.uid];
   u.pools -= static_cast<uint32_t>(c.pools.size());
+  // A tier pool's memory is never punched or cleared here: the client may
+  // still map it and read it under its leases, and a reconnect hands it to
+  // the next daemon. Our mapping and fd go with the pool; the pages go when
+  // the client unmaps and closes its own.
   for (server::Pool& p : c.pools) {
     if (!p.is_tier()) continue;
-    p.ReleaseMemory();
-    if (p.tier_fd() >= 0) u.tier_pool_bytes -= p.length();
-    if (p.tier() == 0) tier0_pool_blocks_ -= p.blocks();
+    if (p.daemon_memory()) u.tier_pool_bytes -= p.length();
+    tier_pool_blocks_[p.tier()] -= p.blocks();
   }
   if (c.hello) u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c.slots.size()));
   if (u.connections == 0 && u.blocks == 0 && u.pools == 0 && u.segment_bytes == 0 &&
@@ -134,16 +138,15 @@ std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::Cre
                                                 const engine::Engine& engine,
                                                 const numa::TierAssignment& tiers,
                                                 const DaemonConfig& config) const {
+  if (m.tier >= engine.tiers()) {
+    return Error{ErrorCode::kBadPool, "this daemon has " + std::to_string(engine.tiers()) +
+                                          " tiers: there is no tier " + std::to_string(m.tier)};
+  }
   if (c.copy.pool[m.tier] >= 0) {
     return Error{ErrorCode::kBadPool, "tier " + std::to_string(m.tier) + " already has pool " +
                                           std::to_string(c.copy.pool[m.tier])};
   }
-  if (tiers.count() > 2) {
-    return Error{ErrorCode::kBadPool,
-                 "copy mode holds two tiers and this daemon has " + std::to_string(tiers.count()) +
-                     " ([tiers]): use page mode, or name two tiers in [tiers] nodes"};
-  }
-  if (m.source == wire::TierPoolSource::kDaemon &&
+  if (m.source != wire::TierPoolSource::kDevdax &&
       (m.tier >= tiers.count() || tiers.Nodes(m.tier).empty())) {
     return Error{ErrorCode::kBadPool,
                  "this daemon has no tier " + std::to_string(m.tier) + " nodes ([tiers])"};
@@ -156,10 +159,18 @@ std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::Cre
   }
   const uint32_t blocks = TierPoolBlocks(c, m, engine);
   if (blocks == 0) {
-    return Error{ErrorCode::kLimit, "tier 0's budget (" + FormatBytes(config.tier0_budget_bytes) +
-                                        ") is already given to other clients' tier-0 pools"};
+    return Error{ErrorCode::kLimit, "tier " + std::to_string(m.tier) + "'s budget (" +
+                                        std::to_string(engine.tier_capacity_blocks(m.tier)) +
+                                        " blocks) is already given to other clients' tier-" +
+                                        std::to_string(m.tier) + " pools"};
   }
-  if (m.source == wire::TierPoolSource::kDaemon) {
+  if (m.source == wire::TierPoolSource::kImport && blocks < m.blocks) {
+    return Error{ErrorCode::kLimit,
+                 "the imported tier " + std::to_string(m.tier) + " pool holds " +
+                     std::to_string(m.blocks) + " blocks and only " + std::to_string(blocks) +
+                     " are left of the tier's budget: other clients' tier pools took the rest"};
+  }
+  if (m.source != wire::TierPoolSource::kDevdax) {
     auto it = uids_.find(c.peer.uid);
     const uint64_t held = it == uids_.end() ? 0 : it->second.tier_pool_bytes;
     const uint64_t bytes = uint64_t{blocks} * m.stride;
@@ -176,16 +187,17 @@ std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::Cre
 
 uint32_t ClientTable::TierPoolBlocks(const Client&, const wire::CreateTierPool& m,
                                      const engine::Engine& engine) const {
-  if (m.tier != 0) return m.blocks;
-  const uint64_t budget = engine.capacity_blocks();
-  const uint64_t left = budget > tier0_pool_blocks_ ? budget - tier0_pool_blocks_ : 0;
+  if (m.tier + 1u >= engine.tiers()) return m.blocks;  // the last tier holds every block
+  const uint64_t budget = engine.tier_capacity_blocks(m.tier);
+  const uint64_t given = tier_pool_blocks_[m.tier];
+  const uint64_t left = budget > given ? budget - given : 0;
   return static_cast<uint32_t>(std::min<uint64_t>(m.blocks, left));
 }
 
 uint32_t ClientTable::AddTierPool(Client& c, server::Pool pool) {
   const uint8_t tier = pool.tier();
-  if (tier == 0) tier0_pool_blocks_ += pool.blocks();
-  if (pool.tier_fd() >= 0) uids_[c.peer.uid].tier_pool_bytes += pool.length();
+  tier_pool_blocks_[tier] += pool.blocks();
+  if (pool.daemon_memory()) uids_[c.peer.uid].tier_pool_bytes += pool.length();
   const uint32_t id = AddPool(c, std::move(pool));
   c.copy.pool[tier] = static_cast<int32_t>(id);
   return id;
@@ -211,14 +223,24 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
   // A key named twice in one admit must name the same block both times.
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> named;
   named.reserve(m.entries.size());
+  std::unordered_set<uint32_t> places;  // tier pool: the places named (kAdmitAtPlace)
   for (const wire::AdmitEntry& e : m.entries) {
-    if (pool.is_tier() && e.block_index != 0) {
+    const bool at_place = pool.is_tier() && (e.block_index & wire::kAdmitAtPlace);
+    const uint32_t place = e.block_index & ~wire::kAdmitAtPlace;
+    if (pool.is_tier() && !at_place && e.block_index != 0) {
       return Error{ErrorCode::kBadSlot,
-                   "an admit into a tier pool takes block index 0 (the "
-                   "daemon places the block), not " +
+                   "an admit into a tier pool takes block index 0 (the daemon places the "
+                   "block) or kAdmitAtPlace | a place, not " +
                        std::to_string(e.block_index)};
     }
-    if (e.block_index >= pool.blocks()) {
+    if (at_place && (place >= pool.blocks() || !places.insert(place).second)) {
+      return Error{ErrorCode::kBadSlot,
+                   "place " + std::to_string(place) + " of tier pool " + std::to_string(m.pool_id) +
+                       (place >= pool.blocks()
+                            ? " is outside it (" + std::to_string(pool.blocks()) + " blocks)"
+                            : " is named twice")};
+    }
+    if (!pool.is_tier() && e.block_index >= pool.blocks()) {
       return Error{ErrorCode::kBadSlot, "block index " + std::to_string(e.block_index) +
                                             " is outside pool " + std::to_string(m.pool_id) + " (" +
                                             std::to_string(pool.blocks()) + " blocks)"};
@@ -233,8 +255,9 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
       // Held already: admitting it again returns its slot, and only where it
       // is (the daemon would go on moving the block it was admitted at).
       const SegSlot& s = c.slots[held->second];
-      const bool same = pool.is_tier() ? c.pools[s.pool].is_tier()
-                                       : s.pool == m.pool_id && s.block == e.block_index;
+      const bool same = at_place         ? s.pool == m.pool_id && s.block == place
+                        : pool.is_tier() ? c.pools[s.pool].is_tier()
+                                         : s.pool == m.pool_id && s.block == e.block_index;
       if (!same) {
         return Error{ErrorCode::kBadSlot,
                      "key " + e.key.ToString() + " is held at pool " + std::to_string(s.pool) +
@@ -245,6 +268,11 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
                                                std::to_string(e.block_index))};
       }
       continue;
+    }
+    if (at_place && !pool.IsFree(place)) {
+      return Error{ErrorCode::kBadSlot, "place " + std::to_string(place) + " of tier pool " +
+                                            std::to_string(m.pool_id) +
+                                            " holds another block, or is not free yet"};
     }
     if (engine.Find(EngineKey(e.key, c.peer.uid)) != engine::kNoSlot) {
       return Error{ErrorCode::kDenied,

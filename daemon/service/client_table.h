@@ -118,14 +118,16 @@ class ClientTable {
   std::optional<wire::Error> CheckPool(const Client& c, const DaemonConfig& config) const;
   uint32_t AddPool(Client& c, server::Pool pool);
   // Copy mode: one pool per tier, a tier the daemon has nodes for, blocks no
-  // more than the client's slots, and the uid's tier pool bytes.
+  // more than the client's slots, and the uid's tier pool bytes. An import
+  // must fit whole in what is left of its tier's budget.
   std::optional<wire::Error> CheckTierPool(const Client& c, const wire::CreateTierPool& m,
                                            const engine::Engine& engine,
                                            const numa::TierAssignment& tiers,
                                            const DaemonConfig& config) const;
-  // The blocks a tier pool gets: tier 0 no more than what is left of its
-  // budget after every other tier-0 pool; tier 1 all the client asked for
-  // (every block must fit in the slow tier).
+  // The blocks a tier pool gets: a tier with a budget (every tier but the
+  // last) no more than what is left of it after every other client's pool of
+  // that tier; the last tier all the client asked for (every block must fit
+  // there).
   uint32_t TierPoolBlocks(const Client& c, const wire::CreateTierPool& m,
                           const engine::Engine& engine) const;
   uint32_t AddTierPool(Client& c, server::Pool pool);
@@ -169,7 +171,7 @@ class ClientTable {
   std::unordered_map<uid_t, UidUsage> uids_;  // of the clients in clients_
   std::vector<Owner> owners_;                 // by engine slot; session 0: none
   uint64_t connections_ = 0;                  // connected (clients_ also holds ones leaving)
-  uint64_t tier0_pool_blocks_ = 0;            // tier-0 pool blocks of every client
+  std::array<uint64_t, kMaxTiers> tier_pool_blocks_{};  // by tier: pool blocks of every client
   uint64_t next_id_ = 1;
 };
 

@@ -16,9 +16,12 @@ uint64_t PlaceWord(const Client& c, uint32_t seg) {
 }
 
 std::optional<Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* pool, uint32_t* index) {
-  const uint8_t first = c.pools[preferred].tier();
-  for (uint8_t t : {first, static_cast<uint8_t>(1 - first)}) {
-    const int32_t p = c.copy.pool[t];
+  const int first = c.pools[preferred].tier();
+  const int n = static_cast<int>(c.copy.pool.size());
+  // first, first + 1, ..., n - 1, then first - 1, ..., 0
+  for (int i = 0; i < n; ++i) {
+    const int t = first + i < n ? first + i : n - 1 - i;
+    const int32_t p = c.copy.pool[static_cast<size_t>(t)];
     if (p >= 0 && c.pools[p].TakeFree(index)) {
       *pool = static_cast<uint32_t>(p);
       return std::nullopt;
@@ -34,7 +37,12 @@ void PublishAdmitted(Client& c, uint32_t seg) {
   SetLocation(c.segment.locations(), seg, PlaceWord(c, seg) | kLocWriting);
 }
 
-bool Retire(Client& c, uint32_t seg, uint64_t tick) {
+bool Retire(Client& c, uint32_t seg, uint64_t tick, bool keep_word) {
+  // The client left, or the daemon stops: the word keeps the last place it
+  // was given. Its bytes stay there (nothing is punched, and the pools go
+  // with the client, so nothing reuses the place), readers may go on reading
+  // them, and a reconnect re-admits the block where the word says.
+  if (keep_word) return true;
   const SegSlot& s = c.slots[seg];
   AddDrain(c, seg, c.copy.version[seg], s.pool, s.block, tick);
   c.copy.draining.back().mover_reads = c.copy.copying[seg] > 0;

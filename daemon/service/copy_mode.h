@@ -20,7 +20,8 @@ namespace cxltier::service {
 struct Client;
 
 struct CopyState {
-  std::array<int32_t, 2> pool{-1, -1};  // by tier: index in Client::pools, -1: none yet
+  CopyState() { pool.fill(-1); }
+  std::array<int32_t, kMaxTiers> pool;  // by tier: index in Client::pools, -1: none yet
   std::vector<uint32_t> version;        // by segment slot: the version last published
   // By segment slot: the tick a move was first refused because the client
   // held the write lease (0: not refused), and whether that was counted overdue.
@@ -41,7 +42,12 @@ struct CopyState {
   };
   std::vector<Drain> draining;
 
-  bool on() const { return pool[0] >= 0 || pool[1] >= 0; }
+  bool on() const {
+    for (int32_t p : pool) {
+      if (p >= 0) return true;
+    }
+    return false;
+  }
 };
 
 // What a tick's drain found.
@@ -54,7 +60,8 @@ struct DrainCounts {
 uint64_t PlaceWord(const Client& c, uint32_t seg);
 
 // A free place for a new block: pool `preferred`'s tier when it has room,
-// else the other tier's pool. kLimit when both are full.
+// else the nearest slower tier's pool with room, else the nearest faster
+// one's. kLimit when every pool is full.
 std::optional<wire::Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* pool, uint32_t* index);
 // After Bind of a block at a new place: publishes it, write lease held (the
 // client fills the block, then EndWrite).
@@ -62,7 +69,9 @@ void PublishAdmitted(Client& c, uint32_t seg);
 // Before Unbind: the slot shows no place, and its place drains. False when
 // the client still held the block's write lease (its writer may still
 // write the place: the client's own bug, for the caller to warn about).
-bool Retire(Client& c, uint32_t seg, uint64_t tick);
+// `keep_word` (the client left, the daemon stops): the segment's word keeps
+// the last place, for the client's readers and its reconnect; nothing drains.
+bool Retire(Client& c, uint32_t seg, uint64_t tick, bool keep_word);
 // A copy of slot `seg`'s block at `version` came back: its source may drain.
 void CopyReturned(Client& c, uint32_t seg, uint32_t version);
 // A place to reuse once no lease names (seg, version).

@@ -379,8 +379,8 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   *segment_fd = c->segment.fd();
   spdlog::info("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id, c->name,
                peer.pid, peer.uid, m.max_blocks, m.model.block_bytes());
-  return wire::HelloOk{c->id, m.max_blocks, kSegmentSlotOffset, m.model.block_bytes(),
-                       config_.tick_ms};
+  return wire::HelloOk{c->id,           m.max_blocks,    kSegmentSlotOffset, m.model.block_bytes(),
+                       config_.tick_ms, engine_->tiers()};
 }
 
 server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& peer,
@@ -409,8 +409,7 @@ MoveDispatch::Warn Daemon::ClientWarner() {
 
 server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Peer& peer,
                                                                 const wire::CreateTierPool& m,
-                                                                server::UniqueFd devdax,
-                                                                int* pool_fd) {
+                                                                server::UniqueFd fd, int* pool_fd) {
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
   if (auto refusal = clients_.CheckPool(*c, config_)) return *refusal;
@@ -424,7 +423,7 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
       m.tier < moves_.tiers().count() ? moves_.tiers().Nodes(m.tier) : kNoNodes;
   server::Pool pool;
   if (Status st = pool.OpenTier(m.tier, blocks, m.stride, engine_->options().block_bytes, nodes,
-                                std::move(devdax), m.offset);
+                                m.source, std::move(fd), m.offset);
       !st.ok()) {
     ClientWarning(peer, "tier pool refused: " + st.message);
     return st;
@@ -432,9 +431,9 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
   const uint32_t id = clients_.AddTierPool(*c, std::move(pool));
   const server::Pool& p = c->pools[id];
   *pool_fd = p.tier_fd();
+  static constexpr const char* kSources[] = {"memfd", "device-DAX", "imported memfd"};
   spdlog::info("client {}: tier {} pool {} ({}, {} blocks, {}, node {})", c->id, int{m.tier}, id,
-               m.source == wire::TierPoolSource::kDevdax ? "device-DAX" : "memfd", blocks,
-               FormatBytes(p.length()), p.node());
+               kSources[static_cast<int>(m.source)], blocks, FormatBytes(p.length()), p.node());
   return wire::CreateTierPoolOk{id, blocks, p.length(), p.node()};
 }
 
@@ -466,7 +465,9 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
 }
 
 // Copy mode: the daemon places each new block (CheckAdmit counted the room),
-// and the client holds its write lease until it has written the bytes.
+// or takes the place a reconnect names (its bytes are there already), and the
+// client holds its write lease until it has written the bytes (or, after a
+// reconnect, carried its read leases over).
 server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m) {
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
@@ -476,8 +477,12 @@ server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m)
       ok.results.push_back({it->second, st.tier, 0});
       continue;
     }
-    uint32_t pool = 0, index = 0;
-    if (auto full = PlaceNew(c, m.pool_id, &pool, &index)) return *full;  // CheckAdmit counted
+    uint32_t pool = m.pool_id, index = e.block_index & ~wire::kAdmitAtPlace;
+    if (e.block_index & wire::kAdmitAtPlace) {
+      c.pools[pool].TakeAt(index);  // CheckAdmit found it free
+    } else if (auto full = PlaceNew(c, m.pool_id, &pool, &index)) {
+      return *full;  // CheckAdmit counted
+    }
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
     const engine::Slot es =
         engine_->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid, c.account);
@@ -496,7 +501,10 @@ void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
   if (!s.live) return;
   const BlockState& st = engine_->state(s.engine_slot);
   if (st.flags & kFlagMigrating) moves_.mover().Cancel(s.engine_slot, st.generation);
-  if (c.pools[s.pool].is_tier() && !Retire(c, seg, tick_) && !c.leaving) {
+  // A client that left, or any client when the daemon stops, keeps the last
+  // place of each block in its segment (docs/protocol.md, "Reconnect").
+  const bool keep_place = c.leaving || stopped_;
+  if (c.pools[s.pool].is_tier() && !Retire(c, seg, tick_, keep_place) && !keep_place) {
     ClientWarning(c.peer, fmt::format("slot {} was released while its write lease was held: "
                                       "writes after the release may land in a block that "
                                       "another of this client's blocks is given",

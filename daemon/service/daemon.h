@@ -88,7 +88,7 @@ class Daemon final : public server::Handler {
                                                       server::UniqueFd memfd) override;
   server::Answer<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer& peer,
                                                           const wire::CreateTierPool& m,
-                                                          server::UniqueFd devdax,
+                                                          server::UniqueFd fd,
                                                           int* pool_fd) override;
   server::Answer<wire::AdmitOk> OnAdmit(const server::Peer& peer, const wire::Admit& m) override;
   server::Answer<wire::ReleaseOk> OnRelease(const server::Peer& peer,

@@ -72,7 +72,8 @@ void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, bool p
 void MoveDispatch::DispatchCopy(engine::Engine& engine, const engine::Move& mv, Client& c,
                                 uint32_t seg) {
   const SegSlot& s = c.slots[seg];
-  const int32_t to = c.copy.pool[static_cast<uint8_t>(mv.to)];
+  const unsigned tier = TierIndex(mv.to);
+  const int32_t to = tier < c.copy.pool.size() ? c.copy.pool[tier] : -1;
   uint32_t index = 0;
   if (to < 0 || !c.pools[to].TakeFree(&index)) {
     ++stats_.copies_no_room;

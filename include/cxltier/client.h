@@ -77,17 +77,18 @@ class Client {
   struct TierPoolOptions {
     uint32_t blocks = 0;         // blocks this client holds in copy mode at most
     uint64_t stride = 0;         // 0: the block size rounded up to a page
-    std::string devdax_path;     // "": the daemon makes tier 1's pool too; else /dev/daxX.Y
+    std::string devdax_path;     // "": the daemon makes the last tier's pool too; else /dev/daxX.Y
     uint64_t devdax_offset = 0;  // where this client's region of the device starts
   };
-  // Asks the daemon for a pool per tier and maps both. Tier 0's pool holds
-  // what is left of the daemon's tier-0 budget, at most `blocks`; tier 1's,
-  // `blocks`. Admit with Admit(tier_pool(t), {{key, 0}, ...}): the daemon puts
-  // each new block in tier t while its pool has room, else in the other, and
-  // the client holds the new block's write lease (BeginWrite's address is
+  // Asks the daemon for a pool per tier (tiers() of them) and maps each.
+  // Every tier but the last holds what is left of that tier's budget, at most
+  // `blocks`; the last, `blocks`. Admit with Admit(tier_pool(t), {{key, 0},
+  // ...}): the daemon puts each new block in tier t while its pool has room,
+  // else in the nearest slower tier with room, else the nearest faster one,
+  // and the client holds the new block's write lease (BeginWrite's address is
   // valid at once): write its bytes, then EndWrite.
   Status CreateTierPools(const TierPoolOptions& options);
-  // The same with the defaults: `blocks` blocks, both pools from the daemon.
+  // The same with the defaults: `blocks` blocks, every pool from the daemon.
   Status CreateTierPools(uint32_t blocks) {
     TierPoolOptions o;
     o.blocks = blocks;
@@ -129,7 +130,9 @@ class Client {
     // kNoLease: the slot holds no block in copy mode; kBusy: this reader
     // holds kLeasesPerRow leases already.
     Status Acquire(uint32_t slot, Lease* lease);
-    // kNoLease when `lease` is not one this reader holds.
+    // kNoLease when `lease` is not one this reader holds. A lease taken
+    // before a Reconnect is released here as any other (its slot may differ
+    // from the block's slot now; the entry and the bytes are the same).
     Status Release(const Lease& lease);
     uint32_t held() const { return static_cast<uint32_t>(__builtin_popcount(used_)); }
 
@@ -138,7 +141,8 @@ class Client {
     Reader(Client* c, uint32_t row) : client_(c), row_(row) {}
     Client* client_;
     uint32_t row_;
-    uint32_t used_ = 0;  // entries of the row in use, a bit each
+    uint32_t used_ = 0;                                 // entries of the row in use, a bit each
+    std::array<const uint8_t*, kLeasesPerRow> data_{};  // by entry: the bytes it holds
   };
   // A reader with its own row of the lease table; nullptr and *status (kBusy)
   // when kLeaseRows readers exist. It must not outlive the client.
@@ -201,9 +205,22 @@ class Client {
   static Status DaemonAdmin(const std::string& socket_path, wire::AdminOp op,
                             const std::string& arg, std::string* text, int* fd = nullptr);
 
-  // After the daemon restarted: connect again, say hello, register the same
-  // pools, admit every key this client holds, and hint each group that holds
-  // some of them as last hinted (with those keys). Slots may change: use SlotOf.
+  // After the daemon restarted (or dropped this connection): connect again,
+  // say hello, register the same pools, admit every key this client holds,
+  // and hint each group that holds some of them as last hinted (with those
+  // keys). Slots may change: use SlotOf.
+  //
+  // Copy mode: the tier pools are handed to the new daemon as they are (it
+  // checks that each is a pool a daemon made: docs/protocol.md, "Reconnect in
+  // copy mode"), and every block is admitted again at the place the old
+  // daemon last published, so no byte is copied or changed. Read leases held
+  // across it stay valid (lease.data, its bytes) and are carried into the new
+  // state segment; a write lease held across it stays held, on the block's
+  // new slot (EndWrite(SlotOf(key))). A lease on an old place of a block
+  // (one that moved or was released under it) keeps that place from reuse
+  // under a key of the library's own, released by the first Admit or Release
+  // after the lease ends. No Reader may be used while this runs (the
+  // external serialisation above).
   Status Reconnect(uint64_t* restored = nullptr);
   // The slot a held key has now (slots change across Reconnect); false if not held.
   bool SlotOf(const BlockKey& key, uint32_t* slot) const;
@@ -212,13 +229,21 @@ class Client {
   uint32_t slots() const { return slots_; }
   uint64_t block_bytes() const { return block_bytes_; }
   uint32_t tick_ms() const { return tick_ms_; }
+  // The daemon's tiers (copy mode: a tier pool each).
+  uint32_t tiers() const { return tiers_; }
   uint64_t daemon_ticks() const;
 
  private:
   Client() = default;
   struct PoolRecord {
     wire::RegisterPool reg;
-    int fd = -1;  // our duplicate, for memfd pools
+    int fd = -1;    // our duplicate, for memfd pools
+    int tier = -1;  // a tier pool: its tier (tier_pools_ has the rest)
+  };
+  struct MappedSegment {
+    void* base = nullptr;
+    uint64_t bytes = 0;
+    uint32_t slots = 0;
   };
   struct Held {
     uint32_t pool;
@@ -226,9 +251,19 @@ class Client {
     uint32_t slot;
     uint32_t group = 0;  // the group its last hint put it in (0: none)
   };
-  Status Open();
+  // Connects and says hello. *previous (when given) takes the state segment
+  // mapped before, instead of it being unmapped.
+  Status Open(MappedSegment* previous = nullptr);
+  // Reconnect's copy-mode steps (`old`: the previous segment).
+  Status ReimportTierPool(PoolRecord& record, uint32_t* id);
+  Status ReadmitCopyBlocks(const MappedSegment& old,
+                           const std::unordered_map<BlockKey, Held, BlockKeyHash>& held,
+                           uint64_t* restored);
+  // Releases the parked keys no read lease holds any more.
+  void ReleaseParked();
   Status ConnectSocket();
   Status CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride);
+  bool copy_mode() const;
   uint64_t* location_words() const;
   // The address of a place in the tier pools; nullptr when it is outside them.
   uint8_t* PlaceAddress(const Location& where) const;
@@ -248,6 +283,21 @@ class Client {
   uint64_t client_id_ = 0;
   uint64_t block_bytes_ = 0;
   uint32_t tick_ms_ = 0;
+  uint32_t tiers_ = 0;
+  // Copy mode, during a Reconnect: the previous daemon's segment (its words
+  // say where each block is, its lease table what readers hold), until every
+  // block is admitted again. Kept across a Reconnect that fails half-way.
+  MappedSegment carried_;
+  // Places a read lease held across a Reconnect while no held block is at
+  // them: a key of the library's own keeps each from reuse until the lease
+  // entry (lease: its index in the table) no longer holds `held`.
+  static constexpr uint64_t kParkedKeyHi = 0x6b7261706c746378;  // "cxltpark"
+  struct Parked {
+    BlockKey key;
+    uint32_t lease = 0;
+    uint64_t held = 0;
+  };
+  std::vector<Parked> parked_;
   std::vector<PoolRecord> pools_;
   std::unordered_map<BlockKey, Held, BlockKeyHash> held_;
   // Each group's last hint, sent again with its held keys after a Reconnect.
@@ -256,11 +306,16 @@ class Client {
     uint32_t id = UINT32_MAX;
     uint8_t* base = nullptr;
     uint64_t bytes = 0;
+    uint32_t blocks = 0;
+    int fd = -1;              // our duplicate of the daemon's memfd (for a reconnect)
+    std::string devdax_path;  // or the device-DAX device and offset
+    uint64_t devdax_offset = 0;
   };
-  std::array<TierPoolMap, 2> tier_pools_;
+  std::array<TierPoolMap, kMaxTiers> tier_pools_;
   uint64_t tier_stride_ = 0;
   std::mutex rows_mu_;
-  uint64_t rows_used_ = 0;  // GUARDED_BY(rows_mu_): lease rows given to readers
+  uint64_t rows_used_ = 0;                     // GUARDED_BY(rows_mu_): lease rows given to readers
+  std::array<Reader*, kLeaseRows> readers_{};  // GUARDED_BY(rows_mu_): by row
 };
 
 // ---- aggregating attention scores into one observation per block ----

@@ -78,13 +78,18 @@ int cxltier_observe(cxltier_client* client, uint32_t slot, float mass);
 /* The block's tier: 0 = fast (DRAM), 1 = the next, ... (a host may have more than
  * two); -1 = not resident or bad slot. */
 int cxltier_tier(const cxltier_client* client, uint32_t slot);
+/* After the daemon restarted or dropped this client: connect again and admit
+ * every held block. Copy mode: the tier pools go to the new daemon as they are,
+ * every block stays where it is, held leases stay valid (Client::Reconnect);
+ * a lease on an old place of a block keeps that place until released. */
 int cxltier_reconnect(cxltier_client* client);
 
 /* ---- copy mode: a pool per tier, made by the daemon; blocks moved by copy ----
- * devdax_path: NULL (the daemon makes tier 1's pool too) or "/dev/daxX.Y". */
+ * devdax_path: NULL (the daemon makes every pool) or "/dev/daxX.Y" (the last tier's). */
 int cxltier_create_tier_pools(cxltier_client* client, uint32_t blocks, const char* devdax_path,
                               uint64_t devdax_offset);
-/* Tier 0 or 1's pool: its id (for cxltier_admit, block index 0), mapping and length. */
+/* Tier t's pool (0 .. the daemon's tiers - 1): its id (for cxltier_admit, block
+ * index 0), mapping and length. */
 int cxltier_tier_pool(const cxltier_client* client, int tier, uint32_t* pool_id, void** base,
                       uint64_t* bytes);
 /* The write lease: the block stays at *data until cxltier_end_write. A block

@@ -30,7 +30,7 @@ enum class HintKind : uint8_t {
 namespace cxltier::wire {
 
 inline constexpr uint32_t kMagic = 0x544c5843;  // "CXLT" as little-endian bytes
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;         // 2: HelloOk.tiers, tier pools on any tier, imports
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
 // Entries of one Admit, Release or Hint at most: each costs the daemon's I/O thread
@@ -84,6 +84,7 @@ struct HelloOk {
   uint32_t slot_offset = 0;  // byte offset of slot 0 in the segment
   uint64_t block_bytes = 0;  // the daemon's block size (must equal the model's)
   uint32_t tick_ms = 0;
+  uint32_t tiers = 0;  // the daemon's tiers (copy mode: a tier pool for each)
 };
 
 enum class PoolKind : uint8_t {
@@ -107,10 +108,14 @@ struct RegisterPoolOk {
 enum class TierPoolSource : uint8_t {
   kDaemon = 0,  // the daemon creates a memfd on the tier's nodes and passes it back
   kDevdax = 1,  // the client's device-DAX fd travels with the message (SCM_RIGHTS)
+  // Reconnect: the memfd a daemon made for this tier travels with the message
+  // and the new daemon adopts it, bytes and all, once it has checked that it
+  // is one it would make (docs/protocol.md, "Reconnect in copy mode").
+  kImport = 2,
 };
 
 struct CreateTierPool {
-  uint8_t tier = 0;  // 0 or 1
+  uint8_t tier = 0;  // below HelloOk.tiers
   TierPoolSource source = TierPoolSource::kDaemon;
   uint32_t blocks = 0;  // blocks the client will hold in copy mode, all tiers together
   uint64_t stride = 0;  // bytes from one block's start to the next (>= block bytes)
@@ -127,9 +132,12 @@ struct CreateTierPoolOk {
 struct AdmitEntry {
   BlockKey key;
   // Which block of the pool holds this key's bytes. 0 for a tier pool: the
-  // daemon places the block and publishes where in the segment.
+  // daemon places the block and publishes where in the segment;
+  // kAdmitAtPlace | i: the block is at place i of this tier pool already
+  // (a reconnect re-admitting what an imported pool holds).
   uint32_t block_index = 0;
 };
+inline constexpr uint32_t kAdmitAtPlace = 0x8000'0000u;
 
 struct Admit {
   uint32_t pool_id = 0;

@@ -8,8 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -18,6 +25,7 @@
 
 #include "cxltier/client.h"
 #include "cxltier/cxltier.h"
+#include "cxltier/detail/fd_passing.h"
 #include "cxltier/segment.h"
 #include "daemon_harness.h"
 
@@ -358,7 +366,9 @@ TEST(CopyMode, TheCApiWritesReadsAndRefusesBadLeases) {
   uint64_t bytes = 0;
   ASSERT_EQ(cxltier_tier_pool(c, 0, &pool, &base, &bytes), 0);
   EXPECT_EQ(bytes, 8 * kBlock);
-  EXPECT_EQ(cxltier_tier_pool(c, 2, &pool, &base, &bytes), -CXLTIER_E_BAD_POOL);
+  // Tier 2 could exist (not on this two-tier daemon); tier 8 never does.
+  EXPECT_EQ(cxltier_tier_pool(c, 2, &pool, &base, &bytes), -CXLTIER_E_NOT_READY);
+  EXPECT_EQ(cxltier_tier_pool(c, 8, &pool, &base, &bytes), -CXLTIER_E_BAD_POOL);
   const cxltier_key key{91, 0};
   const uint32_t index = 0;
   uint32_t slot = 0;
@@ -381,6 +391,252 @@ TEST(CopyMode, TheCApiWritesReadsAndRefusesBadLeases) {
   EXPECT_EQ(cxltier_lease_acquire(r, 15, &lease), -CXLTIER_E_NO_LEASE);
   cxltier_reader_free(r);
   cxltier_close(c);
+}
+
+// ---- nothing a client can still read is changed: stops, drops, reconnects ----
+
+// The blocks of one client: the pattern of block i is Word(i, .), its key K(i).
+std::vector<uint32_t> AdmitPatterned(Client& c, uint32_t n) {
+  std::vector<wire::AdmitEntry> entries;
+  for (uint32_t i = 0; i < n; ++i) entries.push_back({K(i), 0});
+  std::vector<wire::AdmitResult> results;
+  const Status st = c.Admit(c.tier_pool(0), entries, &results);
+  EXPECT_TRUE(st.ok()) << st.message;
+  std::vector<uint32_t> slots;
+  for (uint32_t i = 0; i < results.size(); ++i) {
+    auto* words = reinterpret_cast<uint64_t*>(c.WriteAddress(results[i].slot));
+    EXPECT_TRUE(words) << "an admitted block comes with its write lease";
+    if (!words) continue;
+    for (uint64_t w = 0; w < kBlock / 8; ++w) words[w] = Word(i, w);
+    EXPECT_TRUE(c.EndWrite(results[i].slot).ok());
+    slots.push_back(results[i].slot);
+  }
+  return slots;
+}
+
+uint64_t Copies(const DaemonProcess& d) { return CopyStats(d)["copies"].get<uint64_t>(); }
+
+// Heats blocks [from, to) until the daemon has made `more` copies.
+bool MovesHappen(Client& c, const DaemonProcess& d, uint32_t from, uint32_t to, uint64_t more) {
+  const uint64_t start = Copies(d);
+  return WaitFor([&] {
+    for (uint32_t i = from; i < to; ++i) {
+      uint32_t slot = 0;
+      if (c.SlotOf(K(i), &slot)) c.Observe(slot, 1.0f);
+    }
+    return Copies(d) >= start + more;
+  });
+}
+
+// The connected socket the client library opened (the one new fd that is a socket).
+int ClientSocket(const std::vector<int>& before) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(e.path().filename().string());
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.rfind("socket:", 0) == 0 &&
+        std::find(before.begin(), before.end(), fd) == before.end()) {
+      return fd;
+    }
+  }
+  return -1;
+}
+
+std::vector<int> OpenSockets() {
+  std::vector<int> fds;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string().rfind("socket:", 0) == 0) {
+      fds.push_back(std::stoi(e.path().filename().string()));
+    }
+  }
+  return fds;
+}
+
+// One request on a connection of its own, as a client library of another
+// language would send it: hello, then CreateTierPool with `fd` attached.
+Status RawCreateTierPool(const std::string& socket_path, uint8_t tier, wire::TierPoolSource source,
+                         uint32_t blocks, uint64_t stride, int fd) {
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, socket_path.c_str());
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(s);
+    return Status::Fail(wire::ErrorCode::kInternal, "connect");
+  }
+  auto call = [&](const std::vector<uint8_t>& frame, int send_fd, std::vector<uint8_t>* payload,
+                  wire::MsgType* type) {
+    if (detail::SendWithFd(s, frame.data(), frame.size(), send_fd, MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(frame.size())) {
+      return false;
+    }
+    std::vector<uint8_t> head(wire::kHeaderBytes);
+    auto read_all = [&](uint8_t* p, size_t n) {
+      while (n > 0) {
+        const ssize_t r = detail::RecvWithFds(s, p, n, 0, [](int got) { close(got); });
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+      }
+      return true;
+    };
+    if (!read_all(head.data(), head.size())) return false;
+    const wire::Header h = *wire::DecodeHeader(head);
+    payload->resize(h.payload_bytes);
+    *type = h.type;
+    return read_all(payload->data(), payload->size());
+  };
+  std::vector<uint8_t> frame, payload;
+  wire::MsgType type{};
+  wire::Encode(wire::Hello{kTiny, 64, "raw"}, 1, frame);
+  Status st = Status::Fail(wire::ErrorCode::kInternal, "no answer");
+  if (call(frame, -1, &payload, &type) && type == wire::MsgType::kHelloOk) {
+    frame.clear();
+    wire::CreateTierPool m;
+    m.tier = tier;
+    m.source = source;
+    m.blocks = blocks;
+    m.stride = stride;
+    wire::Encode(m, 2, frame);
+    if (call(frame, fd, &payload, &type)) {
+      if (type == wire::MsgType::kError) {
+        wire::Error e;
+        st = wire::Decode(payload, &e);
+        if (st.ok()) st = Status::Fail(e.code, e.message);
+      } else {
+        st = Status::Ok();
+      }
+    }
+  }
+  close(s);
+  return st;
+}
+
+enum class Drop { kSigterm, kSigkill, kConnection };
+
+// Read leases on 8 blocks, held while blocks are copied away (so some
+// leases name old places) and other blocks move, then across a daemon stop
+// (or the daemon dropping the connection), a reconnect, and more moves under
+// the new daemon: every leased byte reads back the same throughout, every
+// block is where the client can find it, and the leases release cleanly.
+void LeasesSurvive(Drop how) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n[limits]\nframe_timeout_s = 1\n");
+  const std::vector<int> before = OpenSockets();
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  const int sock = ClientSocket(before);
+  ASSERT_GE(sock, 0);
+  ASSERT_TRUE(c->CreateTierPools(32).ok());
+  const std::vector<uint32_t> slots = AdmitPatterned(*c, 24);  // 0..7 in tier 0
+  Status st;
+  auto reader = c->NewReader(&st);
+  ASSERT_TRUE(reader) << st.message;
+  // Leases on blocks 0..3 (tier 0) and 8..11 (tier 1).
+  const std::vector<uint32_t> leased = {0, 1, 2, 3, 8, 9, 10, 11};
+  std::vector<Client::Reader::Lease> leases(leased.size());
+  auto all_intact = [&] {
+    for (size_t j = 0; j < leased.size(); ++j) EXPECT_TRUE(Intact(leases[j].data, leased[j])) << j;
+  };
+  for (size_t j = 0; j < leased.size(); ++j) {
+    ASSERT_TRUE(reader->Acquire(slots[leased[j]], &leases[j]).ok());
+  }
+  all_intact();
+  // Blocks 16..23 get hot: 0..7 are copied out of tier 0 (0..3 keep their
+  // old places for the leases) and four of 16..23 take 4..7's places.
+  ASSERT_TRUE(MovesHappen(*c, d, 16, 24, 10)) << d.Log();
+  all_intact();
+
+  if (how == Drop::kConnection) {
+    // A frame started and never finished: the daemon closes the connection
+    // after frame_timeout_s, as it does to any client that stalls.
+    const uint8_t partial[4] = {0x43, 0x58, 0x4c, 0x54};
+    ASSERT_EQ(write(sock, partial, sizeof(partial)), 4);
+    std::string json;
+    EXPECT_TRUE(WaitFor([&] { return !c->Stats("status", &json).ok(); }));
+  } else {
+    d.Stop(how == Drop::kSigterm ? SIGTERM : SIGKILL);
+  }
+  all_intact();
+  for (uint32_t i = 0; i < 24; ++i) {  // each block where the segment last said
+    const Location at = c->LocationOf(c->SlotOf(K(i)));
+    ASSERT_TRUE(at.has_place()) << i;
+    EXPECT_TRUE(Intact(c->tier_pool_base(at.tier) + uint64_t{at.index} * c->tier_pool_stride(), i))
+        << i;
+  }
+  if (how != Drop::kConnection) d.Start();
+  // The dropped connection's pools go back to the budget once its blocks
+  // are released: until then the import of tier 0 is refused, changing nothing.
+  ASSERT_TRUE(WaitFor([&] {
+    Status r = c->Reconnect();
+    return r.ok();
+  })) << d.Log();
+  all_intact();
+  // The new daemon moves blocks (0..7 back into tier 0, the parked places'
+  // keys and 16..23 out) and reuses the places they leave: never one a
+  // lease holds.
+  const uint64_t freed = CopyStats(d)["places_freed"].get<uint64_t>();
+  ASSERT_TRUE(MovesHappen(*c, d, 0, 8, 8)) << CopyStats(d).dump();
+  EXPECT_TRUE(WaitFor([&] { return CopyStats(d)["places_freed"].get<uint64_t>() > freed; }));
+  all_intact();
+  for (const auto& l : leases) EXPECT_TRUE(reader->Release(l).ok());
+  // Every block reads back whole under a new lease, at its new slot.
+  for (uint32_t i = 0; i < 24; ++i) {
+    Client::Reader::Lease l;
+    ASSERT_TRUE(reader->Acquire(c->SlotOf(K(i)), &l).ok()) << i;
+    EXPECT_TRUE(Intact(l.data, i)) << i;
+    EXPECT_TRUE(reader->Release(l).ok());
+  }
+  // The places the leases kept are given back: once the next call has
+  // released the library's parked keys, the client holds its 24 blocks.
+  ASSERT_TRUE(c->Release({}).ok());
+  std::string json;
+  ASSERT_TRUE(c->Stats("clients", &json).ok());
+  uint64_t blocks = 0;
+  for (const auto& cl : nlohmann::json::parse(json)) blocks += cl["blocks"].get<uint64_t>();
+  EXPECT_EQ(blocks, 24u) << json;
+  EXPECT_TRUE(d.Alive());
+}
+
+TEST(CopyMode, HeldLeasesReadEveryByteAcrossSigtermAndAReconnect) { LeasesSurvive(Drop::kSigterm); }
+TEST(CopyMode, HeldLeasesReadEveryByteAcrossSigkillAndAReconnect) { LeasesSurvive(Drop::kSigkill); }
+TEST(CopyMode, HeldLeasesReadEveryByteAcrossADroppedConnection) {
+  LeasesSurvive(Drop::kConnection);
+}
+
+// An imported pool must be one a daemon made for that tier: a memfd of the
+// right name, sealed, the right size, with no hole. Anything else is refused
+// with the reason and costs the daemon nothing.
+TEST(CopyMode, AnImportIsCheckedAsTheDaemonWouldMakeIt) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
+  struct Case {
+    const char* name;
+    uint64_t bytes;
+    unsigned seals;
+    bool fill;
+    const char* why;
+  };
+  const unsigned all = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  for (const Case& k : {Case{"other", 8 * kBlock, all, true, "not the memfd"},
+                        Case{"cxltier-tier1", 8 * kBlock, all, true, "not the memfd"},
+                        Case{"cxltier-tier0", 8 * kBlock, F_SEAL_SHRINK, true, "sealed"},
+                        Case{"cxltier-tier0", 9 * kBlock, all, true, "bytes"},
+                        Case{"cxltier-tier0", 8 * kBlock, all, false, "hole"}}) {
+    const int fd = memfd_create(k.name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(k.bytes)), 0);
+    if (k.fill) {
+      std::vector<uint8_t> ones(k.bytes, 1);
+      ASSERT_EQ(pwrite(fd, ones.data(), ones.size(), 0), static_cast<ssize_t>(k.bytes));
+    }
+    ASSERT_EQ(fcntl(fd, F_ADD_SEALS, k.seals), 0);
+    const Status st =
+        RawCreateTierPool(d.socket(), 0, wire::TierPoolSource::kImport, 8, kBlock, fd);
+    close(fd);
+    EXPECT_EQ(st.code, wire::ErrorCode::kBadPool) << k.name << ": " << st.message;
+    EXPECT_NE(st.message.find(k.why), std::string::npos) << st.message;
+  }
+  EXPECT_TRUE(d.Alive());
 }
 
 }  // namespace

@@ -717,14 +717,14 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
   }
   {  // oversized frame
     const int s = RawConnect(d.socket());
-    auto h = Header(wire::kMagic, 1, 13, 1u << 30);
+    auto h = Header(wire::kMagic, wire::kVersion, 13, 1u << 30);
     ASSERT_EQ(write(s, h.data(), h.size()), 16);
     EXPECT_EQ(ReadError(s).code, wire::ErrorCode::kTooLarge);
     close(s);
   }
   {  // unknown message type: answered, and the connection goes on
     const int s = RawConnect(d.socket());
-    auto h = Header(wire::kMagic, 1, 999, 3);
+    auto h = Header(wire::kMagic, wire::kVersion, 999, 3);
     h.insert(h.end(), {1, 2, 3});
     std::vector<uint8_t> stats;
     wire::Encode(wire::Stats{"status"}, 5, stats);
@@ -738,7 +738,8 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
     const int s = RawConnect(d.socket());
     std::vector<uint8_t> f;
     wire::Encode(wire::ReleaseOk{1, 1}, 1, f);
-    auto bad = Header(wire::kMagic, 1, static_cast<uint16_t>(wire::MsgType::kAdmit), 2);
+    auto bad =
+        Header(wire::kMagic, wire::kVersion, static_cast<uint16_t>(wire::MsgType::kAdmit), 2);
     bad.insert(bad.end(), {0, 0});
     f.insert(f.end(), bad.begin(), bad.end());
     ASSERT_EQ(write(s, f.data(), f.size()), static_cast<ssize_t>(f.size()));

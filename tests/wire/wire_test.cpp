@@ -36,9 +36,10 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(h2.max_blocks, 4096u);
   EXPECT_EQ(h2.client_name, "engine-a");
 
-  const HelloOk ok = RoundTrip(HelloOk{9, 100, 4096, 5 << 20, 100}, MsgType::kHelloOk);
+  const HelloOk ok = RoundTrip(HelloOk{9, 100, 4096, 5 << 20, 100, 3}, MsgType::kHelloOk);
   EXPECT_EQ(ok.client_id, 9u);
   EXPECT_EQ(ok.block_bytes, 5u << 20);
+  EXPECT_EQ(ok.tiers, 3u);
 
   const RegisterPool rp =
       RoundTrip(RegisterPool{PoolKind::kRange, 0x7f0000000000, 1 << 30, 5 << 20, 204},
@@ -121,9 +122,14 @@ TEST(Wire, TierPoolMessagesRoundTripAndRefuseBadValues) {
       RoundTrip(CreateTierPoolOk{3, 24, 24u << 20, -1}, MsgType::kCreateTierPoolOk);
   EXPECT_EQ(ok.pool_id, 3u);
   EXPECT_EQ(ok.node, -1);
-  // Tier 2, source 2, reserved bytes set: each refused with its reason.
+  // Tier 7 and source 2 (an import) are taken; tier 8, source 3 and reserved
+  // bytes set are each refused with their reason.
+  c.tier = 7;
+  c.source = TierPoolSource::kImport;
+  EXPECT_EQ(RoundTrip(c, MsgType::kCreateTierPool).tier, 7);
+  EXPECT_EQ(RoundTrip(c, MsgType::kCreateTierPool).source, TierPoolSource::kImport);
   for (auto [at, value, why] :
-       {std::tuple{0, 2, "tier 2"}, std::tuple{1, 2, "source"}, std::tuple{2, 1, "reserved"}}) {
+       {std::tuple{0, 8, "tier 8"}, std::tuple{1, 3, "source"}, std::tuple{2, 1, "reserved"}}) {
     std::vector<uint8_t> buf;
     Encode(c, 0, buf);
     std::vector<uint8_t> p(buf.begin() + kHeaderBytes, buf.end());
@@ -244,7 +250,7 @@ TEST(Wire, HeaderChecks) {
   bad.magic = 0xdeadbeef;
   EXPECT_EQ(CheckHeader(bad, 1 << 20).code, ErrorCode::kBadFrame);
   bad = h;
-  bad.version = 2;
+  bad.version = kVersion + 1;
   EXPECT_EQ(CheckHeader(bad, 1 << 20).code, ErrorCode::kBadVersion);
   bad = h;
   bad.type = static_cast<MsgType>(99);
