@@ -57,7 +57,7 @@ sanitized() {
       exit 1
     fi' _ "$dir" {} "$kind"
 }
-stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test daemon_test isolation_test quota_test systemd_test hostile_test lease_test copy_mode_test hint_test
+stage asan-ubsan sanitized address model_test wire_test engine_test sim_test numa_test service_test fault_test copy_state_test daemon_test isolation_test quota_test systemd_test hostile_test lease_test copy_mode_test hint_test
 stage tsan sanitized thread service_test daemon_test fault_test lease_test copy_mode_test hint_test
 # libFuzzer (clang, ASan+UBSan): saved crashes replayed, then 30 s per target.
 stage fuzz env BUILD_DIR="$BUILD_DIR" JOBS="$JOBS" bash "$CXLTIER_ROOT/tests/fuzz/run.sh" 30

@@ -45,7 +45,12 @@ bool Retire(Client& c, uint32_t seg, uint64_t tick, bool keep_word) {
   if (keep_word) return true;
   const SegSlot& s = c.slots[seg];
   AddDrain(c, seg, c.copy.version[seg], s.pool, s.block, tick);
-  c.copy.draining.back().mover_reads = c.copy.copying[seg] > 0;
+  // Only a copy of this place keeps it: one of an earlier admission of the
+  // slot reads another place, and its return clears only that one.
+  const auto& f = c.copy.in_flight;
+  c.copy.draining.back().mover_reads =
+      c.copy.copying[seg] > 0 &&
+      std::find(f.begin(), f.end(), CopyState::Copying{seg, c.copy.version[seg]}) != f.end();
   ++c.copy.version[seg];
   const uint64_t was = std::atomic_ref<uint64_t>(c.segment.locations()[seg])
                            .exchange(LocationWord(kNoLocationTier, 0, c.copy.version[seg]),
@@ -53,8 +58,20 @@ bool Retire(Client& c, uint32_t seg, uint64_t tick, bool keep_word) {
   return !(was & kLocWriting);
 }
 
+void CopyStarted(Client& c, uint32_t seg) {
+  ++c.copy.copying[seg];
+  c.copy.in_flight.push_back({seg, c.copy.version[seg]});
+}
+
 void CopyReturned(Client& c, uint32_t seg, uint32_t version) {
   if (c.copy.copying[seg] > 0) --c.copy.copying[seg];
+  auto& f = c.copy.in_flight;
+  const CopyState::Copying me{seg, version};
+  if (auto it = std::find(f.begin(), f.end(), me); it != f.end()) {
+    *it = f.back();
+    f.pop_back();
+  }
+  if (std::find(f.begin(), f.end(), me) != f.end()) return;  // another copy still reads it
   for (CopyState::Drain& d : c.copy.draining) {
     if (d.seg == seg && d.version == version) d.mover_reads = false;
   }

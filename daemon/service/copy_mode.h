@@ -28,8 +28,18 @@ struct CopyState {
   std::vector<uint64_t> write_refused_since;
   std::vector<uint8_t> write_overdue;
   // By segment slot: copies of its block in flight (the mover reads the
-  // source place until the copy comes back).
+  // source place until the copy comes back); 0 spares a release the search
+  // of in_flight.
   std::vector<uint8_t> copying;
+  // Every copy in flight: (segment slot, version of the place it reads). A
+  // slot released and admitted again while a copy of its first place runs
+  // has a copy in flight that does not read its new place.
+  struct Copying {
+    uint32_t seg = 0;
+    uint32_t version = 0;
+    bool operator==(const Copying&) const = default;
+  };
+  std::vector<Copying> in_flight;
   // A place no block is at any more, kept until no lease names (slot, version).
   struct Drain {
     uint32_t seg = 0;
@@ -66,13 +76,18 @@ std::optional<wire::Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* poo
 // After Bind of a block at a new place: publishes it, write lease held (the
 // client fills the block, then EndWrite).
 void PublishAdmitted(Client& c, uint32_t seg);
-// Before Unbind: the slot shows no place, and its place drains. False when
+// Before Unbind: the slot shows no place, and its place drains (kept for the
+// mover while a copy of that place is in flight). False when
 // the client still held the block's write lease (its writer may still
 // write the place: the client's own bug, for the caller to warn about).
 // `keep_word` (the client left, the daemon stops): the segment's word keeps
 // the last place, for the client's readers and its reconnect; nothing drains.
 bool Retire(Client& c, uint32_t seg, uint64_t tick, bool keep_word);
-// A copy of slot `seg`'s block at `version` came back: its source may drain.
+// A copy of slot `seg`'s block at its place now (the daemon's version) is
+// handed to the mover.
+void CopyStarted(Client& c, uint32_t seg);
+// A copy of slot `seg`'s block at `version` came back: its source may drain
+// (once no other copy of that place is in flight).
 void CopyReturned(Client& c, uint32_t seg, uint32_t version);
 // A place to reuse once no lease names (seg, version).
 void AddDrain(Client& c, uint32_t seg, uint32_t version, uint32_t pool, uint32_t index,

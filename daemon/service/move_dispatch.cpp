@@ -98,7 +98,7 @@ void MoveDispatch::DispatchCopy(engine::Engine& engine, const engine::Move& mv, 
   j.dst_pool_id = static_cast<uint32_t>(to);
   j.dst_index = index;
   ++stats_.in_flight;
-  ++c.copy.copying[seg];
+  CopyStarted(c, seg);
   MoveJob job{mv, {}, std::move(j), dst.node(), c.peer.session_id, seg, s.pool, s.block};
   mover_->Submit(std::move(job));
 }

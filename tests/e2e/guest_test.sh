@@ -168,6 +168,21 @@ if [ "$SHAPE" = hmat ]; then
   echo "replayed on three tiers: $hits; live $(tr -d ' \n' < /tmp/rec.json | grep -o '"hit_rate":[0-9.]*')"
 fi
 
+if [ "$SHAPE" = hmat ]; then
+  # Copy mode on three tiers: a pool per tier (24 MiB, 24 MiB, the rest on
+  # the CXL node), 240 blocks of 256 KiB so that tier 2 holds some, every
+  # pool's pages where the kernel says, blocks live in all three.
+  echo "== copy mode on three tiers: a pool per tier, pinned, moved by copy"
+  cxltier-loadgen --socket "$SOCK" --pool copy --pin --readers 1 --blocks 240 --block-bytes 256KiB \
+    --steps 150 --until-moves 1 --seconds 240 --step-ms 2 --seed 7 \
+    --check-placement --expect-moves --expect-tiers 3 --json > /tmp/lg-copy3.json ||
+    { cat /tmp/lg-copy3.json; fail "loadgen (copy, three tiers)"; }
+  cat /tmp/lg-copy3.json
+  copy_checks /tmp/lg-copy3.json
+  grep -q "tier 2 pool .*(memfd" /tmp/cxltierd.log || fail "no tier 2 pool in the daemon's log"
+  grep -q '"pool_pages_off_node_after_pin": 0,' /tmp/lg-copy3.json || fail "pinning moved pool pages"
+fi
+
 if [ "$SHAPE" != hmat ]; then
   echo "== copy mode: a pool per tier, pinned with io_uring fixed buffers, moved by copy"
   cxltier-loadgen --socket "$SOCK" $COPY_RUN \

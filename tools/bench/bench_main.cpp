@@ -216,8 +216,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
       figure(std::string("5_migrate_gib_per_s_") + how, gib, "GiB/s", base, base ? gib / base : 0,
              "-", true);
     }
-    const Result* copy_base = get("BM_CopyMemcpyBaseline");
-    const Result* copy = get("BM_CopyMove");
+    const Result* copy_base = get("BM_CopyMemcpyBaseline/real_time");
+    const Result* copy = get("BM_CopyMove/real_time");
     if (copy && copy_base && copy->error.empty() && copy_base->error.empty()) {
       const double gib = copy->counters.at("bytes_per_second") / (1ull << 30);
       const double base = copy_base->counters.at("bytes_per_second") / (1ull << 30);
@@ -227,7 +227,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
                copy_base->counters.at(q), copy->counters.at(q) / copy_base->counters.at(q), "-",
                true);
       }
-      const Result* hashed = get("BM_CopyXxhashBothSides");
+      const Result* hashed = get("BM_CopyXxhashBothSides/real_time");
       if (hashed && hashed->error.empty()) {
         const double h = hashed->counters.at("bytes_per_second") / (1ull << 30);
         figure("7_copy_xxhash_both_sides_gib_per_s", h, "GiB/s", base, h / base, "-", true);
