@@ -261,7 +261,7 @@ void Readers::Run(int index) {
           }
         }
       }
-      for (const Held& h : hold) Check(h);
+      for (Held& h : hold) h.whole = Check(h);
       hold_until = client_.daemon_ticks() + options_.hold_ticks;
       hold_deadline = std::chrono::steady_clock::now() + bound;
     } else if (!hold.empty() && (stopping || client_.daemon_ticks() >= hold_until ||
@@ -285,7 +285,7 @@ void Readers::Run(int index) {
         } else if (at != h.lease.data) {
           held_moved_.fetch_add(1);
         }
-        if (Look(h.lease.data, block_bytes_, h.key, h.generation) != Seen::kWhole) {
+        if (h.whole && Look(h.lease.data, block_bytes_, h.key, h.generation) != Seen::kWhole) {
           changed_.fetch_add(1);
         }
         Let(*reader, h);
@@ -333,6 +333,7 @@ void Readers::Write(int index) {
   };
   std::deque<Again> again;
   auto next_any = std::chrono::steady_clock::now();
+  uint64_t cancels = 0;
   for (;;) {
     const bool stopping = stop_.load(std::memory_order_relaxed);
     while (!again.empty() && (stopping || client_.daemon_ticks() >= again.front().at_tick)) {
@@ -356,8 +357,8 @@ void Readers::Write(int index) {
       Let(*reader, h);
     }
     if (stopping) break;
-    // A block the daemon copies now (the rewrite cancels the copy), else
-    // every rewrite_us any block.
+    // A block the daemon copies now (the rewrite cancels the copy), else,
+    // rewrite_us after the last such rewrite ended, any block.
     uint32_t slot = UINT32_MAX;
     Block was;
     {
@@ -369,8 +370,6 @@ void Readers::Write(int index) {
         if (!blocks_[s].writing && blocks_[s].leases == 0 && BeingCopied(client_, s)) slot = s;
       }
       if (slot == UINT32_MAX && n && std::chrono::steady_clock::now() >= next_any) {
-        next_any =
-            std::chrono::steady_clock::now() + std::chrono::microseconds(options_.rewrite_us);
         for (int tries = 0; tries < 8 && slot == UINT32_MAX; ++tries) {
           const uint32_t s = live_[rng() % n];
           if (!blocks_[s].writing && blocks_[s].leases == 0) slot = s;
@@ -391,6 +390,12 @@ void Readers::Write(int index) {
     if (st = client_.BeginWrite(slot, &p); !st.ok()) {
       Failed("BeginWrite", st);
     } else {
+      if (over_copy && ++cancels % 2 == 0) {
+        // Every other time, write once the copy is through (about 1 us a
+        // KiB): the daemon then finds its copy whole and must still drop it
+        // because of the write lease, not because the bytes differ.
+        std::this_thread::sleep_for(std::chrono::microseconds(block_bytes_ / 1024));
+      }
       // The write lease holds the place: it must hold our last write.
       const Seen seen = Look(p, block_bytes_, was.key, was.generation);
       if (seen == Seen::kTorn) torn_.fetch_add(1);
@@ -408,6 +413,9 @@ void Readers::Write(int index) {
       blocks_[slot].writing = false;
     }
     written_.notify_all();
+    if (!over_copy) {
+      next_any = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.rewrite_us);
+    }
     if (!wrote) continue;
     rewrites_.fetch_add(1, std::memory_order_relaxed);
     if (over_copy) {

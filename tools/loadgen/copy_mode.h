@@ -57,7 +57,7 @@ struct CheckOptions {
   uint32_t hold_ticks = 3;     // each reader holds some leases while the daemon ticks this often
   uint32_t hold_leases = 8;    // how many (0 with hold_ticks 0: each read released at once)
   int writers = 1;             // threads that rewrite blocks under write leases
-  uint32_t rewrite_us = 1000;  // a writer's pause between rewrites of blocks no copy holds
+  uint32_t rewrite_us = 2000;  // a writer's pause after a rewrite of a block not being copied
 };
 
 // What they saw. Every count but the first four and reads of a clean run is 0.
@@ -116,6 +116,7 @@ class Readers {
     BlockKey key;
     uint64_t generation = 0;
     uint64_t life = 0;
+    bool whole = false;  // at the first look
   };
   void Run(int index);
   void Write(int index);

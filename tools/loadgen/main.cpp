@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
                  "copy) and check them again a tick later; 0: blocks are written once")
       ->capture_default_str();
   app.add_option("--rewrite-us", checks.rewrite_us,
-                 "copy mode: a writer's pause between rewrites of blocks no copy holds")
+                 "copy mode: a writer's pause after rewriting a block the daemon was not copying "
+                 "(blocks it is copying are rewritten at once)")
       ->capture_default_str();
   app.add_option("--devdax", devdax,
                  "copy mode: tier 1 is this device-DAX device (/dev/daxX.Y), mapped by both");
