@@ -334,6 +334,7 @@ void Readers::Write(int index) {
   std::deque<Again> again;
   auto next_any = std::chrono::steady_clock::now();
   uint64_t cancels = 0;
+  uint64_t aimed_tick = 0;  // the daemon tick of the last rewrite over a copy
   for (;;) {
     const bool stopping = stop_.load(std::memory_order_relaxed);
     while (!again.empty() && (stopping || client_.daemon_ticks() >= again.front().at_tick)) {
@@ -365,7 +366,9 @@ void Readers::Write(int index) {
       std::lock_guard lock(mu_);
       const size_t n = live_.size();
       const size_t start = n ? rng() % n : 0;
-      for (size_t k = 0; k < n && slot == UINT32_MAX; ++k) {
+      // At most one a tick: the daemon's other copies go through, and blocks
+      // still move however slow the copies are (an emulated guest).
+      for (size_t k = 0; k < n && slot == UINT32_MAX && client_.daemon_ticks() > aimed_tick; ++k) {
         const uint32_t s = live_[(start + k) % n];
         if (!blocks_[s].writing && blocks_[s].leases == 0 && BeingCopied(client_, s)) slot = s;
       }
@@ -385,6 +388,7 @@ void Readers::Write(int index) {
       continue;
     }
     const bool over_copy = BeingCopied(client_, slot);
+    if (over_copy) aimed_tick = client_.daemon_ticks();
     uint8_t* p = nullptr;
     bool wrote = false;
     if (st = client_.BeginWrite(slot, &p); !st.ok()) {
