@@ -494,13 +494,15 @@ class Churn {
   std::string Counts() const {
     return "holds " + std::to_string(holds) + ", of moved blocks " + std::to_string(held_moved) +
            ", of released ones " + std::to_string(held_released) + ", changed " +
-           std::to_string(changed) + "; reads " + std::to_string(reads) + ": torn " +
-           std::to_string(torn) + ", stale " + std::to_string(stale) + "; rewrites " +
+           std::to_string(changed) + " (" + std::to_string(changed_moved) + " of moved blocks, " +
+           std::to_string(changed_released) + " of released ones); reads " + std::to_string(reads) +
+           ": torn " + std::to_string(torn) + ", stale " + std::to_string(stale) + "; rewrites " +
            std::to_string(rewrites) + " (" + std::to_string(over_copy) + " over a copy); " +
            std::to_string(failed) + " failed calls " + first_error_;
   }
 
   std::atomic<uint64_t> holds{0}, held_moved{0}, held_released{0}, changed{0};
+  std::atomic<uint64_t> changed_moved{0}, changed_released{0};  // changed, of such blocks
   std::atomic<uint64_t> reads{0}, torn{0}, stale{0}, rewrites{0}, over_copy{0}, failed{0};
 
  private:
@@ -603,6 +605,8 @@ class Churn {
         held_moved.fetch_add(moved);
         if (h.whole && LookGen(h.lease.data, o_.block_bytes, h.id, h.gen) != Seen::kWhole) {
           changed.fetch_add(1);
+          changed_moved.fetch_add(moved);
+          changed_released.fetch_add(released);
         }
         holds.fetch_add(1);
         Let(*reader, h);
