@@ -55,12 +55,12 @@ uint64_t PagesOffNodes(const void* base, uint64_t bytes, const std::vector<int>&
 struct CheckOptions {
   int readers = 2;             // threads that read blocks under read leases
   uint32_t hold_ticks = 3;     // each reader holds some leases while the daemon ticks this often
-  uint32_t hold_leases = 8;    // how many (0 with hold_ticks 0: each read released at once)
+  uint32_t hold_leases = 8;    // how many (at most 31); either 0: no holds, only quick reads
   int writers = 1;             // threads that rewrite blocks under write leases
   uint32_t rewrite_us = 2000;  // a writer's pause after a rewrite of a block not being copied
 };
 
-// What they saw. Every count but the first four and reads of a clean run is 0.
+// What they saw. torn, stale, changed and failed are 0 when nothing was wrong.
 struct CheckCounts {
   uint64_t reads = 0;            // blocks checked under read leases (holds' first looks too)
   uint64_t holds = 0;            // leases held across hold_ticks daemon ticks, then checked again
@@ -83,7 +83,7 @@ struct CheckCounts {
 // leases with the next generation, first checking the bytes they replace;
 // they pick blocks the daemon is copying when there are (their BeginWrite
 // cancels the copy: a daemon that published it anyway shows the old
-// generation) and check those again under a read lease a tick later. No
+// generation) and check those again under a read lease two ticks later. No
 // block is written while a lease of this object's readers holds its slot.
 class Readers {
  public:
