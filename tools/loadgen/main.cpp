@@ -107,11 +107,12 @@ int main(int argc, char** argv) {
   app.add_option("--readers", checks.readers,
                  "copy mode: threads that Acquire, check and Release blocks all along")
       ->capture_default_str();
-  app.add_option("--hold-ticks", checks.hold_ticks,
-                 "copy mode: each reader also holds --hold-leases read leases while the daemon "
-                 "ticks this many times (moving, releasing and reusing places meanwhile), then "
-                 "checks every byte again; a hold ends after max(10 s, 20 ticks' time) even if "
-                 "the daemon does not tick (counted, no failure); 0: no holds")
+  app.add_option(
+         "--hold-ticks", checks.hold_ticks,
+         "copy mode: each reader also holds --hold-leases read leases while the daemon "
+         "ticks this many times (moving, releasing and reusing places meanwhile), then "
+         "checks every byte again; a hold ends after max(10 s, 20 times as many ticks' time) "
+         "even if the daemon does not tick (counted, no failure); 0: no holds")
       ->capture_default_str();
   app.add_option("--hold-leases", checks.hold_leases,
                  "copy mode: read leases each reader holds at once across --hold-ticks (at most "
@@ -120,8 +121,9 @@ int main(int argc, char** argv) {
   app.add_option("--writers", checks.writers,
                  "copy mode: threads that rewrite live blocks under write leases, each time with "
                  "the next generation (in the block's bytes), first checking the bytes they "
-                 "replace; they rewrite blocks the daemon is copying at once (cancelling the "
-                 "copy) and check them again a tick later; 0: blocks are written once")
+                 "replace; a block the daemon is copying is rewritten at once, at most one a tick "
+                 "(the BeginWrite cancels the copy; every other time the write waits until the "
+                 "copy is through), and read again two ticks later; 0: blocks are written once")
       ->capture_default_str();
   app.add_option("--rewrite-us", checks.rewrite_us,
                  "copy mode: a writer's pause after rewriting a block the daemon was not copying "
