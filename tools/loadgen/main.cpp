@@ -107,12 +107,12 @@ int main(int argc, char** argv) {
   app.add_option("--readers", checks.readers,
                  "copy mode: threads that Acquire, check and Release blocks all along")
       ->capture_default_str();
-  app.add_option(
-         "--hold-ticks", checks.hold_ticks,
-         "copy mode: each reader also holds --hold-leases read leases while the daemon "
-         "ticks this many times (moving, releasing and reusing places meanwhile), then "
-         "checks every byte again; a hold ends after max(10 s, 20 times as many ticks' time) "
-         "even if the daemon does not tick (counted, no failure); 0: no holds")
+  app.add_option("--hold-ticks", checks.hold_ticks,
+                 "copy mode: each reader also holds --hold-leases read leases while the daemon "
+                 "ticks this many times (moving, releasing and reusing places meanwhile), then "
+                 "checks every byte again; a hold ends after max(10 s, 20 times as many "
+                 "ticks' time) even if the daemon does not tick (counted, no failure); 0: no "
+                 "holds")
       ->capture_default_str();
   app.add_option("--hold-leases", checks.hold_leases,
                  "copy mode: read leases each reader holds at once across --hold-ticks (at most "
