@@ -16,8 +16,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <functional>
+#include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -351,6 +355,454 @@ TEST(CopyMode, GarbageInTheSegmentHurtsOnlyItsWriter) {
     EXPECT_TRUE(Intact(lease.data, i)) << i;
     EXPECT_TRUE(reader->Release(lease).ok());
   }
+}
+
+// ---- leases held across daemon ticks; rewrites with generations ----
+//
+// A reader's lease usually lasts microseconds, while the daemon reuses a
+// place a tick later at the soonest; and a block written once reads back
+// right whether or not a write was lost. So these readers hold their leases
+// across many ticks while blocks move, are released and their places taken
+// again, and then read every byte again; and a writer rewrites blocks (each
+// time with the next generation) while the daemon copies them.
+
+// Block `id` at generation `gen`: word 0 the id, word 1 the generation, then
+// words of both (two generations of a block differ in every word after 1).
+void FillGen(uint8_t* p, uint64_t bytes, uint64_t id, uint64_t gen) {
+  auto* w = reinterpret_cast<uint64_t*>(p);
+  w[0] = id;
+  w[1] = gen;
+  for (uint64_t i = 2; i < bytes / 8; ++i) w[i] = Word(id, i) ^ ((gen + 1) * 0xd6e8feb86659fd93ULL);
+}
+
+enum class Seen { kWhole, kTorn, kStale };
+
+// Whether p holds block `id` whole at generation `want` (kStale: whole, older).
+Seen LookGen(const uint8_t* p, uint64_t bytes, uint64_t id, uint64_t want) {
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  if (w[0] != id) return Seen::kTorn;
+  for (uint64_t i = 2; i < bytes / 8; ++i) {
+    if (w[i] != (Word(id, i) ^ ((w[1] + 1) * 0xd6e8feb86659fd93ULL))) return Seen::kTorn;
+  }
+  if (w[1] < want) return Seen::kStale;
+  return w[1] == want ? Seen::kWhole : Seen::kTorn;
+}
+
+// A client's blocks under churn: the test's thread admits, heats and
+// releases them; reader threads hold read leases across `hold_ticks` daemon
+// ticks and check every byte when they take them and when they let go; a
+// writer thread (optional) rewrites blocks under write leases, at once when
+// the daemon is copying one (its BeginWrite cancels the copy), checking what
+// it replaces and, two ticks later, what a read lease shows. No block is
+// written while one of our read leases holds it.
+class Churn {
+ public:
+  struct Options {
+    uint64_t block_bytes = kBlock;
+    int readers = 2;
+    uint32_t hold_ticks = 8;
+    uint32_t hold_leases = 6;
+    bool writer = false;
+  };
+  Churn(Client& c, const Options& o) : c_(c), o_(o) {
+    // The segment's location words, to see a copy under way (the M bit).
+    auto* seg =
+        reinterpret_cast<uint8_t*>(const_cast<BlockState*>(c.SlotState(0))) - kSegmentSlotOffset;
+    words_ = reinterpret_cast<uint64_t*>(seg + SegmentLocationOffset(c.slots()));
+    for (int r = 0; r < o.readers; ++r) threads_.emplace_back([this, r] { Read(r); });
+    if (o.writer) threads_.emplace_back([this] { Write(); });
+  }
+  ~Churn() { Stop(); }
+
+  // Admits n new blocks into tier t's pool, writes generation 0 under the
+  // write lease the admission gives, and hands them to the threads.
+  void Admit(uint32_t n, uint8_t tier) {
+    std::vector<wire::AdmitEntry> entries;
+    for (uint32_t i = 0; i < n; ++i) entries.push_back({K(next_id_ + i), 0});
+    std::vector<wire::AdmitResult> results;
+    const Status st = c_.Admit(c_.tier_pool(tier), entries, &results);
+    ASSERT_TRUE(st.ok()) << st.message;
+    ASSERT_EQ(results.size(), n);
+    for (uint32_t i = 0; i < n; ++i) {
+      uint8_t* p = c_.WriteAddress(results[i].slot);
+      ASSERT_NE(p, nullptr);
+      std::lock_guard lock(mu_);  // after the leases on the place ended (Let)
+      FillGen(p, o_.block_bytes, next_id_ + i, 0);
+      ASSERT_TRUE(c_.EndWrite(results[i].slot).ok());
+      live_.push_back(Block{results[i].slot, next_id_ + i});
+    }
+    next_id_ += n;
+  }
+
+  // Releases a block one of our read leases holds now (any, if none does)
+  // and, once the daemon ticked twice (its drain ran), admits a new block
+  // into the same tier: the released block's place is free by then only if
+  // the daemon forgot the lease, and then the new block is written over it.
+  void ReleaseHeldAndAdmit() {
+    uint32_t slot = 0;
+    uint64_t id = 0;
+    {
+      std::unique_lock lock(mu_);
+      if (live_.empty()) return;
+      const size_t start = rng_() % live_.size();
+      size_t pick = start;
+      for (size_t k = 0; k < live_.size(); ++k) {
+        if (live_[(start + k) % live_.size()].leases > 0) {
+          pick = (start + k) % live_.size();
+          break;
+        }
+      }
+      id = live_[pick].id;
+      cv_.wait(lock, [&] { return !Find(id)->writing; });
+      Block* b = Find(id);
+      slot = b->slot;
+      *b = live_.back();
+      live_.pop_back();
+    }
+    const uint8_t tier = c_.LocationOf(slot).tier;
+    const Status st = c_.Release(std::vector<BlockKey>{K(id)});
+    ASSERT_TRUE(st.ok()) << st.message;
+    testing::WaitTicks(c_, 2);
+    Admit(1, tier < 2 ? tier : 0);
+  }
+
+  // One observation for each block of a third of them, a third that
+  // changes every 10 ticks: blocks keep moving both ways.
+  void Heat() {
+    const uint64_t phase = c_.daemon_ticks() / 10 % 3;
+    std::lock_guard lock(mu_);
+    for (const Block& b : live_) {
+      if (b.id % 3 == phase) c_.Observe(b.slot, 1.0f);
+    }
+  }
+
+  void Stop() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  // Every live block under a read lease: whole, of its last generation.
+  void CheckAll() {
+    Status st;
+    auto reader = c_.NewReader(&st);
+    ASSERT_TRUE(reader) << st.message;
+    std::lock_guard lock(mu_);
+    for (const Block& b : live_) {
+      Client::Reader::Lease lease;
+      ASSERT_TRUE(reader->Acquire(b.slot, &lease).ok());
+      const Seen seen = LookGen(lease.data, o_.block_bytes, b.id, b.gen);
+      EXPECT_EQ(seen, Seen::kWhole) << "block " << b.id << " generation " << b.gen
+                                    << (seen == Seen::kStale ? ": an older one" : ": torn");
+      EXPECT_TRUE(reader->Release(lease).ok());
+    }
+  }
+
+  std::string Counts() const {
+    return "holds " + std::to_string(holds) + ", of moved blocks " + std::to_string(held_moved) +
+           ", of released ones " + std::to_string(held_released) + ", changed " +
+           std::to_string(changed) + " (" + std::to_string(changed_moved) + " of moved blocks, " +
+           std::to_string(changed_released) + " of released ones); reads " + std::to_string(reads) +
+           ": torn " + std::to_string(torn) + ", stale " + std::to_string(stale) + "; rewrites " +
+           std::to_string(rewrites) + " (" + std::to_string(over_copy) + " over a copy); " +
+           std::to_string(failed) + " failed calls " + first_error_;
+  }
+
+  std::atomic<uint64_t> holds{0}, held_moved{0}, held_released{0}, changed{0};
+  std::atomic<uint64_t> changed_moved{0}, changed_released{0};  // changed, of such blocks
+  std::atomic<uint64_t> reads{0}, torn{0}, stale{0}, rewrites{0}, over_copy{0}, failed{0};
+
+ private:
+  struct Block {
+    uint32_t slot = 0;
+    uint64_t id = 0;
+    uint64_t gen = 0;     // the last completed write's
+    uint32_t leases = 0;  // our read leases on it now
+    bool writing = false;
+  };
+  struct Held {
+    Client::Reader::Lease lease;
+    uint64_t id = 0;
+    uint64_t gen = 0;
+    bool whole = false;  // at the first look
+  };
+
+  Block* Find(uint64_t id) {  // REQUIRES mu_
+    for (Block& b : live_) {
+      if (b.id == id) return &b;
+    }
+    return nullptr;
+  }
+  void Fail(const std::string& what, const Status& st) {  // REQUIRES mu_
+    failed.fetch_add(1);
+    if (first_error_.empty()) first_error_ = "(" + what + ": " + st.message + ")";
+  }
+  bool Moving(uint32_t slot) const {
+    return std::atomic_ref<uint64_t>(words_[slot]).load(std::memory_order_relaxed) & kLocMoving;
+  }
+  // Takes a read lease on the live block b; false when it fails (counted).
+  bool Take(Client::Reader& reader, Block& b, Held* h) {  // REQUIRES mu_
+    const Status st = reader.Acquire(b.slot, &h->lease);
+    if (!st.ok()) {
+      Fail("Acquire", st);
+      return false;
+    }
+    *h = Held{h->lease, b.id, b.gen};
+    ++b.leases;
+    return true;
+  }
+  // Under mu_: the daemon hands a place on only once our leases on it
+  // ended, through its own process and the socket, which TSan cannot see;
+  // leases released under mu_, and places written only after taking mu_
+  // (Admit, Write), show it the order.
+  void Let(Client::Reader& reader, const Held& h) {
+    std::lock_guard lock(mu_);
+    const Status st = reader.Release(h.lease);
+    if (!st.ok()) Fail("Release", st);
+    if (Block* b = Find(h.id)) --b->leases;
+  }
+  void Count(Seen seen) {
+    reads.fetch_add(1);
+    if (seen == Seen::kTorn) torn.fetch_add(1);
+    if (seen == Seen::kStale) stale.fetch_add(1);
+  }
+
+  void Read(int r) {
+    Status st;
+    auto reader = c_.NewReader(&st);
+    if (!reader) {
+      std::lock_guard lock(mu_);
+      return Fail("NewReader", st);
+    }
+    std::mt19937_64 rng(static_cast<uint64_t>(r) + 1);
+    while (!stop_.load()) {
+      std::vector<Held> hold;
+      {
+        std::lock_guard lock(mu_);
+        for (uint32_t tries = 0;
+             tries < 4 * o_.hold_leases && hold.size() < o_.hold_leases && !live_.empty();
+             ++tries) {
+          Block& b = live_[rng() % live_.size()];
+          const bool have =
+              std::any_of(hold.begin(), hold.end(), [&](const Held& h) { return h.id == b.id; });
+          Held h;
+          if (!have && !b.writing && Take(*reader, b, &h)) hold.push_back(h);
+        }
+      }
+      if (hold.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      for (Held& h : hold) {
+        const Seen seen = LookGen(h.lease.data, o_.block_bytes, h.id, h.gen);
+        h.whole = seen == Seen::kWhole;
+        Count(seen);
+      }
+      // Held while the daemon ticks (moving, releasing and reusing places).
+      const uint64_t until = c_.daemon_ticks() + o_.hold_ticks;
+      testing::WaitFor([&] { return stop_.load() || c_.daemon_ticks() >= until; });
+      for (const Held& h : hold) {
+        bool released = false;
+        {
+          std::lock_guard lock(mu_);
+          released = Find(h.id) == nullptr;
+        }
+        const Location now = c_.LocationOf(h.lease.slot);
+        const bool moved = !released && (now.tier != static_cast<uint8_t>(h.lease.tier) ||
+                                         c_.tier_pool_base(now.tier) +
+                                                 uint64_t{now.index} * c_.tier_pool_stride() !=
+                                             h.lease.data);
+        held_released.fetch_add(released);
+        held_moved.fetch_add(moved);
+        if (h.whole && LookGen(h.lease.data, o_.block_bytes, h.id, h.gen) != Seen::kWhole) {
+          changed.fetch_add(1);
+          changed_moved.fetch_add(moved);
+          changed_released.fetch_add(released);
+        }
+        holds.fetch_add(1);
+        Let(*reader, h);
+      }
+    }
+  }
+
+  void Write() {
+    Status st;
+    auto reader = c_.NewReader(&st);  // to look again at the blocks of cancelled copies
+    if (!reader) {
+      std::lock_guard lock(mu_);
+      return Fail("NewReader", st);
+    }
+    std::mt19937_64 rng(7);
+    struct Again {
+      uint64_t id;
+      uint64_t tick;
+    };
+    std::deque<Again> again;
+    auto next_any = std::chrono::steady_clock::now();
+    uint64_t cancels = 0;
+    while (!stop_.load()) {
+      // Two ticks after a rewrite that cancelled a copy: a daemon that
+      // published the copy anyway has done so by now.
+      while (!again.empty() && c_.daemon_ticks() >= again.front().tick) {
+        Held h;
+        bool took = false;
+        {
+          std::lock_guard lock(mu_);
+          Block* b = Find(again.front().id);
+          took = b && !b->writing && Take(*reader, *b, &h);
+        }
+        again.pop_front();
+        if (!took) continue;
+        Count(LookGen(h.lease.data, o_.block_bytes, h.id, h.gen));
+        Let(*reader, h);
+      }
+      // A block the daemon is copying now, else (each millisecond) any.
+      Block was;
+      {
+        std::lock_guard lock(mu_);
+        Block* pick = nullptr;
+        const size_t n = live_.size();
+        const size_t start = n ? rng() % n : 0;
+        for (size_t k = 0; k < n && !pick; ++k) {
+          Block& b = live_[(start + k) % n];
+          if (!b.writing && b.leases == 0 && Moving(b.slot)) pick = &b;
+        }
+        if (!pick && n && std::chrono::steady_clock::now() >= next_any) {
+          next_any = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+          Block& b = live_[rng() % n];
+          if (!b.writing && b.leases == 0) pick = &b;
+        }
+        if (pick) {
+          pick->writing = true;
+          was = *pick;
+        }
+      }
+      if (!was.writing) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        continue;
+      }
+      const bool during_copy = Moving(was.slot);
+      uint8_t* p = nullptr;
+      st = c_.BeginWrite(was.slot, &p);
+      if (st.ok() && during_copy && ++cancels % 2 == 0) {
+        // Every other time, write once the copy is through (about 1 us a
+        // KiB): the daemon then finds its copy whole and must still drop it
+        // because of the write lease, not because the bytes differ.
+        std::this_thread::sleep_for(std::chrono::microseconds(o_.block_bytes / 1024));
+      }
+      if (st.ok()) {
+        { std::lock_guard lock(mu_); }  // after the leases on the place ended (Let)
+        // The write lease holds the place: it holds our last write.
+        Count(LookGen(p, o_.block_bytes, was.id, was.gen));
+        FillGen(p, o_.block_bytes, was.id, was.gen + 1);
+        // Fails if the lease was lost meanwhile: a copy published over it.
+        const Status end = c_.EndWrite(was.slot);
+        std::lock_guard lock(mu_);
+        if (!end.ok()) Fail("EndWrite", end);
+      }
+      {
+        std::lock_guard lock(mu_);
+        if (!st.ok()) Fail("BeginWrite", st);
+        Block* b = Find(was.id);
+        b->writing = false;
+        if (st.ok()) b->gen = was.gen + 1;
+      }
+      cv_.notify_all();
+      if (!st.ok()) continue;
+      rewrites.fetch_add(1);
+      if (during_copy) {
+        over_copy.fetch_add(1);
+        again.push_back({was.id, c_.daemon_ticks() + 2});
+      }
+    }
+  }
+
+  Client& c_;
+  const Options o_;
+  uint64_t* words_ = nullptr;
+  uint64_t next_id_ = 0;  // the test's thread only
+  std::mt19937_64 rng_{1};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Block> live_;  // GUARDED_BY(mu_)
+  std::string first_error_;  // GUARDED_BY(mu_)
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+// Readers hold leases for 8 ticks each while blocks move both ways and
+// blocks they hold are released and new ones admitted in their tier: a
+// daemon that reuses a place without looking up its read leases (a tick
+// after the move or release) gives the place to a copy or a new block, and
+// the second look at the held bytes sees them.
+TEST(CopyMode, LeasesHeldAcrossTicksKeepTheirBytesWhilePlacesAreReused) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");  // 8 blocks of tier 0
+  auto c = Connect(d, 128);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->CreateTierPools(40).ok());  // room for 20 live blocks and what leases keep
+  Churn w(*c, Churn::Options{});
+  w.Admit(20, 0);
+  // Until enough held blocks were moved and released under their leases.
+  const bool enough = WaitFor(
+      [&] {
+        w.Heat();
+        w.ReleaseHeldAndAdmit();
+        return w.held_moved >= 24 && w.held_released >= 24;
+      },
+      std::chrono::seconds(180));
+  w.Stop();
+  std::printf("%s\n", w.Counts().c_str());
+  EXPECT_TRUE(enough) << w.Counts() << "\n" << d.Log();
+  EXPECT_EQ(w.changed.load(), 0u) << w.Counts();
+  EXPECT_EQ(w.torn.load(), 0u) << w.Counts();
+  EXPECT_EQ(w.failed.load(), 0u) << w.Counts();
+  w.CheckAll();
+  const nlohmann::json copy = CopyStats(d);
+  EXPECT_GT(copy["places_freed"].get<uint64_t>(), 0u) << copy.dump();
+  EXPECT_TRUE(d.Alive());
+}
+
+// A writer rewrites blocks under write leases, each time with the next
+// generation, at once when the daemon is copying one (its BeginWrite cancels
+// the copy), while readers hold leases across ticks and blocks move and are
+// released: every read, the writer's own look before it writes and the last
+// check see the last generation written. A daemon that publishes a copy a
+// writer cancelled shows an older generation (or a torn block, or takes the
+// write lease away: EndWrite fails); one that forgets read leases changes
+// held bytes.
+TEST(CopyMode, RewritesWhileBlocksMoveReadBackTheLastGeneration) {
+  // 512 KiB blocks: a copy lasts long enough for the writer to see it under way.
+  const ModelGeometry big{"big", 64, 1, 1, 128, 2, 16};
+  constexpr uint64_t kBig = 64 * kBlock;
+  DaemonProcess d("[engine]\ntier0_budget = \"4MiB\"\n");  // 8 blocks of tier 0
+  Status st;
+  auto c = Client::Connect({d.socket(), big, 128, "rewrites"}, &st);
+  ASSERT_TRUE(c) << st.message;
+  ASSERT_TRUE(c->CreateTierPools(40).ok());
+  Churn::Options o;
+  o.block_bytes = kBig;
+  o.readers = 1;
+  o.writer = true;
+  Churn w(*c, o);
+  w.Admit(20, 0);
+  const bool enough = WaitFor(
+      [&] {
+        w.Heat();
+        w.ReleaseHeldAndAdmit();
+        return w.over_copy >= 40 && w.held_moved >= 12 && w.held_released >= 12;
+      },
+      std::chrono::seconds(180));
+  w.Stop();
+  std::printf("%s\n", w.Counts().c_str());
+  EXPECT_TRUE(enough) << w.Counts() << "\n" << d.Log();
+  EXPECT_EQ(w.stale.load(), 0u) << w.Counts();
+  EXPECT_EQ(w.torn.load(), 0u) << w.Counts();
+  EXPECT_EQ(w.changed.load(), 0u) << w.Counts();
+  EXPECT_EQ(w.failed.load(), 0u) << w.Counts();
+  w.CheckAll();
+  const nlohmann::json copy = CopyStats(d);
+  EXPECT_GT(copy["dropped_written"].get<uint64_t>(), 0u) << copy.dump();  // writes cancelled copies
+  EXPECT_TRUE(d.Alive());
 }
 
 TEST(CopyMode, TheCApiWritesReadsAndRefusesBadLeases) {

@@ -8,7 +8,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <deque>
+#include <random>
+
+#include "cxltier/segment.h"
 
 namespace cxltier::loadgen {
 namespace {
@@ -20,23 +25,44 @@ uint64_t Mix(const BlockKey& k, uint64_t w) {
   return x;
 }
 
+// What a generation XORs into the words after word 2: odd, so two
+// generations never give the same word.
+constexpr uint64_t GenerationWord(uint64_t generation) {
+  return generation * 0xD6E8FEB86659FD93ULL;
+}
+
 }  // namespace
 
-void FillBlock(uint8_t* p, uint64_t bytes, const BlockKey& key) {
+void FillBlock(uint8_t* p, uint64_t bytes, const BlockKey& key, uint64_t generation) {
   auto* w = reinterpret_cast<uint64_t*>(p);
   w[0] = key.hi;
   w[1] = key.lo;
-  for (uint64_t i = 2; i < bytes / 8; ++i) w[i] = Mix(key, i);
+  w[2] = Mix(key, 2) ^ generation;
+  const uint64_t g = GenerationWord(generation);
+  for (uint64_t i = 3; i < bytes / 8; ++i) w[i] = Mix(key, i) ^ g;
 }
 
-bool BlockIntact(const uint8_t* p, uint64_t bytes, const BlockKey* key) {
+bool BlockIntact(const uint8_t* p, uint64_t bytes, const BlockKey* key, uint64_t* generation) {
   const auto* w = reinterpret_cast<const uint64_t*>(p);
   const BlockKey k{w[0], w[1]};
   if (key && !(k == *key)) return false;
-  for (uint64_t i = 2; i < bytes / 8; ++i) {
-    if (w[i] != Mix(k, i)) return false;
+  const uint64_t gen = w[2] ^ Mix(k, 2);
+  const uint64_t g = GenerationWord(gen);
+  for (uint64_t i = 3; i < bytes / 8; ++i) {
+    if (w[i] != (Mix(k, i) ^ g)) return false;
   }
+  if (generation) *generation = gen;
   return true;
+}
+
+bool BeingCopied(const Client& client, uint32_t slot) {
+  const BlockState* first = client.SlotState(0);
+  if (!first || slot >= client.slots()) return false;
+  // The segment's layout (cxltier/segment.h): slot 0 at kSegmentSlotOffset.
+  const auto* segment = reinterpret_cast<const uint8_t*>(first) - kSegmentSlotOffset;
+  auto* words = reinterpret_cast<uint64_t*>(
+      const_cast<uint8_t*>(segment + SegmentLocationOffset(client.slots())));
+  return std::atomic_ref<uint64_t>(words[slot]).load(std::memory_order_relaxed) & kLocMoving;
 }
 
 Pin::~Pin() {
@@ -83,26 +109,39 @@ uint64_t PagesOffNodes(const void* base, uint64_t bytes, const std::vector<int>&
   return off;
 }
 
-Readers::Readers(Client& client, uint64_t block_bytes, int threads)
-    : client_(client), block_bytes_(block_bytes), at_(client.slots(), SIZE_MAX) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this, i] { Run(i); });
+Readers::Readers(Client& client, uint64_t block_bytes, const CheckOptions& options)
+    : client_(client),
+      block_bytes_(block_bytes),
+      options_(options),
+      blocks_(client.slots()),
+      at_(client.slots(), SIZE_MAX) {
+  options_.hold_leases = std::min(options_.hold_leases, kLeasesPerRow - 1);  // one for quick reads
+  for (int i = 0; i < options_.readers; ++i) threads_.emplace_back([this, i] { Run(i); });
+  for (int i = 0; i < options_.writers; ++i) threads_.emplace_back([this, i] { Write(i); });
 }
 
 void Readers::Publish(uint32_t slot, const BlockKey& key) {
   std::lock_guard lock(mu_);
   if (slot >= at_.size() || at_[slot] != SIZE_MAX) return;
+  Block& b = blocks_[slot];
+  b.key = key;
+  b.generation = 0;
+  ++b.life;
+  b.live = true;
   at_[slot] = live_.size();
-  live_.emplace_back(slot, key);
+  live_.push_back(slot);
 }
 
 void Readers::Withdraw(uint32_t slot) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   if (slot >= at_.size() || at_[slot] == SIZE_MAX) return;
+  written_.wait(lock, [&] { return !blocks_[slot].writing; });
   const size_t i = at_[slot];
-  at_[live_.back().first] = i;
+  at_[live_.back()] = i;
   live_[i] = live_.back();
   live_.pop_back();
   at_[slot] = SIZE_MAX;
+  blocks_[slot].live = false;
 }
 
 void Readers::Stop() {
@@ -111,45 +150,289 @@ void Readers::Stop() {
   threads_.clear();
 }
 
+uint64_t Readers::generation(uint32_t slot) {
+  std::lock_guard lock(mu_);
+  return slot < blocks_.size() ? blocks_[slot].generation : 0;
+}
+
+CheckCounts Readers::counts() const {
+  CheckCounts c;
+  c.reads = reads_.load();
+  c.holds = holds_.load();
+  c.holds_cut_short = holds_cut_short_.load();
+  c.held_moved = held_moved_.load();
+  c.held_released = held_released_.load();
+  c.rewrites = rewrites_.load();
+  c.rewrites_over_copy = rewrites_over_copy_.load();
+  c.torn = torn_.load();
+  c.stale = stale_.load();
+  c.changed = changed_.load();
+  c.failed = failed_.load();
+  return c;
+}
+
+void Readers::Failed(const std::string& what, const Status& st) {
+  failed_.fetch_add(1);
+  std::lock_guard lock(mu_);
+  if (first_error_.empty()) first_error_ = what + ": " + st.message;
+}
+
+bool Readers::Take(Client::Reader& reader, size_t i, Held* held, Status* st) {
+  *st = Status::Ok();
+  const uint32_t slot = live_[i];
+  Block& b = blocks_[slot];
+  if (b.writing) return false;  // a writer has it: try another
+  // Taken while the block is published: it is whole and live when the
+  // lease starts; afterwards the main thread may release it, and its place
+  // is kept until the lease ends.
+  *st = reader.Acquire(slot, &held->lease);
+  if (!st->ok()) return false;
+  held->key = b.key;
+  held->generation = b.generation;
+  held->life = b.life;
+  ++b.leases;
+  return true;
+}
+
+// Under mu_: the daemon hands a place on only once our leases on it ended,
+// through its own process and the socket, which TSan cannot see; leases
+// released under mu_, and places rewritten only after taking mu_, show it
+// the order.
+void Readers::Let(Client::Reader& reader, const Held& held) {
+  std::unique_lock lock(mu_);
+  const Status st = reader.Release(held.lease);
+  --blocks_[held.lease.slot].leases;
+  lock.unlock();
+  if (!st.ok()) Failed("Release", st);
+}
+
+namespace {
+
+enum class Seen { kWhole, kTorn, kStale };
+
+// Whether the bytes under a lease are the block's last write: its key, whole,
+// of the generation it had when the lease was taken (no write comes while
+// our lease holds the slot).
+Seen Look(const uint8_t* p, uint64_t bytes, const BlockKey& key, uint64_t want) {
+  uint64_t gen = 0;
+  if (!BlockIntact(p, bytes, &key, &gen)) return Seen::kTorn;
+  if (gen < want) return Seen::kStale;  // a lost write or an old copy published
+  return gen == want ? Seen::kWhole : Seen::kTorn;
+}
+
+}  // namespace
+
+bool Readers::Check(const Held& held) {
+  const Seen seen = Look(held.lease.data, block_bytes_, held.key, held.generation);
+  if (seen == Seen::kTorn) torn_.fetch_add(1);
+  if (seen == Seen::kStale) stale_.fetch_add(1);
+  reads_.fetch_add(1, std::memory_order_relaxed);
+  return seen == Seen::kWhole;
+}
+
 void Readers::Run(int index) {
   Status st;
   auto reader = client_.NewReader(&st);
-  if (!reader) {
-    failed_.fetch_add(1);
-    std::lock_guard lock(mu_);
-    if (first_error_.empty()) first_error_ = st.message;
-    return;
-  }
+  if (!reader) return Failed("NewReader", st);
+  std::mt19937_64 rng(static_cast<uint64_t>(index) * 7919 + 1);
+  const bool holding = options_.hold_ticks > 0 && options_.hold_leases > 0;
+  // How long a hold may wait for its ticks: a daemon that stopped ticking
+  // (stopped, or starved) ends it early, which is no failure.
+  const auto bound = std::max<std::chrono::milliseconds>(
+      std::chrono::seconds(10),
+      std::chrono::milliseconds(uint64_t{options_.hold_ticks} * client_.tick_ms() * 20));
+  std::vector<Held> hold;
+  uint64_t hold_until = 0;
+  auto hold_deadline = std::chrono::steady_clock::now();
   uint64_t n = static_cast<uint64_t>(index) * 7919;
-  while (!stop_.load(std::memory_order_relaxed)) {
-    Client::Reader::Lease lease;
-    BlockKey key;
+  for (;;) {
+    const bool stopping = stop_.load(std::memory_order_relaxed);
+    if (holding && hold.empty() && !stopping) {
+      // A hold: leases on distinct blocks, checked now and again later.
+      {
+        std::lock_guard lock(mu_);
+        const size_t want = std::min<size_t>(options_.hold_leases, live_.size());
+        for (size_t tries = 0; hold.size() < want && tries < 4 * want; ++tries) {
+          const size_t i = rng() % live_.size();
+          if (std::any_of(hold.begin(), hold.end(),
+                          [&](const Held& h) { return h.lease.slot == live_[i]; })) {
+            continue;
+          }
+          Held h;
+          if (Take(*reader, i, &h, &st)) {
+            hold.push_back(h);
+          } else if (!st.ok()) {
+            failed_.fetch_add(1);
+            if (first_error_.empty()) first_error_ = "Acquire: " + st.message;
+          }
+        }
+      }
+      for (Held& h : hold) h.whole = Check(h);
+      hold_until = client_.daemon_ticks() + options_.hold_ticks;
+      hold_deadline = std::chrono::steady_clock::now() + bound;
+    } else if (!hold.empty() && (stopping || client_.daemon_ticks() >= hold_until ||
+                                 std::chrono::steady_clock::now() >= hold_deadline)) {
+      // The daemon ticked hold_ticks times (moving, releasing and reusing
+      // places): every byte must still be what it was.
+      const bool cut = !stopping && client_.daemon_ticks() < hold_until;
+      for (const Held& h : hold) {
+        bool released = false;
+        {
+          std::lock_guard lock(mu_);
+          const Block& b = blocks_[h.lease.slot];
+          released = !b.live || b.life != h.life;
+        }
+        const Location now = client_.LocationOf(h.lease.slot);
+        const uint8_t* at = now.tier < 2 ? client_.tier_pool_base(now.tier) +
+                                               uint64_t{now.index} * client_.tier_pool_stride()
+                                         : nullptr;
+        if (released) {
+          held_released_.fetch_add(1);
+        } else if (at != h.lease.data) {
+          held_moved_.fetch_add(1);
+        }
+        if (h.whole && Look(h.lease.data, block_bytes_, h.key, h.generation) != Seen::kWhole) {
+          changed_.fetch_add(1);
+        }
+        Let(*reader, h);
+      }
+      holds_.fetch_add(hold.size());
+      if (cut) holds_cut_short_.fetch_add(hold.size());
+      hold.clear();
+    }
+    if (stopping) break;
+    // A quick read: take, check, let go.
+    Held quick;
+    bool took = false;
     {
-      // Taken while the block is published: it is whole and live when the
-      // lease starts; afterwards the main thread may release it, and its
-      // place is kept until the lease ends.
       std::lock_guard lock(mu_);
       if (live_.empty()) {
         n = 0;
       } else {
-        const auto& [slot, k] = live_[n++ % live_.size()];
-        key = k;
-        st = reader->Acquire(slot, &lease);
+        took = Take(*reader, n++ % live_.size(), &quick, &st);
+        if (!took && !st.ok()) {
+          failed_.fetch_add(1);
+          if (first_error_.empty()) first_error_ = "Acquire: " + st.message;
+        }
       }
     }
-    if (lease.data == nullptr) {
-      if (!st.ok()) {
-        failed_.fetch_add(1);
-        std::lock_guard lock(mu_);
-        if (first_error_.empty()) first_error_ = st.message;
-      }
+    if (!took) {
       std::this_thread::yield();
-      st = Status::Ok();
       continue;
     }
-    if (!BlockIntact(lease.data, block_bytes_, &key)) torn_.fetch_add(1);
-    if (!reader->Release(lease).ok()) failed_.fetch_add(1);
-    reads_.fetch_add(1, std::memory_order_relaxed);
+    Check(quick);
+    Let(*reader, quick);
+  }
+}
+
+void Readers::Write(int index) {
+  Status st;
+  auto reader = client_.NewReader(&st);  // to look again at copies cancelled
+  if (!reader) return Failed("NewReader", st);
+  std::mt19937_64 rng(static_cast<uint64_t>(index) * 104729 + 7);
+  // Rewrites begun over a copy: checked again under a read lease two ticks
+  // later, when a daemon that published the cancelled copy has done so.
+  struct Again {
+    uint32_t slot;
+    uint64_t life;
+    uint64_t at_tick;
+  };
+  std::deque<Again> again;
+  auto next_any = std::chrono::steady_clock::now();
+  uint64_t cancels = 0;
+  uint64_t aimed_tick = 0;  // the daemon tick of the last rewrite over a copy
+  for (;;) {
+    const bool stopping = stop_.load(std::memory_order_relaxed);
+    while (!again.empty() && (stopping || client_.daemon_ticks() >= again.front().at_tick)) {
+      const Again a = again.front();
+      again.pop_front();
+      Held h;
+      bool took = false;
+      {
+        std::lock_guard lock(mu_);
+        const Block& b = blocks_[a.slot];
+        if (b.live && b.life == a.life && !b.writing) {
+          took = Take(*reader, at_[a.slot], &h, &st);
+          if (!took && !st.ok()) {
+            failed_.fetch_add(1);
+            if (first_error_.empty()) first_error_ = "Acquire: " + st.message;
+          }
+        }
+      }
+      if (!took) continue;
+      Check(h);
+      Let(*reader, h);
+    }
+    if (stopping) break;
+    // A block the daemon copies now (the rewrite cancels the copy), else,
+    // rewrite_us after the last such rewrite ended, any block.
+    uint32_t slot = UINT32_MAX;
+    Block was;
+    {
+      std::lock_guard lock(mu_);
+      const size_t n = live_.size();
+      const size_t start = n ? rng() % n : 0;
+      // At most one a tick: the daemon's other copies go through, and blocks
+      // still move however slow the copies are (an emulated guest).
+      for (size_t k = 0; k < n && slot == UINT32_MAX && client_.daemon_ticks() > aimed_tick; ++k) {
+        const uint32_t s = live_[(start + k) % n];
+        if (!blocks_[s].writing && blocks_[s].leases == 0 && BeingCopied(client_, s)) slot = s;
+      }
+      if (slot == UINT32_MAX && n && std::chrono::steady_clock::now() >= next_any) {
+        for (int tries = 0; tries < 8 && slot == UINT32_MAX; ++tries) {
+          const uint32_t s = live_[rng() % n];
+          if (!blocks_[s].writing && blocks_[s].leases == 0) slot = s;
+        }
+      }
+      if (slot != UINT32_MAX) {
+        blocks_[slot].writing = true;
+        was = blocks_[slot];
+      }
+    }
+    if (slot == UINT32_MAX) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      continue;
+    }
+    const bool over_copy = BeingCopied(client_, slot);
+    if (over_copy) aimed_tick = client_.daemon_ticks();
+    uint8_t* p = nullptr;
+    bool wrote = false;
+    if (st = client_.BeginWrite(slot, &p); !st.ok()) {
+      Failed("BeginWrite", st);
+    } else {
+      if (over_copy && ++cancels % 2 == 0) {
+        // Every other time, write once the copy is through (about 1 us a
+        // KiB): the daemon then finds its copy whole and must still drop it
+        // because of the write lease, not because the bytes differ.
+        std::this_thread::sleep_for(std::chrono::microseconds(block_bytes_ / 1024));
+      }
+      { std::lock_guard lock(mu_); }  // after the leases on the place ended (Let)
+      // The write lease holds the place: it must hold our last write.
+      const Seen seen = Look(p, block_bytes_, was.key, was.generation);
+      if (seen == Seen::kTorn) torn_.fetch_add(1);
+      if (seen == Seen::kStale) stale_.fetch_add(1);
+      reads_.fetch_add(1, std::memory_order_relaxed);
+      FillBlock(p, block_bytes_, was.key, was.generation + 1);
+      wrote = true;
+      // Fails when the lease was lost meanwhile: a daemon published a copy
+      // over the word (a plain store instead of PublishMove's swap).
+      if (st = client_.EndWrite(slot); !st.ok()) Failed("EndWrite", st);
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (wrote) blocks_[slot].generation = was.generation + 1;
+      blocks_[slot].writing = false;
+    }
+    written_.notify_all();
+    if (!over_copy) {
+      next_any = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.rewrite_us);
+    }
+    if (!wrote) continue;
+    rewrites_.fetch_add(1, std::memory_order_relaxed);
+    if (over_copy) {
+      rewrites_over_copy_.fetch_add(1, std::memory_order_relaxed);
+      again.push_back({slot, was.life, client_.daemon_ticks() + 2});
+    }
   }
 }
 

@@ -1,11 +1,14 @@
 // cxltier-loadgen's copy mode and pinning: blocks that carry their own key
-// (so a reader can tell a torn or wrong block from a whole one), reader
-// threads that check blocks under read leases while the daemon copies them,
-// long-term pins with io_uring fixed buffers (the pin cudaHostRegister takes),
-// and the kernel's answer on where a pool's pages are.
+// and generation (so a reader can tell a torn, wrong or stale block from the
+// last one written), reader threads that check blocks under read leases while
+// the daemon copies them, some holding their leases across daemon ticks,
+// writer threads that rewrite blocks under write leases (aiming at blocks the
+// daemon is copying), long-term pins with io_uring fixed buffers (the pin
+// cudaHostRegister takes), and the kernel's answer on where a pool's pages are.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -16,10 +19,20 @@
 
 namespace cxltier::loadgen {
 
-// A block's bytes: its key in the first 16, then words derived from it.
-void FillBlock(uint8_t* p, uint64_t bytes, const BlockKey& key);
-// Whether the bytes are one whole block, and of `key` when given.
-bool BlockIntact(const uint8_t* p, uint64_t bytes, const BlockKey* key = nullptr);
+// A block's bytes: its key in the first 16, then words derived from it; a
+// rewritten block's generation (1, 2, ...: how often it was written after
+// the first time) is XORed into word 2 and, multiplied by an odd constant,
+// into every later word, so two generations differ in every word but the
+// key's. Generation 0 is the plain pattern, the one tests/python checks.
+void FillBlock(uint8_t* p, uint64_t bytes, const BlockKey& key, uint64_t generation = 0);
+// Whether the bytes are one whole block, and of `key` when given; its
+// generation in *generation (when given and the block is whole).
+bool BlockIntact(const uint8_t* p, uint64_t bytes, const BlockKey* key = nullptr,
+                 uint64_t* generation = nullptr);
+
+// Whether the daemon is copying `slot` now (its location word's M bit, as the
+// segment shows it: cxltier/lease.h). A peek, for aiming rewrites at copies.
+bool BeingCopied(const Client& client, uint32_t slot);
 
 // Pins [base, base + bytes) as io_uring fixed buffers (FOLL_LONGTERM, as
 // cudaHostRegister does) for as long as the object lives.
@@ -38,30 +51,94 @@ class Pin {
 // Pages of [base, base + bytes) not on any of `nodes` (move_pages, no move).
 uint64_t PagesOffNodes(const void* base, uint64_t bytes, const std::vector<int>& nodes);
 
-// Reader threads: each takes a published block under a read lease, checks
-// every byte, releases. The main thread publishes a block once written and
-// withdraws it before releasing it.
+// What the reader and writer threads do (cxltier-loadgen --help says more).
+struct CheckOptions {
+  int readers = 2;             // threads that read blocks under read leases
+  uint32_t hold_ticks = 3;     // each reader holds some leases while the daemon ticks this often
+  uint32_t hold_leases = 8;    // how many (at most 31); either 0: no holds, only quick reads
+  int writers = 1;             // threads that rewrite blocks under write leases
+  uint32_t rewrite_us = 2000;  // a writer's pause after a rewrite of a block not being copied
+};
+
+// What they saw. torn, stale, changed and failed are 0 when nothing was wrong.
+struct CheckCounts {
+  uint64_t reads = 0;            // blocks checked under read leases (holds' first looks too)
+  uint64_t holds = 0;            // leases held across hold_ticks daemon ticks, then checked again
+  uint64_t holds_cut_short = 0;  // ... of them let go before the ticks passed (the time bound)
+  uint64_t held_moved = 0;       // ... of them whose block the daemon moved meanwhile
+  uint64_t held_released = 0;    // ... whose block the workload released meanwhile
+  uint64_t rewrites = 0;         // blocks written again (a new generation) under write leases
+  uint64_t rewrites_over_copy = 0;  // ... begun while the daemon was copying the block
+  uint64_t torn = 0;                // reads of bytes that are no whole block of the key
+  uint64_t stale = 0;               // reads of an older generation than the last write's
+  uint64_t changed = 0;             // held leases whose bytes changed while held
+  uint64_t failed = 0;              // lease calls that failed (EndWrite without the lease, ...)
+};
+
+// Reader and writer threads. The main thread publishes a block once written
+// (generation 0) and withdraws it before releasing it. Readers take
+// published blocks under read leases and check every byte: at once, and
+// (hold_ticks) again after holding the lease while the daemon ticks, moves,
+// releases and reuses places. Writers rewrite published blocks under write
+// leases with the next generation, first checking the bytes they replace;
+// they pick blocks the daemon is copying when there are (their BeginWrite
+// cancels the copy: a daemon that published it anyway shows the old
+// generation) and check those again under a read lease two ticks later. No
+// block is written while a lease of this object's readers holds its slot.
 class Readers {
  public:
-  Readers(Client& client, uint64_t block_bytes, int threads);
+  Readers(Client& client, uint64_t block_bytes, const CheckOptions& options);
   ~Readers() { Stop(); }
   void Publish(uint32_t slot, const BlockKey& key);
+  // Waits for a rewrite of the slot under way.
   void Withdraw(uint32_t slot);
   void Stop();
-  uint64_t reads() const { return reads_.load(); }
-  uint64_t torn() const { return torn_.load(); }
+  // The generation of the slot's last completed write.
+  uint64_t generation(uint32_t slot);
+  CheckCounts counts() const;
+  // torn + stale + changed: reads that were wrong.
+  uint64_t bad_reads() const { return torn_.load() + stale_.load() + changed_.load(); }
   uint64_t failed() const { return failed_.load(); }
   const std::string& first_error() const { return first_error_; }
 
  private:
+  struct Block {
+    BlockKey key;
+    uint64_t generation = 0;
+    uint64_t life = 0;    // bumped at each Publish of the slot
+    uint32_t leases = 0;  // our read leases on the slot (any life of it)
+    bool live = false;
+    bool writing = false;
+  };
+  // A read lease taken under mu_ with what the block must hold.
+  struct Held {
+    Client::Reader::Lease lease;
+    BlockKey key;
+    uint64_t generation = 0;
+    uint64_t life = 0;
+    bool whole = false;  // at the first look
+  };
   void Run(int index);
+  void Write(int index);
+  // Under mu_: takes a lease on the live block at live_[i]; false (nothing
+  // held) when it fails.
+  bool Take(Client::Reader& reader, size_t i, Held* held, Status* st);
+  void Let(Client::Reader& reader, const Held& held);
+  // Checks the bytes under a lease (key, whole, generation); counts what is wrong.
+  bool Check(const Held& held);
+  void Failed(const std::string& what, const Status& st);
   Client& client_;
   uint64_t block_bytes_;
+  CheckOptions options_;
   std::mutex mu_;
-  std::vector<std::pair<uint32_t, BlockKey>> live_;  // GUARDED_BY(mu_)
-  std::vector<size_t> at_;                           // GUARDED_BY(mu_): slot -> index in live_
+  std::condition_variable written_;
+  std::vector<Block> blocks_;   // GUARDED_BY(mu_): by slot
+  std::vector<uint32_t> live_;  // GUARDED_BY(mu_): slots published
+  std::vector<size_t> at_;      // GUARDED_BY(mu_): slot -> index in live_
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> reads_{0}, torn_{0}, failed_{0};
+  std::atomic<uint64_t> reads_{0}, holds_{0}, holds_cut_short_{0}, held_moved_{0},
+      held_released_{0}, rewrites_{0}, rewrites_over_copy_{0}, torn_{0}, stale_{0}, changed_{0},
+      failed_{0};
   std::string first_error_;  // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   bool hints = false;
   uint32_t expect_tiers = 0;
   uint32_t hint_lead = sim::AttentionParams{}.hint_lead;
-  int reader_threads = 2;
+  loadgen::CheckOptions checks;  // copy mode's reader and writer threads
   std::string devdax;
   uint64_t until_moves = 0;
   app.add_option("--socket", socket_path, "cxltierd's socket")->required();
@@ -104,8 +104,30 @@ int main(int argc, char** argv) {
                "pin the pool(s) with io_uring fixed buffers, the long-term pin cudaHostRegister "
                "takes (copy mode: the kernel's placement of each tier pool is checked before and "
                "after)");
-  app.add_option("--readers", reader_threads,
+  app.add_option("--readers", checks.readers,
                  "copy mode: threads that Acquire, check and Release blocks all along")
+      ->capture_default_str();
+  app.add_option("--hold-ticks", checks.hold_ticks,
+                 "copy mode: each reader also holds --hold-leases read leases while the daemon "
+                 "ticks this many times (moving, releasing and reusing places meanwhile), then "
+                 "checks every byte again; a hold ends after max(10 s, 20 times as many "
+                 "ticks' time) even if the daemon does not tick (counted, no failure); 0: no "
+                 "holds")
+      ->capture_default_str();
+  app.add_option("--hold-leases", checks.hold_leases,
+                 "copy mode: read leases each reader holds at once across --hold-ticks (at most "
+                 "31)")
+      ->capture_default_str();
+  app.add_option("--writers", checks.writers,
+                 "copy mode: threads that rewrite live blocks under write leases, each time with "
+                 "the next generation (in the block's bytes), first checking the bytes they "
+                 "replace; a block the daemon is copying is rewritten at once, at most one a tick "
+                 "(the BeginWrite cancels the copy; every other time the write waits until the "
+                 "copy is through), and read again two ticks later; 0: blocks are written once")
+      ->capture_default_str();
+  app.add_option("--rewrite-us", checks.rewrite_us,
+                 "copy mode: a writer's pause after rewriting a block the daemon was not copying "
+                 "(blocks it is copying are rewritten at once)")
       ->capture_default_str();
   app.add_option("--devdax", devdax,
                  "copy mode: tier 1 is this device-DAX device (/dev/daxX.Y), mapped by both");
@@ -287,7 +309,7 @@ int main(int argc, char** argv) {
     }
   }
   std::unique_ptr<loadgen::Readers> readers;
-  if (copy) readers = std::make_unique<loadgen::Readers>(*client, *bb, reader_threads);
+  if (copy) readers = std::make_unique<loadgen::Readers>(*client, *bb, checks);
   const size_t fds_at_start = CountFds(), segments_at_start = CountSegmentMaps();
 
   // Every call to the daemon goes through here: with --reconnect, a failed
@@ -650,10 +672,13 @@ int main(int argc, char** argv) {
   }
   const uint64_t pgmigrate = PgmigrateSuccess() - std::min(PgmigrateSuccess(), pgmigrate_before);
 
-  // Every byte of every block, whatever moved.
-  uint64_t corrupt = 0, verified = 0;
+  // Every byte of every block, whatever moved (copy mode: of the generation
+  // last written; an older one is a lost write or a stale copy published).
+  uint64_t corrupt = 0, verified = 0, stale = 0;
+  loadgen::CheckCounts seen;
   if (copy) {
     readers->Stop();
+    seen = readers->counts();
     auto reader = client->NewReader(&st);
     if (!reader) return Fail(st.message);
     for (const auto& [k, v] : live) {
@@ -662,7 +687,11 @@ int main(int argc, char** argv) {
         ++corrupt;
         continue;
       }
-      corrupt += !loadgen::BlockIntact(lease.data, *bb, &trace_keys[k]);
+      uint64_t generation = 0;
+      const uint64_t want = readers->generation(v.second);
+      const bool whole = loadgen::BlockIntact(lease.data, *bb, &trace_keys[k], &generation);
+      corrupt += !whole || generation != want;
+      stale += whole && generation < want;
       ++verified;
       (void)reader->Release(lease);
     }
@@ -685,6 +714,13 @@ int main(int argc, char** argv) {
   };
   const uint64_t copies =
       copies_in(mig_after) - std::min(copies_in(mig_after), copies_in(mig_before));
+  // This run's share of a counter of the daemon's copy mode.
+  auto copy_counter = [&](const char* k) {
+    auto in = [k](const nlohmann::json& m) {
+      return m.contains("copy") ? m["copy"].value(k, uint64_t{0}) : uint64_t{0};
+    };
+    return in(mig_after)-std::min(in(mig_after), in(mig_before));
+  };
   nlohmann::json out = {
       {"touches", touches},
       {"hits", hits},
@@ -714,9 +750,25 @@ int main(int argc, char** argv) {
       {"live_blocks_slow", blocks_slow},
       {"blocks_verified", verified},
       {"corrupt_blocks", corrupt},
-      {"torn_reads", readers ? readers->torn() : 0},
-      {"lease_reads", readers ? readers->reads() : 0},
-      {"reader_failures", readers ? readers->failed() : 0},
+      {"stale_blocks", stale},
+      {"torn_reads", readers ? readers->bad_reads() : 0},
+      {"lease_reads", seen.reads},
+      {"reader_failures", seen.failed},
+      {"lease_checks",
+       {{"torn", seen.torn},
+        {"stale", seen.stale},
+        {"changed_while_held", seen.changed},
+        {"holds", seen.holds},
+        {"holds_cut_short", seen.holds_cut_short},
+        {"held_blocks_moved", seen.held_moved},
+        {"held_blocks_released", seen.held_released},
+        {"rewrites", seen.rewrites},
+        {"rewrites_over_copy", seen.rewrites_over_copy},
+        {"copies_dropped_written", copy_counter("dropped_written")},
+        {"hold_ticks", checks.hold_ticks},
+        {"hold_leases", checks.hold_leases},
+        {"readers", checks.readers},
+        {"writers", checks.writers}}},
       {"pinned", pin},
       {"pool_pages_off_node_before_pin", off_node_before_pin},
       {"pool_pages_off_node_after_pin", off_node_after_pin},
@@ -755,13 +807,26 @@ int main(int argc, char** argv) {
           out["hints"]["blocks_displaced"].get<uint64_t>());
     }
     if (copy) {
-      std::cout << fmt::format("  copy mode: {} reads under leases, {} torn, {} failed\n",
-                               readers->reads(), readers->torn(), readers->failed());
+      std::cout << fmt::format(
+          "  copy mode: {} reads under leases, {} torn, {} stale, {} failed\n"
+          "  {} leases held {} ticks ({} of moved blocks, {} of released ones): {} changed\n"
+          "  {} rewrites ({} over a copy): {} stale blocks at the end\n",
+          seen.reads, seen.torn, seen.stale, seen.failed, seen.holds, checks.hold_ticks,
+          seen.held_moved, seen.held_released, seen.changed, seen.rewrites, seen.rewrites_over_copy,
+          stale);
     }
   }
   std::vector<std::string> failed;
-  if (corrupt) failed.push_back(std::to_string(corrupt) + " corrupt blocks");
-  if (readers && readers->torn()) failed.push_back(std::to_string(readers->torn()) + " torn reads");
+  if (corrupt) {
+    failed.push_back(std::to_string(corrupt) + " corrupt blocks (" + std::to_string(stale) +
+                     " of an older generation than the last write)");
+  }
+  if (readers && readers->bad_reads()) {
+    failed.push_back(fmt::format(
+        "{} torn reads under leases: {} not whole, {} of an older generation than the last "
+        "write, {} held leases whose bytes changed while held",
+        readers->bad_reads(), seen.torn, seen.stale, seen.changed));
+  }
   if (readers && readers->failed()) {
     failed.push_back(std::to_string(readers->failed()) + " reader failures (" +
                      readers->first_error() + ")");
