@@ -283,9 +283,10 @@ void Readers::Run(int index) {
           released = !b.live || b.life != h.life;
         }
         const Location now = client_.LocationOf(h.lease.slot);
-        const uint8_t* at = now.tier < 2 ? client_.tier_pool_base(now.tier) +
-                                               uint64_t{now.index} * client_.tier_pool_stride()
-                                         : nullptr;
+        const uint8_t* at = now.tier < kMaxTiers
+                                ? client_.tier_pool_base(now.tier) +
+                                      uint64_t{now.index} * client_.tier_pool_stride()
+                                : nullptr;
         if (released) {
           held_released_.fetch_add(1);
         } else if (at != h.lease.data) {

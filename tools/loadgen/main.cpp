@@ -129,8 +129,9 @@ int main(int argc, char** argv) {
                  "copy mode: a writer's pause after rewriting a block the daemon was not copying "
                  "(blocks it is copying are rewritten at once)")
       ->capture_default_str();
-  app.add_option("--devdax", devdax,
-                 "copy mode: tier 1 is this device-DAX device (/dev/daxX.Y), mapped by both");
+  app.add_option(
+      "--devdax", devdax,
+      "copy mode: the last tier is this device-DAX device (/dev/daxX.Y), mapped by both");
   app.add_flag("--expect-pinned", expect_pinned,
                "page mode: fail unless the daemon reported a pool of this run pinned");
   app.add_option("--steps", steps, "decode steps")->capture_default_str();
@@ -264,7 +265,7 @@ int main(int argc, char** argv) {
     return t < tier_nodes.size() ? tier_nodes[t] : kNone;
   };
   // Device-DAX memory is no node's: the kernel cannot say where it is.
-  auto kernel_knows = [&](uint8_t t) { return t == 0 || devdax.empty(); };
+  auto kernel_knows = [&](uint8_t t) { return devdax.empty() || t + 1u < client->tiers(); };
   uint32_t pool_id = 0;
   loadgen::Pin pins;
   uint64_t off_node_before_pin = 0, off_node_after_pin = 0;
@@ -275,7 +276,7 @@ int main(int argc, char** argv) {
     st = client->CreateTierPools(o);
     if (!st.ok()) return Fail("tier pools: " + st.message);
     pool_id = client->tier_pool(0);
-    for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
+    for (uint8_t t = 0; t < client->tiers(); ++t) {
       if (!kernel_knows(t)) continue;
       off_node_before_pin += loadgen::PagesOffNodes(client->tier_pool_base(t),
                                                     client->tier_pool_bytes(t), nodes_of(t));
@@ -288,8 +289,8 @@ int main(int argc, char** argv) {
   if (pin) {
     std::string err;
     if (copy) {
-      for (uint8_t t : {uint8_t{0}, uint8_t{1}}) {
-        if (t == 1 && !devdax.empty()) {
+      for (uint8_t t = 0; t < client->tiers(); ++t) {
+        if (t + 1u == client->tiers() && !devdax.empty()) {
           // io_uring pins only anonymous, shmem and hugetlb memory (cudaHostRegister pins
           // device-DAX too); the device is never migratable memory anyway.
           std::fprintf(stderr,
@@ -611,8 +612,8 @@ int main(int argc, char** argv) {
       uint8_t* base = static_cast<uint8_t*>(pool) + uint64_t{v.first} * stride;
       if (copy) {  // where the daemon published the block to be
         const Location at = client->LocationOf(v.second);
-        base =
-            at.tier < 2 ? client->tier_pool_base(at.tier) + uint64_t{at.index} * stride : nullptr;
+        base = at.tier < kMaxTiers ? client->tier_pool_base(at.tier) + uint64_t{at.index} * stride
+                                   : nullptr;
         if (!base || static_cast<uint8_t>(client->TierOf(v.second)) != at.tier) {
           ++placement_mismatches;
           continue;
