@@ -138,6 +138,10 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
     tier_fd_ = UniqueFd(mem.fd);
     node_ = nodes.front();
   }
+  if (tier_fd_.valid()) {
+    struct stat st {};
+    if (fstat(tier_fd_.get(), &st) == 0) memory_id_ = {st.st_dev, st.st_ino};
+  }
   kind_ = wire::PoolKind::kMemfd;
   mapping_ = std::move(mem.mapping);
   base_ = mapping_->address();

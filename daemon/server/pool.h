@@ -73,6 +73,8 @@ class Pool {
   int tier_fd() const { return imported_ ? -1 : tier_fd_.get(); }
   // A memfd pool (kDaemon or kImport): counted in the uid's tier pool bytes.
   bool daemon_memory() const { return tier_fd_.valid(); }
+  // The memfd's identity (st_dev, st_ino); {0, 0} for device-DAX.
+  std::pair<uint64_t, uint64_t> memory_id() const { return memory_id_; }
   int node() const { return node_; }
   const std::shared_ptr<const numa::Mapping>& mapping() const { return mapping_; }
   uint8_t* BlockAddress(uint32_t index) const {
@@ -108,6 +110,7 @@ class Pool {
   int node_ = -1;
   UniqueFd tier_fd_;
   bool imported_ = false;
+  std::pair<uint64_t, uint64_t> memory_id_{0, 0};
   // Copy mode: blocks holding nothing. free_ may also list taken blocks (one
   // TakeAt took, or PutFree listed twice): TakeFree skips them.
   std::vector<uint32_t> free_;

@@ -1,5 +1,7 @@
 #include "service/client_table.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
@@ -197,10 +199,21 @@ uint32_t ClientTable::TierPoolBlocks(const Client&, const wire::CreateTierPool& 
 uint32_t ClientTable::AddTierPool(Client& c, server::Pool pool) {
   const uint8_t tier = pool.tier();
   tier_pool_blocks_[tier] += pool.blocks();
+  if (pool.memory_id() != std::pair<uint64_t, uint64_t>{0, 0}) {
+    std::erase_if(tier_memory_, [](const auto& m) { return m.second.expired(); });
+    tier_memory_[pool.memory_id()] = pool.mapping();
+  }
   if (pool.daemon_memory()) uids_[c.peer.uid].tier_pool_bytes += pool.length();
   const uint32_t id = AddPool(c, std::move(pool));
   c.copy.pool[tier] = static_cast<int32_t>(id);
   return id;
+}
+
+bool ClientTable::TierMemoryInUse(int fd) const {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return false;  // AdoptTierMemory says what it is
+  const auto it = tier_memory_.find({st.st_dev, st.st_ino});
+  return it != tier_memory_.end() && !it->second.expired();
 }
 
 std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,

@@ -131,6 +131,11 @@ class ClientTable {
   uint32_t TierPoolBlocks(const Client& c, const wire::CreateTierPool& m,
                           const engine::Engine& engine) const;
   uint32_t AddTierPool(Client& c, server::Pool pool);
+  // Whether the memfd `fd` is a tier pool some connection of this daemon
+  // has, or one a copy still reads or writes (its mapping is alive): an
+  // import of it must wait (a connection that dropped is still releasing
+  // its blocks, its last copy still running) or is another client's pool.
+  bool TierMemoryInUse(int fd) const;
   // Checks a whole Admit before anything changes: its pool, every block
   // index, keys another client of the same uid holds in `engine`, and the
   // new blocks against the client's free slots and its uid's limit.
@@ -168,6 +173,9 @@ class ClientTable {
     uint32_t seg_slot = 0;
   };
   Map clients_;
+  // Every tier pool memfd handed out or adopted, by (st_dev, st_ino): alive
+  // while a pool or a copy job holds its mapping.
+  std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<const numa::Mapping>> tier_memory_;
   std::unordered_map<uid_t, UidUsage> uids_;  // of the clients in clients_
   std::vector<Owner> owners_;                 // by engine slot; session 0: none
   uint64_t connections_ = 0;                  // connected (clients_ also holds ones leaving)

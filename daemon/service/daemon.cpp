@@ -417,6 +417,15 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
     ClientWarning(peer, "tier pool refused: " + refusal->message);
     return *refusal;
   }
+  if (m.source == wire::TierPoolSource::kImport && fd.valid() &&
+      clients_.TierMemoryInUse(fd.get())) {
+    // Its old connection is still releasing its blocks (or a copy of it still
+    // runs), or it is another connection's pool: two owners would hand out
+    // the same places.
+    return Error{ErrorCode::kBusy,
+                 "this tier pool is still in use by the connection it came from (its blocks are "
+                 "being released, or a copy is running); try again"};
+  }
   const uint32_t blocks = clients_.TierPoolBlocks(*c, m, *engine_);
   static const std::vector<int> kNoNodes;
   const std::vector<int>& nodes =

@@ -1088,6 +1088,23 @@ TEST(CopyMode, AnImportIsCheckedAsTheDaemonWouldMakeIt) {
     EXPECT_EQ(st.code, wire::ErrorCode::kBadPool) << k.name << ": " << st.message;
     EXPECT_NE(st.message.find(k.why), std::string::npos) << st.message;
   }
+  // A live client's own tier pool, imported on another connection: busy (two
+  // owners would hand out the same places).
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->CreateTierPools(8).ok());
+  int theirs = -1;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string() == "/memfd:cxltier-tier1 (deleted)") {
+      theirs = std::stoi(e.path().filename().string());
+    }
+  }
+  ASSERT_GE(theirs, 0) << "the library keeps the daemon's memfd for a reconnect";
+  const Status st =
+      RawCreateTierPool(d.socket(), 1, wire::TierPoolSource::kImport, 8, kBlock, theirs);
+  EXPECT_EQ(st.code, wire::ErrorCode::kBusy) << st.message;
+  EXPECT_NE(st.message.find("still in use"), std::string::npos) << st.message;
   EXPECT_TRUE(d.Alive());
 }
 
