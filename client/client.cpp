@@ -281,6 +281,17 @@ LeaseEntry* Client::lease_row(uint32_t row) const {
          uint64_t{row} * kLeasesPerRow;
 }
 
+namespace {
+
+// The client's device-DAX device, to pass with a CreateTierPool.
+Status OpenDevdax(const std::string& path, int* fd) {
+  *fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (*fd >= 0) return Status::Ok();
+  return Status::Fail(ErrorCode::kBadPool, "cannot open " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
 Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride) {
   wire::CreateTierPool m;
   m.tier = tier;
@@ -291,11 +302,7 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
   if (devdax) {
     m.source = wire::TierPoolSource::kDevdax;
     m.offset = o.devdax_offset;
-    send_fd = open(o.devdax_path.c_str(), O_RDWR | O_CLOEXEC);
-    if (send_fd < 0) {
-      return Status::Fail(ErrorCode::kBadPool,
-                          "cannot open " + o.devdax_path + ": " + std::strerror(errno));
-    }
+    if (Status st = OpenDevdax(o.devdax_path, &send_fd); !st.ok()) return st;
   }
   wire::CreateTierPoolOk ok;
   int fd = -1;
@@ -707,11 +714,7 @@ Status Client::ReimportTierPool(PoolRecord& record, uint32_t* id) {
   if (!t.devdax_path.empty()) {
     m.source = wire::TierPoolSource::kDevdax;
     m.offset = t.devdax_offset;
-    send_fd = open(t.devdax_path.c_str(), O_RDWR | O_CLOEXEC);
-    if (send_fd < 0) {
-      return Status::Fail(ErrorCode::kBadPool,
-                          "cannot open " + t.devdax_path + ": " + std::strerror(errno));
-    }
+    if (Status st = OpenDevdax(t.devdax_path, &send_fd); !st.ok()) return st;
   } else {
     m.source = wire::TierPoolSource::kImport;
   }
