@@ -159,7 +159,11 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print a JSON summary");
   app.add_flag("--reconnect", reconnect,
                "when the daemon goes away, reconnect (re-register the pool, re-admit every block) "
-               "and carry on");
+               "and carry on; copy mode: the tier pools are handed to the new daemon and every "
+               "block is admitted again where it is, the reader and writer threads wait at safe "
+               "points meanwhile (readers keep the leases of their holds, which must read back "
+               "the same bytes after it; no writer holds a write lease) and carry on with the "
+               "blocks' new slots");
   app.add_flag("--expect-no-leaks", expect_no_leaks,
                "fail unless the file descriptors and mapped state segments at the end are what "
                "they were after the first connect");
@@ -192,7 +196,6 @@ int main(int argc, char** argv) {
     return Fail("--pool must be memfd, range or copy");
   }
   const bool copy = pool_kind == "copy";
-  if (copy && reconnect) return Fail("--reconnect does not work in copy mode yet");
   if (blocks < 8 || sessions == 0 || batch == 0)
     return Fail("need --blocks >= 8 and sessions, batch >= 1");
   if ((until_moves > 0 || until_signal) && max_seconds <= 0) max_seconds = 120;
@@ -324,18 +327,27 @@ int main(int argc, char** argv) {
     Status s = fn();
     if (s.ok() || !reconnect) return s;
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    // Copy mode: no Reader may be used and no write lease taken or ended
+    // while Reconnect runs; the threads wait at safe points (readers holding
+    // the leases of their holds, across it) until their slots are remapped.
+    if (readers) readers->Pause();
     while (std::chrono::steady_clock::now() < give_up) {
       uint64_t restored_now = 0;
       if (client->Reconnect(&restored_now).ok()) {
         ++reconnects;
         restored_on_reconnect += restored_now;
         for (auto& [key, v] : live) client->SlotOf(trace_keys[key], &v.second);
+        if (readers) {
+          readers->Remap();
+          readers->Resume();
+        }
         // A new daemon knows no groups: the next hints send their keys again.
         std::fill(hint_sent.begin(), hint_sent.end(), 0);
         return fn();
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    if (readers) readers->Resume();
     return s;
   };
 
@@ -762,6 +774,7 @@ int main(int argc, char** argv) {
         {"holds_cut_short", seen.holds_cut_short},
         {"held_blocks_moved", seen.held_moved},
         {"held_blocks_released", seen.held_released},
+        {"held_across_reconnect", seen.held_across_reconnect},
         {"rewrites", seen.rewrites},
         {"rewrites_over_copy", seen.rewrites_over_copy},
         {"copies_dropped_written", copy_counter("dropped_written")},
@@ -809,11 +822,12 @@ int main(int argc, char** argv) {
     if (copy) {
       std::cout << fmt::format(
           "  copy mode: {} reads under leases, {} torn, {} stale, {} failed\n"
-          "  {} leases held {} ticks ({} of moved blocks, {} of released ones): {} changed\n"
+          "  {} leases held {} ticks ({} of moved blocks, {} of released ones, {} across a "
+          "reconnect): {} changed\n"
           "  {} rewrites ({} over a copy): {} stale blocks at the end\n",
           seen.reads, seen.torn, seen.stale, seen.failed, seen.holds, checks.hold_ticks,
-          seen.held_moved, seen.held_released, seen.changed, seen.rewrites, seen.rewrites_over_copy,
-          stale);
+          seen.held_moved, seen.held_released, seen.held_across_reconnect, seen.changed,
+          seen.rewrites, seen.rewrites_over_copy, stale);
     }
   }
   std::vector<std::string> failed;
