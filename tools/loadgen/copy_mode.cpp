@@ -197,6 +197,11 @@ void Readers::Resume() {
   parked_cv_.notify_all();
 }
 
+void Readers::WaitParked() {
+  std::unique_lock lock(mu_);
+  parked_cv_.wait(lock, [&] { return parked_leases_ == 0 || stop_ || running_ == 0; });
+}
+
 void Readers::Remap() {
   std::lock_guard lock(mu_);
   // Old slot -> the slot its key has now: only for live blocks (a slot not
@@ -222,8 +227,11 @@ void Readers::Remap() {
     at[now] = live.size();
     live.push_back(now);
   }
+  parked_leases_ = 0;
   for (auto& hold : held_by_) {
     for (Held& h : hold) {
+      // The library may park its place (released, or moved under the lease).
+      ++parked_leases_;
       h.across = true;
       const uint32_t old = h.lease.slot;
       if (h.gone || old >= to.size() || to[old] == UINT32_MAX || blocks_[old].life != h.life) {
@@ -301,7 +309,12 @@ bool Readers::Take(Client::Reader& reader, size_t i, Held* held, Status* st) {
 void Readers::Let(Client::Reader& reader, const Held& held) {
   std::unique_lock lock(mu_);
   const Status st = reader.Release(held.lease);
-  if (!held.gone) --blocks_[held.lease.slot].leases;
+  if (!held.gone) {
+    --blocks_[held.lease.slot].leases;
+  }
+  if (held.across && parked_leases_ > 0 && --parked_leases_ == 0) {
+    parked_cv_.notify_all();
+  }
   lock.unlock();
   if (!st.ok()) Failed("Release", st);
 }

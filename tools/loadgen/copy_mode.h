@@ -106,6 +106,12 @@ class Readers {
   void Pause();
   void Remap();
   void Resume();
+  // After Resume: waits until the leases held across the Reconnect are let
+  // go (at most a hold's time). The library parks the places of those on
+  // blocks released or moved before it under keys of its own, each a slot,
+  // until the next Admit or Release after the lease ends: an Admit sized to
+  // the slots this run left free needs them back.
+  void WaitParked();
   CheckCounts counts() const;
   // torn + stale + changed: reads that were wrong.
   uint64_t bad_reads() const { return torn_.load() + stale_.load() + changed_.load(); }
@@ -161,8 +167,9 @@ class Readers {
   std::atomic<bool> stop_{false};
   std::atomic<bool> pause_{false};
   std::condition_variable parked_cv_;
-  int parked_ = 0;   // GUARDED_BY(mu_): threads waiting in Park
-  int running_ = 0;  // GUARDED_BY(mu_): threads not yet returned
+  int parked_ = 0;              // GUARDED_BY(mu_): threads waiting in Park
+  int running_ = 0;             // GUARDED_BY(mu_): threads not yet returned
+  uint32_t parked_leases_ = 0;  // GUARDED_BY(mu_): leases held across the last Remap
   // Each thread's own, touched by others only while it is parked (Remap).
   std::vector<std::vector<Held>> held_by_;  // by reader: the leases of its hold
   std::vector<std::deque<Again>> again_;    // by writer

@@ -340,10 +340,18 @@ int main(int argc, char** argv) {
         if (readers) {
           readers->Remap();
           readers->Resume();
+          // Leases held across it on blocks released or moved before it
+          // keep slots (the library's parked keys) until they end: wait for
+          // that, so that an Admit sized to our free slots fits.
+          readers->WaitParked();
         }
         // A new daemon knows no groups: the next hints send their keys again.
         std::fill(hint_sent.begin(), hint_sent.end(), 0);
-        return fn();
+        s = fn();
+        // A daemon stopping (SIGTERM) may still take a connection before it
+        // goes: then the call fails again, and the next daemon is awaited.
+        if (s.ok()) return s;
+        if (readers) readers->Pause();
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
