@@ -212,22 +212,51 @@ ino_t InodeOf(const std::filesystem::path& path) {
   return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
 }
 
-// SIGKILL the daemon ten times at random moments while a loadgen runs, and
-// restart it each time: the loadgen reconnects (re-registers its pool and
-// re-admits its blocks), no byte of its pool changes, ghosts come back from
-// the last checkpoint, and neither side leaks fds or segments.
-TEST(Daemon, SigkillRestartLoopLosesNothing) {
-  DaemonProcess d("[engine]\ntier0_budget = \"4MiB\"\n", "", "checkpoint_interval_s = 1");
+// A daemon stopped (SIGKILL or SIGTERM) and restarted over and over while a
+// cxltier-loadgen --reconnect runs; RestartLoop's fields say how.
+struct RestartLoop {
+  bool copy = false;     // --pool copy (reader and writer threads beside the workload)
+  int restarts = 10;     // stops, each followed by a start
+  bool sigterm = false;  // every other stop a SIGTERM (else all SIGKILL)
+  std::string tier0_budget = "4MiB";
+};
+
+// The loadgen reconnects each time (re-registers its pool, or hands over its
+// tier pools, and re-admits its blocks), no byte of a block changes (copy
+// mode: nor under a read lease held across a restart, and no write is lost),
+// ghosts come back from the last checkpoint, and neither side leaks fds or
+// segments.
+void RunRestartLoop(const RestartLoop& o) {
+  DaemonProcess d("[engine]\ntier0_budget = \"" + o.tier0_budget + "\"\n", "",
+                  "checkpoint_interval_s = 1");
   const std::string out_path = (d.dir() / "loadgen.json").string();
-  // The loadgen runs until the ten kills are done (SIGUSR1), not for a fixed time.
+  // The loadgen runs until the restarts are done (SIGUSR1), not for a fixed time.
+  std::vector<const char*> args = {"cxltier-loadgen",
+                                   "--socket",
+                                   d.socket().c_str(),
+                                   "--blocks",
+                                   "48",
+                                   "--block-bytes",
+                                   "256KiB",
+                                   "--steps",
+                                   "20000",
+                                   "--step-ms",
+                                   "2",
+                                   "--until-signal",
+                                   "--seconds",
+                                   "600",
+                                   "--reconnect",
+                                   "--expect-no-leaks",
+                                   "--json",
+                                   "--expect-restored",
+                                   "--pool",
+                                   o.copy ? "copy" : "memfd",
+                                   nullptr};
   const pid_t loadgen = testing::ForkAlone();
   if (loadgen == 0) {
     const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
-    execl(CXLTIER_LOADGEN_PATH, "cxltier-loadgen", "--socket", d.socket().c_str(), "--blocks", "48",
-          "--block-bytes", "256KiB", "--steps", "20000", "--step-ms", "2", "--until-signal",
-          "--seconds", "600", "--reconnect", "--expect-no-leaks", "--expect-restored", "--json",
-          static_cast<char*>(nullptr));
+    execv(CXLTIER_LOADGEN_PATH, const_cast<char* const*>(args.data()));
     _exit(127);
   }
   struct Reap {  // an ASSERT that returns early must not leave the loadgen running
@@ -256,9 +285,9 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
   std::mt19937 rng(11);
   size_t fewest_fds = 0;
   uint64_t loaded_ghosts = 0;
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < o.restarts; ++round) {
     if (round == 0) {
-      // The first kill comes after a checkpoint that holds the client's blocks
+      // The first stop comes after a checkpoint that holds the client's blocks
       // (one written after it connected), so some restart must find ghosts.
       const ino_t before = InodeOf(checkpoint);
       ASSERT_TRUE(WaitFor([&] { return InodeOf(checkpoint) != before; }))
@@ -268,11 +297,12 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
       // Random moments; now and then after a checkpoint (every second).
       std::this_thread::sleep_for(std::chrono::milliseconds(400 + rng() % 800));
     }
-    ASSERT_EQ(d.Stop(SIGKILL), -SIGKILL);
+    const int sig = o.sigterm && round % 2 == 1 ? SIGTERM : SIGKILL;
+    ASSERT_EQ(d.Stop(sig), sig == SIGKILL ? -SIGKILL : 0) << d.Log();
     d.Start();
     ASSERT_TRUE(d.Alive()) << d.Log();
     const nlohmann::json st = wait_for_client();
-    ASSERT_TRUE(st.is_object()) << "the loadgen did not come back after kill " << round << "\n"
+    ASSERT_TRUE(st.is_object()) << "the loadgen did not come back after stop " << round << "\n"
                                 << d.Log();
     loaded_ghosts += st["ghosts_loaded_at_start"].get<uint64_t>();
     // Every restarted daemon, serving the same client, comes back to as few
@@ -281,7 +311,7 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
       fewest_fds = SettledDaemonFds(d.pid());
     } else {
       const size_t fds = DaemonFdsComeBackTo(d.pid(), fewest_fds);
-      EXPECT_LE(fds, fewest_fds) << "the daemon restarted for kill " << round << " kept " << fds
+      EXPECT_LE(fds, fewest_fds) << "the daemon restarted for stop " << round << " kept " << fds
                                  << " fds for 60 s; the first one had " << fewest_fds;
       fewest_fds = std::min(fewest_fds, fds);
     }
@@ -296,13 +326,41 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << out << d.Log();
   const auto j = nlohmann::json::parse(out, nullptr, false);
   ASSERT_TRUE(j.is_object()) << out;
-  EXPECT_EQ(j["corrupt_blocks"], 0);  // every byte of every block, after ten kills
-  EXPECT_EQ(j["blocks_verified"], 48);
-  EXPECT_EQ(j["reconnects"], 10);
-  EXPECT_EQ(j["fd_growth"], 0);
-  EXPECT_EQ(j["state_segments_mapped"], 1);
-  EXPECT_GT(j["restored_on_reconnect"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["corrupt_blocks"], 0) << out;  // every byte of every block, after the restarts
+  EXPECT_EQ(j["fd_growth"], 0) << out;
+  EXPECT_EQ(j["state_segments_mapped"], 1) << out;
   EXPECT_GT(loaded_ghosts, 0u) << "no restart found ghosts in a checkpoint";
+  EXPECT_GT(j["restored_on_reconnect"].get<uint64_t>(), 0u) << out;
+  if (!o.copy) {
+    EXPECT_EQ(j["blocks_verified"], 48);
+    EXPECT_EQ(j["reconnects"], o.restarts);
+    return;
+  }
+  // Copy mode: the live blocks (the daemon placed them), each of the last
+  // generation written; reads under leases all whole and of that generation,
+  // held ones unchanged across restarts.
+  EXPECT_GT(j["blocks_verified"].get<uint64_t>(), 0u) << out;
+  EXPECT_GE(j["reconnects"].get<int>(), o.restarts) << out;
+  EXPECT_EQ(j["torn_reads"], 0) << out;
+  EXPECT_EQ(j["stale_blocks"], 0) << out;
+  EXPECT_EQ(j["reader_failures"], 0) << out;
+  EXPECT_EQ(j["lease_checks"]["changed_while_held"], 0) << out;
+  EXPECT_GT(j["lease_reads"].get<uint64_t>(), 0u) << out;
+  EXPECT_GT(j["lease_checks"]["rewrites"].get<uint64_t>(), 0u) << out;
+  // A hold's ticks stop with the daemon: readers are holding leases when
+  // the loadgen notices the restart.
+  EXPECT_GT(j["lease_checks"]["held_across_reconnect"].get<uint64_t>(), 0u) << out;
+}
+
+// SIGKILL the daemon ten times at random moments while a loadgen runs, and
+// restart it each time.
+TEST(Daemon, SigkillRestartLoopLosesNothing) { RunRestartLoop({}); }
+
+// The same in copy mode, four restarts (SIGKILL and SIGTERM), with a tier 0
+// of 8 blocks so that blocks move: read leases held across each restart
+// read the same bytes after it, and no rewrite is lost.
+TEST(Daemon, CopyModeRestartLoopLosesNothing) {
+  RunRestartLoop({.copy = true, .restarts = 4, .sigterm = true, .tier0_budget = "2MiB"});
 }
 
 // A version-3 checkpoint as the daemon wrote it (docs/operations.md): the

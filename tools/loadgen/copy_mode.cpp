@@ -114,10 +114,28 @@ Readers::Readers(Client& client, uint64_t block_bytes, const CheckOptions& optio
       block_bytes_(block_bytes),
       options_(options),
       blocks_(client.slots()),
-      at_(client.slots(), SIZE_MAX) {
+      at_(client.slots(), SIZE_MAX),
+      held_by_(static_cast<size_t>(std::max(options.readers, 0))),
+      again_(static_cast<size_t>(std::max(options.writers, 0))) {
   options_.hold_leases = std::min(options_.hold_leases, kLeasesPerRow - 1);  // one for quick reads
-  for (int i = 0; i < options_.readers; ++i) threads_.emplace_back([this, i] { Run(i); });
-  for (int i = 0; i < options_.writers; ++i) threads_.emplace_back([this, i] { Write(i); });
+  running_ = std::max(options_.readers, 0) + std::max(options_.writers, 0);
+  auto exited = [this] {
+    std::lock_guard lock(mu_);
+    --running_;
+    parked_cv_.notify_all();
+  };
+  for (int i = 0; i < options_.readers; ++i) {
+    threads_.emplace_back([this, i, exited] {
+      Run(i);
+      exited();
+    });
+  }
+  for (int i = 0; i < options_.writers; ++i) {
+    threads_.emplace_back([this, i, exited] {
+      Write(i);
+      exited();
+    });
+  }
 }
 
 void Readers::Publish(uint32_t slot, const BlockKey& key) {
@@ -145,9 +163,98 @@ void Readers::Withdraw(uint32_t slot) {
 }
 
 void Readers::Stop() {
-  stop_ = true;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  parked_cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
+}
+
+bool Readers::Park() {
+  if (!pause_.load(std::memory_order_relaxed)) return false;
+  std::unique_lock lock(mu_);
+  if (!pause_ || stop_) return false;
+  ++parked_;
+  parked_cv_.notify_all();
+  parked_cv_.wait(lock, [&] { return !pause_ || stop_; });
+  --parked_;
+  return true;
+}
+
+void Readers::Pause() {
+  std::unique_lock lock(mu_);
+  pause_ = true;
+  parked_cv_.wait(lock, [&] { return parked_ == running_; });
+}
+
+void Readers::Resume() {
+  {
+    std::lock_guard lock(mu_);
+    pause_ = false;
+  }
+  parked_cv_.notify_all();
+}
+
+void Readers::WaitParked() {
+  std::unique_lock lock(mu_);
+  parked_cv_.wait(lock, [&] { return parked_leases_ == 0 || stop_ || running_ == 0; });
+}
+
+void Readers::Remap() {
+  std::lock_guard lock(mu_);
+  // Old slot -> the slot its key has now: only for live blocks (a slot not
+  // live, or live again with another block, is no block of a lease on it).
+  const uint32_t n = client_.slots();
+  std::vector<uint32_t> to(blocks_.size(), UINT32_MAX);
+  std::vector<Block> blocks(n);
+  std::vector<uint32_t> live;
+  std::vector<size_t> at(n, SIZE_MAX);
+  for (uint32_t old : live_) {
+    uint32_t now = UINT32_MAX;
+    if (!client_.SlotOf(blocks_[old].key, &now) || now >= n || at[now] != SIZE_MAX) {
+      failed_.fetch_add(1);
+      if (first_error_.empty()) {
+        first_error_ = "Remap: the block of slot " + std::to_string(old) +
+                       " has no slot of its own after the reconnect";
+      }
+      continue;
+    }
+    to[old] = now;
+    blocks[now] = blocks_[old];
+    blocks[now].leases = 0;  // counted again below
+    at[now] = live.size();
+    live.push_back(now);
+  }
+  parked_leases_ = 0;
+  for (auto& hold : held_by_) {
+    for (Held& h : hold) {
+      // The library may park its place (released, or moved under the lease).
+      ++parked_leases_;
+      h.across = true;
+      const uint32_t old = h.lease.slot;
+      if (h.gone || old >= to.size() || to[old] == UINT32_MAX || blocks_[old].life != h.life) {
+        h.gone = true;  // released before: the library keeps its place until we let go
+        continue;
+      }
+      h.lease.slot = to[old];
+      ++blocks[to[old]].leases;
+    }
+  }
+  for (auto& again : again_) {
+    std::deque<Again> kept;
+    for (Again a : again) {
+      if (a.slot < to.size() && to[a.slot] != UINT32_MAX && blocks_[a.slot].life == a.life) {
+        a.slot = to[a.slot];
+        kept.push_back(a);
+      }
+    }
+    again.swap(kept);
+  }
+  blocks_ = std::move(blocks);
+  live_ = std::move(live);
+  at_ = std::move(at);
 }
 
 uint64_t Readers::generation(uint32_t slot) {
@@ -162,6 +269,7 @@ CheckCounts Readers::counts() const {
   c.holds_cut_short = holds_cut_short_.load();
   c.held_moved = held_moved_.load();
   c.held_released = held_released_.load();
+  c.held_across_reconnect = held_across_.load();
   c.rewrites = rewrites_.load();
   c.rewrites_over_copy = rewrites_over_copy_.load();
   c.torn = torn_.load();
@@ -201,7 +309,12 @@ bool Readers::Take(Client::Reader& reader, size_t i, Held* held, Status* st) {
 void Readers::Let(Client::Reader& reader, const Held& held) {
   std::unique_lock lock(mu_);
   const Status st = reader.Release(held.lease);
-  --blocks_[held.lease.slot].leases;
+  if (!held.gone) {
+    --blocks_[held.lease.slot].leases;
+  }
+  if (held.across && parked_leases_ > 0 && --parked_leases_ == 0) {
+    parked_cv_.notify_all();
+  }
   lock.unlock();
   if (!st.ok()) Failed("Release", st);
 }
@@ -241,11 +354,17 @@ void Readers::Run(int index) {
   const auto bound = std::max<std::chrono::milliseconds>(
       std::chrono::seconds(10),
       std::chrono::milliseconds(uint64_t{options_.hold_ticks} * client_.tick_ms() * 20));
-  std::vector<Held> hold;
+  std::vector<Held>& hold = held_by_[static_cast<size_t>(index)];
   uint64_t hold_until = 0;
   auto hold_deadline = std::chrono::steady_clock::now();
   uint64_t n = static_cast<uint64_t>(index) * 7919;
   for (;;) {
+    if (Park() && !hold.empty()) {
+      // A new daemon counts its ticks from its start: the hold waits its
+      // ticks over again from there.
+      hold_until = client_.daemon_ticks() + options_.hold_ticks;
+      hold_deadline = std::chrono::steady_clock::now() + bound;
+    }
     const bool stopping = stop_.load(std::memory_order_relaxed);
     if (holding && hold.empty() && !stopping) {
       // A hold: leases on distinct blocks, checked now and again later.
@@ -276,17 +395,20 @@ void Readers::Run(int index) {
       // places): every byte must still be what it was.
       const bool cut = !stopping && client_.daemon_ticks() < hold_until;
       for (const Held& h : hold) {
-        bool released = false;
-        {
+        bool released = h.gone;
+        if (!released) {
           std::lock_guard lock(mu_);
           const Block& b = blocks_[h.lease.slot];
           released = !b.live || b.life != h.life;
         }
-        const Location now = client_.LocationOf(h.lease.slot);
-        const uint8_t* at = now.tier < kMaxTiers
-                                ? client_.tier_pool_base(now.tier) +
-                                      uint64_t{now.index} * client_.tier_pool_stride()
-                                : nullptr;
+        const uint8_t* at = nullptr;
+        if (!released) {
+          const Location now = client_.LocationOf(h.lease.slot);
+          at = now.tier < kMaxTiers ? client_.tier_pool_base(now.tier) +
+                                          uint64_t{now.index} * client_.tier_pool_stride()
+                                    : nullptr;
+        }
+        held_across_.fetch_add(h.across, std::memory_order_relaxed);
         if (released) {
           held_released_.fetch_add(1);
         } else if (at != h.lease.data) {
@@ -331,18 +453,18 @@ void Readers::Write(int index) {
   auto reader = client_.NewReader(&st);  // to look again at copies cancelled
   if (!reader) return Failed("NewReader", st);
   std::mt19937_64 rng(static_cast<uint64_t>(index) * 104729 + 7);
-  // Rewrites begun over a copy: checked again under a read lease two ticks
-  // later, when a daemon that published the cancelled copy has done so.
-  struct Again {
-    uint32_t slot;
-    uint64_t life;
-    uint64_t at_tick;
-  };
-  std::deque<Again> again;
+  // Rewrites begun over a copy: checked again under a read lease two ticks later.
+  std::deque<Again>& again = again_[static_cast<size_t>(index)];
   auto next_any = std::chrono::steady_clock::now();
   uint64_t cancels = 0;
   uint64_t aimed_tick = 0;  // the daemon tick of the last rewrite over a copy
   for (;;) {
+    // Here no write lease is held (nor any read lease): a safe point.
+    if (Park()) {
+      // A new daemon counts its ticks from its start.
+      aimed_tick = 0;
+      for (Again& a : again) a.at_tick = client_.daemon_ticks() + 2;
+    }
     const bool stopping = stop_.load(std::memory_order_relaxed);
     while (!again.empty() && (stopping || client_.daemon_ticks() >= again.front().at_tick)) {
       const Again a = again.front();

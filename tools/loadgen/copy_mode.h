@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -67,12 +68,13 @@ struct CheckCounts {
   uint64_t holds_cut_short = 0;  // ... of them let go before the ticks passed (the time bound)
   uint64_t held_moved = 0;       // ... of them whose block the daemon moved meanwhile
   uint64_t held_released = 0;    // ... whose block the workload released meanwhile
-  uint64_t rewrites = 0;         // blocks written again (a new generation) under write leases
-  uint64_t rewrites_over_copy = 0;  // ... begun while the daemon was copying the block
-  uint64_t torn = 0;                // reads of bytes that are no whole block of the key
-  uint64_t stale = 0;               // reads of an older generation than the last write's
-  uint64_t changed = 0;             // held leases whose bytes changed while held
-  uint64_t failed = 0;              // lease calls that failed (EndWrite without the lease, ...)
+  uint64_t held_across_reconnect = 0;  // ... held while the client reconnected (Pause .. Resume)
+  uint64_t rewrites = 0;               // blocks written again (a new generation) under write leases
+  uint64_t rewrites_over_copy = 0;     // ... begun while the daemon was copying the block
+  uint64_t torn = 0;                   // reads of bytes that are no whole block of the key
+  uint64_t stale = 0;                  // reads of an older generation than the last write's
+  uint64_t changed = 0;                // held leases whose bytes changed while held
+  uint64_t failed = 0;                 // lease calls that failed (EndWrite without the lease, ...)
 };
 
 // Reader and writer threads. The main thread publishes a block once written
@@ -95,6 +97,21 @@ class Readers {
   void Stop();
   // The generation of the slot's last completed write.
   uint64_t generation(uint32_t slot);
+  // Around a Client::Reconnect: Pause returns once every thread waits at a
+  // safe point (a reader may still hold the leases of a hold; no writer is
+  // between BeginWrite and EndWrite), Remap then moves everything kept by
+  // slot (blocks, the leases held) to the slot client.SlotOf gives its key
+  // now, and Resume lets the threads go on (their waits for daemon ticks
+  // start over: a new daemon's tick count restarts). Main thread only.
+  void Pause();
+  void Remap();
+  void Resume();
+  // After Resume: waits until the leases held across the Reconnect are let
+  // go (at most a hold's time). The library parks the places of those on
+  // blocks released or moved before it under keys of its own, each a slot,
+  // until the next Admit or Release after the lease ends: an Admit sized to
+  // the slots this run left free needs them back.
+  void WaitParked();
   CheckCounts counts() const;
   // torn + stale + changed: reads that were wrong.
   uint64_t bad_reads() const { return torn_.load() + stale_.load() + changed_.load(); }
@@ -116,7 +133,16 @@ class Readers {
     BlockKey key;
     uint64_t generation = 0;
     uint64_t life = 0;
-    bool whole = false;  // at the first look
+    bool whole = false;   // at the first look
+    bool across = false;  // held across a Reconnect
+    bool gone = false;    // released before a Reconnect: no slot of ours any more
+  };
+  // A rewrite begun over a copy, checked again under a read lease two ticks
+  // later, when a daemon that published the cancelled copy has done so.
+  struct Again {
+    uint32_t slot;
+    uint64_t life;
+    uint64_t at_tick;
   };
   void Run(int index);
   void Write(int index);
@@ -127,6 +153,9 @@ class Readers {
   // Checks the bytes under a lease (key, whole, generation); counts what is wrong.
   bool Check(const Held& held);
   void Failed(const std::string& what, const Status& st);
+  // A thread's safe point: waits while paused; true when it was (the
+  // caller's daemon ticks start over).
+  bool Park();
   Client& client_;
   uint64_t block_bytes_;
   CheckOptions options_;
@@ -136,9 +165,17 @@ class Readers {
   std::vector<uint32_t> live_;  // GUARDED_BY(mu_): slots published
   std::vector<size_t> at_;      // GUARDED_BY(mu_): slot -> index in live_
   std::atomic<bool> stop_{false};
+  std::atomic<bool> pause_{false};
+  std::condition_variable parked_cv_;
+  int parked_ = 0;              // GUARDED_BY(mu_): threads waiting in Park
+  int running_ = 0;             // GUARDED_BY(mu_): threads not yet returned
+  uint32_t parked_leases_ = 0;  // GUARDED_BY(mu_): leases held across the last Remap
+  // Each thread's own, touched by others only while it is parked (Remap).
+  std::vector<std::vector<Held>> held_by_;  // by reader: the leases of its hold
+  std::vector<std::deque<Again>> again_;    // by writer
   std::atomic<uint64_t> reads_{0}, holds_{0}, holds_cut_short_{0}, held_moved_{0},
-      held_released_{0}, rewrites_{0}, rewrites_over_copy_{0}, torn_{0}, stale_{0}, changed_{0},
-      failed_{0};
+      held_released_{0}, held_across_{0}, rewrites_{0}, rewrites_over_copy_{0}, torn_{0}, stale_{0},
+      changed_{0}, failed_{0};
   std::string first_error_;  // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };

@@ -160,7 +160,11 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print a JSON summary");
   app.add_flag("--reconnect", reconnect,
                "when the daemon goes away, reconnect (re-register the pool, re-admit every block) "
-               "and carry on");
+               "and carry on; copy mode: the tier pools are handed to the new daemon and every "
+               "block is admitted again where it is, the reader and writer threads wait at safe "
+               "points meanwhile (readers keep the leases of their holds, which must read back "
+               "the same bytes after it; no writer holds a write lease) and carry on with the "
+               "blocks' new slots");
   app.add_flag("--expect-no-leaks", expect_no_leaks,
                "fail unless the file descriptors and mapped state segments at the end are what "
                "they were after the first connect");
@@ -193,7 +197,6 @@ int main(int argc, char** argv) {
     return Fail("--pool must be memfd, range or copy");
   }
   const bool copy = pool_kind == "copy";
-  if (copy && reconnect) return Fail("--reconnect does not work in copy mode yet");
   if (blocks < 8 || sessions == 0 || batch == 0)
     return Fail("need --blocks >= 8 and sessions, batch >= 1");
   if ((until_moves > 0 || until_signal) && max_seconds <= 0) max_seconds = 120;
@@ -236,7 +239,11 @@ int main(int argc, char** argv) {
   }
 
   Status st;
-  auto client = Client::Connect({socket_path, model, blocks, name}, &st);
+  // Copy mode: a place (and a slot, after a reconnect: the library's parked
+  // key) is kept for every lease a hold has on a block that moved or was
+  // released, beyond the blocks live at once: that room is ours to give.
+  const uint32_t held_room = copy ? static_cast<uint32_t>(checks.readers) * checks.hold_leases : 0;
+  auto client = Client::Connect({socket_path, model, blocks + held_room, name}, &st);
   if (!client) return Fail(st.message);
   // The daemon's tiers: which nodes the kernel should show each tier's pages
   // on. slow_nodes: those of every tier but 0.
@@ -271,7 +278,7 @@ int main(int argc, char** argv) {
   uint64_t off_node_before_pin = 0, off_node_after_pin = 0;
   if (copy) {
     Client::TierPoolOptions o;
-    o.blocks = blocks;
+    o.blocks = blocks + held_room;
     o.devdax_path = devdax;
     st = client->CreateTierPools(o);
     if (!st.ok()) return Fail("tier pools: " + st.message);
@@ -325,18 +332,36 @@ int main(int argc, char** argv) {
     Status s = fn();
     if (s.ok() || !reconnect) return s;
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    // Copy mode: no Reader may be used and no write lease taken or ended
+    // while Reconnect runs; the threads wait at safe points (readers holding
+    // the leases of their holds, across it) until their slots are remapped.
+    if (readers) readers->Pause();
     while (std::chrono::steady_clock::now() < give_up) {
       uint64_t restored_now = 0;
       if (client->Reconnect(&restored_now).ok()) {
         ++reconnects;
         restored_on_reconnect += restored_now;
         for (auto& [key, v] : live) client->SlotOf(trace_keys[key], &v.second);
+        if (readers) {
+          readers->Remap();
+          readers->Resume();
+          // Leases held across it on blocks released or moved before it
+          // keep slots (the library's parked keys) until they end: wait for
+          // that, so that an Admit sized to our free slots fits.
+          readers->WaitParked();
+        }
         // A new daemon knows no groups: the next hints send their keys again.
         std::fill(hint_sent.begin(), hint_sent.end(), 0);
-        return fn();
+        s = fn();
+        // A daemon stopping (SIGTERM) may still take a connection before it
+        // goes: then the call fails again on the socket, and the next daemon
+        // is awaited. Any answer of a daemon is the call's.
+        if (s.ok() || s.code != wire::ErrorCode::kInternal) return s;
+        if (readers) readers->Pause();
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    if (readers) readers->Resume();
     return s;
   };
 
@@ -763,6 +788,7 @@ int main(int argc, char** argv) {
         {"holds_cut_short", seen.holds_cut_short},
         {"held_blocks_moved", seen.held_moved},
         {"held_blocks_released", seen.held_released},
+        {"held_across_reconnect", seen.held_across_reconnect},
         {"rewrites", seen.rewrites},
         {"rewrites_over_copy", seen.rewrites_over_copy},
         {"copies_dropped_written", copy_counter("dropped_written")},
@@ -810,11 +836,12 @@ int main(int argc, char** argv) {
     if (copy) {
       std::cout << fmt::format(
           "  copy mode: {} reads under leases, {} torn, {} stale, {} failed\n"
-          "  {} leases held {} ticks ({} of moved blocks, {} of released ones): {} changed\n"
+          "  {} leases held {} ticks ({} of moved blocks, {} of released ones, {} across a "
+          "reconnect): {} changed\n"
           "  {} rewrites ({} over a copy): {} stale blocks at the end\n",
           seen.reads, seen.torn, seen.stale, seen.failed, seen.holds, checks.hold_ticks,
-          seen.held_moved, seen.held_released, seen.changed, seen.rewrites, seen.rewrites_over_copy,
-          stale);
+          seen.held_moved, seen.held_released, seen.held_across_reconnect, seen.changed,
+          seen.rewrites, seen.rewrites_over_copy, stale);
     }
   }
   std::vector<std::string> failed;
