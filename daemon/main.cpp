@@ -203,14 +203,15 @@ int main(int argc, char** argv) {
   sopts.max_input_bytes_per_uid = config.max_input_bytes_per_uid;
   sopts.frame_timeout = std::chrono::seconds(config.frame_timeout_s);
   sopts.idle_timeout = std::chrono::seconds(config.idle_timeout_s);
-  // Rate-limited per connection there: a client repeating a bad frame must
-  // not flood the journal.
+  // Rate-limited per uid there: a client repeating a bad frame, or churning
+  // connections, must not flood the journal.
   sopts.on_protocol_error = [&daemon](const cxltier::server::Peer& p, const std::string& what) {
     daemon.ClientWarning(p, what);
   };
   sopts.log = [](cxltier::server::LogLevel level, const std::string& what) {
     spdlog::log(SpdlogLevel(level), "{}", what);
   };
+  sopts.peer_log = &daemon.peer_log();
   cxltier::server::Server server(io, daemon, sopts);
   // Socket activation: systemd's socket (cxltierd.socket sets its mode and
   // group); otherwise our own, mode 0660, group socket_group.

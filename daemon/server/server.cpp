@@ -165,25 +165,26 @@ class Session : public std::enable_shared_from_this<Session> {
     const ServerOptions& o = server_.options_;
     if (stall_since_ && now - *stall_since_ >= o.reply_stall_timeout) {
       ++server_.counters_.stalled_closed;
-      server_.LogLimited(LogLevel::kWarn, Who() + ": closed: " + Mib(out_bytes_) +
-                                              " of replies not read for " +
-                                              Seconds(now - *stall_since_));
+      server_.LogAbout(peer_, LogLevel::kWarn,
+                       Who() + ": closed: " + Mib(out_bytes_) + " of replies not read for " +
+                           Seconds(now - *stall_since_));
       return Close();
     }
     // A stalled session is not read, so its frame cannot progress: only the
     // stall counts then (the frame's clock restarts when reading resumes).
     if (frame_since_ && !stall_since_ && now - *frame_since_ >= o.frame_timeout) {
       ++server_.counters_.frame_timeouts;
-      server_.LogLimited(LogLevel::kWarn, Who() + ": closed: a frame started " +
-                                              Seconds(now - *frame_since_) +
-                                              " ago is incomplete (" + std::to_string(in_.size()) +
-                                              " bytes of it arrived)");
+      server_.LogAbout(peer_, LogLevel::kWarn,
+                       Who() + ": closed: a frame started " + Seconds(now - *frame_since_) +
+                           " ago is incomplete (" + std::to_string(in_.size()) +
+                           " bytes of it arrived)");
       return Close();
     }
     if (!hello_ok_ && now - last_request_ >= o.idle_timeout) {
       ++server_.counters_.idle_closed;
-      server_.LogLimited(LogLevel::kInfo, Who() + ": closed: no hello and no request for " +
-                                              Seconds(now - last_request_));
+      server_.LogAbout(
+          peer_, LogLevel::kInfo,
+          Who() + ": closed: no hello and no request for " + Seconds(now - last_request_));
       return Close();
     }
   }
@@ -335,7 +336,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void HandlerThrew(const char* what, const char* why) {
     ++server_.counters_.handler_exceptions;
-    server_.LogLimited(LogLevel::kError, Who() + ": " + what + " threw: " + why);
+    server_.LogAbout(peer_, LogLevel::kError, Who() + ": " + what + " threw: " + why);
   }
 
   // Dispatches complete frames from the head of the input while the turn and
@@ -775,6 +776,14 @@ void Server::LogLimited(LogLevel level, const std::string& what) {
                              Seconds(v.ended) + " were suppressed");
   }
   if (v.log) Log(level, what);
+}
+
+void Server::LogAbout(const Peer& peer, LogLevel level, const std::string& what) {
+  if (options_.peer_log) {
+    options_.peer_log->Line(peer.uid, level, what);
+  } else {
+    LogLimited(level, what);
+  }
 }
 
 void Server::Stop() {

@@ -71,8 +71,6 @@ class Handler {
                                         UniqueFd* reply_fd) = 0;
 };
 
-enum class LogLevel { kDebug, kInfo, kWarn, kError };
-
 // Every bound here is what one hostile local user can make the daemon hold or
 // do; the defaults match DaemonConfig's [limits].
 struct ServerOptions {
@@ -97,6 +95,9 @@ struct ServerOptions {
   // The server's own events: accept back-offs, closed connections, handler
   // exceptions. Rate-limited by the server where an attacker could repeat them.
   std::function<void(LogLevel, const std::string&)> log;
+  // Where lines about one connection go, limited per uid together with the
+  // handler's own lines about its clients; null: `log`, limited server-wide.
+  PeerLog* peer_log = nullptr;
 };
 
 // What the server did to protect itself, since it started.
@@ -152,6 +153,8 @@ class Server {
   void Log(LogLevel level, const std::string& what) const;
   // For lines a client can repeat at will: at most a burst per window.
   void LogLimited(LogLevel level, const std::string& what);
+  // A line about a connection of `peer`: limited per uid (options_.peer_log).
+  void LogAbout(const Peer& peer, LogLevel level, const std::string& what);
 
   boost::asio::io_context& io_;
   Handler& handler_;

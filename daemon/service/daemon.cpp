@@ -45,7 +45,15 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
              }),
       checkpoints_(config_.state_dir,
                    [this](std::function<void()> f) { asio::post(io_, std::move(f)); }),
-      timer_(io) {}
+      timer_(io) {
+  peer_log_.set_sink([](server::LogLevel level, const std::string& line) {
+    spdlog::log(level == server::LogLevel::kError  ? spdlog::level::err
+                : level == server::LogLevel::kWarn ? spdlog::level::warn
+                : level == server::LogLevel::kInfo ? spdlog::level::info
+                                                   : spdlog::level::debug,
+                "{}", line);
+  });
+}
 
 Daemon::~Daemon() { Stop(); }
 
@@ -292,7 +300,7 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
     return Error{ErrorCode::kDenied, std::string(what) + " needs root or membership of group '" +
                                          config_.admin_group + "'"};
   }
-  spdlog::info("{} requested by pid {} uid {}", what, peer.pid, peer.uid);
+  ClientInfo(peer, fmt::format("{} requested by pid {} uid {}", what, peer.pid, peer.uid));
   if (m.op == wire::AdminOp::kSetPolicy) {
     if (Status st = SetPolicy(m.arg); !st.ok()) return st;
     return wire::AdminOk{"policy " + m.arg};
@@ -311,14 +319,12 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
 }
 
 void Daemon::ClientWarning(const server::Peer& peer, const std::string& what) {
-  const server::LogLimiter::Verdict v =
-      warnings_.Allow(peer.session_id, std::chrono::steady_clock::now());
-  if (v.suppressed) {
-    spdlog::warn("client pid {} uid {}: {} more warnings were suppressed in the last {} s",
-                 peer.pid, peer.uid, v.suppressed,
-                 std::chrono::duration_cast<std::chrono::seconds>(warnings_.window()).count());
-  }
-  if (v.log) spdlog::warn("client pid {} uid {}: {}", peer.pid, peer.uid, what);
+  peer_log_.Line(peer.uid, server::LogLevel::kWarn,
+                 fmt::format("client pid {} uid {}: {}", peer.pid, peer.uid, what));
+}
+
+void Daemon::ClientInfo(const server::Peer& peer, const std::string& line) {
+  peer_log_.Line(peer.uid, server::LogLevel::kInfo, line);
 }
 
 std::optional<Error> Daemon::OnConnect(const server::Peer& peer) {
@@ -335,15 +341,11 @@ void Daemon::OnDisconnect(const server::Peer& peer) {
   Client* c = Find(peer);
   if (!c || c->leaving) return;
   clients_.MarkLeaving(*c);
-  spdlog::info("client {} ({}, pid {}) left; its {} blocks become ghosts", c->id, c->name, peer.pid,
-               c->live);
+  ClientInfo(peer, fmt::format("client {} ('{}', pid {} uid {}) left; its {} blocks become ghosts",
+                               c->id, c->name, peer.pid, peer.uid, c->live));
   // Its client account loses its quota; the engine forgets it once its
   // blocks are released.
   if (config_.ClientQuotaOf(c->name)) ApplyQuotas();
-  if (const uint64_t held = warnings_.Forget(peer.session_id)) {
-    spdlog::warn("client pid {} uid {}: {} more warnings were suppressed", peer.pid, peer.uid,
-                 held);
-  }
   ReleaseLeaving(peer.session_id);
 }
 
@@ -377,8 +379,9 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   c->account = engine::kClientAccount | c->id;
   if (config_.ClientQuotaOf(c->name)) ApplyQuotas();
   *segment_fd = c->segment.fd();
-  spdlog::info("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id, c->name,
-               peer.pid, peer.uid, m.max_blocks, m.model.block_bytes());
+  ClientInfo(peer,
+             fmt::format("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id,
+                         c->name, peer.pid, peer.uid, m.max_blocks, m.model.block_bytes()));
   return wire::HelloOk{c->id,           m.max_blocks,    kSegmentSlotOffset, m.model.block_bytes(),
                        config_.tick_ms, engine_->tiers()};
 }
@@ -397,9 +400,9 @@ server::Answer<wire::RegisterPoolOk> Daemon::OnRegisterPool(const server::Peer& 
     return st;
   }
   const uint32_t id = clients_.AddPool(*c, std::move(pool));
-  spdlog::info("client {}: pool {} ({}, {} blocks, {})", c->id, id,
-               m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
-               FormatBytes(m.length));
+  ClientInfo(peer, fmt::format("client {} (uid {}): pool {} ({}, {} blocks, {})", c->id, peer.uid,
+                               id, m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range",
+                               m.blocks, FormatBytes(m.length)));
   return wire::RegisterPoolOk{id};
 }
 
@@ -441,8 +444,10 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
   const server::Pool& p = c->pools[id];
   *pool_fd = p.tier_fd();
   static constexpr const char* kSources[] = {"memfd", "device-DAX", "imported memfd"};
-  spdlog::info("client {}: tier {} pool {} ({}, {} blocks, {}, node {})", c->id, int{m.tier}, id,
-               kSources[static_cast<int>(m.source)], blocks, FormatBytes(p.length()), p.node());
+  ClientInfo(peer,
+             fmt::format("client {} (uid {}): tier {} pool {} ({}, {} blocks, {}, node {})", c->id,
+                         peer.uid, int{m.tier}, id, kSources[static_cast<int>(m.source)], blocks,
+                         FormatBytes(p.length()), p.node()));
   return wire::CreateTierPoolOk{id, blocks, p.length(), p.node()};
 }
 
@@ -639,6 +644,7 @@ void Daemon::ScheduleTick() {
 
 void Daemon::Tick() {
   const auto t0 = std::chrono::steady_clock::now();
+  peer_log_.MaybeSweep(t0);
   RunTick();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tick_seconds_.Add(s, config_.tick_ms / 1000.0);
@@ -685,10 +691,9 @@ void Daemon::DropGonePools() {
         ++released;
       }
       pool.MarkDead();
-      spdlog::warn(
-          "client {} (pid {} uid {}): the process that registered pool {} has exited; pool "
-          "dropped, its {} blocks became ghosts",
-          c.id, c.peer.pid, c.peer.uid, p, released);
+      ClientWarning(c.peer, fmt::format("the process that registered pool {} of client {} has "
+                                        "exited; pool dropped, its {} blocks became ghosts",
+                                        p, c.id, released));
     }
   }
 }

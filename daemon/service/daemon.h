@@ -65,9 +65,11 @@ class Daemon final : public server::Handler {
   // Where the metrics server listens (shown in status), or "".
   void set_metrics_endpoint(std::string e) { metrics_endpoint_ = std::move(e); }
 
-  // Logs a warning caused by a client, rate-limited per connection (protocol
-  // errors from the server come here too).
+  // Logs a warning caused by a client (protocol errors from the server come
+  // here too), rate-limited per uid with every other line about its clients.
   void ClientWarning(const server::Peer& peer, const std::string& what);
+  // Where every line about a client goes, the server's too (main passes it).
+  server::PeerLog& peer_log() { return peer_log_; }
 
   const DaemonConfig& config() const { return config_; }
   // Everything status reports, read once (snapshot.cpp); the views below
@@ -115,6 +117,8 @@ class Daemon final : public server::Handler {
   server::Answer<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
   // ClientWarning for the parts that know a Client.
   MoveDispatch::Warn ClientWarner();
+  // An info line about a client of `peer` (it names the uid), rate-limited per uid.
+  void ClientInfo(const server::Peer& peer, const std::string& line);
   uint64_t LeaseTimeoutTicks() const;
   void ReleaseLeaving(uint64_t session);
   // Sets the engine's quotas from config_ and the connected clients: every
@@ -162,8 +166,9 @@ class Daemon final : public server::Handler {
   std::map<uint64_t, engine::Quota> applied_quotas_;
   std::vector<BlockState> pending_ghosts_;      // loaded before the engine exists
   std::vector<uint32_t> pending_ghost_owners_;  // the uid of each (kUnknownOwner: not known)
-  // Warnings a client causes: 10 per connection per 10 s.
-  server::LogLimiter warnings_{10, std::chrono::seconds(10)};
+  // Lines about clients (warnings, hello, left, pools), the server's too: 20
+  // per uid per 10 s, however many connections the uid opens.
+  server::PeerLog peer_log_{20, std::chrono::seconds(10)};
   std::function<Status()> reload_hook_;
   std::function<server::ServerCounters()> server_counters_;
   TickTimes tick_seconds_;

@@ -209,10 +209,10 @@ std::string MetricsExposition(const StatusSnapshot& s) {
            "Observations refused or folded as nothing (NaN, negative, implausible totals).",
            static_cast<double>(s.bad_observations));
   x.Metric("cxltier_client_warnings_total", "counter",
-           "Warnings clients caused that were logged (at most 10 per client per 10 s).",
+           "Lines about clients that were logged (at most 20 per uid per 10 s).",
            static_cast<double>(s.warnings_logged));
   x.Metric("cxltier_client_warnings_suppressed_total", "counter",
-           "Warnings clients caused beyond the per-client rate, counted instead of logged.",
+           "Lines about clients beyond the per-uid rate, counted instead of logged.",
            static_cast<double>(s.warnings_suppressed));
   const server::ServerCounters& sc = s.server;
   x.Family("cxltier_connections_closed_total", "counter",

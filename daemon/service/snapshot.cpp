@@ -96,8 +96,8 @@ StatusSnapshot Daemon::Snapshot() const {
   s.hits = c.hits;
   s.hints = {hint_requests_,    hint_unknown_keys_, c.hints,
              c.hint_prefetched, c.hint_displaced,   c.hint_prefetch_hits};
-  s.warnings_logged = warnings_.logged();
-  s.warnings_suppressed = warnings_.suppressed();
+  s.warnings_logged = peer_log_.logged();
+  s.warnings_suppressed = peer_log_.suppressed();
   if (server_counters_) s.server = server_counters_();
   s.tick_seconds = tick_seconds_.Summary();
   s.memory = ReadProcessMemory();

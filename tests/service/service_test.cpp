@@ -1330,5 +1330,35 @@ TEST(Admin, RootOrTheAdminGroupByPrimaryGid) {
   EXPECT_FALSE(IsAdmin(outsider, "root"));
 }
 
+// Lines about clients are limited per uid, whatever the connection: one uid
+// past its burst is held back and summed up once its window is over, while
+// another uid's lines go on.
+TEST(PeerLog, LimitsEachUidAcrossItsConnectionsAndSumsUpTheRest) {
+  using Clock = server::PeerLog::Clock;
+  server::PeerLog log(3, std::chrono::seconds(10));
+  std::vector<std::string> lines;
+  log.set_sink([&](server::LogLevel, const std::string& l) { lines.push_back(l); });
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < 50; ++i) log.Line(1000, server::LogLevel::kWarn, "evil", t0);
+  log.Line(2000, server::LogLevel::kInfo, "good", t0);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), "evil"), 3);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), "good"), 1);
+  EXPECT_EQ(log.suppressed(), 47u);
+  // Nothing more from uid 1000: the sweep sums its window up once it is over,
+  // and forgets both uids.
+  log.MaybeSweep(t0 + std::chrono::seconds(5));
+  EXPECT_EQ(lines.size(), 4u);
+  log.MaybeSweep(t0 + std::chrono::seconds(11));
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines.back(),
+            "uid 1000: 47 more lines about its clients were suppressed in the last 11 s");
+  EXPECT_EQ(log.uids(), 0u);
+  // A new window: its burst again.
+  for (int i = 0; i < 5; ++i) {
+    log.Line(1000, server::LogLevel::kWarn, "evil", t0 + std::chrono::seconds(12));
+  }
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), "evil"), 6);
+}
+
 }  // namespace
 }  // namespace cxltier::service
