@@ -129,7 +129,9 @@ class Migrator {
 // The real one: move_pages(2) in chunks, then move_pages with no node list to
 // verify. For this process's shared ranges it first faults the range into
 // this process's page tables (MADV_POPULATE_READ, which fails instead of
-// raising SIGBUS where the file has no page; it never reads a byte) and sets
+// raising SIGBUS where the file has no page; it never reads a byte), only
+// the pages the file has (mincore): holes stay holes, counted absent, so a
+// sparse pool costs the daemon no memory; and it sets
 // the range's memory policy (mbind, MPOL_PREFERRED) so pages faulted later
 // land on the same node. A range with a ProcessHandle is checked before and
 // after the calls: a process that exited fails the move with ESRCH, and no

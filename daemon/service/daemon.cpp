@@ -691,9 +691,9 @@ void Daemon::DropGonePools() {
         ++released;
       }
       pool.MarkDead();
-      ClientWarning(c.peer, fmt::format("the process that registered pool {} of client {} has "
+      ClientWarning(c.peer, fmt::format("client {}: the process that registered pool {} has "
                                         "exited; pool dropped, its {} blocks became ghosts",
-                                        p, c.id, released));
+                                        c.id, p, released));
     }
   }
 }

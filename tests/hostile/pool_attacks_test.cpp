@@ -162,6 +162,76 @@ TEST(HostilePool, MemfdsThatCanShrinkAreRefusedAndSealedOnesSurviveHoles) {
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
+// Shared-memory pages of a process (RssShmem), from /proc/<pid>/status.
+uint64_t ShmemBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  unsigned long long kib = 0;
+  while (std::getline(in, line)) {
+    if (std::sscanf(line.c_str(), "RssShmem: %llu kB", &kib) == 1) return kib * 1024;
+  }
+  return 0;
+}
+
+// Issue 30 (2): a sealed memfd pool, never written, admitted in full. Every
+// page of it is a hole. Moving its blocks must not make the daemon allocate
+// them: before, each move faulted the block in on the daemon's own mapping
+// (a read fault on a shmem hole allocates a page), and a 1 GiB pool cost 1 GiB
+// of shmem, charged to no uid. The file's own allocation and the daemon's
+// shmem must stay flat however many moves run.
+TEST(HostilePool, ASparsePoolCostsTheDaemonNoMemory) {
+  NEED_ROOT();
+  HostileDaemon d(kMovingDaemon);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  const pid_t daemon = d.pid();
+  const uint64_t shmem_before = ShmemBytes(daemon);
+  constexpr uint32_t kBlocks = 65536;  // 256 MiB of 4 KiB strides
+  constexpr uint64_t kMoves = 20000;   // 78 MiB of holes, were they faulted in
+  const std::string evil = RunAs(kEvil, [&]() -> std::string {
+    Status st;
+    auto c = Client::Connect({socket, kHostileModel, kBlocks, "evil"}, &st);
+    if (!c) return "connect: " + st.message;
+    const int fd = SealedPool(kBlocks, "evil-sparse");
+    if (fd < 0) return "sealed pool";
+    uint32_t pool = 0;
+    if (!(st = c->RegisterMemfdPool(fd, uint64_t{kBlocks} * kHostileStride, kHostileStride, kBlocks,
+                                    &pool))
+             .ok()) {
+      return "register: " + st.message;
+    }
+    std::vector<wire::AdmitResult> held;
+    for (uint32_t first = 0; first < kBlocks; first += 4096) {
+      std::vector<wire::AdmitResult> part;
+      if (!(st = c->Admit(pool, EvilEntries(4096, first), &part)).ok()) {
+        return "admit: " + st.message;
+      }
+      held.insert(held.end(), part.begin(), part.end());
+    }
+    // Admitted with no page anywhere, they count as tier 0 and are demoted;
+    // touched, half of them at a time, they are promoted again.
+    if (std::string m = KeepMoving(*c, held, kMoves); !m.empty()) return m;
+    struct stat sb {};
+    if (fstat(fd, &sb) != 0) return "fstat";
+    const uint64_t shmem = ShmemBytes(daemon);
+    std::string fail;
+    if (uint64_t{static_cast<uint64_t>(sb.st_blocks)} * 512 > (1u << 20)) {
+      fail += "the never-written pool now has " + std::to_string(sb.st_blocks * 512 >> 20) +
+              " MiB allocated; ";
+    }
+    if (shmem > shmem_before + (16u << 20)) {
+      fail += "the daemon's shmem grew from " + std::to_string(shmem_before >> 20) + " to " +
+              std::to_string(shmem >> 20) + " MiB; ";
+    }
+    close(fd);
+    return fail;
+  });
+  EXPECT_EQ(evil, "");
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
 // The sparse-file attack: a 16 MiB file on a 64 KiB tmpfs passes fstat and
 // F_GET_SEALS as a shmem file, and its pages past 64 KiB cannot exist.
 TEST(HostilePool, ASparseFileOnATinyTmpfsIsRefused) {
