@@ -85,6 +85,7 @@ fast_nodes = [0]
 slow_nodes = [0]
 [metrics]
 listen = "127.0.0.1:0"
+per_uid = true  # the dashboard's per-user panels
 TOML
 SOCK="$WORK/cxltierd.sock"
 "$BIN/cxltierd" --config "$WORK/cxltierd.toml" --socket "$SOCK" --state-dir "$WORK/state" \

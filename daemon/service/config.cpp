@@ -340,6 +340,7 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   TableReader x(root, "metrics", &error);
   x.Bool("enabled", &c->metrics_enabled);
   x.Str("listen", &c->metrics_listen);
+  x.Bool("per_uid", &c->metrics_per_uid);
   x.Finish();
   TableReader l(root, "limits", &error);
   l.Int("max_clients", &c->max_clients);
@@ -723,7 +724,9 @@ std::string ToToml(const DaemonConfig& c) {
                                 {"rate_mib_s", static_cast<int64_t>(c.migrate_rate_mib_s)},
                                 {"max_pending_moves", c.max_pending_moves}}},
       {"tiers", tiers},
-      {"metrics", toml::table{{"enabled", c.metrics_enabled}, {"listen", c.metrics_listen}}},
+      {"metrics", toml::table{{"enabled", c.metrics_enabled},
+                              {"listen", c.metrics_listen},
+                              {"per_uid", c.metrics_per_uid}}},
       {"limits",
        toml::table{
            {"max_clients", c.max_clients},

@@ -71,6 +71,9 @@ struct DaemonConfig {
   // [metrics] (Prometheus text format over HTTP: GET /metrics)
   bool metrics_enabled = true;
   std::string metrics_listen = "127.0.0.1:9464";  // loopback by default; port 0: any free port
+  // Per-uid series (cxltier_user_*): every uid's bytes, caps and guarantees
+  // to whoever reaches the endpoint, so off unless asked for.
+  bool metrics_per_uid = false;
   // [limits]
   uint32_t max_clients = 64;
   uint32_t max_blocks_per_client = 1u << 20;

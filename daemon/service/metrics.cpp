@@ -52,38 +52,42 @@ std::string MetricsExposition(const StatusSnapshot& s) {
     x.Sample("cxltier_tier_bytes", static_cast<double>(t.used_bytes),
              fmt::format("tier=\"{}\"", t.tier));
   }
-  // Each user's share (every uid with a live block or a quota) and quota:
-  // bytes are whole blocks (caps and guarantees rounded down to them).
+  // Each user's share (every uid with a live block or a quota) and quota,
+  // only when [metrics] per_uid asks for them: the endpoint checks no reader.
   const QuotaStatus& q = s.quotas;
-  x.Family("cxltier_user_tier_bytes", "gauge", "Bytes of a uid's KV blocks resident in each tier.");
-  for (const AccountStatus& a : q.users) {
-    for (size_t k = 0; k < a.tier_blocks.size(); ++k) {
-      x.Sample("cxltier_user_tier_bytes", static_cast<double>(a.tier_blocks[k] * s.block_bytes),
-               fmt::format("uid=\"{}\",tier=\"{}\"", a.uid, k));
+  if (s.per_uid_metrics) {
+    x.Family("cxltier_user_tier_bytes", "gauge",
+             "Bytes of a uid's KV blocks resident in each tier.");
+    for (const AccountStatus& a : q.users) {
+      for (size_t k = 0; k < a.tier_blocks.size(); ++k) {
+        x.Sample("cxltier_user_tier_bytes", static_cast<double>(a.tier_blocks[k] * s.block_bytes),
+                 fmt::format("uid=\"{}\",tier=\"{}\"", a.uid, k));
+      }
     }
-  }
-  x.Family("cxltier_user_tier_cap_bytes", "gauge",
-           "A uid's quota: the most bytes of its blocks a tier may hold (capped tiers only).");
-  for (const AccountStatus& a : q.users) {
-    for (size_t k = 0; k < a.cap_blocks.size(); ++k) {
-      if (a.cap_blocks[k] == AccountStatus::kNoCapBlocks) continue;
-      x.Sample("cxltier_user_tier_cap_bytes", static_cast<double>(a.cap_blocks[k] * s.block_bytes),
-               fmt::format("uid=\"{}\",tier=\"{}\"", a.uid, k));
+    x.Family("cxltier_user_tier_cap_bytes", "gauge",
+             "A uid's quota: the most bytes of its blocks a tier may hold (capped tiers only).");
+    for (const AccountStatus& a : q.users) {
+      for (size_t k = 0; k < a.cap_blocks.size(); ++k) {
+        if (a.cap_blocks[k] == AccountStatus::kNoCapBlocks) continue;
+        x.Sample("cxltier_user_tier_cap_bytes",
+                 static_cast<double>(a.cap_blocks[k] * s.block_bytes),
+                 fmt::format("uid=\"{}\",tier=\"{}\"", a.uid, k));
+      }
     }
-  }
-  x.Family("cxltier_user_guarantee_bytes", "gauge",
-           "A uid's guaranteed tier-0 bytes: other users' misses leave them alone.");
-  for (const AccountStatus& a : q.users) {
-    if (a.guarantee_blocks == 0) continue;
-    x.Sample("cxltier_user_guarantee_bytes",
-             static_cast<double>(a.guarantee_blocks * s.block_bytes),
-             fmt::format("uid=\"{}\"", a.uid));
-  }
-  x.Family("cxltier_user_quota_evictions_total", "counter",
-           "A uid's blocks taken out of tier 0's set by its cap or by a guarantee.");
-  for (const AccountStatus& a : q.users) {
-    x.Sample("cxltier_user_quota_evictions_total", static_cast<double>(a.quota_evictions),
-             fmt::format("uid=\"{}\"", a.uid));
+    x.Family("cxltier_user_guarantee_bytes", "gauge",
+             "A uid's guaranteed tier-0 bytes: other users' misses leave them alone.");
+    for (const AccountStatus& a : q.users) {
+      if (a.guarantee_blocks == 0) continue;
+      x.Sample("cxltier_user_guarantee_bytes",
+               static_cast<double>(a.guarantee_blocks * s.block_bytes),
+               fmt::format("uid=\"{}\"", a.uid));
+    }
+    x.Family("cxltier_user_quota_evictions_total", "counter",
+             "A uid's blocks taken out of tier 0's set by its cap or by a guarantee.");
+    for (const AccountStatus& a : q.users) {
+      x.Sample("cxltier_user_quota_evictions_total", static_cast<double>(a.quota_evictions),
+               fmt::format("uid=\"{}\"", a.uid));
+    }
   }
   x.Metric("cxltier_quota_evictions_total", "counter",
            "Blocks taken out of tier 0's set by a cap or a guarantee (every account).",

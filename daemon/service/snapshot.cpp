@@ -89,6 +89,7 @@ StatusSnapshot Daemon::Snapshot() const {
   s.policy = config_.policy;
   s.persist = config_.persist;
   s.block_bytes = engine_ ? engine_->options().block_bytes : 0;
+  s.per_uid_metrics = config_.metrics_per_uid;
   s.ticks = tick_;
   s.tick_ms = config_.tick_ms;
   s.lease_timeout_s = config_.lease_timeout_s;

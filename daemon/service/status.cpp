@@ -142,6 +142,9 @@ nlohmann::json TiersToJson(const std::vector<TierStatus>& tiers) {
 void QuotaStatus::KeepOnly(uid_t uid) {
   std::erase_if(users, [uid](const AccountStatus& a) { return a.uid != uid; });
   std::erase_if(clients, [uid](const AccountStatus& a) { return a.uid != uid; });
+  // The host-wide count says how much other users lost: the peer's own only.
+  quota_evictions = 0;
+  for (const AccountStatus& a : users) quota_evictions += a.quota_evictions;
 }
 
 nlohmann::json QuotasToJson(const QuotaStatus& q, uint64_t block_bytes) {

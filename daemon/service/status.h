@@ -163,9 +163,10 @@ struct QuotaStatus {
 };
 
 struct StatusSnapshot {
-  uint64_t clients = 0;      // said hello and still connected
-  uint64_t connections = 0;  // connected sessions, operator tools included
-  uint64_t blocks = 0;       // admitted (a client that left counts until released)
+  bool per_uid_metrics = false;  // [metrics] per_uid: the cxltier_user_* series
+  uint64_t clients = 0;          // said hello and still connected
+  uint64_t connections = 0;      // connected sessions, operator tools included
+  uint64_t blocks = 0;           // admitted (a client that left counts until released)
   uint64_t observations = 0;
   uint64_t bad_observations = 0;
   uint64_t ghosts = 0;

@@ -195,6 +195,71 @@ TEST(HostileStats, APeerSeesOnlyItsOwnClientsAndBlocks) {
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
+// Issue 30 (6): another uid's quota figures. The metrics endpoint (any local
+// user reaches loopback) showed every uid's tier bytes, cap and guarantee,
+// and `Stats quotas` a host-wide count of quota evictions. Per-uid series are
+// off unless [metrics] per_uid is set; a non-admin's quotas count its own.
+TEST(HostileStats, OtherUidsQuotaFiguresStayHidden) {
+  NEED_ROOT();
+  // The good client's 8 blocks, touched every round, against a cap of one:
+  // its quota takes blocks out of tier 0's set all the time.
+  HostileDaemon d(kFixedBlockSize + "tier0_budget = 16384\n[[quotas.user]]\nuser = \"" + kGood +
+                  "\"\ntier0 = 4096\nguarantee = 4096\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  ASSERT_TRUE(WaitFor([&] {
+    std::string json;
+    return Client::DaemonStats(socket, "quotas", &json).ok() &&
+           nlohmann::json::parse(json)["quota_evictions"].get<uint64_t>() > 0;
+  })) << "the good uid's cap never evicted anything";
+  std::string status;
+  ASSERT_TRUE(Client::DaemonStats(socket, "status", &status).ok());
+  const std::string endpoint = nlohmann::json::parse(status)["metrics_endpoint"];
+  const std::string good_uid = std::to_string(UidOf(kGood));
+  const std::string evil = RunAs(kEvil, [&]() -> std::string {
+    std::string fail, json;
+    const ShellResult m = Shell(
+        "/usr/bin/python3 -c 'import sys, urllib.request; "
+        "sys.stdout.write(urllib.request.urlopen(\"http://" +
+        endpoint + "/metrics\", timeout=30).read().decode())'");
+    if (m.status != 0 || m.out.find("cxltier_tier_bytes") == std::string::npos) {
+      return "the metrics endpoint did not answer: " + m.out;
+    }
+    if (m.out.find("uid=\"") != std::string::npos) {
+      fail += "the metrics show uids: " + m.out.substr(m.out.find("uid=\"") - 40, 120) + "; ";
+    }
+    if (!Client::DaemonStats(socket, "quotas", &json).ok()) return "stats quotas refused";
+    const auto q = nlohmann::json::parse(json);
+    if (!q["users"].empty() || !q["clients"].empty()) fail += "quotas shows others: " + json + "; ";
+    if (q["quota_evictions"] != 0) fail += "quotas shows the host's evictions: " + json + "; ";
+    if (!Client::DaemonStats(socket, "status", &json).ok()) return "stats status refused";
+    const auto st = nlohmann::json::parse(json)["quotas"];
+    if (!st["users"].empty() || st["quota_evictions"] != 0) {
+      fail += "status shows others' quotas: " + st.dump() + "; ";
+    }
+    return fail;
+  });
+  EXPECT_EQ(evil, "");
+  // The good uid sees its own figures; root sees everyone's.
+  const std::string own = RunAs(kGood, [&]() -> std::string {
+    std::string json;
+    if (!Client::DaemonStats(socket, "quotas", &json).ok()) return "stats quotas refused";
+    const auto q = nlohmann::json::parse(json);
+    if (q["users"].size() != 1 || std::to_string(q["users"][0]["uid"].get<uid_t>()) != good_uid ||
+        q["quota_evictions"] == 0 || q["quota_evictions"] != q["users"][0]["quota_evictions"]) {
+      return "good sees: " + json;
+    }
+    return "";
+  });
+  EXPECT_EQ(own, "");
+  std::string all;
+  ASSERT_TRUE(Client::DaemonStats(socket, "quotas", &all).ok());
+  EXPECT_NE(all.find("\"uid\":" + good_uid), std::string::npos) << all;
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
 TEST(HostileConnections, OneUidCannotTakeEveryConnectionSlot) {
   NEED_ROOT();
   HostileDaemon d(kFixedBlockSize + "[limits]\nmax_connections_per_uid = 4\n");

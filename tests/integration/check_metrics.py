@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Scrapes cxltierd's /metrics and validates it with a real parser
-(python3-prometheus-client). Usage: check_metrics.py HOST:PORT
+(python3-prometheus-client). Usage: check_metrics.py HOST:PORT [--per-uid]
+--per-uid: the daemon runs with [metrics] per_uid = true, so the cxltier_user_*
+series must be there; without it they must not be.
 Prints one line per failed check and exits 1 on any."""
 import sys
 import urllib.error
@@ -9,6 +11,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 base = "http://" + sys.argv[1]
+per_uid = "--per-uid" in sys.argv[2:]
 failed = []
 with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
     ctype = r.headers.get("Content-Type", "")
@@ -32,10 +35,18 @@ want = {
     "cxltier_tick_interval_seconds": "gauge", "cxltier_tick_overruns": "counter",
     "cxltier_lease_oldest_wait_seconds": "gauge", "cxltier_lease_timeout_seconds": "gauge",
     "cxltier_lease_timeouts": "counter", "cxltier_migration_enabled": "gauge",
-    "cxltier_user_tier_bytes": "gauge", "cxltier_user_tier_cap_bytes": "gauge",
-    "cxltier_user_guarantee_bytes": "gauge", "cxltier_user_quota_evictions": "counter",
     "cxltier_quota_evictions": "counter",
 }
+user_families = {
+    "cxltier_user_tier_bytes": "gauge", "cxltier_user_tier_cap_bytes": "gauge",
+    "cxltier_user_guarantee_bytes": "gauge", "cxltier_user_quota_evictions": "counter",
+}
+if per_uid:
+    want.update(user_families)
+else:
+    for name in user_families:
+        if name in families:
+            failed.append("%s is served without [metrics] per_uid" % name)
 for name, kind in want.items():
     f = families.get(name)
     if f is None:
@@ -63,7 +74,7 @@ last = max(int(s.labels["tier"]) for s in families["cxltier_tier_bytes"].samples
 if value("cxltier_tier_budget_bytes", tier=str(last)) is not None:
     failed.append("the last tier (%d) has a budget sample" % last)
 # Each user's bytes per tier add up to the tier's (every block has a user).
-for tier in ("0", "1"):
+for tier in ("0", "1") if per_uid else ():
     users = sum(s.value for s in families["cxltier_user_tier_bytes"].samples
                 if s.labels.get("tier") == tier) if "cxltier_user_tier_bytes" in families else -1
     if users != value("cxltier_tier_bytes", tier=tier):

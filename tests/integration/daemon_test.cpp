@@ -601,7 +601,8 @@ struct HeldBlocks {
 // The Prometheus endpoint, scraped after a real run and checked by
 // python3-prometheus-client's parser (tests/integration/check_metrics.py).
 TEST(Daemon, MetricsEndpointServesValidPrometheusText) {
-  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
+  // The per-uid series too ([metrics] per_uid, off by default).
+  DaemonProcess d("per_uid = true\n[engine]\ntier0_budget = \"64KiB\"\n");
   const testing::ShellResult lg =
       testing::Shell(std::string(CXLTIER_LOADGEN_PATH) + " --socket " + d.socket() +
                      " --blocks 32 --block-bytes 8KiB --steps 150 --step-ms 2 --json");
@@ -617,7 +618,7 @@ TEST(Daemon, MetricsEndpointServesValidPrometheusText) {
   ASSERT_FALSE(endpoint.empty()) << d.Log();
   const testing::ShellResult r =
       testing::Shell("/usr/bin/python3 " CXLTIER_TEST_SOURCE "/integration/check_metrics.py " +
-                     endpoint + " 2>&1");
+                     endpoint + " --per-uid 2>&1");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("0 checks failed"), std::string::npos) << r.out;
 }

@@ -466,6 +466,10 @@ TEST(Status, QuotasRenderAndNonAdminsSeeOnlyTheirOwnUid) {
   EXPECT_FALSE(j["users"][0]["tiers"][1].contains("cap_bytes"));
   EXPECT_EQ(j["users"][0]["guarantee_bytes"], 2 << 20);
   EXPECT_EQ(j["clients"][0]["name"], "vllm-0");
+  // Per-uid series only when [metrics] per_uid asks for them.
+  EXPECT_EQ(MetricsExposition(s).find("uid=\""), std::string::npos) << MetricsExposition(s);
+  EXPECT_NE(MetricsExposition(s).find("cxltier_quota_evictions_total 9"), std::string::npos);
+  s.per_uid_metrics = true;
   const std::string m = MetricsExposition(s);
   for (const char* line :
        {"cxltier_user_tier_bytes{uid=\"1001\",tier=\"0\"} 3145728",
@@ -480,6 +484,8 @@ TEST(Status, QuotasRenderAndNonAdminsSeeOnlyTheirOwnUid) {
   ASSERT_EQ(s.quotas.users.size(), 1u);
   EXPECT_EQ(s.quotas.users[0].uid, 1002u);
   EXPECT_TRUE(s.quotas.clients.empty());  // the client is uid 1001's
+  // Uid 1001's evictions are not uid 1002's to see.
+  EXPECT_EQ(s.quotas.quota_evictions, 0u);
 }
 
 TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
