@@ -341,8 +341,13 @@ void Daemon::OnDisconnect(const server::Peer& peer) {
   Client* c = Find(peer);
   if (!c || c->leaving) return;
   clients_.MarkLeaving(*c);
-  ClientInfo(peer, fmt::format("client {} ('{}', pid {} uid {}) left; its {} blocks become ghosts",
-                               c->id, c->name, peer.pid, peer.uid, c->live));
+  // Operator tools (status, top) say no hello: their comings and goings are
+  // not news.
+  if (c->hello) {
+    ClientInfo(peer,
+               fmt::format("client {} ('{}', pid {} uid {}) left; its {} blocks become ghosts",
+                           c->id, c->name, peer.pid, peer.uid, c->live));
+  }
   // Its client account loses its quota; the engine forgets it once its
   // blocks are released.
   if (config_.ClientQuotaOf(c->name)) ApplyQuotas();
