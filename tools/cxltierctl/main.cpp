@@ -438,6 +438,8 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   s["file"] = out;
   s["bytes"] = static_cast<uint64_t>(sb.st_size);
   s["replay"] = ReplayCommand(s, out);
+  // The daemon's moves are in the trace: the same replay with them, when it had them.
+  if (s.value("recorded_moves", false)) s["replay_exact"] = s["replay"].get<std::string>() + " --moves recorded";
   if (json) {
     std::cout << s.dump(2) << "\n";
     return 0;
@@ -458,6 +460,12 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
               s.value("policy", std::string("?")).c_str());
   std::printf("replay with the daemon's settings (change --policy to compare):\n  %s\n",
               s["replay"].get<std::string>().c_str());
+  if (s.contains("replay_exact")) {
+    std::printf(
+        "replay exactly as the daemon ran it, its plans and moves when it had them (its policy "
+        "only):\n  %s\n",
+        s["replay_exact"].get<std::string>().c_str());
+  }
   return 0;
 }
 
