@@ -605,7 +605,7 @@ SimConfig MiniConfig(const std::string& policy) {
 // The replay with the recorded moves is the run: every counter the same,
 // whatever the lag of each move, whichever failed, for several policies.
 TEST(RecordedMoves, TheReplayIsTheRunExactly) {
-  for (const std::string policy : {"lru", "ema:0.05", "arc", "adaptive"}) {
+  for (const std::string policy : {"lru", "ema:0.05", "arc", "tinylfu", "adaptive"}) {
     for (uint32_t seed : {1u, 2u, 3u}) {
       const MiniDaemon run = RunMiniDaemon(policy, seed, 1000 * seed);
       ASSERT_EQ(run.trace.Validate(), "");

@@ -465,6 +465,17 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
         "replay exactly as the daemon ran it, its plans and moves when it had them (its policy "
         "only):\n  %s\n",
         s["replay_exact"].get<std::string>().c_str());
+    // TinyLFU's sketch indexes keys by their hash, and the recording's keys
+    // are hashed again (operations.md, "record and replay").
+    const std::string policy = s.value("policy", std::string());
+    if (policy == "default" || policy == "adaptive" ||
+        policy.find("tinylfu") != std::string::npos) {
+      std::printf(
+          "  (policy %s counts touches in a tinylfu sketch indexed by key hashes, and the "
+          "recording's keys are hashed again: the exact replay may part from the daemon; it "
+          "then says where and stops)\n",
+          policy.c_str());
+    }
   }
   return 0;
 }
