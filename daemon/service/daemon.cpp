@@ -37,13 +37,14 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
       topology_(std::move(topology)),
       can_migrate_(can_migrate && config_.migrate && tiers.has_slow()),
       copy_moves_(config_.migrate),
-      moves_(std::move(tiers), std::move(migrator), config_.migrate_rate_mib_s << 20,
-             [this](MoveDone done) {
-               asio::post(io_, [this, d = std::move(done)] {
-                 moves_.Complete(d, engine_.get(), clients_, ClientWarner(), tick_);
-               });
-             },
-             &recorder_),
+      moves_(
+          std::move(tiers), std::move(migrator), config_.migrate_rate_mib_s << 20,
+          [this](MoveDone done) {
+            asio::post(io_, [this, d = std::move(done)] {
+              moves_.Complete(d, engine_.get(), clients_, ClientWarner(), tick_);
+            });
+          },
+          &recorder_),
       checkpoints_(config_.state_dir,
                    [this](std::function<void()> f) { asio::post(io_, std::move(f)); }),
       timer_(io) {

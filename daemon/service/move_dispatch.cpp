@@ -42,8 +42,7 @@ Tier MoveDispatch::WhereIs(const numa::PageRange& range) const {
 
 int MoveDispatch::TargetNode(Tier to) const { return tiers_.Nodes(TierIndex(to)).front(); }
 
-void MoveDispatch::Tell(engine::Engine& engine, const engine::Move& mv, bool done,
-                        uint64_t tick) {
+void MoveDispatch::Tell(engine::Engine& engine, const engine::Move& mv, bool done, uint64_t tick) {
   if (recorder_ && recorder_->on() && engine.IsLive(mv.slot)) {
     const BlockState& st = engine.state(mv.slot);
     if (st.generation == mv.generation && (st.flags & kFlagMigrating)) {

@@ -50,7 +50,8 @@ nlohmann::json StatusJson(const std::string& socket) {
 // adaptive, which follows a tinylfu expert when that one leads, could part
 // from the daemon in the exact replay, by chance of the secret.
 constexpr const char* kDaemonConfig =
-    "[engine]\ntier0_budget = \"64MiB\"\npolicy = \"adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo\"\n";
+    "[engine]\ntier0_budget = \"64MiB\"\npolicy = "
+    "\"adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo\"\n";
 
 // Records a `cxltier-loadgen --blocks 256 --steps 600 LOADGEN_FLAGS` run on
 // `d` from before its first admit until two ticks after its last release

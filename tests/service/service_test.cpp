@@ -257,7 +257,7 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
   EXPECT_EQ(t.first_tick, 100u);
   using K = sim::EventKind;
   const std::vector<std::pair<K, uint32_t>> want = {
-      {K::kAdmit, 1},   {K::kAdmit, 1},     {K::kTouch, 1}, {K::kPlan, 1}, {K::kOutcome, 1},
+      {K::kAdmit, 1},   {K::kAdmit, 1},     {K::kTouch, 1}, {K::kPlan, 1},   {K::kOutcome, 1},
       {K::kRelease, 2}, {K::kRelocated, 2}, {K::kPlan, 2},  {K::kOutcome, 3}};
   ASSERT_EQ(t.events.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {

@@ -576,8 +576,7 @@ MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t firs
     push(step, static_cast<uint32_t>(moves.size()), 0.0f, EventKind::kPlan);
     const std::vector<engine::Move> planned(moves.begin(), moves.end());
     for (const engine::Move& m : planned) {
-      InFlight f{m, key_of.at(m.slot), step + 1 + static_cast<uint32_t>(rng() % 3),
-                 rng() % 5 != 0};
+      InFlight f{m, key_of.at(m.slot), step + 1 + static_cast<uint32_t>(rng() % 3), rng() % 5 != 0};
       if (rng() % 10 == 0) {
         f.done = false;  // refused at once
         tell(f, step);
@@ -699,8 +698,7 @@ TEST(RecordedMoves, ADivergingReplayIsAClearError) {
   twice.events.insert(twice.events.begin() + static_cast<long>(outcome) + 1, again);
   error.clear();
   Simulate(twice, MiniConfig("lru"), nullptr, &error);
-  EXPECT_NE(error.find("event " + std::to_string(outcome + 1) + " "), std::string::npos)
-      << error;
+  EXPECT_NE(error.find("event " + std::to_string(outcome + 1) + " "), std::string::npos) << error;
   EXPECT_NE(error.find("has no move of"), std::string::npos) << error;
   // No recorded moves; demand mode; a policy the daemon cannot run.
   Trace old = run.trace;
@@ -759,8 +757,8 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   const size_t first_event = 40 + 20 * t.keys.size();
   std::string v1 = bytes;
   v1[8] = 1;
-  v1.erase(32, 8);                          // no clock
-  v1.erase(32 + 16 * t.keys.size(), 12);    // no group table
+  v1.erase(32, 8);                        // no clock
+  v1.erase(32 + 16 * t.keys.size(), 12);  // no group table
   std::istringstream v1in(v1);
   EXPECT_NE(ReadBinary(v1in, "x").error.find("unknown kind 4 for a version 1 trace"),
             std::string::npos);
@@ -791,11 +789,10 @@ TEST(SimCli, MovesRecordedNeedsARecording) {
   const std::filesystem::path file = TempDir() / "mini.bin";
   const MiniDaemon run = RunMiniDaemon("lru", 6, 0);
   ASSERT_EQ(SaveTrace(run.trace, file.string()), "");
-  const std::string replay = kSim + " --trace bin:" + file.string() +
-                             " --mode tick --block-bytes 1 --budget " +
-                             std::to_string(kMiniBudget) + " --migrate-per-tick " +
-                             std::to_string(kMiniMigrate) + " --hysteresis " +
-                             std::to_string(kMiniHysteresis) + " --policy lru --persist persist";
+  const std::string replay =
+      kSim + " --trace bin:" + file.string() + " --mode tick --block-bytes 1 --budget " +
+      std::to_string(kMiniBudget) + " --migrate-per-tick " + std::to_string(kMiniMigrate) +
+      " --hysteresis " + std::to_string(kMiniHysteresis) + " --policy lru --persist persist";
   const ShellResult exact = Shell(replay + " --moves recorded --json 2>&1");
   ASSERT_EQ(exact.status, 0) << exact.out;
   const nlohmann::json j = nlohmann::json::parse(exact.out);
@@ -817,9 +814,8 @@ TEST(SimCli, MovesRecordedNeedsARecording) {
     EXPECT_NE(r.out.find(want), std::string::npos) << args << "\n" << r.out;
   }
   // CSV cannot carry the moves: converting says so.
-  const ShellResult csv =
-      Shell(kSim + " --trace bin:" + file.string() + " --write-trace " +
-            (TempDir() / "mini.csv").string() + " 2>&1");
+  const ShellResult csv = Shell(kSim + " --trace bin:" + file.string() + " --write-trace " +
+                                (TempDir() / "mini.csv").string() + " 2>&1");
   EXPECT_EQ(csv.status, 2) << csv.out;
   EXPECT_NE(csv.out.find("binary format"), std::string::npos) << csv.out;
 }

@@ -439,7 +439,8 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   s["bytes"] = static_cast<uint64_t>(sb.st_size);
   s["replay"] = ReplayCommand(s, out);
   // The daemon's moves are in the trace: the same replay with them, when it had them.
-  if (s.value("recorded_moves", false)) s["replay_exact"] = s["replay"].get<std::string>() + " --moves recorded";
+  if (s.value("recorded_moves", false))
+    s["replay_exact"] = s["replay"].get<std::string>() + " --moves recorded";
   if (json) {
     std::cout << s.dump(2) << "\n";
     return 0;

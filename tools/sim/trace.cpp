@@ -249,8 +249,8 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
       const uint32_t obs_bits = GetU32(p + 8);
       std::memcpy(&e.obs, &obs_bits, 4);
       const uint32_t kind = GetU32(p + 12);
-      if (kind > kLastKind || (kind > static_cast<uint32_t>(EventKind::kHint) &&
-                               version != kVersionMoves)) {
+      if (kind > kLastKind ||
+          (kind > static_cast<uint32_t>(EventKind::kHint) && version != kVersionMoves)) {
         r.error = std::string(name) + ": event " + std::to_string(done + i) + ": unknown kind " +
                   std::to_string(kind) + " for a version " + std::to_string(version) + " trace";
         return r;
@@ -265,8 +265,8 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
     return r;
   }
   // Version 3 always has the table: all 0 is no groups.
-  if (version == kVersionMoves &&
-      std::all_of(r.trace.groups.begin(), r.trace.groups.end(), [](uint32_t g) { return g == 0; })) {
+  if (version == kVersionMoves && std::all_of(r.trace.groups.begin(), r.trace.groups.end(),
+                                              [](uint32_t g) { return g == 0; })) {
     r.trace.groups.clear();
   }
   if (std::string err = r.trace.Validate(); !err.empty()) r.error = std::string(name) + ": " + err;
