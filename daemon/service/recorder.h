@@ -1,9 +1,9 @@
-// What-if recording of live traffic (`cxltierctl record`, docs/operations.md):
+// Recording of live traffic (`cxltierctl record`, docs/operations.md):
 // while on, every admit (with the tier its pages sat in), every touch the
 // fold gives the engine, every release and every scheduler hint the engine
 // applied becomes an event of our binary trace (docs/workloads.md), one step
 // per tick, so `cxltier-sim --trace bin:FILE --mode tick --tick-steps 1`
-// replays it with any policy. Keys are hashed with a secret drawn for this
+// replays it with any policy (the what-if replay). Keys are hashed with a secret drawn for this
 // recording and never written anywhere: a file shows which blocks were
 // touched together and how often, not which blocks they were, nor whose.
 // Groups (the blocks hints speak of) are numbered 1, 2, ... in the order the
