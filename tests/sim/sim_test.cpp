@@ -494,10 +494,13 @@ constexpr uint64_t kMiniBudget = 8;  // blocks of 1 byte
 constexpr uint64_t kMiniMigrate = 3;
 constexpr uint32_t kMiniHysteresis = 2;
 
-MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t first_tick) {
+// `tiers`: 2, or 3 (tier 1 holds kMiniBudget blocks too).
+MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t first_tick,
+                         unsigned tiers = 2) {
   engine::EngineOptions o;
   o.block_bytes = 1;
   o.tier0_budget_bytes = kMiniBudget;
+  if (tiers == 3) o.lower_tier_budget_bytes = {kMiniBudget};
   o.mode = engine::Mode::kTick;
   o.migrate_bytes_per_tick = kMiniMigrate;
   o.hysteresis_ticks = kMiniHysteresis;
@@ -545,7 +548,7 @@ MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t firs
     for (uint32_t k = 0; k < kKeys; ++k) {
       if (slot[k] == engine::kNoSlot) {
         if (rng() % 4 != 0) continue;
-        const unsigned placed = rng() % 2;
+        const unsigned placed = rng() % tiers;
         slot[k] = e.Admit(t.keys[k], TierAt(placed));
         key_of[slot[k]] = k;
         push(step, k, static_cast<float>(placed), EventKind::kAdmit);
@@ -557,7 +560,7 @@ MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t firs
     }
     if (const uint32_t k = rng() % kKeys; rng() % 8 == 0 && slot[k] != engine::kNoSlot) {
       const Tier was = e.state(slot[k]).tier;
-      const Tier to = was == Tier::kFast ? Tier::kSlow : Tier::kFast;
+      const Tier to = TierAt((TierIndex(was) + 1 + rng() % (tiers - 1)) % tiers);
       e.Relocated(slot[k], to);
       if (e.state(slot[k]).tier != was) {
         push(step, k, static_cast<float>(TierIndex(to)), EventKind::kRelocated);
@@ -589,12 +592,13 @@ MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t firs
   return out;
 }
 
-SimConfig MiniConfig(const std::string& policy) {
+SimConfig MiniConfig(const std::string& policy, unsigned tiers = 2) {
   SimConfig c;
   c.policy = policy;
   c.mode = engine::Mode::kTick;
   c.block_bytes = 1;
   c.budget_bytes = kMiniBudget;
+  if (tiers == 3) c.lower_budget_bytes = {kMiniBudget};
   c.migrate_bytes_per_tick = kMiniMigrate;
   c.hysteresis_ticks = kMiniHysteresis;
   c.recorded_moves = true;
@@ -602,11 +606,13 @@ SimConfig MiniConfig(const std::string& policy) {
 }
 
 // The replay with the recorded moves is the run: every counter the same,
-// whatever the lag of each move, whichever failed, for several policies.
+// whatever the lag of each move, whichever failed, for several policies, on
+// two tiers and on three.
 TEST(RecordedMoves, TheReplayIsTheRunExactly) {
   for (const std::string policy : {"lru", "ema:0.05", "arc", "tinylfu", "adaptive"}) {
-    for (uint32_t seed : {1u, 2u, 3u}) {
-      const MiniDaemon run = RunMiniDaemon(policy, seed, 1000 * seed);
+    for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+      const unsigned tiers = seed % 2 ? 2 : 3;
+      const MiniDaemon run = RunMiniDaemon(policy, seed, 1000 * seed, tiers);
       ASSERT_EQ(run.trace.Validate(), "");
       size_t outcomes = 0, not_done = 0, relocations = 0, plans = 0;
       for (const TraceEvent& ev : run.trace.events) {
@@ -619,14 +625,18 @@ TEST(RecordedMoves, TheReplayIsTheRunExactly) {
       ASSERT_GT(outcomes, 20u);
       ASSERT_GT(not_done, 2u);
       ASSERT_GT(relocations, 2u);
+      if (tiers == 3) {
+        ASSERT_GT(run.counters.tier_hits[2], 0u) << policy << " seed " << seed;
+      }
       // Through the binary format: version 3 keeps the clock and the moves.
       std::stringstream bin;
       ASSERT_EQ(WriteBinary(run.trace, bin), "");
       const TraceResult back = ReadBinary(bin, "mini.bin");
       ASSERT_TRUE(back.ok()) << back.error;
       std::string error;
-      const SimResult r = Simulate(back.trace, MiniConfig(policy), nullptr, &error);
+      const SimResult r = Simulate(back.trace, MiniConfig(policy, tiers), nullptr, &error);
       ASSERT_EQ(error, "") << policy << " seed " << seed;
+      EXPECT_EQ(r.counters.tier_hits, run.counters.tier_hits) << policy << " seed " << seed;
       const engine::EngineCounters& want = run.counters;
       const engine::EngineCounters& got = r.counters;
       EXPECT_EQ(got.touches, want.touches) << policy << " seed " << seed;
