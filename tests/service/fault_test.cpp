@@ -236,10 +236,10 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
 }
 
 // A recording made while moves fail, land ticks after their plan (the
-// mover's results are delivered every third tick only), plans are skipped
-// (the mover has its max_pending_moves) and blocks are released and admitted
-// again, replayed with the recorded moves (cxltier-sim --moves recorded):
-// the replay's touches and hits are exactly the daemon's.
+// mover's results are delivered every third tick only), plans may be
+// skipped (the mover has its max_pending_moves) and blocks are released and
+// admitted again, replayed with the recorded moves (cxltier-sim --moves
+// recorded): the replay's touches and hits are exactly the daemon's.
 TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   auto owned = std::make_unique<FaultMigrator>();
   FaultMigrator* mig = owned.get();
@@ -340,10 +340,11 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   const sim::TraceResult trace = sim::ReadBinary(in, "recording");
   ASSERT_TRUE(trace.ok()) << trace.error;
   ASSERT_TRUE(trace.trace.recorded_moves);
-  // The recording holds late moves, failed ones and skipped plans.
+  // The recording holds failed moves (the first 45 ticks) and done ones.
+  // How many plans were skipped depends on the mover thread's pace: printed
+  // below, not asserted.
   EXPECT_GT(rec["move_outcomes"].get<uint64_t>(), rec["moves_done"].get<uint64_t>());
   EXPECT_GT(rec["moves_done"].get<uint64_t>(), 0u);
-  EXPECT_LT(rec["plans"].get<uint64_t>(), rec["ticks"].get<uint64_t>());
   EXPECT_GT(rec["touches"].get<uint64_t>(), 300u);
 
   sim::SimConfig sc;
@@ -367,10 +368,14 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   sc.recorded_moves = false;
   const sim::SimResult what_if = sim::Simulate(trace.trace, sc, nullptr, &error);
   ASSERT_EQ(error, "");
-  std::printf("live %s hits of %s touches; exact replay %llu, what-if replay %llu\n",
-              rec["hits"].dump().c_str(), rec["touches"].dump().c_str(),
-              static_cast<unsigned long long>(exact.counters.hits),
-              static_cast<unsigned long long>(what_if.counters.hits));
+  std::printf(
+      "live %s hits of %s touches; exact replay %llu, what-if replay %llu (%s plans in %s ticks, "
+      "%s of %s moves done)\n",
+      rec["hits"].dump().c_str(), rec["touches"].dump().c_str(),
+      static_cast<unsigned long long>(exact.counters.hits),
+      static_cast<unsigned long long>(what_if.counters.hits), rec["plans"].dump().c_str(),
+      rec["ticks"].dump().c_str(), rec["moves_done"].dump().c_str(),
+      rec["move_outcomes"].dump().c_str());
 
   d.Stop();
   munmap(kv, stride * kBlocks);
