@@ -37,12 +37,14 @@ Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topolog
       topology_(std::move(topology)),
       can_migrate_(can_migrate && config_.migrate && tiers.has_slow()),
       copy_moves_(config_.migrate),
-      moves_(std::move(tiers), std::move(migrator), config_.migrate_rate_mib_s << 20,
-             [this](MoveDone done) {
-               asio::post(io_, [this, d = std::move(done)] {
-                 moves_.Complete(d, engine_.get(), clients_, ClientWarner(), tick_);
-               });
-             }),
+      moves_(
+          std::move(tiers), std::move(migrator), config_.migrate_rate_mib_s << 20,
+          [this](MoveDone done) {
+            asio::post(io_, [this, d = std::move(done)] {
+              moves_.Complete(d, engine_.get(), clients_, ClientWarner(), tick_);
+            });
+          },
+          &recorder_),
       checkpoints_(config_.state_dir,
                    [this](std::function<void()> f) { asio::post(io_, std::move(f)); }),
       timer_(io) {
@@ -671,7 +673,7 @@ void Daemon::RunTick() {
   // Page moves need a slow node and CAP_SYS_NICE; copies need neither (a
   // device-DAX tier 1 is no node at all).
   if ((can_migrate_ || copy_moves_) && moves_.mover().pending() < config_.max_pending_moves) {
-    moves_.Dispatch(*engine_, clients_, can_migrate_);
+    moves_.Dispatch(*engine_, clients_, tick_, can_migrate_);
   }
   if (config_.persist && config_.checkpoint_interval_s > 0 &&
       (tick_ - last_checkpoint_tick_) * config_.tick_ms >=

@@ -99,6 +99,10 @@ void Fold::FoldSlot(Client& c, engine::Engine& engine, uint64_t tick, uint32_t i
     mass = 0;
   }
   c.observations += touches;
+  // The engine folds the mass as a recording holds it (a float), so that
+  // the exact replay of a recording (cxltier-sim --moves recorded) folds the
+  // very same.
+  mass = static_cast<float>(mass);
   const bool hit = engine.Touch(s.engine_slot, engine::Touch{mass, tick, engine::kNever});
   if (recorder_ && recorder_->on()) {
     // Its group too: a block may have joined it before the recording began.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <map>
+#include <span>
 
 #include "cxltier/lease.h"
 #include "service/copy_mode.h"
@@ -14,10 +15,12 @@
 namespace cxltier::service {
 
 MoveDispatch::MoveDispatch(numa::TierAssignment tiers, std::shared_ptr<numa::Migrator> migrator,
-                           uint64_t rate_bytes_per_s, std::function<void(MoveDone)> on_done)
+                           uint64_t rate_bytes_per_s, std::function<void(MoveDone)> on_done,
+                           Recorder* recorder)
     : tiers_(std::move(tiers)),
       migrator_(std::move(migrator)),
-      mover_(std::make_unique<Mover>(migrator_, rate_bytes_per_s, std::move(on_done))) {}
+      mover_(std::make_unique<Mover>(migrator_, rate_bytes_per_s, std::move(on_done))),
+      recorder_(recorder) {}
 
 Tier MoveDispatch::TierOfNode(int node) const {
   const int tier = tiers_.TierOf(node);
@@ -39,28 +42,44 @@ Tier MoveDispatch::WhereIs(const numa::PageRange& range) const {
 
 int MoveDispatch::TargetNode(Tier to) const { return tiers_.Nodes(TierIndex(to)).front(); }
 
-void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, bool page_moves) {
-  for (const engine::Move& mv : engine.Plan()) {
+void MoveDispatch::Tell(engine::Engine& engine, const engine::Move& mv, bool done, uint64_t tick) {
+  if (recorder_ && recorder_->on() && engine.IsLive(mv.slot)) {
+    const BlockState& st = engine.state(mv.slot);
+    if (st.generation == mv.generation && (st.flags & kFlagMigrating)) {
+      recorder_->Outcome(tick, st.key, done);
+    }
+  }
+  engine.Complete(mv, done);
+}
+
+void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, uint64_t tick,
+                            bool page_moves) {
+  const std::span<const engine::Move> plan = engine.Plan();
+  if (recorder_ && recorder_->on()) {
+    recorder_->Plan(tick, plan.size());
+    for (const engine::Move& mv : plan) recorder_->Planned(engine.state(mv.slot).key);
+  }
+  for (const engine::Move& mv : plan) {
     const auto holder = clients.HolderOf(mv.slot);
     if (!holder) {
-      engine.Complete(mv, false);
+      Tell(engine, mv, false, tick);
       continue;
     }
     Client& c = *holder->client;
     const SegSlot& s = c.slots[holder->seg_slot];
     const server::Pool& pool = c.pools[s.pool];
     if (pool.is_tier()) {
-      DispatchCopy(engine, mv, c, holder->seg_slot);
+      DispatchCopy(engine, mv, c, holder->seg_slot, tick);
       continue;
     }
     if (!page_moves || TierIndex(mv.to) >= tiers_.count() ||
         tiers_.Nodes(TierIndex(mv.to)).empty()) {
-      engine.Complete(mv, false);
+      Tell(engine, mv, false, tick);
       continue;
     }
     if (pool.pinned()) {  // said once; trying again would only fail again
       ++stats_.moves_refused_pinned;
-      engine.Complete(mv, false);
+      Tell(engine, mv, false, tick);
       continue;
     }
     ++stats_.in_flight;
@@ -70,14 +89,14 @@ void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, bool p
 }
 
 void MoveDispatch::DispatchCopy(engine::Engine& engine, const engine::Move& mv, Client& c,
-                                uint32_t seg) {
+                                uint32_t seg, uint64_t tick) {
   const SegSlot& s = c.slots[seg];
   const unsigned tier = TierIndex(mv.to);
   const int32_t to = tier < c.copy.pool.size() ? c.copy.pool[tier] : -1;
   uint32_t index = 0;
   if (to < 0 || !c.pools[to].TakeFree(&index)) {
     ++stats_.copies_no_room;
-    engine.Complete(mv, false);
+    Tell(engine, mv, false, tick);
     return;
   }
   const server::Pool& src = c.pools[s.pool];
@@ -117,7 +136,8 @@ void MoveDispatch::CompleteCopy(const MoveDone& d, engine::Engine* engine, Clien
   } else if (d.result.call_errno != ECANCELED) {
     ++stats_.failed;
   }
-  if (engine) engine->Complete(d.job.move, done);
+  // Between ticks: the next tick's, for a recording.
+  if (engine) Tell(*engine, d.job.move, done, tick + 1);
   if (!c) return;  // its pools went with it
   const uint32_t seg = d.job.segment_slot;
   CopyReturned(*c, seg, DecodeLocation(j.expected).version);
@@ -214,7 +234,8 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
   }
   if (c) NotePinned(d, *c, warn);
   if (!engine) return;
-  engine->Complete(d.job.move, done);
+  // Between ticks: the next tick's, for a recording.
+  Tell(*engine, d.job.move, done, tick + 1);
   if (!c) return;
   const SegSlot& s = c->slots[d.job.segment_slot];
   const bool current = s.live && s.engine_slot == d.job.move.slot &&
@@ -231,7 +252,11 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
     spdlog::debug("stale move: slot {} now holds {} (engine {}); kernel says {}, engine says {}", i,
                   o.key.ToString(), o.engine_slot, TierName(actual),
                   TierName(engine->state(o.engine_slot).tier));
+    const Tier was = engine->state(o.engine_slot).tier;
     engine->Relocated(o.engine_slot, actual);
+    if (recorder_ && engine->state(o.engine_slot).tier != was) {
+      recorder_->Relocated(tick + 1, engine->state(o.engine_slot).key, actual);
+    }
     WriteBack(*engine, *c, i);
   }
 }

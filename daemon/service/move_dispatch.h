@@ -3,7 +3,9 @@
 // pool block's page range, and on completion the engine learns whether it was
 // done and the client's slot shows the block's tier. A block released while
 // its move was queued is stale: its pool block may hold another key by now,
-// so whatever holds it is asked of the kernel instead.
+// so whatever holds it is asked of the kernel instead. A recording
+// (service/recorder.h) is told of each plan, each outcome the engine takes
+// and each relocation, in the order the engine sees them.
 #pragma once
 
 #include <functional>
@@ -15,6 +17,7 @@
 #include "numa/topology.h"
 #include "service/client_table.h"
 #include "service/mover.h"
+#include "service/recorder.h"
 #include "service/status.h"
 
 namespace cxltier::service {
@@ -24,9 +27,10 @@ class MoveDispatch {
   // A line about a move of client `c`'s block, to log at its rate.
   using Warn = std::function<void(const Client& c, const std::string& what)>;
   // `on_done` runs on the mover thread and must post the result to the I/O
-  // thread, which then calls Complete.
+  // thread, which then calls Complete. `recorder`, when given, outlives this.
   MoveDispatch(numa::TierAssignment tiers, std::shared_ptr<numa::Migrator> migrator,
-               uint64_t rate_bytes_per_s, std::function<void(MoveDone)> on_done);
+               uint64_t rate_bytes_per_s, std::function<void(MoveDone)> on_done,
+               Recorder* recorder = nullptr);
 
   // Where the kernel has most of `range`'s pages: their tier (fast when none
   // is faulted in yet, or on a node no tier names; a node in two tiers, as in
@@ -36,11 +40,15 @@ class MoveDispatch {
   // The node a page-mode move to `to` goes to: the first of that tier's.
   // REQUIRES: `to` is one of tiers() with a node.
   int TargetNode(Tier to) const;
-  // Hands every move of `engine`'s plan to the mover; page-mode moves only
-  // with `page_moves` (else they are not done).
-  void Dispatch(engine::Engine& engine, ClientTable& clients, bool page_moves = true);
-  // A move's result, on the I/O thread. `engine` is null when it was rebuilt
-  // since (no block of the move is left in it). `tick`: the daemon's clock.
+  // Plans (at the daemon's `tick`, after its fold) and hands every move of
+  // `engine`'s plan to the mover; page-mode moves only with `page_moves`
+  // (else they are not done).
+  void Dispatch(engine::Engine& engine, ClientTable& clients, uint64_t tick,
+                bool page_moves = true);
+  // A move's result, on the I/O thread, between ticks (a recording puts it
+  // in the next tick, as the daemon does admits). `engine` is null when it
+  // was rebuilt since (no block of the move is left in it). `tick`: the
+  // daemon's clock.
   void Complete(const MoveDone& d, engine::Engine* engine, ClientTable& clients, const Warn& warn,
                 uint64_t tick);
   // Copy mode's drains of every client, once a tick; write leases held past
@@ -56,8 +64,12 @@ class MoveDispatch {
   MoveStats& mutable_stats() { return stats_; }
 
  private:
+  // Tells the engine a move's outcome, and the recording when the engine
+  // takes it (the move is still its block's current one) at `tick`.
+  void Tell(engine::Engine& engine, const engine::Move& mv, bool done, uint64_t tick);
   // Copy mode: a move of client slot `seg` to the other tier's pool.
-  void DispatchCopy(engine::Engine& engine, const engine::Move& mv, Client& c, uint32_t seg);
+  void DispatchCopy(engine::Engine& engine, const engine::Move& mv, Client& c, uint32_t seg,
+                    uint64_t tick);
   void CompleteCopy(const MoveDone& d, engine::Engine* engine, Client* c, const Warn& warn,
                     uint64_t tick);
   // Page mode: a move whose present pages were all busy marks its pool pinned.
@@ -69,6 +81,7 @@ class MoveDispatch {
   std::unique_ptr<Mover> mover_;
   MoveStats stats_;
   uint64_t lease_timeout_ticks_ = 300;
+  Recorder* recorder_;
 };
 
 }  // namespace cxltier::service

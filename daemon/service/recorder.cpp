@@ -12,8 +12,11 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
                      uint64_t max_bytes) {
   trace_ = sim::Trace{};
   trace_.name = "recording";
+  trace_.recorded_moves = true;
+  trace_.first_tick = tick;
   index_.clear();
   groups_.clear();
+  planned_.clear();
   secret_ = secret;
   summary_ = Summary{};
   summary_.start_tick = tick;
@@ -108,12 +111,33 @@ void Recorder::Hint(uint64_t tick, uint64_t group, HintKind kind) {
   ++summary_.hints;
 }
 
+void Recorder::Plan(uint64_t tick, size_t moves) {
+  if (!on() || !Fits(tick, trace_.events.size() + 1, trace_.keys.size(), groups_.size(),
+                     !trace_.groups.empty())) {
+    return;
+  }
+  // A plan's key is the number of moves it planned.
+  const uint32_t n = static_cast<uint32_t>(std::min<size_t>(moves, UINT32_MAX));
+  trace_.events.push_back(sim::TraceEvent{Step(tick), n, 0.0f, sim::EventKind::kPlan});
+  ++summary_.plans;
+}
+
+void Recorder::Outcome(uint64_t tick, const BlockKey& key, bool done) {
+  // Planned before the recording began: the replay never planned it.
+  if (!on() || planned_.erase(key) == 0) return;
+  if (Add(tick, key, done ? 1.0f : 0.0f, sim::EventKind::kOutcome)) {
+    ++summary_.outcomes;
+    summary_.outcomes_done += done;
+  }
+}
+
 void Recorder::ForgetSecret() { explicit_bzero(secret_.data(), secret_.size()); }
 
 void Recorder::Stop(uint64_t tick) {
   if (state_ != State::kOn) return;
   ForgetSecret();  // the keys cannot be matched against anything again
   index_ = {};     // the trace's key table is all that is needed now
+  planned_ = {};
   summary_.groups = groups_.size();
   groups_ = {};  // the engine's group ids: not needed, not kept
   summary_.end_tick = tick;
@@ -127,6 +151,7 @@ void Recorder::Discard() {
   trace_ = sim::Trace{};
   index_ = {};
   groups_ = {};
+  planned_ = {};
   summary_ = Summary{};
   state_ = State::kIdle;
 }

@@ -1,22 +1,31 @@
-// What-if recording of live traffic (`cxltierctl record`, docs/operations.md):
+// Recording of live traffic (`cxltierctl record`, docs/operations.md):
 // while on, every admit (with the tier its pages sat in), every touch the
 // fold gives the engine, every release and every scheduler hint the engine
 // applied becomes an event of our binary trace (docs/workloads.md), one step
 // per tick, so `cxltier-sim --trace bin:FILE --mode tick --tick-steps 1`
-// replays it with any policy. Keys are hashed with a secret drawn for this
+// replays it with any policy (the what-if replay). Keys are hashed with a secret drawn for this
 // recording and never written anywhere: a file shows which blocks were
 // touched together and how often, not which blocks they were, nor whose.
 // Groups (the blocks hints speak of) are numbered 1, 2, ... in the order the
 // recording first sees them, so no client's own group numbers, nor which
 // client a group was, are written either. A block's group is the last group
 // it was seen in (joined by a hint, or a touch while in a group); with any
-// group or hint the trace carries the group table (format version 2).
+// group or hint the trace carries the group table.
+// The daemon's moves are recorded too (format version 3), so that
+// `cxltier-sim --moves recorded` replays them exactly when the daemon had
+// them: each Plan() the daemon ran (after the tick's fold) with the number
+// of moves it planned, each outcome of a move the engine took (when the
+// mover finished it, maybe ticks later, or at once when dispatch refused
+// it), and each relocation the daemon told the engine of. An outcome is
+// recorded only for a move planned during the recording and only while it
+// is the block's current move (the engine ignores the others).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "cxltier/block.h"
@@ -48,6 +57,8 @@ class Recorder {
     // tier 0 when the engine folded it): what the daemon measured live.
     uint64_t touches = 0, hits = 0;
     uint64_t hints = 0, groups = 0;  // recorded hints; groups seen
+    // The daemon's plans, the move outcomes (done or not) and relocations recorded.
+    uint64_t plans = 0, outcomes = 0, outcomes_done = 0, relocations = 0;
   };
 
   // Starts a recording at `tick` that stops by itself after `ticks` ticks,
@@ -74,10 +85,29 @@ class Recorder {
   // A hint the engine applied to engine group `group` (nonzero) at `tick`.
   void Hint(uint64_t tick, uint64_t group, HintKind kind);
   void Release(uint64_t tick, const BlockKey& key) {
-    if (on()) Add(tick, key, 0.0f, sim::EventKind::kRelease);
+    if (!on()) return;
+    planned_.erase(key);  // its move, if any, is stale now
+    Add(tick, key, 0.0f, sim::EventKind::kRelease);
   }
   void Admit(uint64_t tick, const BlockKey& key, Tier placed) {
     if (on()) Add(tick, key, static_cast<float>(TierIndex(placed)), sim::EventKind::kAdmit);
+  }
+  // The daemon ran the engine's Plan() at `tick` (after the tick's fold),
+  // which planned `moves` moves; Planned then names each move's block.
+  void Plan(uint64_t tick, size_t moves);
+  void Planned(const BlockKey& key) {
+    if (on()) planned_.insert(key);
+  }
+  // The engine took the outcome (`done` or not) of the current move of
+  // block `key` at `tick`: recorded if the move was planned during the
+  // recording.
+  void Outcome(uint64_t tick, const BlockKey& key, bool done);
+  // The daemon told the engine block `key` sits in `tier` (Engine::Relocated,
+  // when that changes its tier) at `tick`.
+  void Relocated(uint64_t tick, const BlockKey& key, Tier tier) {
+    if (on() && Add(tick, key, static_cast<float>(TierIndex(tier)), sim::EventKind::kRelocated)) {
+      ++summary_.relocations;
+    }
   }
   // Once per tick, after the fold: stops the recording when its time is up.
   void EndTick(uint64_t tick) {
@@ -116,6 +146,10 @@ class Recorder {
   sim::Trace trace_;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> index_;  // hashed key -> trace key
   std::unordered_map<uint64_t, uint32_t> groups_;  // engine group -> the recording's number
+  // The engine keys of blocks whose moves were planned during the recording
+  // and have no outcome yet: as many as moves in flight, so not counted
+  // against the caps.
+  std::unordered_set<BlockKey, BlockKeyHash> planned_;
 };
 
 }  // namespace cxltier::service

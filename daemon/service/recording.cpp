@@ -106,6 +106,12 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
       {"hit_rate", sum.touches ? static_cast<double>(sum.hits) / sum.touches : 0.0},
       {"hints", sum.hints},
       {"groups", sum.groups},
+      // The daemon's moves (cxltier-sim --moves recorded replays them).
+      {"recorded_moves", true},
+      {"plans", sum.plans},
+      {"move_outcomes", sum.outcomes},
+      {"moves_done", sum.outcomes_done},
+      {"relocations", sum.relocations},
       {"policy", config_.policy},
       {"persist", config_.persist},
       {"tier0_budget_bytes",

@@ -124,7 +124,8 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
 // Hints and group membership: groups get the recording's own numbers (first
 // seen = 1), a hint is an event naming that number, a block's group is the
 // last it was seen in, and the trace carries the table only when there were
-// any (version 2 then, version 1 otherwise). The caps count the groups.
+// any (a recording is version 3, whose table is all 0 without groups). The
+// caps count the groups.
 TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   Recorder::Secret secret;
   for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>(7 * i + 3);
@@ -162,19 +163,19 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   EXPECT_EQ(sum.hints, 3u);
   EXPECT_EQ(sum.groups, 2u);
   EXPECT_EQ(sum.touches, 3u);
-  // Written and read back as version 2, groups and hints whole.
+  // Written and read back (version 3: a recording), groups and hints whole.
   std::stringstream io;
   ASSERT_EQ(sim::WriteBinary(t, io), "");
   const std::string bytes = io.str();
   uint32_t version = 0;
   std::memcpy(&version, bytes.data() + 8, 4);
-  EXPECT_EQ(version, 2u);
+  EXPECT_EQ(version, 3u);
   sim::TraceResult back = sim::ReadBinary(io, "rec");
   ASSERT_EQ(back.error, "");
   EXPECT_EQ(back.trace.groups, t.groups);
   EXPECT_EQ(back.trace.events.size(), t.events.size());
 
-  // No hint and no group: no table, version 1 as before.
+  // No hint and no group: no groups, written as a table of zeros, read back as none.
   Recorder plain;
   plain.Start(0, 100, 1000, secret);
   plain.Touch(1, a, 1.0, true);
@@ -185,7 +186,10 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   std::stringstream io2;
   ASSERT_EQ(sim::WriteBinary(t2, io2), "");
   std::memcpy(&version, io2.str().data() + 8, 4);
-  EXPECT_EQ(version, 1u);
+  EXPECT_EQ(version, 3u);
+  sim::TraceResult back2 = sim::ReadBinary(io2, "plain");
+  ASSERT_EQ(back2.error, "");
+  EXPECT_TRUE(back2.trace.groups.empty());
 
   // A hint alone costs an event: the event cap stops it.
   Recorder capped;
@@ -218,6 +222,92 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   EXPECT_GT(sum4.groups, kCap / 2 /
                              (Recorder::kBytesPerKey + Recorder::kBytesPerGroupedKey +
                               Recorder::kBytesPerGroup));
+}
+
+// The daemon's moves: each plan with the number of moves it planned, after
+// the tick's touches; the outcome of each move planned during the recording
+// (not of one planned before it began, nor of a block released since its
+// plan); relocations. The trace records moves (version 3) and carries the
+// tick it began at as the clock of step 0.
+TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
+  Recorder::Secret secret;
+  for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>(5 * i + 1);
+  const BlockKey a{1, 2}, b{1, 3}, c{1, 4};
+  Recorder r;
+  r.Start(100, 50, 1000, secret);
+  r.Outcome(101, c, true);  // planned before the recording began
+  r.Admit(101, a, Tier::kSlow);
+  r.Admit(101, b, Tier::kFast);
+  r.Touch(101, a, 1.0, false);
+  r.Plan(101, 2);
+  r.Planned(a);
+  r.Planned(b);
+  r.Outcome(101, b, false);  // refused at once
+  r.Release(102, a);
+  r.Outcome(102, a, true);  // its block was released since: stale
+  r.Relocated(102, b, Tier::kFast);
+  r.Plan(102, 1);
+  r.Planned(b);
+  r.Outcome(103, b, true);
+  r.Outcome(103, b, true);  // told once only
+  r.Stop(104);
+  auto [t, sum] = r.Take();
+  ASSERT_EQ(t.Validate(), "");
+  EXPECT_TRUE(t.recorded_moves);
+  EXPECT_EQ(t.first_tick, 100u);
+  using K = sim::EventKind;
+  const std::vector<std::pair<K, uint32_t>> want = {
+      {K::kAdmit, 1},   {K::kAdmit, 1},     {K::kTouch, 1}, {K::kPlan, 1},   {K::kOutcome, 1},
+      {K::kRelease, 2}, {K::kRelocated, 2}, {K::kPlan, 2},  {K::kOutcome, 3}};
+  ASSERT_EQ(t.events.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(t.events[i].kind, want[i].first) << i;
+    EXPECT_EQ(t.events[i].step, want[i].second) << i;
+  }
+  const uint32_t ka = t.events[0].key, kb = t.events[1].key;
+  EXPECT_EQ(t.events[3].key, 2u);  // a plan's key: its moves
+  EXPECT_EQ(t.events[3].obs, 0.0f);
+  EXPECT_EQ(t.events[4].key, kb);
+  EXPECT_EQ(t.events[4].obs, 0.0f);  // not done
+  EXPECT_EQ(t.events[5].key, ka);
+  EXPECT_EQ(t.events[6].key, kb);
+  EXPECT_EQ(t.events[6].obs, 0.0f);  // tier 0
+  EXPECT_EQ(t.events[7].key, 1u);
+  EXPECT_EQ(t.events[8].key, kb);
+  EXPECT_EQ(t.events[8].obs, 1.0f);  // done
+  EXPECT_EQ(t.keys.size(), 2u);      // c, never recorded, has no key
+  EXPECT_EQ(sum.plans, 2u);
+  EXPECT_EQ(sum.outcomes, 2u);
+  EXPECT_EQ(sum.outcomes_done, 1u);
+  EXPECT_EQ(sum.relocations, 1u);
+  // Written as version 3 (the clock of step 0 after the header) and read back whole.
+  std::stringstream io;
+  ASSERT_EQ(sim::WriteBinary(t, io), "");
+  const std::string bytes = io.str();
+  uint32_t version = 0;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  EXPECT_EQ(version, 3u);
+  sim::TraceResult back = sim::ReadBinary(io, "rec");
+  ASSERT_EQ(back.error, "");
+  EXPECT_TRUE(back.trace.recorded_moves);
+  EXPECT_EQ(back.trace.first_tick, 100u);
+  ASSERT_EQ(back.trace.events.size(), t.events.size());
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    EXPECT_EQ(back.trace.events[i].kind, t.events[i].kind) << i;
+    EXPECT_EQ(back.trace.events[i].key, t.events[i].key) << i;
+  }
+
+  // A plan costs an event: the event cap stops it there.
+  Recorder capped;
+  capped.Start(0, 100, 2, secret);
+  capped.Plan(1, 0);
+  capped.Plan(2, 3);
+  capped.Plan(3, 0);
+  ASSERT_TRUE(capped.ready());
+  auto [t2, sum2] = capped.Take();
+  EXPECT_TRUE(sum2.truncated);
+  EXPECT_EQ(t2.events.size(), 2u);
+  EXPECT_EQ(sum2.plans, 2u);
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
+#include <span>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -470,6 +472,362 @@ TEST(Simulate, AdmitsInAThirdTierAreReplayedThere) {
               std::string::npos)
         << bad;
   }
+}
+
+// ------------------------------------------------------------ recorded moves
+
+// A daemon in miniature: the engine in tick mode, its moves handed to a
+// "mover" that finishes each one to three ticks after its plan (one in five
+// not done), one move in ten refused at once (as dispatch refuses what it
+// cannot move), plans skipped now and then (the mover busy), blocks released
+// while their moves are in flight and admitted again, and now and then a
+// block found in the other tier (Relocated). What it tells the engine is
+// recorded as the daemon's recorder records it: the plan after the tick's
+// touches, an outcome only while the move is still its block's, results
+// that come between ticks in the next tick's step.
+struct MiniDaemon {
+  Trace trace;
+  engine::EngineCounters counters;
+};
+
+constexpr uint64_t kMiniBudget = 8;  // blocks of 1 byte
+constexpr uint64_t kMiniMigrate = 3;
+constexpr uint32_t kMiniHysteresis = 2;
+
+// `tiers`: 2, or 3 (tier 1 holds kMiniBudget blocks too).
+MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t first_tick,
+                         unsigned tiers = 2) {
+  engine::EngineOptions o;
+  o.block_bytes = 1;
+  o.tier0_budget_bytes = kMiniBudget;
+  if (tiers == 3) o.lower_tier_budget_bytes = {kMiniBudget};
+  o.mode = engine::Mode::kTick;
+  o.migrate_bytes_per_tick = kMiniMigrate;
+  o.hysteresis_ticks = kMiniHysteresis;
+  auto made = engine::MakePolicy(policy);
+  EXPECT_TRUE(made.ok()) << policy;
+  engine::Engine e(o, std::move(*made));
+  MiniDaemon out;
+  Trace& t = out.trace;
+  t.name = "mini";
+  t.recorded_moves = true;
+  t.first_tick = first_tick;
+  constexpr uint32_t kKeys = 48;
+  for (uint32_t k = 0; k < kKeys; ++k) t.keys.push_back(BlockKey{7, k});
+  std::vector<engine::Slot> slot(kKeys, engine::kNoSlot);
+  std::map<engine::Slot, uint32_t> key_of;
+  struct InFlight {
+    engine::Move move;
+    uint32_t key;
+    uint32_t due;
+    bool done;
+  };
+  std::vector<InFlight> flight;
+  std::mt19937 rng(seed);
+  const auto push = [&t](uint32_t step, uint32_t key, float obs, EventKind kind) {
+    t.events.push_back(TraceEvent{step, key, obs, kind});
+  };
+  const auto tell = [&](const InFlight& f, uint32_t step) {
+    const BlockState& st = e.state(f.move.slot);
+    if (e.IsLive(f.move.slot) && st.generation == f.move.generation &&
+        (st.flags & kFlagMigrating)) {
+      push(step, f.key, f.done ? 1.0f : 0.0f, EventKind::kOutcome);
+    }
+    e.Complete(f.move, f.done);
+  };
+  for (uint32_t step = 1; step <= 400; ++step) {
+    // Between ticks: the mover's results, admits, releases, relocations.
+    for (auto it = flight.begin(); it != flight.end();) {
+      if (it->due > step) {
+        ++it;
+        continue;
+      }
+      tell(*it, step);
+      it = flight.erase(it);
+    }
+    for (uint32_t k = 0; k < kKeys; ++k) {
+      if (slot[k] == engine::kNoSlot) {
+        if (rng() % 4 != 0) continue;
+        const unsigned placed = rng() % tiers;
+        slot[k] = e.Admit(t.keys[k], TierAt(placed));
+        key_of[slot[k]] = k;
+        push(step, k, static_cast<float>(placed), EventKind::kAdmit);
+      } else if (rng() % 40 == 0) {
+        e.Release(slot[k]);
+        slot[k] = engine::kNoSlot;
+        push(step, k, 0.0f, EventKind::kRelease);
+      }
+    }
+    if (const uint32_t k = rng() % kKeys; rng() % 8 == 0 && slot[k] != engine::kNoSlot) {
+      const Tier was = e.state(slot[k]).tier;
+      const Tier to = TierAt((TierIndex(was) + 1 + rng() % (tiers - 1)) % tiers);
+      e.Relocated(slot[k], to);
+      if (e.state(slot[k]).tier != was) {
+        push(step, k, static_cast<float>(TierIndex(to)), EventKind::kRelocated);
+      }
+    }
+    // The tick: touches (low keys hotter), then the plan.
+    for (int n = 0; n < 12; ++n) {
+      const uint32_t k = std::min(rng() % kKeys, rng() % kKeys);
+      if (slot[k] == engine::kNoSlot) continue;
+      const float obs = static_cast<float>(1 + rng() % 8) / 8.0f;
+      e.Touch(slot[k], engine::Touch{obs, first_tick + step, engine::kNever});
+      push(step, k, obs, EventKind::kTouch);
+    }
+    if (rng() % 5 == 0) continue;  // the mover is busy: no plan this tick
+    const std::span<const engine::Move> moves = e.Plan();
+    push(step, static_cast<uint32_t>(moves.size()), 0.0f, EventKind::kPlan);
+    const std::vector<engine::Move> planned(moves.begin(), moves.end());
+    for (const engine::Move& m : planned) {
+      InFlight f{m, key_of.at(m.slot), step + 1 + static_cast<uint32_t>(rng() % 3), rng() % 5 != 0};
+      if (rng() % 10 == 0) {
+        f.done = false;  // refused at once
+        tell(f, step);
+      } else {
+        flight.push_back(f);
+      }
+    }
+  }
+  out.counters = e.counters();
+  return out;
+}
+
+SimConfig MiniConfig(const std::string& policy, unsigned tiers = 2) {
+  SimConfig c;
+  c.policy = policy;
+  c.mode = engine::Mode::kTick;
+  c.block_bytes = 1;
+  c.budget_bytes = kMiniBudget;
+  if (tiers == 3) c.lower_budget_bytes = {kMiniBudget};
+  c.migrate_bytes_per_tick = kMiniMigrate;
+  c.hysteresis_ticks = kMiniHysteresis;
+  c.recorded_moves = true;
+  return c;
+}
+
+// The replay with the recorded moves is the run: every counter the same,
+// whatever the lag of each move, whichever failed, for several policies, on
+// two tiers and on three.
+TEST(RecordedMoves, TheReplayIsTheRunExactly) {
+  for (const std::string policy : {"lru", "ema:0.05", "arc", "tinylfu", "adaptive"}) {
+    for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+      const unsigned tiers = seed % 2 ? 2 : 3;
+      const MiniDaemon run = RunMiniDaemon(policy, seed, 1000 * seed, tiers);
+      ASSERT_EQ(run.trace.Validate(), "");
+      size_t outcomes = 0, not_done = 0, relocations = 0, plans = 0;
+      for (const TraceEvent& ev : run.trace.events) {
+        plans += ev.kind == EventKind::kPlan;
+        outcomes += ev.kind == EventKind::kOutcome;
+        not_done += ev.kind == EventKind::kOutcome && ev.obs == 0.0f;
+        relocations += ev.kind == EventKind::kRelocated;
+      }
+      ASSERT_GT(plans, 100u);
+      ASSERT_GT(outcomes, 20u);
+      ASSERT_GT(not_done, 2u);
+      ASSERT_GT(relocations, 2u);
+      if (tiers == 3) {
+        ASSERT_GT(run.counters.tier_hits[2], 0u) << policy << " seed " << seed;
+      }
+      // Through the binary format: version 3 keeps the clock and the moves.
+      std::stringstream bin;
+      ASSERT_EQ(WriteBinary(run.trace, bin), "");
+      const TraceResult back = ReadBinary(bin, "mini.bin");
+      ASSERT_TRUE(back.ok()) << back.error;
+      std::string error;
+      const SimResult r = Simulate(back.trace, MiniConfig(policy, tiers), nullptr, &error);
+      ASSERT_EQ(error, "") << policy << " seed " << seed;
+      EXPECT_EQ(r.counters.tier_hits, run.counters.tier_hits) << policy << " seed " << seed;
+      const engine::EngineCounters& want = run.counters;
+      const engine::EngineCounters& got = r.counters;
+      EXPECT_EQ(got.touches, want.touches) << policy << " seed " << seed;
+      EXPECT_EQ(got.hits, want.hits) << policy << " seed " << seed;
+      EXPECT_EQ(got.promotions, want.promotions) << policy << " seed " << seed;
+      EXPECT_EQ(got.demotions, want.demotions) << policy << " seed " << seed;
+      EXPECT_EQ(got.failed_moves, want.failed_moves) << policy << " seed " << seed;
+      EXPECT_EQ(got.ticks, want.ticks) << policy << " seed " << seed;
+      EXPECT_EQ(got.evictions, want.evictions) << policy << " seed " << seed;
+      EXPECT_EQ(got.ghost_restores, want.ghost_restores) << policy << " seed " << seed;
+    }
+  }
+}
+
+// The what-if replay (--moves instant) skips the recorded moves: it plans
+// for itself every tick and completes every move at once, as it did on
+// traces without them.
+TEST(RecordedMoves, TheWhatIfReplayIgnoresThem) {
+  const MiniDaemon run = RunMiniDaemon("lru", 4, 50);
+  Trace plain = run.trace;  // the same clock, without the moves
+  plain.recorded_moves = false;
+  std::erase_if(plain.events, [](const TraceEvent& ev) { return IsMoveEvent(ev.kind); });
+  SimConfig c = MiniConfig("lru");
+  c.recorded_moves = false;
+  std::string error;
+  const SimResult with = Simulate(run.trace, c, nullptr, &error);
+  ASSERT_EQ(error, "");
+  const SimResult without = Simulate(plain, c, nullptr, &error);
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(with.counters.touches, run.counters.touches);
+  EXPECT_EQ(with.counters.hits, without.counters.hits);
+  EXPECT_EQ(with.counters.promotions, without.counters.promotions);
+  EXPECT_EQ(with.counters.ticks, without.counters.ticks);
+  EXPECT_EQ(with.counters.failed_moves, 0u);
+  // The recorded replay is the run, failed moves and all.
+  const SimResult exact = Simulate(run.trace, MiniConfig("lru"), nullptr, &error);
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(exact.counters.hits, run.counters.hits);
+  EXPECT_EQ(exact.counters.failed_moves, run.counters.failed_moves);
+  EXPECT_GT(exact.counters.failed_moves, 0u);
+  std::printf("mini daemon: %llu hits of %llu touches; what-if replay %llu\n",
+              static_cast<unsigned long long>(run.counters.hits),
+              static_cast<unsigned long long>(run.counters.touches),
+              static_cast<unsigned long long>(with.counters.hits));
+}
+
+// A replay that stops following the recording says where and why; a trace
+// without recorded moves, and demand mode, are refused.
+TEST(RecordedMoves, ADivergingReplayIsAClearError) {
+  const MiniDaemon run = RunMiniDaemon("lru", 5, 0);
+  std::string error;
+  // One more move than the daemon planned.
+  Trace more = run.trace;
+  size_t plan = 0;
+  while (more.events[plan].kind != EventKind::kPlan || more.events[plan].key == 0) ++plan;
+  ++more.events[plan].key;
+  Simulate(more, MiniConfig("lru"), nullptr, &error);
+  EXPECT_NE(error.find("event " + std::to_string(plan) + " "), std::string::npos) << error;
+  EXPECT_NE(error.find("the daemon planned " + std::to_string(more.events[plan].key) +
+                       " moves here, the replay " + std::to_string(run.trace.events[plan].key)),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("no longer follows the recording"), std::string::npos) << error;
+  // An outcome told twice: the second has no move.
+  Trace twice = run.trace;
+  size_t outcome = 0;
+  while (twice.events[outcome].kind != EventKind::kOutcome) ++outcome;
+  const TraceEvent again = twice.events[outcome];
+  twice.events.insert(twice.events.begin() + static_cast<long>(outcome) + 1, again);
+  error.clear();
+  Simulate(twice, MiniConfig("lru"), nullptr, &error);
+  EXPECT_NE(error.find("event " + std::to_string(outcome + 1) + " "), std::string::npos) << error;
+  EXPECT_NE(error.find("has no move of"), std::string::npos) << error;
+  // No recorded moves; demand mode; a policy the daemon cannot run.
+  Trace old = run.trace;
+  std::erase_if(old.events, [](const TraceEvent& ev) { return IsMoveEvent(ev.kind); });
+  old.recorded_moves = false;
+  error.clear();
+  Simulate(old, MiniConfig("lru"), nullptr, &error);
+  EXPECT_NE(error.find("records no plans or move outcomes"), std::string::npos) << error;
+  SimConfig demand = MiniConfig("lru");
+  demand.mode = engine::Mode::kDemand;
+  error.clear();
+  Simulate(run.trace, demand, nullptr, &error);
+  EXPECT_NE(error.find("needs --mode tick"), std::string::npos) << error;
+  const std::vector<uint64_t> future = NextUses(run.trace);
+  error.clear();
+  Simulate(run.trace, MiniConfig("min"), &future, &error);
+  EXPECT_NE(error.find("was never the daemon's"), std::string::npos) << error;
+}
+
+// Version 3 of the binary format: the clock of step 0 after the header, the
+// group table (zeros without groups), kinds 4 to 6. Older versions may not
+// carry those kinds, CSV refuses to drop them, a bad outcome or relocation
+// is refused.
+TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
+  Trace t = SmallTrace();
+  t.recorded_moves = true;
+  t.first_tick = 0x123456789abULL;
+  t.events.insert(t.events.begin() + 2, {{0, 2, 0.0f, EventKind::kPlan},
+                                         {1, 1, 1.0f, EventKind::kOutcome},
+                                         {1, 0, 1.0f, EventKind::kRelocated}});
+  ASSERT_EQ(t.Validate(), "");
+  std::stringstream bin;
+  ASSERT_EQ(WriteBinary(t, bin), "");
+  const std::string bytes = bin.str();
+  EXPECT_EQ(bytes[8], 3);
+  EXPECT_EQ(bytes.size(), 40 + 20 * t.keys.size() + 16 * t.events.size());
+  uint64_t clock = 0;
+  std::memcpy(&clock, bytes.data() + 32, 8);
+  EXPECT_EQ(clock, t.first_tick);
+  std::istringstream in(bytes);
+  const TraceResult r = ReadBinary(in, "v3");
+  ASSERT_TRUE(r.ok()) << r.error;
+  ExpectSameTrace(t, r.trace);
+  EXPECT_TRUE(r.trace.recorded_moves);
+  EXPECT_EQ(r.trace.first_tick, t.first_tick);
+  EXPECT_TRUE(r.trace.groups.empty());  // the table of zeros reads as none
+  // With groups too.
+  Trace g = t;
+  g.groups = {1, 0, 2};
+  std::stringstream gbin;
+  ASSERT_EQ(WriteBinary(g, gbin), "");
+  const TraceResult gr = ReadBinary(gbin, "v3g");
+  ASSERT_TRUE(gr.ok()) << gr.error;
+  EXPECT_EQ(gr.trace.groups, g.groups);
+  // A kind 4 to 6 in a version 1 trace, and kind 7 in version 3: unknown.
+  const size_t first_event = 40 + 20 * t.keys.size();
+  std::string v1 = bytes;
+  v1[8] = 1;
+  v1.erase(32, 8);                        // no clock
+  v1.erase(32 + 16 * t.keys.size(), 12);  // no group table
+  std::istringstream v1in(v1);
+  EXPECT_NE(ReadBinary(v1in, "x").error.find("unknown kind 4 for a version 1 trace"),
+            std::string::npos);
+  std::string seven = bytes;
+  seven[first_event + 16 * 2 + 12] = 7;
+  std::istringstream sin(seven);
+  EXPECT_NE(ReadBinary(sin, "x").error.find("unknown kind 7"), std::string::npos);
+  // An outcome is 1 or 0; a relocation's tier a whole tier; a plan's
+  // observation 0; none of them in a trace that records no moves.
+  Trace bad = t;
+  bad.events[3].obs = 0.5f;
+  EXPECT_NE(bad.Validate().find("1 (done) or 0"), std::string::npos);
+  bad = t;
+  bad.events[4].obs = 9.0f;
+  EXPECT_NE(bad.Validate().find("a relocation's tier"), std::string::npos);
+  bad = t;
+  bad.events[2].obs = 1.0f;
+  EXPECT_NE(bad.Validate().find("a plan's observation"), std::string::npos);
+  bad = t;
+  bad.recorded_moves = false;
+  EXPECT_NE(bad.Validate().find("records no moves"), std::string::npos);
+  // CSV carries none: it says so instead of dropping them.
+  std::stringstream csv;
+  EXPECT_NE(WriteCsv(t, csv).find("--moves recorded"), std::string::npos);
+}
+
+TEST(SimCli, MovesRecordedNeedsARecording) {
+  const std::filesystem::path file = TempDir() / "mini.bin";
+  const MiniDaemon run = RunMiniDaemon("lru", 6, 0);
+  ASSERT_EQ(SaveTrace(run.trace, file.string()), "");
+  const std::string replay =
+      kSim + " --trace bin:" + file.string() + " --mode tick --block-bytes 1 --budget " +
+      std::to_string(kMiniBudget) + " --migrate-per-tick " + std::to_string(kMiniMigrate) +
+      " --hysteresis " + std::to_string(kMiniHysteresis) + " --policy lru --persist persist";
+  const ShellResult exact = Shell(replay + " --moves recorded --json 2>&1");
+  ASSERT_EQ(exact.status, 0) << exact.out;
+  const nlohmann::json j = nlohmann::json::parse(exact.out);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["moves"], "recorded");
+  EXPECT_EQ(j[0]["hits"].get<uint64_t>(), run.counters.hits);
+  EXPECT_EQ(j[0]["touches"].get<uint64_t>(), run.counters.touches);
+  const ShellResult what_if = Shell(replay + " --json 2>&1");
+  ASSERT_EQ(what_if.status, 0) << what_if.out;
+  EXPECT_EQ(nlohmann::json::parse(what_if.out)[0]["moves"], "instant");
+  for (auto [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--trace " + kMooncake + " --mode tick --moves recorded",
+            "records no plans or move outcomes"},
+           {"--trace bin:" + file.string() + " --moves recorded", "needs --mode tick"},
+           {"--trace bin:" + file.string() + " --mode tick --moves later",
+            "--moves must be instant or recorded"}}) {
+    const ShellResult r = Shell(kSim + " " + args + " 2>&1");
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args << "\n" << r.out;
+  }
+  // CSV cannot carry the moves: converting says so.
+  const ShellResult csv = Shell(kSim + " --trace bin:" + file.string() + " --write-trace " +
+                                (TempDir() / "mini.csv").string() + " 2>&1");
+  EXPECT_EQ(csv.status, 2) << csv.out;
+  EXPECT_NE(csv.out.find("binary format"), std::string::npos) << csv.out;
 }
 
 TEST(SimCli, PlotWritesAPng) {

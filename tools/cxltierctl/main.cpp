@@ -438,6 +438,9 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   s["file"] = out;
   s["bytes"] = static_cast<uint64_t>(sb.st_size);
   s["replay"] = ReplayCommand(s, out);
+  // The daemon's moves are in the trace: the same replay with them, when it had them.
+  if (s.value("recorded_moves", false))
+    s["replay_exact"] = s["replay"].get<std::string>() + " --moves recorded";
   if (json) {
     std::cout << s.dump(2) << "\n";
     return 0;
@@ -458,6 +461,23 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
               s.value("policy", std::string("?")).c_str());
   std::printf("replay with the daemon's settings (change --policy to compare):\n  %s\n",
               s["replay"].get<std::string>().c_str());
+  if (s.contains("replay_exact")) {
+    std::printf(
+        "replay exactly as the daemon ran it, its plans and moves when it had them (its policy "
+        "only):\n  %s\n",
+        s["replay_exact"].get<std::string>().c_str());
+    // TinyLFU's sketch indexes keys by their hash, and the recording's keys
+    // are hashed again (operations.md, "record and replay").
+    const std::string policy = s.value("policy", std::string());
+    if (policy == "default" || policy == "adaptive" ||
+        policy.find("tinylfu") != std::string::npos) {
+      std::printf(
+          "  (policy %s counts touches in a tinylfu sketch indexed by key hashes, and the "
+          "recording's keys are hashed again: the exact replay may part from the daemon; it "
+          "then says where and stops)\n",
+          policy.c_str());
+    }
+  }
   return 0;
 }
 

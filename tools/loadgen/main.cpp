@@ -517,8 +517,9 @@ int main(int argc, char** argv) {
     std::vector<BlockKey> release;
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
-      // Admitted at its first touch here; hints go with the touches below.
-      if (e.kind == sim::EventKind::kAdmit || e.kind == sim::EventKind::kHint) continue;
+      // Admitted at its first touch here; hints go with the touches below;
+      // a recording's plans and moves are its daemon's, not ours to replay.
+      if (e.kind != sim::EventKind::kTouch && e.kind != sim::EventKind::kRelease) continue;
       auto it = live.find(e.key);
       if (e.kind == sim::EventKind::kRelease) {
         if (it != live.end()) {

@@ -17,8 +17,9 @@ sim::Trace FitToPool(const sim::Trace& trace, uint32_t pool_blocks, FitStats* st
   std::vector<std::list<uint32_t>::iterator> where(trace.keys.size(), lru.end());
   std::vector<bool> seen(trace.keys.size(), false);
   for (const sim::TraceEvent& e : trace.events) {
-    // Blocks are admitted at their first touch; hints name groups, not keys.
-    if (e.kind == sim::EventKind::kAdmit || e.kind == sim::EventKind::kHint) continue;
+    // Blocks are admitted at their first touch; hints name groups, not keys;
+    // the daemon's recorded moves are the daemon's, not the trace's.
+    if (e.kind != sim::EventKind::kTouch && e.kind != sim::EventKind::kRelease) continue;
     auto& at = where[e.key];
     if (e.kind == sim::EventKind::kRelease) {
       if (at == lru.end()) continue;  // not live: nothing to free

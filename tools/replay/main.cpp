@@ -376,8 +376,9 @@ int main(int argc, char** argv) {
     };
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
-      // Admitted at its first touch; hints name groups, not keys.
-      if (e.kind == sim::EventKind::kAdmit || e.kind == sim::EventKind::kHint) continue;
+      // Admitted at its first touch; hints name groups, not keys; the
+      // daemon's recorded moves are the daemon's.
+      if (e.kind != sim::EventKind::kTouch && e.kind != sim::EventKind::kRelease) continue;
       if (e.kind == sim::EventKind::kRelease) {
         if (!is_live[e.key]) continue;
         if (!admit.empty() || !touch_events.empty()) {

@@ -66,6 +66,7 @@ nlohmann::json ToJson(const std::string& workload, const SimResult& r) {
       {"policy", r.config.policy},
       {"persist", r.config.persistence == engine::Persistence::kPersist},
       {"mode", r.config.mode == engine::Mode::kDemand ? "demand" : "tick"},
+      {"moves", r.config.recorded_moves ? "recorded" : "instant"},
       {"budget_bytes", r.config.budget_bytes},
       {"tier_budget_bytes", TierBudgets(r.config)},
       {"block_bytes", r.config.block_bytes},
@@ -239,6 +240,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--hysteresis", hysteresis, "tick mode: ticks a moved block stays put")
       ->capture_default_str();
+  std::string moves = "instant";
+  app.add_option("--moves", moves,
+                 "tick mode: instant (plan every --tick-steps, every move done at once: the "
+                 "what-if replay) or recorded (plan and complete moves when the daemon did, from "
+                 "a cxltierctl record: the exact replay)")
+      ->capture_default_str();
   app.add_option("--ghosts", ghosts, "ghost store entries (persist)")->capture_default_str();
   app.add_option("--jobs", jobs, "simulations run in parallel")->capture_default_str();
   app.add_flag("--json", json, "print one JSON array");
@@ -303,6 +310,19 @@ int main(int argc, char** argv) {
     base.mode = engine::Mode::kTick;
   } else {
     return Fail("--mode must be demand or tick");
+  }
+  if (moves == "recorded") {
+    if (base.mode != engine::Mode::kTick) {
+      return Fail("--moves recorded replays the daemon's tick plans: it needs --mode tick");
+    }
+    if (!trace.recorded_moves) {
+      return Fail(workload +
+                  ": records no plans or move outcomes (only a cxltierctl record of a daemon "
+                  "that records them does, trace format version 3): use --moves instant");
+    }
+    base.recorded_moves = true;
+  } else if (moves != "instant") {
+    return Fail("--moves must be instant or recorded");
   }
   if (auto m = ParseSize(migrate)) {
     base.migrate_bytes_per_tick = *m;
@@ -384,9 +404,10 @@ int main(int argc, char** argv) {
     for (const SimResult& r : results) out.push_back(ToJson(workload, r));
     std::cout << out.dump(2) << "\n";
   } else {
-    std::printf("%s: %zu touches of %zu distinct blocks (%s each), %zu events\n\n",
+    std::printf("%s: %zu touches of %zu distinct blocks (%s each), %zu events%s\n\n",
                 workload.c_str(), trace.touches(), trace.keys.size(),
-                FormatBytes(base.block_bytes).c_str(), trace.events.size());
+                FormatBytes(base.block_bytes).c_str(), trace.events.size(),
+                base.recorded_moves ? "; plans and moves when the daemon had them" : "");
     PrintTable(workload, results);
   }
   if (!plot.empty()) {

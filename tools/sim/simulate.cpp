@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <span>
 
 namespace cxltier::sim {
 
@@ -49,13 +50,55 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
   o.migrate_bytes_per_tick = config.migrate_bytes_per_tick;
   o.hysteresis_ticks = config.hysteresis_ticks;
   o.expected_blocks = trace.keys.size();
+  const bool tick = config.mode == engine::Mode::kTick;
+  const bool recorded = config.recorded_moves;
+  if (recorded) {
+    if (!tick) {
+      *error = "--moves recorded replays the daemon's tick plans: it needs --mode tick";
+      return result;
+    }
+    if (!trace.recorded_moves) {
+      *error = trace.name +
+               ": records no plans or move outcomes (only a cxltierctl record of a daemon that "
+               "records them does, trace format version 3): replay it with --moves instant";
+      return result;
+    }
+    if (policy->NeedsFuture()) {
+      *error = "policy " + config.policy +
+               " was never the daemon's: --moves recorded replays the daemon's plans with its "
+               "policy; use --moves instant";
+      return result;
+    }
+  }
   engine::Engine e(o, std::move(policy));
   result.capacity_blocks = e.capacity_blocks();
 
-  const bool tick = config.mode == engine::Mode::kTick;
   const bool grouped = config.hints && !trace.groups.empty();
   const uint64_t every = config.tick_steps ? config.tick_steps : 1;
   std::vector<engine::Slot> slot_of(trace.keys.size(), engine::kNoSlot);
+  // --moves recorded: the trace key of each engine slot, and the move the
+  // replay planned for each key and was not told the outcome of yet.
+  std::vector<uint32_t> key_of_slot;
+  std::vector<engine::Move> pending;
+  if (recorded) pending.assign(trace.keys.size(), engine::Move{engine::kNoSlot, 0, {}, {}});
+  const auto admit = [&](uint32_t key, engine::Slot s) {
+    if (grouped) e.SetGroup(s, trace.group_of(key));
+    if (!recorded) return;
+    if (s >= key_of_slot.size()) key_of_slot.resize(s + 1, 0);
+    key_of_slot[s] = key;
+  };
+  const auto diverged = [&](size_t i, const std::string& what) {
+    *error = trace.name + ": event " + std::to_string(i) + " (step " +
+             std::to_string(trace.events[i].step) + "): " + what +
+             ". The replay no longer follows the recording: --moves recorded needs the daemon's "
+             "policy and settings (the command cxltierctl record prints), a recording begun "
+             "before the traffic it replays, and a policy that does not hash keys (tinylfu and "
+             "the default adaptive, whose experts include it, may part from the daemon); "
+             "--moves instant replays any of them";
+    result = SimResult{};
+    result.config = config;
+    return result;
+  };
   const auto start = std::chrono::steady_clock::now();
   uint64_t last_step = trace.events.empty() ? 0 : trace.events.front().step;
   const TraceEvent* events = trace.events.data();
@@ -67,7 +110,35 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
     if (i + kSlotAhead < n) __builtin_prefetch(&slot_of[events[i + kSlotAhead].key]);
     if (i + kStateAhead < n) e.Prefetch(slot_of[events[i + kStateAhead].key]);
     const TraceEvent& ev = events[i];
-    if (tick && ev.step != last_step) {
+    if (IsMoveEvent(ev.kind)) {
+      // The daemon's moves, when it made them; the what-if replay plans its own.
+      if (!recorded) continue;
+      if (ev.kind == EventKind::kPlan) {
+        const std::span<const engine::Move> moves = e.Plan();
+        if (moves.size() != ev.key) {
+          return diverged(i, "the daemon planned " + std::to_string(ev.key) +
+                                 " moves here, the replay " + std::to_string(moves.size()));
+        }
+        for (const engine::Move& m : moves) pending[key_of_slot[m.slot]] = m;
+      } else if (ev.kind == EventKind::kOutcome) {
+        engine::Move& m = pending[ev.key];
+        if (m.slot == engine::kNoSlot) {
+          return diverged(i, "the daemon completed a move of a block the replay has no move of");
+        }
+        e.Complete(m, ev.obs == 1.0f);
+        m.slot = engine::kNoSlot;
+      } else {  // kRelocated
+        if (slot_of[ev.key] == engine::kNoSlot) {
+          return diverged(i, "the daemon relocated a block the replay does not hold");
+        }
+        const unsigned tier = std::min(static_cast<unsigned>(ev.obs), e.tiers() - 1);
+        e.Relocated(slot_of[ev.key], TierAt(tier));
+      }
+      continue;
+    }
+    // The engine's clock: the daemon's, for a recording.
+    const uint64_t now = trace.first_tick + ev.step;
+    if (tick && !recorded && ev.step != last_step) {
       // One plan per multiple of `every` crossed; once plans stop moving
       // anything and hysteresis has run out, further plans would change nothing.
       const uint64_t plans = ev.step / every - last_step / every;
@@ -79,7 +150,7 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
     if (ev.kind == EventKind::kHint) {
       // A hint about a group (its number in ev.key); advice the engine may ignore.
       if (config.hints) {
-        e.Hint(ev.key, static_cast<engine::HintKind>(static_cast<int>(ev.obs)), ev.step);
+        e.Hint(ev.key, static_cast<engine::HintKind>(static_cast<int>(ev.obs)), now);
       }
       continue;
     }
@@ -89,6 +160,9 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
         e.Release(s);
         s = engine::kNoSlot;
       }
+      // A move of the block released: the engine would ignore its outcome,
+      // and the daemon records none.
+      if (recorded) pending[ev.key].slot = engine::kNoSlot;
       continue;
     }
     if (ev.kind == EventKind::kAdmit) {
@@ -97,15 +171,15 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
       if (tick && s == engine::kNoSlot) {
         const unsigned placed = std::min(static_cast<unsigned>(ev.obs), e.tiers() - 1);
         s = e.Admit(trace.keys[ev.key], TierAt(placed));
-        if (grouped) e.SetGroup(s, trace.group_of(ev.key));
+        admit(ev.key, s);
       }
       continue;
     }
     if (s == engine::kNoSlot) {
       s = e.Admit(trace.keys[ev.key]);
-      if (grouped) e.SetGroup(s, trace.group_of(ev.key));
+      admit(ev.key, s);
     }
-    e.Touch(s, engine::Touch{ev.obs, ev.step, next_use ? (*next_use)[i] : engine::kNever});
+    e.Touch(s, engine::Touch{ev.obs, now, next_use ? (*next_use)[i] : engine::kNever});
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.counters = e.counters();

@@ -23,6 +23,10 @@ struct SimConfig {
   uint32_t hysteresis_ticks = 0;        // tick mode
   size_t ghost_capacity = 1u << 20;
   bool hints = true;  // apply the trace's scheduler hints (kHint events), if it has any
+  // Tick mode: plan and complete moves when the recording says the daemon
+  // did (kPlan, kOutcome, kRelocated events; Trace::recorded_moves), instead
+  // of planning every tick_steps steps and completing every move at once.
+  bool recorded_moves = false;
 };
 
 struct SimResult {
@@ -41,7 +45,10 @@ struct SimResult {
 std::vector<uint64_t> NextUses(const Trace& trace);
 
 // Replays `trace`. `next_use` may be null unless the policy is MIN. Returns an
-// error in *error (and an empty result) for a bad policy name or budget.
+// error in *error (and an empty result) for a bad policy name or budget; with
+// recorded_moves, also for a trace that records no moves, and for a replay
+// that stops following the recording (it planned other moves than the
+// daemon: another policy or setting than the daemon's), saying where.
 SimResult Simulate(const Trace& trace, const SimConfig& config,
                    const std::vector<uint64_t>* next_use, std::string* error);
 

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -16,7 +17,11 @@ namespace {
 constexpr char kMagic[8] = {'C', 'X', 'L', 'T', 'R', 'A', 'C', 'E'};
 constexpr uint32_t kVersion = 1;        // no groups
 constexpr uint32_t kVersionGroups = 2;  // a group number per key after the keys
+// The daemon's moves recorded: the clock of step 0 (u64) after the header,
+// then version 2's tables (the group table all 0 when there are no groups).
+constexpr uint32_t kVersionMoves = 3;
 constexpr uint32_t kHeaderBytes = 32;
+constexpr uint32_t kLastKind = static_cast<uint32_t>(EventKind::kRelocated);
 // Refuse headers that promise more than this many records (a hostile or corrupt
 // file must not make us allocate terabytes).
 constexpr uint64_t kMaxRecords = uint64_t{1} << 32;
@@ -68,22 +73,32 @@ std::string Trace::Validate() const {
   uint32_t step = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
-    if (e.kind != EventKind::kTouch && e.kind != EventKind::kRelease &&
-        e.kind != EventKind::kAdmit && e.kind != EventKind::kHint) {
+    if (static_cast<uint32_t>(e.kind) > kLastKind) {
       return "event " + std::to_string(i) + ": unknown kind";
+    }
+    if (IsMoveEvent(e.kind) && !recorded_moves) {
+      return "event " + std::to_string(i) +
+             ": a recorded plan or move outcome in a trace that records no moves";
     }
     if (e.kind == EventKind::kHint) {
       if (e.key == 0) return "event " + std::to_string(i) + ": a hint names group 0";
       if (e.obs != 1.0f && e.obs != 2.0f && e.obs != 3.0f) {
         return "event " + std::to_string(i) + ": a hint's kind must be 1, 2 or 3";
       }
+    } else if (e.kind == EventKind::kPlan) {
+      // Its key is the number of moves planned.
+      if (e.obs != 0.0f) return "event " + std::to_string(i) + ": a plan's observation must be 0";
     } else if (e.key >= keys.size()) {
       return "event " + std::to_string(i) + ": key index out of range";
     }
-    if (e.kind == EventKind::kAdmit &&
+    if (e.kind == EventKind::kOutcome && e.obs != 0.0f && e.obs != 1.0f) {
+      return "event " + std::to_string(i) + ": a move outcome must be 1 (done) or 0 (not done)";
+    }
+    if ((e.kind == EventKind::kAdmit || e.kind == EventKind::kRelocated) &&
         !(e.obs >= 0.0f && e.obs < kMaxTiers && e.obs == std::floor(e.obs))) {
-      return "event " + std::to_string(i) + ": an admit's tier must be a whole number, 0 to " +
-             std::to_string(kMaxTiers - 1);
+      return "event " + std::to_string(i) + ": " +
+             (e.kind == EventKind::kAdmit ? "an admit's" : "a relocation's") +
+             " tier must be a whole number, 0 to " + std::to_string(kMaxTiers - 1);
     }
     if (!std::isfinite(e.obs) || e.obs < 0) {
       return "event " + std::to_string(i) + ": observation is not a finite number >= 0";
@@ -140,16 +155,22 @@ TraceResult ReadMooncakeFile(const std::string& path) {
 }
 
 std::string WriteBinary(const Trace& t, std::ostream& out) {
+  if (!t.groups.empty() && t.groups.size() != t.keys.size()) return "not one group per key";
   out.write(kMagic, sizeof(kMagic));
-  PutU32(out, t.groups.empty() ? kVersion : kVersionGroups);
+  PutU32(out, t.recorded_moves ? kVersionMoves : t.groups.empty() ? kVersion : kVersionGroups);
   PutU32(out, t.block_tokens);
   PutU64(out, t.keys.size());
   PutU64(out, t.events.size());
+  if (t.recorded_moves) PutU64(out, t.first_tick);
   for (const BlockKey& k : t.keys) {
     PutU64(out, k.hi);
     PutU64(out, k.lo);
   }
-  for (uint32_t g : t.groups) PutU32(out, g);
+  if (!t.groups.empty()) {
+    for (uint32_t g : t.groups) PutU32(out, g);
+  } else if (t.recorded_moves) {
+    for (size_t k = 0; k < t.keys.size(); ++k) PutU32(out, 0);
+  }
   for (const TraceEvent& e : t.events) {
     uint32_t obs_bits;
     std::memcpy(&obs_bits, &e.obs, 4);
@@ -174,8 +195,9 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
     return r;
   }
   const uint32_t version = GetU32(h + 8);
-  if (version != kVersion && version != kVersionGroups) {
-    r.error = std::string(name) + ": unsupported version " + std::to_string(GetU32(h + 8));
+  if (version != kVersion && version != kVersionGroups && version != kVersionMoves) {
+    r.error = std::string(name) + ": unsupported version " + std::to_string(GetU32(h + 8)) +
+              " (this reader knows versions 1 to 3)";
     return r;
   }
   r.trace.block_tokens = GetU32(h + 12);
@@ -183,6 +205,16 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
   if (n_keys > kMaxRecords || n_events > kMaxRecords) {
     r.error = std::string(name) + ": header claims an absurd number of records";
     return r;
+  }
+  const bool grouped = version == kVersionGroups || version == kVersionMoves;
+  r.trace.recorded_moves = version == kVersionMoves;
+  if (r.trace.recorded_moves) {
+    unsigned char clock[8];
+    if (!in.read(reinterpret_cast<char*>(clock), sizeof(clock))) {
+      r.error = std::string(name) + ": truncated in the clock of step 0";
+      return r;
+    }
+    r.trace.first_tick = GetU64(clock);
   }
   // Read in chunks so a lying header cannot make us allocate before the bytes exist.
   unsigned char buf[16 * 4096];
@@ -196,7 +228,7 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
       r.trace.keys.push_back({GetU64(buf + 16 * i), GetU64(buf + 16 * i + 8)});
     done += n;
   }
-  for (uint64_t done = 0; version == kVersionGroups && done < n_keys;) {
+  for (uint64_t done = 0; grouped && done < n_keys;) {
     const uint64_t n = std::min<uint64_t>(n_keys - done, 4096);
     if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(4 * n))) {
       r.error = std::string(name) + ": truncated in the group table";
@@ -217,8 +249,10 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
       const uint32_t obs_bits = GetU32(p + 8);
       std::memcpy(&e.obs, &obs_bits, 4);
       const uint32_t kind = GetU32(p + 12);
-      if (kind > 3) {
-        r.error = std::string(name) + ": event " + std::to_string(done + i) + ": unknown kind";
+      if (kind > kLastKind ||
+          (kind > static_cast<uint32_t>(EventKind::kHint) && version != kVersionMoves)) {
+        r.error = std::string(name) + ": event " + std::to_string(done + i) + ": unknown kind " +
+                  std::to_string(kind) + " for a version " + std::to_string(version) + " trace";
         return r;
       }
       e.kind = static_cast<EventKind>(kind);
@@ -230,12 +264,21 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
     r.error = std::string(name) + ": trailing bytes after the last event";
     return r;
   }
+  // Version 3 always has the table: all 0 is no groups.
+  if (version == kVersionMoves && std::all_of(r.trace.groups.begin(), r.trace.groups.end(),
+                                              [](uint32_t g) { return g == 0; })) {
+    r.trace.groups.clear();
+  }
   if (std::string err = r.trace.Validate(); !err.empty()) r.error = std::string(name) + ": " + err;
   return r;
 }
 
 std::string WriteCsv(const Trace& t, std::ostream& out) {
   if (!t.groups.empty()) return "CSV carries no groups or hints: write the binary format";
+  if (t.recorded_moves) {
+    return "CSV carries no recorded plans or move outcomes (cxltier-sim --moves recorded): write "
+           "the binary format";
+  }
   out << "# cxltier-trace v1 block_tokens=" << t.block_tokens << "\n";
   out << "step,key,kind,obs\n";
   char obs[32];

@@ -21,7 +21,26 @@ namespace cxltier::sim {
 // kHint: a scheduler hint about a group of blocks (engine::HintKind in `obs`:
 // 1 idle, 2 soon, 3 done); its `key` is the group's number (Trace::groups),
 // not a key index.
-enum class EventKind : uint8_t { kTouch = 0, kRelease = 1, kAdmit = 2, kHint = 3 };
+// The daemon's moves, in recordings that have them (Trace::recorded_moves,
+// format version 3): kPlan, the daemon ran the engine's Plan(), which planned
+// `key` moves (a count, not a key index; `obs` 0); kOutcome, the engine was
+// told the outcome of the move it planned for block `key` (`obs` 1 done, 0
+// not done); kRelocated, the daemon found block `key`'s pages in tier `obs`
+// without a move of its own (Engine::Relocated). `cxltier-sim --moves
+// recorded` replays them; every other replay skips them.
+enum class EventKind : uint8_t {
+  kTouch = 0,
+  kRelease = 1,
+  kAdmit = 2,
+  kHint = 3,
+  kPlan = 4,
+  kOutcome = 5,
+  kRelocated = 6,
+};
+// Kinds 4 to 6: the daemon's moves.
+constexpr bool IsMoveEvent(EventKind k) {
+  return k == EventKind::kPlan || k == EventKind::kOutcome || k == EventKind::kRelocated;
+}
 
 // One event. 16 bytes, the same as a record of the binary format.
 struct TraceEvent {
@@ -41,6 +60,12 @@ struct Trace {
   // key, 0 for a key in no group.
   std::vector<uint32_t> groups;
   std::vector<TraceEvent> events;
+  // A recording of the daemon's moves (version 3): every plan the daemon ran
+  // and every outcome of a move planned during the recording is an event.
+  bool recorded_moves = false;
+  // The engine's clock at step 0 (a recording: the daemon's tick when it
+  // began); a replay gives the engine first_tick + step as its clock.
+  uint64_t first_tick = 0;
 
   uint32_t group_of(uint32_t key) const { return key < groups.size() ? groups[key] : 0; }
 
@@ -62,8 +87,10 @@ struct TraceResult {
 TraceResult ReadMooncake(std::istream& in, std::string_view name);
 TraceResult ReadMooncakeFile(const std::string& path);
 
-// Our binary format ("CXLTRACE"): version 1, or version 2 when the trace has
-// groups (a group number per key after the key table).
+// Our binary format ("CXLTRACE"): version 1, version 2 when the trace has
+// groups (a group number per key after the key table), version 3 when it
+// records the daemon's moves (the clock of step 0 after the header, then
+// version 2's tables).
 TraceResult ReadBinary(std::istream& in, std::string_view name);
 std::string WriteBinary(const Trace& trace, std::ostream& out);
 
