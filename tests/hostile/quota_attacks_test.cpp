@@ -575,6 +575,8 @@ TEST(HostileCopyQuota, TierPoolsOfAUidStayWithinTheTiersMemory) {
         return std::to_string(blocks) + " blocks: " + std::to_string(static_cast<int>(s.code)) +
                " " + s.message;
       }
+      std::printf("figures: %u blocks of 4 MiB refused: %s\n", blocks, s.message.c_str());
+      std::fflush(stdout);  // the child ends with _exit
     }
     // Within it: made.
     if (!(st = a->CreateTierPools(2)).ok()) return "a small pool: " + st.message;
