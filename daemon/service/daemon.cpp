@@ -450,10 +450,11 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
   const server::Pool& p = c->pools[id];
   *pool_fd = p.tier_fd();
   static constexpr const char* kSources[] = {"memfd", "device-DAX", "imported memfd"};
-  ClientInfo(peer,
-             fmt::format("client {} (uid {}): tier {} pool {} ({}, {} blocks of {} asked, {}, node {})",
-                         c->id, peer.uid, int{m.tier}, id, kSources[static_cast<int>(m.source)],
-                         blocks, m.blocks, FormatBytes(p.length()), p.node()));
+  ClientInfo(
+      peer,
+      fmt::format("client {} (uid {}): tier {} pool {} ({}, {} blocks of {} asked, {}, node {})",
+                  c->id, peer.uid, int{m.tier}, id, kSources[static_cast<int>(m.source)], blocks,
+                  m.blocks, FormatBytes(p.length()), p.node()));
   return wire::CreateTierPoolOk{id, blocks, p.length(), p.node()};
 }
 
