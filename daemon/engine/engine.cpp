@@ -1022,6 +1022,21 @@ void Engine::EnforceCaps(uint32_t index) {
   }
 }
 
+size_t Engine::CapRoom(uint32_t owner, uint64_t client, unsigned tier) const {
+  size_t room = kNoCap;
+  if (!quotas_on_ || tier + 1 >= tiers_) return room;
+  for (const uint64_t id : {uint64_t{owner}, client}) {
+    const auto it = account_index_.find(id);
+    if (it == account_index_.end()) continue;
+    const Account& a = accounts_[it->second];
+    const size_t cap = a.quota.cap[tier];
+    if (cap == kNoCap) continue;
+    const size_t held = tier == 0 ? a.Projected0() : a.tier_blocks[tier];
+    room = std::min(room, cap > held ? cap - held : size_t{0});
+  }
+  return room;
+}
+
 std::vector<AccountUsage> Engine::Accounts() const {
   std::vector<AccountUsage> out;
   for (const Account& a : accounts_) {

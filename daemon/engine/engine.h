@@ -73,7 +73,8 @@ struct EngineCounters {
 
 // Quotas (docs/policies.md, "Quotas"). An account is an opaque 64-bit id: every
 // block counts in its owner's account (id = Admit's owner) and, when admitted
-// with one, in a client account (the daemon: kClientAccount | client id).
+// with one, in a client account (the daemon: kClientAccount | n, one per uid and
+// hello name).
 inline constexpr uint64_t kClientAccount = 1ull << 63;
 inline constexpr uint64_t kNoAccount = ~0ull;
 inline constexpr size_t kNoCap = SIZE_MAX;
@@ -165,6 +166,13 @@ class Engine {
   void TrackAccounts();
   // Once accounts are kept: every account with a quota or a live block, by id.
   std::vector<AccountUsage> Accounts() const;
+  // How many more blocks of `owner` (and of client account `client`;
+  // kNoAccount: none) tier k may take before one of those accounts is at its
+  // cap there: tier 0 counting the moves in flight (as Plan() does), a middle
+  // tier the blocks sitting in it. kNoCap when neither is capped there, for
+  // the last tier, and while quotas are off. Copy mode places a new block in
+  // a capped tier only with room here (its write lease may keep it there).
+  size_t CapRoom(uint32_t owner, uint64_t client, unsigned tier) const;
 
   // Persist only: puts a ghost (from a checkpoint) into the ghost store as
   // `owner`'s, unless its key is live. Returns false when it was not kept.

@@ -60,10 +60,18 @@ void ClientTable::Remove(uint64_t session) {
   // the client unmaps and closes its own.
   for (server::Pool& p : c.pools) {
     if (!p.is_tier()) continue;
-    if (p.daemon_memory()) u.tier_pool_bytes -= p.length();
+    if (p.daemon_memory()) {
+      u.tier_pool_bytes -= p.length();
+      u.tier_pool_bytes_on[p.tier()] -= p.length();
+    }
+    u.tier_pool_blocks[p.tier()] -= p.blocks();
     tier_pool_blocks_[p.tier()] -= p.blocks();
   }
-  if (c.hello) u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c.slots.size()));
+  if (c.hello) {
+    u.segment_bytes -= SegmentBytes(static_cast<uint32_t>(c.slots.size()));
+    auto a = accounts_.find({c.peer.uid, c.name});
+    if (a != accounts_.end() && --a->second.connections == 0) accounts_.erase(a);
+  }
   if (u.connections == 0 && u.blocks == 0 && u.pools == 0 && u.segment_bytes == 0 &&
       u.tier_pool_bytes == 0) {
     uids_.erase(c.peer.uid);
@@ -99,9 +107,13 @@ std::optional<Error> ClientTable::CheckHello(const Client& c, const wire::Hello&
   return std::nullopt;
 }
 
-std::optional<Error> ClientTable::Open(Client& c, uint32_t slots) {
+std::optional<Error> ClientTable::Open(Client& c, uint32_t slots, std::string name) {
   if (Status st = c.segment.Create(slots, c.id); !st.ok()) return st.Context("state segment: ");
   c.hello = true;
+  c.name = std::move(name);
+  AccountRef& a = accounts_[{c.peer.uid, c.name}];
+  if (a.connections++ == 0) a.id = engine::kClientAccount | next_account_++;
+  c.account = a.id;
   uids_[c.peer.uid].segment_bytes += SegmentBytes(slots);
   c.slots.assign(slots, SegSlot{});
   c.live_slots.assign(slots, 0);
@@ -138,8 +150,7 @@ uint32_t ClientTable::AddPool(Client& c, server::Pool pool) {
 
 std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::CreateTierPool& m,
                                                 const engine::Engine& engine,
-                                                const numa::TierAssignment& tiers,
-                                                const DaemonConfig& config) const {
+                                                const numa::TierAssignment& tiers) const {
   if (m.tier >= engine.tiers()) {
     return Error{ErrorCode::kBadPool, "this daemon has " + std::to_string(engine.tiers()) +
                                           " tiers: there is no tier " + std::to_string(m.tier)};
@@ -159,41 +170,51 @@ std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::Cre
                                         " blocks is more than the client's " +
                                         std::to_string(c.slots.size()) + " slots"};
   }
-  const uint32_t blocks = TierPoolBlocks(c, m, engine);
-  if (blocks == 0) {
-    return Error{ErrorCode::kLimit, "tier " + std::to_string(m.tier) + "'s budget (" +
-                                        std::to_string(engine.tier_capacity_blocks(m.tier)) +
-                                        " blocks) is already given to other clients' tier-" +
-                                        std::to_string(m.tier) + " pools"};
-  }
-  if (m.source == wire::TierPoolSource::kImport && blocks < m.blocks) {
-    return Error{ErrorCode::kLimit,
-                 "the imported tier " + std::to_string(m.tier) + " pool holds " +
-                     std::to_string(m.blocks) + " blocks and only " + std::to_string(blocks) +
-                     " are left of the tier's budget: other clients' tier pools took the rest"};
-  }
-  if (m.source != wire::TierPoolSource::kDevdax) {
-    auto it = uids_.find(c.peer.uid);
-    const uint64_t held = it == uids_.end() ? 0 : it->second.tier_pool_bytes;
-    const uint64_t bytes = uint64_t{blocks} * m.stride;
-    if (m.stride > (uint64_t{1} << 32) || held + bytes > config.max_tier_pool_bytes_per_uid) {
-      return Error{ErrorCode::kLimit,
-                   "a tier pool of " + FormatBytes(bytes) + " would take uid " +
-                       std::to_string(c.peer.uid) + " past its " +
-                       FormatBytes(config.max_tier_pool_bytes_per_uid) +
-                       " of tier pools the daemon creates (limits.max_tier_pool_bytes_per_uid)"};
-    }
+  if (m.stride > (uint64_t{1} << 32)) {
+    return Error{ErrorCode::kLimit, "a tier pool's stride is at most 4 GiB"};
   }
   return std::nullopt;
 }
 
-uint32_t ClientTable::TierPoolBlocks(const Client&, const wire::CreateTierPool& m,
-                                     const engine::Engine& engine) const {
-  if (m.tier + 1u >= engine.tiers()) return m.blocks;  // the last tier holds every block
-  const uint64_t budget = engine.tier_capacity_blocks(m.tier);
-  const uint64_t given = tier_pool_blocks_[m.tier];
-  const uint64_t left = budget > given ? budget - given : 0;
-  return static_cast<uint32_t>(std::min<uint64_t>(m.blocks, left));
+std::optional<Error> ClientTable::CheckTierPoolBytes(const Client& c, const wire::CreateTierPool& m,
+                                                     uint32_t blocks, const TierBound& bound,
+                                                     const DaemonConfig& config) const {
+  if (m.source == wire::TierPoolSource::kDevdax) return std::nullopt;  // the client's memory
+  auto it = uids_.find(c.peer.uid);
+  const UidUsage none;
+  const UidUsage& u = it == uids_.end() ? none : it->second;
+  const uint64_t bytes = uint64_t{blocks} * m.stride;  // stride <= 4 GiB: no overflow
+  const std::string uid = std::to_string(c.peer.uid);
+  if (bound.bytes && u.tier_pool_bytes_on[m.tier] + bytes > bound.bytes) {
+    return Error{ErrorCode::kLimit,
+                 "a tier-" + std::to_string(m.tier) + " pool of " + FormatBytes(bytes) +
+                     " would take uid " + uid + "'s tier-" + std::to_string(m.tier) +
+                     " pools past " + FormatBytes(bound.bytes) + ", " + bound.what +
+                     ": one uid's tier pools of a tier never exceed its budget (it holds " +
+                     FormatBytes(u.tier_pool_bytes_on[m.tier]) + " of them already)"};
+  }
+  if (config.max_tier_pool_bytes_per_uid &&
+      u.tier_pool_bytes + bytes > config.max_tier_pool_bytes_per_uid) {
+    return Error{ErrorCode::kLimit,
+                 "a tier pool of " + FormatBytes(bytes) + " would take uid " + uid + " past its " +
+                     FormatBytes(config.max_tier_pool_bytes_per_uid) +
+                     " of tier pools the daemon creates (limits.max_tier_pool_bytes_per_uid)"};
+  }
+  return std::nullopt;
+}
+
+uint64_t ClientTable::UidTierPoolBlocks(uid_t uid, unsigned tier) const {
+  auto it = uids_.find(uid);
+  return it == uids_.end() ? 0 : it->second.tier_pool_blocks[tier];
+}
+
+uint64_t ClientTable::AccountTierPoolBlocks(uint64_t account, unsigned tier) const {
+  uint64_t n = 0;
+  for (const auto& [session, c] : clients_) {
+    if (c.account != account || c.copy.pool[tier] < 0) continue;
+    n += c.pools[static_cast<size_t>(c.copy.pool[tier])].blocks();
+  }
+  return n;
 }
 
 uint32_t ClientTable::AddTierPool(Client& c, server::Pool pool) {
@@ -203,7 +224,12 @@ uint32_t ClientTable::AddTierPool(Client& c, server::Pool pool) {
     std::erase_if(tier_memory_, [](const auto& m) { return m.second.expired(); });
     tier_memory_[pool.memory_id()] = pool.mapping();
   }
-  if (pool.daemon_memory()) uids_[c.peer.uid].tier_pool_bytes += pool.length();
+  UidUsage& u = uids_[c.peer.uid];
+  u.tier_pool_blocks[tier] += pool.blocks();
+  if (pool.daemon_memory()) {
+    u.tier_pool_bytes += pool.length();
+    u.tier_pool_bytes_on[tier] += pool.length();
+  }
   const uint32_t id = AddPool(c, std::move(pool));
   c.copy.pool[tier] = static_cast<int32_t>(id);
   return id;
@@ -293,10 +319,18 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
     }
     ++fresh;
   }
-  if (pool.is_tier() && fresh > FreePlaces(c)) {
-    return Error{ErrorCode::kLimit,
-                 "admitting " + std::to_string(fresh) + " blocks needs more than the " +
-                     std::to_string(FreePlaces(c)) + " free blocks of this client's tier pools"};
+  if (pool.is_tier()) {
+    const uint64_t free = FreePlaces(c);
+    const uint64_t may = FreePlaces(c, AdmitRoom(c, engine));
+    if (fresh > may) {
+      return Error{ErrorCode::kLimit,
+                   "admitting " + std::to_string(fresh) + " blocks needs more than the " +
+                       std::to_string(may) + " free blocks of this client's tier pools" +
+                       (may < free ? " that its quota lets it fill (" + std::to_string(free - may) +
+                                         " more are in tiers its uid's or its client's cap has "
+                                         "full)"
+                                   : "")};
+    }
   }
   if (fresh > c.free_slots.size()) {
     return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +

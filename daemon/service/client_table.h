@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -75,10 +76,12 @@ struct Client {
   uint32_t release_cursor = 0;  // slots before it are released
   uint64_t bad_observations = 0;
   uint64_t observations = 0;
-  // Its client account (engine::kClientAccount | id), set at hello; admits
-  // pass it to the engine, which counts blocks in it only while it has a
-  // quota (its hello's name has a [[quotas.client]]), so it costs nothing
-  // otherwise and a quota set later applies to the blocks it already holds.
+  // Its client account (engine::kClientAccount | n), set at hello and
+  // shared by every connection of its uid that said hello with its name
+  // (another connection of that name is no way around a client quota);
+  // admits pass it to the engine, which counts blocks in it only while it
+  // has a quota ([[quotas.client]] names its uid and name), so it costs
+  // nothing otherwise and a quota set later applies to the blocks it holds.
   uint64_t account = engine::kNoAccount;
   CopyState copy;  // copy mode: tier pools and places
 };
@@ -90,6 +93,10 @@ struct UidUsage {
   uint32_t pools = 0;
   uint64_t segment_bytes = 0;
   uint64_t tier_pool_bytes = 0;  // copy mode: the tier pools the daemon made
+  // Copy mode, by tier: the blocks of its tier pools (any source), and the
+  // bytes of those the daemon made.
+  std::array<uint64_t, kMaxTiers> tier_pool_blocks{};
+  std::array<uint64_t, kMaxTiers> tier_pool_bytes_on{};
 };
 
 class ClientTable {
@@ -113,24 +120,37 @@ class ClientTable {
   // than a client may have, or a segment that would take the uid past its limit.
   std::optional<wire::Error> CheckHello(const Client& c, const wire::Hello& m,
                                         const DaemonConfig& config) const;
-  // Hello: creates the segment and sizes the client's tables.
-  std::optional<wire::Error> Open(Client& c, uint32_t slots);
+  // Hello: creates the segment, sizes the client's tables, names the client
+  // and gives it the client account of its uid and name.
+  std::optional<wire::Error> Open(Client& c, uint32_t slots, std::string name);
   std::optional<wire::Error> CheckPool(const Client& c, const DaemonConfig& config) const;
   uint32_t AddPool(Client& c, server::Pool pool);
-  // Copy mode: one pool per tier, a tier the daemon has nodes for, blocks no
-  // more than the client's slots, and the uid's tier pool bytes. An import
-  // must fit whole in what is left of its tier's budget.
+  // Copy mode: one pool per tier, a tier the daemon has nodes for, and
+  // blocks no more than the client's slots. What the pool may hold is the
+  // quotas' to say (Quotas::TierPool), then CheckTierPoolBytes.
   std::optional<wire::Error> CheckTierPool(const Client& c, const wire::CreateTierPool& m,
                                            const engine::Engine& engine,
-                                           const numa::TierAssignment& tiers,
-                                           const DaemonConfig& config) const;
-  // The blocks a tier pool gets: a tier with a budget (every tier but the
-  // last) no more than what is left of it after every other client's pool of
-  // that tier; the last tier all the client asked for (every block must fit
-  // there).
-  uint32_t TierPoolBlocks(const Client& c, const wire::CreateTierPool& m,
-                          const engine::Engine& engine) const;
+                                           const numa::TierAssignment& tiers) const;
+  // The most bytes of one tier's pools one uid may have the daemon make:
+  // the tier's budget (the last tier's: the memory of its nodes), and what
+  // an error calls it. 0 bytes: not known, no bound.
+  struct TierBound {
+    uint64_t bytes = 0;
+    std::string what;
+  };
+  // Copy mode: a pool of `blocks` (the daemon's memory unless device-DAX)
+  // keeps the uid's tier pools of that tier within `bound` and, when
+  // limits.max_tier_pool_bytes_per_uid is set, all of its tier pools within
+  // that.
+  std::optional<wire::Error> CheckTierPoolBytes(const Client& c, const wire::CreateTierPool& m,
+                                                uint32_t blocks, const TierBound& bound,
+                                                const DaemonConfig& config) const;
   uint32_t AddTierPool(Client& c, server::Pool pool);
+  // Copy mode: blocks of the tier pools of tier k of every client, of one
+  // uid's clients, and of the clients of one client account.
+  uint64_t tier_pool_blocks(unsigned tier) const { return tier_pool_blocks_[tier]; }
+  uint64_t UidTierPoolBlocks(uid_t uid, unsigned tier) const;
+  uint64_t AccountTierPoolBlocks(uint64_t account, unsigned tier) const;
   // Whether the memfd `fd` is a tier pool some connection of this daemon
   // has, or one a copy still reads or writes (its mapping is alive): an
   // import of it must wait (a connection that dropped is still releasing
@@ -138,7 +158,8 @@ class ClientTable {
   bool TierMemoryInUse(int fd) const;
   // Checks a whole Admit before anything changes: its pool, every block
   // index, keys another client of the same uid holds in `engine`, and the
-  // new blocks against the client's free slots and its uid's limit.
+  // new blocks against the client's free slots and its uid's limit; in copy
+  // mode against the free places its quotas let it fill (AdmitRoom).
   std::optional<wire::Error> CheckAdmit(const Client& c, const wire::Admit& m,
                                         const engine::Engine& engine,
                                         const DaemonConfig& config) const;
@@ -181,6 +202,14 @@ class ClientTable {
   uint64_t connections_ = 0;                  // connected (clients_ also holds ones leaving)
   std::array<uint64_t, kMaxTiers> tier_pool_blocks_{};  // by tier: pool blocks of every client
   uint64_t next_id_ = 1;
+  // Client accounts by (uid, hello name): the id and the connections that
+  // hold it (said hello and not removed yet).
+  struct AccountRef {
+    uint64_t id = 0;
+    uint32_t connections = 0;
+  };
+  std::map<std::pair<uid_t, std::string>, AccountRef> accounts_;
+  uint64_t next_account_ = 1;
 };
 
 }  // namespace cxltier::service

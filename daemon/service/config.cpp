@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -256,15 +257,16 @@ void ReadQuotas(const toml::table& root, DaemonConfig* c, std::string* error) {
     for (size_t i = 0; i < entries->size() && error->empty(); ++i) {
       const std::string label = "[[quotas." + key + "]] #" + std::to_string(i + 1);
       TableReader r(entries->get(i)->as_table(), label, error);
-      if (key == "user") {
-        UserQuota u;
+      // uid = N or user = "name": whose quota (a client quota's too).
+      auto read_uid = [&](const std::string& missing) {
         uint64_t uid = 0;
         std::string name;
         const bool has_uid = r.Has("uid"), has_user = r.Has("user");
         r.Int("uid", &uid);
         r.Str("user", &name);
         if (has_uid == has_user) {
-          r.Fail(label + ": give uid = N or user = \"name\" (one of them)");
+          r.Fail(label + ": " +
+                 (has_uid ? "give uid = N or user = \"name\" (one of them)" : missing));
         } else if (has_uid && uid > 0xfffffffeull) {
           r.Fail(label + ": uid " + std::to_string(uid) + " is out of range");
         } else if (has_user && error->empty()) {
@@ -274,7 +276,11 @@ void ReadQuotas(const toml::table& root, DaemonConfig* c, std::string* error) {
             r.Fail(label + ": no user '" + name + "' in the password database");
           }
         }
-        u.uid = static_cast<uint32_t>(uid);
+        return static_cast<uint32_t>(uid);
+      };
+      if (key == "user") {
+        UserQuota u;
+        u.uid = read_uid("give uid = N or user = \"name\" (one of them)");
         ReadQuota(r, true, &u.quota);
         r.Finish();
         users.push_back(std::move(u));
@@ -282,6 +288,10 @@ void ReadQuotas(const toml::table& root, DaemonConfig* c, std::string* error) {
         ClientQuota q;
         if (!r.Has("name")) r.Fail(label + ": give name = \"the client's hello name\"");
         r.Str("name", &q.name);
+        q.uid = read_uid(
+            "give uid = N or user = \"name\": whose connections of that name (a hello's name is "
+            "the client's own choice: a quota on a name alone would bind no one, another name "
+            "escapes it)");
         ReadQuota(r, false, &q.quota);
         r.Finish();
         clients.push_back(std::move(q));
@@ -447,7 +457,9 @@ Status DaemonConfig::Validate() const {
 namespace {
 
 std::string QuotaName(const UserQuota& u) { return "[quotas] uid " + std::to_string(u.uid); }
-std::string QuotaName(const ClientQuota& c) { return "[quotas] client '" + c.name + "'"; }
+std::string QuotaName(const ClientQuota& c) {
+  return "[quotas] client '" + c.name + "' of uid " + std::to_string(c.uid);
+}
 
 // One quota's own checks (the host's tiers come later: CheckQuotaTiers).
 Status ValidateQuota(const std::string& who, const QuotaBytes& q, size_t tier_nodes) {
@@ -498,15 +510,17 @@ Status ValidateQuotas(const DaemonConfig& c) {
                      "): every guarantee must fit in tier 0 at once");
     }
   }
-  std::set<std::string> names;
+  std::set<std::pair<uint32_t, std::string>> names;
   for (const ClientQuota& q : c.client_quotas) {
     if (q.name.empty() || q.name.size() > 64) {
       return Invalid(
           "[quotas] a client quota's name must be 1 to 64 bytes (hello names are cut "
           "at 64)");
     }
-    if (!names.insert(q.name).second) {
-      return Invalid(QuotaName(q) + " has two quotas (one [[quotas.client]] per name)");
+    if (!names.insert({q.uid, q.name}).second) {
+      return Invalid(QuotaName(q) +
+                     " has two quotas (one [[quotas.client]] per uid and name; a user = "
+                     "\"name\" entry counts as its uid)");
     }
     if (q.quota.guarantee) {
       return Invalid(QuotaName(q) +
@@ -531,11 +545,43 @@ const QuotaBytes* DaemonConfig::UserQuotaOf(uint32_t uid) const {
   return nullptr;
 }
 
-const QuotaBytes* DaemonConfig::ClientQuotaOf(const std::string& name) const {
+const QuotaBytes* DaemonConfig::ClientQuotaOf(uint32_t uid, const std::string& name) const {
   for (const ClientQuota& q : client_quotas) {
-    if (q.name == name) return &q.quota;
+    if (q.uid == uid && q.name == name) return &q.quota;
   }
   return nullptr;
+}
+
+std::vector<UserQuota> EffectiveUserQuotas(const DaemonConfig& c) {
+  std::map<uint32_t, UserQuota> out;
+  for (const UserQuota& u : c.user_quotas) out[u.uid] = u;
+  std::set<uint32_t> explicit_uids;
+  for (const UserQuota& u : c.user_quotas) explicit_uids.insert(u.uid);
+  for (const ClientQuota& q : c.client_quotas) {
+    if (explicit_uids.count(q.uid)) continue;
+    auto [it, first] = out.try_emplace(q.uid);
+    UserQuota& u = it->second;
+    u.uid = q.uid;
+    if (first) {
+      u.quota.caps = q.quota.caps;
+      continue;
+    }
+    // A tier is capped for the uid only where every one of its client
+    // quotas caps it; the caps add up (each at most 1 EiB: no overflow).
+    std::vector<uint64_t>& caps = u.quota.caps;
+    caps.resize(std::min(caps.size(), q.quota.caps.size()));
+    for (size_t k = 0; k < caps.size(); ++k) {
+      caps[k] = caps[k] == kNoCapBytes || q.quota.caps[k] == kNoCapBytes
+                    ? kNoCapBytes
+                    : caps[k] + q.quota.caps[k];
+    }
+    TrimCaps(&caps);
+  }
+  std::vector<UserQuota> list;
+  for (auto& [uid, u] : out) {
+    if (!u.quota.Unlimited()) list.push_back(std::move(u));
+  }
+  return list;
 }
 
 Status CheckQuotaTiers(const DaemonConfig& c, size_t tiers) {
@@ -567,7 +613,8 @@ engine::Quota ToEngineQuota(const QuotaBytes& q, uint64_t block_bytes, bool user
 Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* quota) {
   std::istringstream in(arg);
   std::string word;
-  bool have_target = false, none = false, have_tiers = false, have_guarantee = false;
+  bool have_uid = false, have_client = false, none = false, have_tiers = false,
+       have_guarantee = false;
   std::set<size_t> tiers_given;
   *quota = QuotaBytes{};
   std::vector<uint64_t> caps;
@@ -576,8 +623,8 @@ Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* qu
     return ParseSize(v);
   };
   const std::string usage =
-      " (usage: uid=N|user=NAME|client=NAME then tier0=SIZE, tierK=SIZE, tiers=SIZE,SIZE,..., "
-      "guarantee=SIZE, or none)";
+      " (usage: uid=N|user=NAME, with client=NAME for that uid's connections of that name, then "
+      "tier0=SIZE, tierK=SIZE, tiers=SIZE,SIZE,..., guarantee=SIZE, or none)";
   while (in >> word) {
     const size_t eq = word.find('=');
     const std::string key = word.substr(0, eq);
@@ -587,11 +634,9 @@ Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* qu
       none = true;
       continue;
     }
-    if (key == "uid" || key == "user" || key == "client") {
-      if (have_target) return Invalid("quota: give one of uid=, user= or client=");
-      have_target = true;
-      target->user = key != "client";
-      target->client.clear();
+    if (key == "uid" || key == "user") {
+      if (have_uid) return Invalid("quota: give one of uid= or user=");
+      have_uid = true;
       if (key == "uid") {
         const std::optional<uint64_t> uid =
             value.find_first_not_of("0123456789") == std::string::npos && !value.empty() &&
@@ -604,12 +649,14 @@ Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* qu
         const std::optional<uint32_t> uid = UidOfUser(value);
         if (!uid) return Invalid("quota: no user '" + value + "' in the password database");
         target->uid = *uid;
-      } else {
-        if (value.empty() || value.size() > 64) {
-          return Invalid("quota: a client name must be 1 to 64 bytes");
-        }
-        target->client = value;
       }
+    } else if (key == "client") {
+      if (have_client) return Invalid("quota: give client= once");
+      have_client = true;
+      if (value.empty() || value.size() > 64) {
+        return Invalid("quota: a client name must be 1 to 64 bytes");
+      }
+      target->client = value;
     } else if (key == "guarantee") {
       const std::optional<uint64_t> g = ParseSize(value);
       if (!g || have_guarantee) return Invalid("quota: guarantee=SIZE, once, e.g. guarantee=4GiB");
@@ -642,7 +689,15 @@ Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* qu
       return Invalid("quota: unknown key '" + key + "'" + usage);
     }
   }
-  if (!have_target) return Invalid("quota: whose? give uid=, user= or client=" + usage);
+  if (!have_uid) {
+    return Invalid(have_client
+                       ? "quota: client=" + target->client +
+                             " needs uid= or user= too: whose connections of that name "
+                             "(a hello's name is the client's own choice)"
+                       : "quota: whose? give uid=, user= or client= with uid= or user=" + usage);
+  }
+  target->user = !have_client;
+  if (!have_client) target->client.clear();
   if (none && (have_tiers || have_guarantee || !tiers_given.empty())) {
     return Invalid("quota: none removes the quota; it takes no caps");
   }
@@ -772,6 +827,7 @@ std::string ToToml(const DaemonConfig& c) {
   }
   for (const ClientQuota& q : c.client_quotas) {
     toml::table e = quota_table(q.quota);
+    e.insert("uid", static_cast<int64_t>(q.uid));
     e.insert("name", q.name);
     clients.push_back(std::move(e));
   }

@@ -32,9 +32,13 @@ struct UserQuota {
   QuotaBytes quota;
   friend bool operator==(const UserQuota&, const UserQuota&) = default;
 };
-// [[quotas.client]]: the quota of every connection whose hello names `name`
-// (each connection on its own; no guarantee).
+// [[quotas.client]]: the quota of the connections of `uid` whose hello names
+// `name`, all of them together (no guarantee). A name is the client's own
+// choice, so a client quota names its uid, and the uid's cap is on top: a
+// uid with client quotas and no [[quotas.user]] is capped by their sum
+// (EffectiveUserQuotas), so another name of the same uid escapes nothing.
 struct ClientQuota {
+  uint32_t uid = 0;
   std::string name;
   QuotaBytes quota;
   friend bool operator==(const ClientQuota&, const ClientQuota&) = default;
@@ -96,17 +100,20 @@ struct DaemonConfig {
   // Copy mode: memory the daemon allocates on a client's word, and how long
   // a lease may keep a place from reuse (or a block from moving) before it
   // is counted and warned about. Leases are never broken: a reader's DMA
-  // may still run.
-  uint64_t max_tier_pool_bytes_per_uid = 64ull << 30;
+  // may still run. One uid's tier pools of one tier never hold more than
+  // that tier's budget (the last tier's: its nodes' memory); this bounds
+  // their sum over the tiers too (0: no bound beyond the budgets).
+  uint64_t max_tier_pool_bytes_per_uid = 0;
   uint32_t lease_timeout_s = 30;
   // [quotas] (empty: none). Reload replaces both lists, and so does nothing
   // else but `cxltierctl quota set` (until the next reload).
   std::vector<UserQuota> user_quotas;
   std::vector<ClientQuota> client_quotas;
 
-  // The user quota of `uid`, the client quota of `name`, or nullptr.
+  // The user quota of `uid` ([[quotas.user]] only), the client quota of
+  // `uid`'s connections named `name`, or nullptr.
   const QuotaBytes* UserQuotaOf(uint32_t uid) const;
-  const QuotaBytes* ClientQuotaOf(const std::string& name) const;
+  const QuotaBytes* ClientQuotaOf(uint32_t uid, const std::string& name) const;
 
   // Ok when the values make sense together; otherwise (kBadPayload) what is wrong.
   Status Validate() const;
@@ -127,21 +134,28 @@ std::string ToToml(const DaemonConfig& config);
 // can without the host (at most 7 caps; fewer than [tiers] nodes names).
 Status CheckQuotaTiers(const DaemonConfig& config, size_t tiers);
 
+// Every uid's quota as the daemon applies it: each [[quotas.user]], and for
+// each uid with client quotas but no [[quotas.user]] the uid's cap on top of
+// them: in each tier the sum of its client quotas' caps there (no cap there
+// if one of them has none), no guarantee. By uid.
+std::vector<UserQuota> EffectiveUserQuotas(const DaemonConfig& config);
+
 // The engine's quota for blocks of `block_bytes`: every byte figure divided
 // by the block size, rounded down (a cap below one block is 0 blocks: none in
 // that tier); `user`: with the guarantee (a client account has none).
 engine::Quota ToEngineQuota(const QuotaBytes& quota, uint64_t block_bytes, bool user);
 
 // `cxltierctl quota set`'s argument: whose quota ("uid=1001", "user=alice"
-// resolved with the password database, or "client=vllm-0") and what it is,
+// resolved with the password database, or "client=vllm-0 uid=1001": that
+// uid's connections named vllm-0, also with user=) and what it is,
 // words separated by spaces: "tier0=8GiB", "tierK=SIZE", "tiers=8GiB,16GiB"
 // (tiers 0, 1, ...; "none" for no cap on one), "guarantee=4GiB" (users
 // only), or "none" alone to remove the quota (*quota is then unlimited).
 // The quota replaces the account's whole quota. kBadPayload: what is wrong.
 struct QuotaTarget {
   bool user = true;
-  uint32_t uid = 0;  // user
-  std::string client;
+  uint32_t uid = 0;    // the user, or the client's user
+  std::string client;  // clients: the hello name
 };
 Status ParseQuotaArg(const std::string& arg, QuotaTarget* target, QuotaBytes* quota);
 // "tier 0 cap 8.00 GiB, tier 1 cap 16.0 GiB, guarantee 4.00 GiB" (or "no quota").

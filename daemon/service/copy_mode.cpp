@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "engine/engine.h"
 #include "service/client_table.h"
 
 namespace cxltier::service {
@@ -15,19 +16,32 @@ uint64_t PlaceWord(const Client& c, uint32_t seg) {
   return LocationWord(c.pools[s.pool].tier(), s.block, c.copy.version[seg]);
 }
 
-std::optional<Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* pool, uint32_t* index) {
+TierRoom AdmitRoom(const Client& c, const engine::Engine& engine) {
+  TierRoom room;
+  for (unsigned t = 0; t < room.size(); ++t) {
+    const size_t r = engine.CapRoom(c.peer.uid, c.account, t);
+    room[t] = r == engine::kNoCap ? UINT64_MAX : r;
+  }
+  return room;
+}
+
+std::optional<Error> PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool,
+                              uint32_t* index) {
   const int first = c.pools[preferred].tier();
   const int n = static_cast<int>(c.copy.pool.size());
   // first, first + 1, ..., n - 1, then first - 1, ..., 0
   for (int i = 0; i < n; ++i) {
     const int t = first + i < n ? first + i : n - 1 - i;
     const int32_t p = c.copy.pool[static_cast<size_t>(t)];
-    if (p >= 0 && c.pools[p].TakeFree(index)) {
+    if (p >= 0 && room[t] > 0 && c.pools[p].TakeFree(index)) {
+      if (room[t] != UINT64_MAX) --room[t];
       *pool = static_cast<uint32_t>(p);
       return std::nullopt;
     }
   }
-  return Error{ErrorCode::kLimit, "every block of this client's tier pools holds a block"};
+  return Error{ErrorCode::kLimit,
+               "every block of this client's tier pools holds a block, or is in a tier its quota "
+               "caps"};
 }
 
 void PublishAdmitted(Client& c, uint32_t seg) {
@@ -114,9 +128,16 @@ DrainCounts DrainPlaces(Client& c, uint64_t tick, uint64_t timeout_ticks) {
 }
 
 uint64_t FreePlaces(const Client& c) {
+  TierRoom all;
+  all.fill(UINT64_MAX);
+  return FreePlaces(c, all);
+}
+
+uint64_t FreePlaces(const Client& c, const TierRoom& room) {
   uint64_t n = 0;
-  for (int32_t p : c.copy.pool) {
-    if (p >= 0) n += c.pools[p].free_blocks();
+  for (size_t t = 0; t < c.copy.pool.size(); ++t) {
+    const int32_t p = c.copy.pool[t];
+    if (p >= 0) n += std::min<uint64_t>(c.pools[p].free_blocks(), room[t]);
   }
   return n;
 }

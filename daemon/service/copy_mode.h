@@ -15,6 +15,10 @@
 #include "cxltier/lease.h"
 #include "cxltier/wire.h"
 
+namespace cxltier::engine {
+class Engine;
+}
+
 namespace cxltier::service {
 
 struct Client;
@@ -69,10 +73,20 @@ struct DrainCounts {
 // The word the daemon's record gives slot `seg` (no W or M).
 uint64_t PlaceWord(const Client& c, uint32_t seg);
 
-// A free place for a new block: pool `preferred`'s tier when it has room,
-// else the nearest slower tier's pool with room, else the nearest faster
-// one's. kLimit when every pool is full.
-std::optional<wire::Error> PlaceNew(Client& c, uint32_t preferred, uint32_t* pool, uint32_t* index);
+// By tier: how many more new blocks the quotas let client `c` place there
+// now (the engine's room under the caps of its uid and its client account;
+// UINT64_MAX where none caps it). A block admitted into tier 0 holds its
+// write lease from the start, and the daemon never copies under one: were
+// it placed over a cap, nothing could move it down while the client kept
+// the lease. So new blocks go over no cap.
+using TierRoom = std::array<uint64_t, kMaxTiers>;
+TierRoom AdmitRoom(const Client& c, const engine::Engine& engine);
+// A free place for a new block: pool `preferred`'s tier when it has room
+// (its pool a free block, `room` a block to spare), else the nearest slower
+// tier's pool with room, else the nearest faster one's. Takes one of the
+// tier's `room`. kLimit when no pool has room.
+std::optional<wire::Error> PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool,
+                                    uint32_t* index);
 // After Bind of a block at a new place: publishes it, write lease held (the
 // client fills the block, then EndWrite).
 void PublishAdmitted(Client& c, uint32_t seg);
@@ -94,7 +108,9 @@ void AddDrain(Client& c, uint32_t seg, uint32_t version, uint32_t pool, uint32_t
               uint64_t tick);
 // Frees the places no lease names any more (one scan of the lease table).
 DrainCounts DrainPlaces(Client& c, uint64_t tick, uint64_t timeout_ticks);
-// Free blocks over the client's tier pools.
+// Free blocks over the client's tier pools; with `room`, only as many in a
+// tier as the quotas leave there (what PlaceNew may fill).
 uint64_t FreePlaces(const Client& c);
+uint64_t FreePlaces(const Client& c, const TierRoom& room);
 
 }  // namespace cxltier::service

@@ -105,7 +105,7 @@ Status Daemon::EnsureEngine(uint64_t block_bytes) {
     pending_ghosts_ = std::move(kept.states);
     pending_ghost_owners_ = std::move(kept.owners);
     engine_.reset();
-    applied_quotas_.clear();
+    quotas_.Clear();
     clients_.ForgetEngineSlots();
   }
   if (engine_) return Status::Ok();
@@ -183,28 +183,7 @@ Status Daemon::CheckReload(const DaemonConfig& config) const {
 }
 
 void Daemon::ApplyQuotas() {
-  if (!engine_) return;  // the first hello's engine applies them
-  const uint64_t bb = engine_->options().block_bytes;
-  std::map<uint64_t, engine::Quota> want;
-  for (const UserQuota& u : config_.user_quotas) {
-    want[u.uid] = ToEngineQuota(u.quota, bb, true);
-  }
-  for (const auto& [session, c] : clients_.all()) {
-    if (!c.hello || c.leaving) continue;
-    if (const QuotaBytes* q = config_.ClientQuotaOf(c.name)) {
-      want[c.account] = ToEngineQuota(*q, bb, false);
-    }
-  }
-  // An unlimited quota (a guarantee below one block, say) is no quota.
-  std::erase_if(want, [](const auto& kv) { return kv.second.Unlimited(); });
-  for (const auto& [account, quota] : applied_quotas_) {
-    if (!want.count(account)) engine_->SetQuota(account, engine::Quota{});
-  }
-  for (const auto& [account, quota] : want) {
-    auto it = applied_quotas_.find(account);
-    if (it == applied_quotas_.end() || it->second != quota) engine_->SetQuota(account, quota);
-  }
-  applied_quotas_ = std::move(want);
+  if (engine_) quotas_.Apply(*engine_, config_, clients_);  // else the first hello's engine does
 }
 
 server::Answer<wire::AdminOk> Daemon::SetQuotaRequest(const std::string& arg) {
@@ -218,10 +197,11 @@ server::Answer<wire::AdminOk> Daemon::SetQuotaRequest(const std::string& arg) {
     std::erase_if(next.user_quotas, [&](const UserQuota& u) { return u.uid == target.uid; });
     if (!quota.Unlimited()) next.user_quotas.push_back({target.uid, quota});
   } else {
-    who = "client '" + target.client + "'";
-    std::erase_if(next.client_quotas,
-                  [&](const ClientQuota& q) { return q.name == target.client; });
-    if (!quota.Unlimited()) next.client_quotas.push_back({target.client, quota});
+    who = "client '" + target.client + "' of uid " + std::to_string(target.uid);
+    std::erase_if(next.client_quotas, [&](const ClientQuota& q) {
+      return q.uid == target.uid && q.name == target.client;
+    });
+    if (!quota.Unlimited()) next.client_quotas.push_back({target.uid, target.client, quota});
   }
   if (Status st = next.Validate(); !st.ok()) return st;
   if (Status st = CheckQuotaTiers(next, TierCount()); !st.ok()) return st;
@@ -250,9 +230,18 @@ server::Answer<wire::AdminOk> Daemon::SetQuotaRequest(const std::string& arg) {
   if (!target.user) {
     uint64_t connected = 0;
     for (const auto& [session, c] : clients_.all()) {
-      connected += c.hello && !c.leaving && c.name == target.client;
+      connected += c.hello && !c.leaving && c.peer.uid == target.uid && c.name == target.client;
     }
-    text += fmt::format("; {} connected client(s) of that name", connected);
+    text += fmt::format("; {} connected client(s) of that uid and name", connected);
+    // The uid's cap on top: without a user quota, the sum of its client quotas'.
+    if (!config_.UserQuotaOf(target.uid)) {
+      std::string sum = "no quota";
+      for (const UserQuota& u : EffectiveUserQuotas(config_)) {
+        if (u.uid == target.uid) sum = DescribeQuota(u.quota);
+      }
+      text += fmt::format("; uid {} has no user quota, so its client quotas' sum caps it: {}",
+                          target.uid, sum);
+    }
   }
   text += "; until the next reload";
   spdlog::info("quota set: {}", text);
@@ -279,11 +268,11 @@ server::Answer<wire::AdminOk> Daemon::OnAdmin(const server::Peer& peer, const wi
   if (m.op == wire::AdminOp::kShowConfig) {
     if (IsAdmin(peer, config_.admin_group)) return wire::AdminOk{ToToml(config_)};
     // Anyone may read the configuration, but of the quotas only their own
-    // uid's, as status shows them: who else has a quota, and which client
-    // names are capped, is the admins' to see.
+    // uid's (its user quota and its client quotas), as status shows them:
+    // who else has a quota is the admins' to see.
     DaemonConfig mine = config_;
     std::erase_if(mine.user_quotas, [&](const UserQuota& u) { return u.uid != peer.uid; });
-    mine.client_quotas.clear();
+    std::erase_if(mine.client_quotas, [&](const ClientQuota& q) { return q.uid != peer.uid; });
     const std::string admins = config_.admin_group.empty()
                                    ? "root sees"
                                    : "root and group '" + config_.admin_group + "' see";
@@ -350,9 +339,9 @@ void Daemon::OnDisconnect(const server::Peer& peer) {
                fmt::format("client {} ('{}', pid {} uid {}) left; its {} blocks become ghosts",
                            c->id, c->name, peer.pid, peer.uid, c->live));
   }
-  // Its client account loses its quota; the engine forgets it once its
-  // blocks are released.
-  if (config_.ClientQuotaOf(c->name)) ApplyQuotas();
+  // Its client account loses its quota when it was the last connection of
+  // its uid and name; the engine forgets it once its blocks are released.
+  if (config_.ClientQuotaOf(peer.uid, c->name)) ApplyQuotas();
   ReleaseLeaving(peer.session_id);
 }
 
@@ -380,11 +369,9 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   if (c->hello) return Error{ErrorCode::kNotReady, "hello was already said on this connection"};
   if (auto refusal = clients_.CheckHello(*c, m, config_)) return *refusal;
   if (Status st = EnsureEngine(m.model.block_bytes()); !st.ok()) return st;
-  if (auto err = clients_.Open(*c, m.max_blocks)) return *err;
+  if (auto err = clients_.Open(*c, m.max_blocks, m.client_name.substr(0, 64))) return *err;
   c->model = m.model;
-  c->name = m.client_name.substr(0, 64);
-  c->account = engine::kClientAccount | c->id;
-  if (config_.ClientQuotaOf(c->name)) ApplyQuotas();
+  if (config_.ClientQuotaOf(peer.uid, c->name)) ApplyQuotas();
   *segment_fd = c->segment.fd();
   ClientInfo(peer,
              fmt::format("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id,
@@ -423,7 +410,21 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
   if (auto refusal = clients_.CheckPool(*c, config_)) return *refusal;
-  if (auto refusal = clients_.CheckTierPool(*c, m, *engine_, moves_.tiers(), config_)) {
+  if (auto refusal = clients_.CheckTierPool(*c, m, *engine_, moves_.tiers())) {
+    ClientWarning(peer, "tier pool refused: " + refusal->message);
+    return *refusal;
+  }
+  // What the budget, the caps and other users' guarantees leave it (a tier
+  // with a budget counts it in blocks), and for the last tier the bytes of
+  // its pools one uid may have the daemon make: the memory of its nodes.
+  const Quotas::Grant grant = quotas_.TierPool(*c, m, *engine_, clients_);
+  const bool last = m.tier + 1u >= engine_->tiers();
+  const ClientTable::TierBound bound{
+      last ? TierMemoryBytes(m.tier) : 0,
+      "the memory of tier " + std::to_string(m.tier) + "'s nodes (the last tier's budget)"};
+  std::optional<Error> refusal = grant.refusal;
+  if (!refusal) refusal = clients_.CheckTierPoolBytes(*c, m, grant.blocks, bound, config_);
+  if (refusal) {
     ClientWarning(peer, "tier pool refused: " + refusal->message);
     return *refusal;
   }
@@ -436,7 +437,7 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
                  "this tier pool is still in use by the connection it came from (its blocks are "
                  "being released, or a copy is running); try again"};
   }
-  const uint32_t blocks = clients_.TierPoolBlocks(*c, m, *engine_);
+  const uint32_t blocks = grant.blocks;
   static const std::vector<int> kNoNodes;
   const std::vector<int>& nodes =
       m.tier < moves_.tiers().count() ? moves_.tiers().Nodes(m.tier) : kNoNodes;
@@ -451,10 +452,11 @@ server::Answer<wire::CreateTierPoolOk> Daemon::OnCreateTierPool(const server::Pe
   const server::Pool& p = c->pools[id];
   *pool_fd = p.tier_fd();
   static constexpr const char* kSources[] = {"memfd", "device-DAX", "imported memfd"};
-  ClientInfo(peer,
-             fmt::format("client {} (uid {}): tier {} pool {} ({}, {} blocks, {}, node {})", c->id,
-                         peer.uid, int{m.tier}, id, kSources[static_cast<int>(m.source)], blocks,
-                         FormatBytes(p.length()), p.node()));
+  ClientInfo(
+      peer,
+      fmt::format("client {} (uid {}): tier {} pool {} ({}, {} blocks of {} asked, {}, node {})",
+                  c->id, peer.uid, int{m.tier}, id, kSources[static_cast<int>(m.source)], blocks,
+                  m.blocks, FormatBytes(p.length()), p.node()));
   return wire::CreateTierPoolOk{id, blocks, p.length(), p.node()};
 }
 
@@ -492,6 +494,9 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
 server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m) {
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
+  // No new block goes over a cap (CheckAdmit counted the room): it holds its
+  // write lease, so nothing could move it down while the client keeps it.
+  TierRoom room = AdmitRoom(c, *engine_);
   for (const wire::AdmitEntry& e : m.entries) {
     if (auto it = c.by_key.find(e.key); it != c.by_key.end()) {
       const BlockState& st = engine_->state(c.slots[it->second].engine_slot);
@@ -501,7 +506,7 @@ server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m)
     uint32_t pool = m.pool_id, index = e.block_index & ~wire::kAdmitAtPlace;
     if (e.block_index & wire::kAdmitAtPlace) {
       c.pools[pool].TakeAt(index);  // CheckAdmit found it free
-    } else if (auto full = PlaceNew(c, m.pool_id, &pool, &index)) {
+    } else if (auto full = PlaceNew(c, m.pool_id, room, &pool, &index)) {
       return *full;  // CheckAdmit counted
     }
     const Tier where = static_cast<Tier>(c.pools[pool].tier());

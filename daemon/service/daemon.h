@@ -29,6 +29,7 @@
 #include "service/config.h"
 #include "service/fold.h"
 #include "service/move_dispatch.h"
+#include "service/quotas.h"
 #include "service/status.h"
 
 namespace cxltier::service {
@@ -121,9 +122,8 @@ class Daemon final : public server::Handler {
   void ClientInfo(const server::Peer& peer, const std::string& line);
   uint64_t LeaseTimeoutTicks() const;
   void ReleaseLeaving(uint64_t session);
-  // Sets the engine's quotas from config_ and the connected clients: every
-  // account whose quota changed since the last call (an account no longer
-  // named is removed); the byte figures converted to the engine's blocks.
+  // Sets the engine's quotas from config_ and the connected clients
+  // (Quotas::Apply); nothing before there is an engine.
   void ApplyQuotas();
   // Admin kSetQuota: parses, checks and applies one account's quota.
   server::Answer<wire::AdminOk> SetQuotaRequest(const std::string& arg);
@@ -162,8 +162,8 @@ class Daemon final : public server::Handler {
   MoveDispatch moves_;
   Checkpointer checkpoints_;
   std::unique_ptr<engine::Engine> engine_;
-  // The quotas set in engine_ by account (ApplyQuotas).
-  std::map<uint64_t, engine::Quota> applied_quotas_;
+  // The quotas set in engine_, and copy mode's tier pools under them.
+  Quotas quotas_;
   std::vector<BlockState> pending_ghosts_;      // loaded before the engine exists
   std::vector<uint32_t> pending_ghost_owners_;  // the uid of each (kUnknownOwner: not known)
   // Lines about clients (warnings, hello, left, pools), the server's too: 20

@@ -149,9 +149,12 @@ QuotaStatus Daemon::QuotaStatuses() const {
   for (const auto& [session, c] : clients_.all()) {
     if (!engine_) break;
     AccountStatus* cl = nullptr;
-    if (c.hello && !c.leaving && config_.ClientQuotaOf(c.name)) {
-      cl = &clients.try_emplace(c.account, blank(c.peer.uid)).first->second;
-      cl->client_id = c.id;
+    if (c.hello && !c.leaving && config_.ClientQuotaOf(c.peer.uid, c.name)) {
+      // One row per uid and name: its connections share the account (the
+      // first connection's id names it).
+      auto [it, first] = clients.try_emplace(c.account, blank(c.peer.uid));
+      cl = &it->second;
+      if (first) cl->client_id = c.id;
       cl->client_name = c.name;
     }
     if (c.live == 0) continue;
@@ -166,7 +169,7 @@ QuotaStatus Daemon::QuotaStatuses() const {
   }
   // The quotas: as the engine enforces them, or, before there is an engine,
   // none in blocks yet (the users are listed with no blocks).
-  for (const UserQuota& q : config_.user_quotas) {
+  for (const UserQuota& q : EffectiveUserQuotas(config_)) {
     AccountStatus& u = users.try_emplace(q.uid, blank(q.uid)).first->second;
     if (bb) set_quota(u, ToEngineQuota(q.quota, bb, true));
     u.has_quota = true;

@@ -138,8 +138,8 @@ struct HintStatus {
 // uid: every block its clients hold) or a client with a quota.
 struct AccountStatus {
   uint32_t uid = 0;                   // the user, or the client's user
-  uint64_t client_id = 0;             // clients: the connection
-  std::string client_name;            // clients: its hello's name
+  uint64_t client_id = 0;             // clients: its first connection (they share the account)
+  std::string client_name;            // clients: the hello name of its connections
   std::vector<uint64_t> tier_blocks;  // its live blocks in each tier, tier 0 first
   // Its quota as enforced, in blocks (the configured bytes rounded down to
   // whole blocks): cap_blocks[k] for tier k (kNoCapBlocks: none).
@@ -156,7 +156,7 @@ struct AccountStatus {
 struct QuotaStatus {
   uint64_t quota_evictions = 0;        // every account's (the engine's counter)
   std::vector<AccountStatus> users;    // every uid with a live block or a quota, by uid
-  std::vector<AccountStatus> clients;  // connected clients with a quota, by id
+  std::vector<AccountStatus> clients;  // client accounts with a quota and a connection, by id
   // Status for a peer that is neither root nor in the admin group: only its
   // own uid's users and clients rows are left (the others' usage stays private).
   void KeepOnly(uid_t uid);

@@ -367,5 +367,37 @@ TEST(Quota, KeepingAccountsChangesNothing) {
   }
 }
 
+// CapRoom (copy mode's admissions): what tier 0 may still take of an owner
+// and its client account, tier 0 counting the moves in flight; kNoCap where
+// neither is capped, for the last tier, and before any quota.
+TEST(Quota, CapRoomIsWhatTheTightestAccountLeaves) {
+  Engine e = Make(16, Mode::kTick);
+  const uint64_t client = kClientAccount | 5;
+  EXPECT_EQ(e.CapRoom(kA, client, 0), kNoCap);  // quotas off
+  e.SetQuota(kA, Cap0(3));
+  e.SetQuota(client, Cap0(2));
+  EXPECT_EQ(e.CapRoom(kA, kNoAccount, 0), 3u);
+  EXPECT_EQ(e.CapRoom(kA, client, 0), 2u);
+  EXPECT_EQ(e.CapRoom(kB, kNoAccount, 0), kNoCap);
+  EXPECT_EQ(e.CapRoom(kA, client, 1), kNoCap);  // the last tier is never capped
+  e.Admit(Key(1, 0), Tier::kFast, kA, client);
+  e.Admit(Key(1, 1), Tier::kFast, kA);
+  EXPECT_EQ(e.CapRoom(kA, kNoAccount, 0), 1u);
+  EXPECT_EQ(e.CapRoom(kA, client, 0), 1u);
+  e.Admit(Key(1, 2), Tier::kSlow, kA, client);  // below tier 0: takes none of its room
+  EXPECT_EQ(e.CapRoom(kA, client, 0), 1u);
+  e.Admit(Key(1, 3), Tier::kFast, kA, client);
+  EXPECT_EQ(e.CapRoom(kA, client, 0), 0u);
+  // Over the cap (a cap lowered): no room, not a wrap-around.
+  e.SetQuota(kA, Cap0(1));
+  EXPECT_EQ(e.CapRoom(kA, kNoAccount, 0), 0u);
+  // Demotions planned count as done (tier 0's blocks once the moves land):
+  // the plan takes all three out (none is in the set), which leaves room for one.
+  size_t out = 0;
+  for (const Move& m : e.Plan()) out += m.from == Tier::kFast;
+  ASSERT_EQ(out, 3u);
+  EXPECT_EQ(e.CapRoom(kA, kNoAccount, 0), 1u);
+}
+
 }  // namespace
 }  // namespace cxltier::engine

@@ -1108,5 +1108,33 @@ TEST(CopyMode, AnImportIsCheckedAsTheDaemonWouldMakeIt) {
   EXPECT_TRUE(d.Alive());
 }
 
+// A good import (the right name, seals, size, no hole, on the tier's node)
+// is still held to the quotas: a uid capped at 2 blocks of tier 0 imports no
+// tier-0 pool of 8 (any local user can make such a memfd), and gets 2 when
+// it asks for new pools.
+TEST(CopyMode, AnImportIsHeldToItsUidsCaps) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n[[quotas.user]]\nuid = " +
+                  std::to_string(getuid()) + "\ntier0 = \"16KiB\"\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const int fd = memfd_create("cxltier-tier0", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(8 * kBlock)), 0);
+  std::vector<uint8_t> ones(8 * kBlock, 1);
+  ASSERT_EQ(pwrite(fd, ones.data(), ones.size(), 0), static_cast<ssize_t>(ones.size()));
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+  const Status st = RawCreateTierPool(d.socket(), 0, wire::TierPoolSource::kImport, 8, kBlock, fd);
+  close(fd);
+  EXPECT_EQ(st.code, wire::ErrorCode::kLimit) << st.message;
+  EXPECT_NE(st.message.find("the imported tier-0 pool holds 8 blocks and only 2 fit: uid " +
+                            std::to_string(getuid()) + "'s tier-0 cap is 2 blocks"),
+            std::string::npos)
+      << st.message;
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->CreateTierPools(8).ok());
+  EXPECT_EQ(c->tier_pool_bytes(0), 2 * kBlock);
+  EXPECT_TRUE(d.Alive());
+}
+
 }  // namespace
 }  // namespace cxltier

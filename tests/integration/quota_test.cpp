@@ -230,17 +230,18 @@ TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   ASSERT_NE(uid_a, static_cast<uid_t>(-1));
   const int slow = SlowNode();
   const bool kernel_tells = slow != 0;
-  DaemonProcess d(std::string("[engine]\npolicy = \"lru\"\ntier0_budget = \"128KiB\"\n"
-                              "block_bytes = 4096\n"
-                              "[[quotas.user]]\nuser = \"") +
-                      kUserA +
-                      "\"\ntier0 = \"32KiB\"\n"
-                      // Others' quotas, which A's `config show` must not list (root's cap
-                      // is the whole tier 0: no effect here).
-                      "[[quotas.user]]\nuid = 0\ntier0 = \"128KiB\"\n"
-                      "[[quotas.client]]\nname = \"hidden-from-users\"\ntier0 = \"4KiB\"\n",
-                  "", std::string("socket_group = \"") + kClients + "\"\nadmin_group = \"\"\n",
-                  "fast_nodes = [0]\nslow_nodes = [" + std::to_string(slow) + "]\n");
+  DaemonProcess d(
+      std::string("[engine]\npolicy = \"lru\"\ntier0_budget = \"128KiB\"\n"
+                  "block_bytes = 4096\n"
+                  "[[quotas.user]]\nuser = \"") +
+          kUserA +
+          "\"\ntier0 = \"32KiB\"\n"
+          // Others' quotas, which A's `config show` must not list (root's cap
+          // is the whole tier 0: no effect here).
+          "[[quotas.user]]\nuid = 0\ntier0 = \"128KiB\"\n"
+          "[[quotas.client]]\nname = \"hidden-from-users\"\nuid = 0\ntier0 = \"4KiB\"\n",
+      "", std::string("socket_group = \"") + kClients + "\"\nadmin_group = \"\"\n",
+      "fast_nodes = [0]\nslow_nodes = [" + std::to_string(slow) + "]\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
   chmod(d.dir().c_str(), 0755);
   const std::string socket = d.socket();
@@ -360,12 +361,13 @@ TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
         fail += std::string(what) + " shows A other users: " + users.dump() + "; ";
       }
     }
-    // The configuration too: A's own quota, nobody else's, no client's.
+    // The configuration too: its own quota, nobody else's, no other uid's client quota
+    // ("\nuid = 0\n": max_tier_pool_bytes_per_uid = 0 ends with "uid = 0" too).
     if (!Client::DaemonAdmin(socket, wire::AdminOp::kShowConfig, "", &text).ok()) {
       return fail + "A's config show failed";
     }
     if (text.find("uid = " + std::to_string(getuid())) == std::string::npos ||
-        text.find("uid = 0") != std::string::npos ||
+        text.find("\nuid = 0\n") != std::string::npos ||
         text.find("hidden-from-users") != std::string::npos ||
         text.find("yours only") == std::string::npos) {
       fail += "A's config show: " + text;
@@ -376,7 +378,7 @@ TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
   std::string root_config;
   ASSERT_TRUE(Client::DaemonAdmin(socket, wire::AdminOp::kShowConfig, "", &root_config).ok());
   EXPECT_NE(root_config.find("hidden-from-users"), std::string::npos) << root_config;
-  EXPECT_NE(root_config.find("uid = 0"), std::string::npos) << root_config;
+  EXPECT_NE(root_config.find("\nuid = 0\n"), std::string::npos) << root_config;
   EXPECT_NE(d.Log().find("denied quota set"), std::string::npos);
 
   // Phase 2, the guarantee, set through the real socket as root: B gets 12
@@ -447,18 +449,24 @@ TEST(DaemonQuota, CapGuaranteeAndAdminChangeWithTwoRealUsers) {
       static_cast<unsigned long long>(kGuaranteeB), static_cast<unsigned long long>(kTier0Blocks));
 }
 
-// Client quotas: keyed by the hello's name, one account per connection.
-TEST(DaemonQuota, ClientQuotaCapsItsConnectionOnly) {
+// Client quotas (issue 30 item 5): keyed by uid and hello name, one account
+// for that uid's connections of that name, and the uid's cap on top: root
+// has no user quota, so its client quota's cap is root's too, and its
+// connection named "free" shares it. A user quota is the uid's cap instead.
+TEST(DaemonQuota, ClientQuotaIsPerUidAndNameUnderTheUidsCap) {
   DaemonProcess d(
       "[engine]\npolicy = \"lru\"\ntier0_budget = \"128KiB\"\nblock_bytes = 4096\n"
-      "[[quotas.client]]\nname = \"capped\"\ntier0 = \"16KiB\"\n");
+      "[[quotas.client]]\nname = \"capped\"\nuid = " +
+      std::to_string(getuid()) + "\ntier0 = \"16KiB\"\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
   constexpr uint32_t kBlocks = 12;
-  Pool pools[2] = {Pool(kBlocks), Pool(kBlocks)};
-  std::unique_ptr<Client> clients[2];
-  std::vector<wire::AdmitResult> slots[2];
-  const char* names[2] = {"capped", "free"};
-  for (int i = 0; i < 2; ++i) {
+  constexpr int kConns = 3;
+  Pool pools[kConns] = {Pool(kBlocks), Pool(kBlocks), Pool(kBlocks)};
+  std::unique_ptr<Client> clients[kConns];
+  std::vector<wire::AdmitResult> slots[kConns];
+  // Two connections of the capped name, one of another.
+  const char* names[kConns] = {"capped", "capped", "free"};
+  for (int i = 0; i < kConns; ++i) {
     Status st;
     clients[i] = Client::Connect({d.socket(), kTiny, kBlocks, names[i]}, &st);
     ASSERT_TRUE(clients[i]) << st.message;
@@ -470,11 +478,11 @@ TEST(DaemonQuota, ClientQuotaCapsItsConnectionOnly) {
       entries.push_back({BlockKey::FromSequence(10 + i, b), b});
     ASSERT_TRUE(clients[i]->Admit(pool, entries, &slots[i]).ok());
   }
-  // Both touch every block each tick; the status rows of the capped client
-  // and of root (both clients' blocks).
+  // Every client touches every block each tick; then the quotas view.
   nlohmann::json q;
   auto touch_and_read = [&] {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kConns; ++i) {
+      if (!clients[i]) continue;
       for (const wire::AdmitResult& r : slots[i]) clients[i]->Observe(r.slot, 1.0f);
     }
     WaitTicks(*clients[0], 1);
@@ -483,60 +491,76 @@ TEST(DaemonQuota, ClientQuotaCapsItsConnectionOnly) {
     q = nlohmann::json::parse(text, nullptr, false);
     return !q.is_discarded();
   };
-  auto capped_tier0 = [&]() -> uint64_t {
+  auto client_tier0 = [&](const char* name) -> uint64_t {
     for (const auto& c : q["clients"]) {
-      if (c["name"] == "capped") return c["tiers"][0]["blocks"].get<uint64_t>();
+      if (c["name"] == name) return c["tiers"][0]["blocks"].get<uint64_t>();
     }
     return UINT64_MAX;
+  };
+  auto root = [&]() -> nlohmann::json {
+    for (const auto& u : q["users"]) {
+      if (u["uid"] == getuid()) return u;
+    }
+    return {};
   };
   auto root_tier0 = [&]() -> uint64_t {
-    for (const auto& u : q["users"]) {
-      if (u["uid"] == getuid()) return u["tiers"][0]["blocks"].get<uint64_t>();
-    }
-    return UINT64_MAX;
+    const nlohmann::json u = root();
+    return u.is_null() ? UINT64_MAX : u["tiers"][0]["blocks"].get<uint64_t>();
   };
-  // Settled: the capped client within 4 blocks, the other connection (no
-  // quota) with all of its 12 in tier 0; then so for 100 ticks.
-  ASSERT_TRUE(WaitFor([&] {
-    return touch_and_read() && capped_tier0() <= 4 && root_tier0() == capped_tier0() + kBlocks;
-  })) << "the capped client did not come within 4 blocks: "
-      << q.dump();
-  uint64_t max_capped = 0;
+  // Settled: the uid within 4 blocks over its three connections; then so for
+  // 100 ticks, and the two connections named "capped" share one row.
+  ASSERT_TRUE(WaitFor([&] { return touch_and_read() && root_tier0() <= 4; }))
+      << "root did not come within its client quota's 4 blocks: " << q.dump();
+  uint64_t max_root = 0;
   for (int n = 0; n < 100; ++n) {
     ASSERT_TRUE(touch_and_read());
-    max_capped = std::max(max_capped, capped_tier0());
-    ASSERT_LE(capped_tier0(), 4u) << q.dump();
-    ASSERT_EQ(root_tier0(), capped_tier0() + kBlocks) << q.dump();
+    max_root = std::max(max_root, root_tier0());
+    ASSERT_LE(root_tier0(), 4u) << "another name escaped the uid's cap: " << q.dump();
+    ASSERT_LE(root()["in_set"].get<uint64_t>(), 4u) << q.dump();
+    ASSERT_LE(client_tier0("capped"), 4u) << q.dump();
   }
-  ASSERT_EQ(q["clients"].size(), 1u) << q.dump();  // no row for the client with no quota
+  ASSERT_EQ(q["clients"].size(), 1u) << q.dump();  // one account for both "capped"; none for "free"
   EXPECT_EQ(q["clients"][0]["tiers"][0]["cap_blocks"], 4);
+  EXPECT_EQ(root()["tiers"][0]["cap_blocks"], 4) << "the uid's cap on top: " << q.dump();
   EXPECT_GT(q["clients"][0]["quota_evictions"].get<uint64_t>(), 0u);
-  // Raised at run time for the connected client: applies at once.
+  // A user quota is the uid's cap instead: all of tier 0 (32 blocks), so
+  // "free" is no longer held to the client quota's 4.
   std::string text;
-  ASSERT_TRUE(
-      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=capped tier0=32KiB", &text)
-          .ok())
+  ASSERT_TRUE(Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota,
+                                  "uid=" + std::to_string(getuid()) + " tier0=128KiB", &text)
+                  .ok())
       << text;
-  ASSERT_TRUE(WaitFor([&] { return touch_and_read() && capped_tier0() > 4; })) << q.dump();
-  EXPECT_LE(capped_tier0(), 8u);
-  // A quota for a client that said hello without one applies at once to the
-  // blocks it holds: 4 KiB is one block.
-  ASSERT_TRUE(
-      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=free tier0=4KiB", &text)
-          .ok())
-      << text;
-  EXPECT_NE(text.find("1 connected client(s) of that name"), std::string::npos) << text;
   ASSERT_TRUE(WaitFor([&] {
-    if (!touch_and_read()) return false;
-    for (const auto& c : q["clients"]) {
-      if (c["name"] == "free") return c["tiers"][0]["blocks"].get<uint64_t>() <= 1;
-    }
-    return false;
-  })) << "the new quota of the connected client 'free' did not apply: "
+    return touch_and_read() && client_tier0("capped") <= 4 &&
+           root_tier0() == client_tier0("capped") + kBlocks;
+  })) << "with a user quota, the name without a client quota is the uid's cap's only: "
       << q.dump();
-  // A bad request names the problem; the quota stays as it was.
-  const Status bad =
-      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=capped tiers=1,1", &text);
+  // Raised at run time for the connected clients of that uid and name: at once.
+  ASSERT_TRUE(Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota,
+                                  "client=capped uid=" + std::to_string(getuid()) + " tier0=32KiB",
+                                  &text)
+                  .ok())
+      << text;
+  EXPECT_NE(text.find("2 connected client(s) of that uid and name"), std::string::npos) << text;
+  ASSERT_TRUE(WaitFor([&] { return touch_and_read() && client_tier0("capped") > 4; })) << q.dump();
+  EXPECT_LE(client_tier0("capped"), 8u);
+  // A quota for a name that said hello without one applies at once to the
+  // blocks it holds: 4 KiB is one block.
+  ASSERT_TRUE(Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota,
+                                  "client=free uid=" + std::to_string(getuid()) + " tier0=4KiB",
+                                  &text)
+                  .ok())
+      << text;
+  EXPECT_NE(text.find("1 connected client(s) of that uid and name"), std::string::npos) << text;
+  ASSERT_TRUE(WaitFor([&] { return touch_and_read() && client_tier0("free") <= 1; }))
+      << "the new quota of the connected client 'free' did not apply: " << q.dump();
+  // A client quota without its uid is refused, naming why; so is a bad one.
+  Status bad =
+      Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota, "client=capped tier0=4KiB", &text);
+  EXPECT_EQ(bad.code, wire::ErrorCode::kBadPayload);
+  EXPECT_NE(bad.message.find("needs uid= or user= too"), std::string::npos) << bad.message;
+  bad = Client::DaemonAdmin(d.socket(), wire::AdminOp::kSetQuota,
+                            "client=capped uid=" + std::to_string(getuid()) + " tiers=1,1", &text);
   EXPECT_EQ(bad.code, wire::ErrorCode::kBadPayload);
   EXPECT_NE(bad.message.find("the last (tier 1) is never capped"), std::string::npos)
       << bad.message;
@@ -549,20 +573,23 @@ TEST(DaemonQuota, ClientQuotaCapsItsConnectionOnly) {
             std::string::npos)
       << reload.message;
   ASSERT_TRUE(touch_and_read());
-  EXPECT_EQ(q["clients"][0]["tiers"][0]["cap_blocks"], 8) << q.dump();
-  // The clients leave: their rows go with them.
-  clients[0].reset();
-  clients[1].reset();
+  for (const auto& c : q["clients"]) {
+    if (c["name"] == "capped") {
+      EXPECT_EQ(c["tiers"][0]["cap_blocks"], 8) << q.dump();
+    }
+  }
+  // The clients leave: their rows go with them (the user quota's row stays).
+  for (auto& c : clients) c.reset();
   ASSERT_TRUE(WaitFor([&] {
     std::string t;
     if (!Client::DaemonStats(d.socket(), "quotas", &t).ok()) return false;
     q = nlohmann::json::parse(t, nullptr, false);
-    return !q.is_discarded() && q["clients"].empty() && q["users"].empty();
+    return !q.is_discarded() && q["clients"].empty() && root_tier0() == 0;
   })) << q.dump();
   std::printf(
-      "figures: the capped client held at most %llu of its 12 hot blocks in tier 0 "
-      "(cap 4)\n",
-      static_cast<unsigned long long>(max_capped));
+      "figures: root's three connections (two named capped, one free, 12 hot blocks each) held "
+      "at most %llu blocks in tier 0 (the client quota's 4 is the uid's cap)\n",
+      static_cast<unsigned long long>(max_root));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "cxltier/lease.h"
 #include "numa/migrator.h"
 #include "service/client_table.h"
+#include "service/config.h"
 #include "service/copy_mode.h"
 #include "service/move_dispatch.h"
 #include "service/mover.h"
@@ -35,7 +36,7 @@ struct CopyClient {
 
   CopyClient() {
     c = &clients.Connect(server::Peer{1, getpid(), getuid(), getgid()});
-    EXPECT_FALSE(clients.Open(*c, 4));
+    EXPECT_FALSE(clients.Open(*c, 4, "copy-state"));
     for (uint8_t tier : {0, 1}) {
       server::Pool p;
       const Status st = p.OpenTier(tier, kBlocksPerTier, page, page, {0},
@@ -51,7 +52,9 @@ struct CopyClient {
   // Daemon::AdmitCopy for one key, then the client fills it (EndWrite).
   uint32_t Admit(engine::Slot es) {
     uint32_t pool = 0, index = 0;
-    EXPECT_FALSE(PlaceNew(*c, static_cast<uint32_t>(c->copy.pool[0]), &pool, &index));
+    TierRoom room;
+    room.fill(UINT64_MAX);
+    EXPECT_FALSE(PlaceNew(*c, static_cast<uint32_t>(c->copy.pool[0]), room, &pool, &index));
     const uint32_t seg = clients.Bind(*c, es, pool, index, BlockKey{es, es});
     PublishAdmitted(*c, seg);
     EXPECT_TRUE(EndWrite(words(), seg));
@@ -228,6 +231,65 @@ TEST(CopyState, AnImportedPoolKeepsItsBytesAndPlacesAreTakenWhereNamed) {
                              wire::TierPoolSource::kImport,
                              server::UniqueFd(fcntl(made.tier_fd(), F_DUPFD_CLOEXEC, 0)), 0)
                    .ok());
+}
+
+// The quotas' room: a new block goes to a tier only while the room there
+// lasts (its write lease would keep it where it lands), else to the next
+// tier with a free place and room; none left: refused.
+TEST(CopyState, NewBlocksGoOverNoCap) {
+  CopyClient t;
+  TierRoom room;
+  room.fill(UINT64_MAX);
+  room[0] = 1;  // tier 0 has two free places, its cap room for one
+  uint32_t pool = 0, index = 0;
+  const uint32_t fast = static_cast<uint32_t>(t.c->copy.pool[0]);
+  const uint32_t slow = static_cast<uint32_t>(t.c->copy.pool[1]);
+  ASSERT_FALSE(PlaceNew(*t.c, fast, room, &pool, &index));
+  EXPECT_EQ(pool, fast);
+  EXPECT_EQ(room[0], 0u);
+  EXPECT_EQ(FreePlaces(*t.c), 2 * kBlocksPerTier - 1);
+  EXPECT_EQ(FreePlaces(*t.c, room), kBlocksPerTier);  // tier 0's free place is past the cap
+  for (uint32_t i = 0; i < kBlocksPerTier; ++i) {
+    ASSERT_FALSE(PlaceNew(*t.c, fast, room, &pool, &index));
+    EXPECT_EQ(pool, slow) << i;
+  }
+  EXPECT_EQ(FreePlaces(*t.c, room), 0u);
+  const auto full = PlaceNew(*t.c, fast, room, &pool, &index);
+  ASSERT_TRUE(full);
+  EXPECT_EQ(full->code, wire::ErrorCode::kLimit);
+  EXPECT_EQ(t.c->pools[fast].free_blocks(), 1u);  // left alone
+}
+
+// One uid's tier pools of a tier stay within that tier's bound over all its
+// connections: the second connection's pool counts the first's.
+TEST(CopyState, TierPoolBytesOfAUidAddUpAcrossItsConnections) {
+  CopyClient t;  // uid getuid(): two pools of kBlocksPerTier pages, tiers 0 and 1
+  Client& second = t.clients.Connect(server::Peer{2, getpid(), getuid(), getgid()});
+  ASSERT_FALSE(t.clients.Open(second, 4, "copy-state-2"));
+  const DaemonConfig config;  // max_tier_pool_bytes_per_uid: 0, the tiers' bounds alone
+  wire::CreateTierPool m;
+  m.tier = 1;
+  m.stride = t.page;
+  m.blocks = 2;
+  const ClientTable::TierBound bound{4 * t.page, "the memory of tier 1's nodes"};
+  EXPECT_FALSE(t.clients.CheckTierPoolBytes(second, m, 2, bound, config));  // 2 + 2 pages
+  const auto over = t.clients.CheckTierPoolBytes(second, m, 3, bound, config);
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->code, wire::ErrorCode::kLimit);
+  EXPECT_NE(over->message.find("the memory of tier 1's nodes"), std::string::npos) << over->message;
+  EXPECT_NE(over->message.find("it holds 8.00 KiB of them already"), std::string::npos)
+      << over->message;
+  // Each tier on its own: tier 0's 2 pages and tier 1's 2 are not added up.
+  m.tier = 0;
+  EXPECT_FALSE(t.clients.CheckTierPoolBytes(second, m, 2, bound, config));
+  EXPECT_TRUE(t.clients.CheckTierPoolBytes(second, m, 3, bound, config));
+  // Device-DAX memory is the client's own.
+  m.tier = 1;
+  m.source = wire::TierPoolSource::kDevdax;
+  EXPECT_FALSE(t.clients.CheckTierPoolBytes(second, m, 3, bound, config));
+  EXPECT_EQ(t.clients.UidTierPoolBlocks(getuid(), 1), kBlocksPerTier);
+  EXPECT_EQ(t.clients.AccountTierPoolBlocks(t.c->account, 0), kBlocksPerTier);
+  EXPECT_EQ(t.clients.AccountTierPoolBlocks(second.account, 0), 0u);  // another name
 }
 
 }  // namespace

@@ -404,7 +404,8 @@ TEST(Config, QuotasReadPrintBackAndConvertToBlocksRoundingDown) {
                            "[[quotas.user]]\nuid = 1001\ntier0 = \"8GiB\"\nguarantee = \"4GiB\"\n"
                            "[[quotas.user]]\nuser = \"root\"\ntiers = [\"none\", \"16GiB\"]\n"
                            "[[quotas.user]]\nuid = 7\ntiers = [\"1GiB\", \"none\"]\n"
-                           "[[quotas.client]]\nname = \"vllm-0\"\ntier0 = 1000\n",
+                           "[[quotas.client]]\nname = \"vllm-0\"\nuid = 1001\ntier0 = 1000\n"
+                           "[[quotas.client]]\nname = \"vllm-0\"\nuser = \"root\"\ntier0 = 1\n",
                            "t.toml", &c)
                 .message,
             "");
@@ -415,11 +416,16 @@ TEST(Config, QuotasReadPrintBackAndConvertToBlocksRoundingDown) {
   EXPECT_EQ(c.user_quotas[1].uid, 0u);  // user = "root", resolved at load
   EXPECT_EQ(c.user_quotas[1].quota.caps, (std::vector<uint64_t>{kNoCapBytes, 16ull << 30}));
   EXPECT_EQ(c.user_quotas[2].quota.caps, std::vector<uint64_t>{1ull << 30});  // trailing none
-  ASSERT_EQ(c.client_quotas.size(), 1u);
+  ASSERT_EQ(c.client_quotas.size(), 2u);
   EXPECT_EQ(c.client_quotas[0].name, "vllm-0");
+  EXPECT_EQ(c.client_quotas[0].uid, 1001u);
+  EXPECT_EQ(c.client_quotas[1].uid, 0u);  // user = "root"
   EXPECT_EQ(c.UserQuotaOf(1001), &c.user_quotas[0].quota);
-  EXPECT_EQ(c.ClientQuotaOf("vllm-0"), &c.client_quotas[0].quota);
-  EXPECT_EQ(c.ClientQuotaOf("vllm-1"), nullptr);
+  // Keyed by uid and name: the same name of another uid is another quota, or none.
+  EXPECT_EQ(c.ClientQuotaOf(1001, "vllm-0"), &c.client_quotas[0].quota);
+  EXPECT_EQ(c.ClientQuotaOf(0, "vllm-0"), &c.client_quotas[1].quota);
+  EXPECT_EQ(c.ClientQuotaOf(1002, "vllm-0"), nullptr);
+  EXPECT_EQ(c.ClientQuotaOf(1001, "vllm-1"), nullptr);
   // Printed back (users by uid, every cap in tiers = [...]) and read again: the same.
   DaemonConfig back;
   ASSERT_EQ(LoadConfigText(ToToml(c), "back.toml", &back).message, "") << ToToml(c);
@@ -441,6 +447,38 @@ TEST(Config, QuotasReadPrintBackAndConvertToBlocksRoundingDown) {
                      "is never capped"),
             std::string::npos)
       << two;
+}
+
+// A uid with client quotas and no user quota is capped by their sum: another
+// hello name of that uid shares it, and escapes nothing.
+TEST(Config, ClientQuotasCapTheirUidUnlessItHasAUserQuota) {
+  DaemonConfig c;
+  ASSERT_EQ(LoadConfigText("[tiers]\nnodes = [[0], [1], [2]]\n"
+                           "[[quotas.user]]\nuid = 7\ntier0 = \"8GiB\"\n"
+                           "[[quotas.client]]\nname = \"a\"\nuid = 7\ntier0 = \"1GiB\"\n"
+                           "[[quotas.client]]\nname = \"a\"\nuid = 8\ntiers = [\"1GiB\", "
+                           "\"4GiB\"]\n"
+                           "[[quotas.client]]\nname = \"b\"\nuid = 8\ntiers = [\"2GiB\", "
+                           "\"none\"]\n"
+                           "[[quotas.client]]\nname = \"c\"\nuid = 9\ntiers = [\"none\", "
+                           "\"1GiB\"]\n",
+                           "t.toml", &c)
+                .message,
+            "");
+  const std::vector<UserQuota> users = EffectiveUserQuotas(c);
+  ASSERT_EQ(users.size(), 3u);
+  // uid 7: its own user quota, not its client quota's.
+  EXPECT_EQ(users[0].uid, 7u);
+  EXPECT_EQ(users[0].quota.caps, std::vector<uint64_t>{8ull << 30});
+  // uid 8: tier 0 1 + 2 GiB; tier 1 capped by one of its client quotas only: none.
+  EXPECT_EQ(users[1].uid, 8u);
+  EXPECT_EQ(users[1].quota.caps, std::vector<uint64_t>{3ull << 30});
+  EXPECT_EQ(users[1].quota.guarantee, 0u);
+  // uid 9: what its one client quota caps.
+  EXPECT_EQ(users[2].uid, 9u);
+  EXPECT_EQ(users[2].quota.caps, (std::vector<uint64_t>{kNoCapBytes, 1ull << 30}));
+  // Only [[quotas.user]] is a user quota of the file.
+  EXPECT_EQ(c.UserQuotaOf(8), nullptr);
 }
 
 TEST(Config, QuotaErrorsNameTheProblem) {
@@ -473,13 +511,17 @@ TEST(Config, QuotaErrorsNameTheProblem) {
             "uid 5 has two quotas"},
            {"[[quotas.user]]\nuid = 0\ntier0 = 1\n[[quotas.user]]\nuser = \"root\"\ntier0 = 2\n",
             "uid 0 has two quotas"},
-           {"[[quotas.client]]\nname = \"a\"\ntier0 = 1\nguarantee = 1\n",
+           {"[[quotas.client]]\nname = \"a\"\nuid = 5\ntier0 = 1\nguarantee = 1\n",
             "a client has no guarantee"},
-           {"[[quotas.client]]\ntier0 = 1\n", "give name ="},
-           {"[[quotas.client]]\nname = \"\"\ntier0 = 1\n", "name must be 1 to 64 bytes"},
-           {"[[quotas.client]]\nname = \"a\"\ntier0 = 1\n[[quotas.client]]\nname = "
-            "\"a\"\ntier0 = 2\n",
-            "client 'a' has two quotas"},
+           {"[[quotas.client]]\nuid = 5\ntier0 = 1\n", "give name ="},
+           {"[[quotas.client]]\nname = \"\"\nuid = 5\ntier0 = 1\n", "name must be 1 to 64 bytes"},
+           {"[[quotas.client]]\nname = \"a\"\ntier0 = 1\n",
+            "give uid = N or user = \"name\": whose connections of that name"},
+           {"[[quotas.client]]\nname = \"a\"\nuid = 0\nuser = \"root\"\ntier0 = 1\n",
+            "(one of them)"},
+           {"[[quotas.client]]\nname = \"a\"\nuid = 5\ntier0 = 1\n[[quotas.client]]\nname = "
+            "\"a\"\nuid = 5\ntier0 = 2\n",
+            "client 'a' of uid 5 has two quotas"},
        }) {
     DaemonConfig c;
     const std::string err = LoadConfigText(text, "t.toml", &c).message;
@@ -499,16 +541,23 @@ TEST(Config, QuotaArgumentsOfTheAdminRequest) {
   ASSERT_EQ(ParseQuotaArg("user=root tier1=16GiB", &t, &q).message, "");
   EXPECT_EQ(t.uid, 0u);
   EXPECT_EQ(q.caps, (std::vector<uint64_t>{kNoCapBytes, 16ull << 30}));
-  ASSERT_EQ(ParseQuotaArg("client=vllm-0 tiers=1GiB,none", &t, &q).message, "");
+  ASSERT_EQ(ParseQuotaArg("client=vllm-0 uid=1001 tiers=1GiB,none", &t, &q).message, "");
   EXPECT_FALSE(t.user);
   EXPECT_EQ(t.client, "vllm-0");
+  EXPECT_EQ(t.uid, 1001u);
+  ASSERT_EQ(ParseQuotaArg("user=root client=vllm-1 tier0=1GiB", &t, &q).message, "");
+  EXPECT_FALSE(t.user);
+  EXPECT_EQ(t.client, "vllm-1");
+  EXPECT_EQ(t.uid, 0u);
   EXPECT_EQ(q.caps, std::vector<uint64_t>{1ull << 30});
   ASSERT_EQ(ParseQuotaArg("uid=1001 none", &t, &q).message, "");
   EXPECT_TRUE(q.Unlimited());
   EXPECT_EQ(DescribeQuota(q), "no quota");
   for (auto [arg, want] : std::vector<std::pair<std::string, std::string>>{
            {"tier0=1GiB", "whose?"},
-           {"uid=1 client=a tier0=1", "one of uid=, user= or client="},
+           {"uid=1 user=root tier0=1", "one of uid= or user="},
+           {"client=a tier0=1", "client=a needs uid= or user= too"},
+           {"client=a client=b uid=1 tier0=1", "give client= once"},
            {"uid=abc tier0=1", "uid 'abc' is no uid"},
            {"uid=99999999999 tier0=1", "is no uid"},
            {"user=no-such-user-here tier0=1", "no user 'no-such-user-here'"},
@@ -521,7 +570,7 @@ TEST(Config, QuotaArgumentsOfTheAdminRequest) {
            {"uid=1 guarantee=x", "guarantee=SIZE"},
            {"uid=1 colour=red", "unknown key 'colour'"},
            {"uid=1 nothing", "'nothing' is not key=value"},
-           {"client=a guarantee=1", "a client has no guarantee"},
+           {"client=a uid=1 guarantee=1", "a client has no guarantee"},
        }) {
     EXPECT_NE(ParseQuotaArg(arg, &t, &q).message.find(want), std::string::npos)
         << arg << " -> " << ParseQuotaArg(arg, &t, &q).message;

@@ -539,8 +539,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> quota_words;
   CLI::App* quota_set = quota_cmd->add_subcommand(
       "set",
-      "set a quota until the next reload: uid=N|user=NAME|client=NAME, then tier0=SIZE, "
-      "tierK=SIZE, tiers=SIZE,SIZE,..., guarantee=SIZE (users), or none to remove it");
+      "set a quota until the next reload: uid=N|user=NAME (with client=NAME: that user's "
+      "connections of that name), then tier0=SIZE, tierK=SIZE, tiers=SIZE,SIZE,..., "
+      "guarantee=SIZE (users), or none to remove it");
   quota_set->add_option("words", quota_words, "e.g. uid=1001 tier0=8GiB guarantee=4GiB")
       ->required();
   quota_set->add_flag("--json", json, "print JSON");
