@@ -188,8 +188,8 @@ TEST(HostilePool, ASparsePoolCostsTheDaemonNoMemory) {
   ASSERT_TRUE(good.Start(socket)) << d.Log();
   const pid_t daemon = d.pid();
   const uint64_t shmem_before = ShmemBytes(daemon);
-  constexpr uint32_t kBlocks = 65536;  // 256 MiB of 4 KiB strides
-  constexpr uint64_t kMoves = 20000;   // 78 MiB of holes, were they faulted in
+  constexpr uint32_t kBlocks = 16384;  // 64 MiB of 4 KiB strides
+  constexpr uint64_t kMoves = 8000;    // 31 MiB of holes, were they faulted in
   const std::string evil = RunAs(kEvil, [&]() -> std::string {
     Status st;
     auto c = Client::Connect({socket, kHostileModel, kBlocks, "evil"}, &st);
