@@ -44,7 +44,8 @@ struct Fixture {
     service::DaemonConfig config;
     client = &table.Connect(server::Peer{1, getpid(), getuid(), getgid()});
     const wire::Hello hello{ModelGeometry{"fuzz", 1, 1, 1, 1024, 2, 16}, kSlots, "fuzz"};
-    if (table.CheckHello(*client, hello, config) || table.Open(*client, kSlots, "fuzz")) std::abort();
+    if (table.CheckHello(*client, hello, config) || table.Open(*client, kSlots, "fuzz"))
+      std::abort();
     for (uint32_t i = 0; i < kSlots; ++i) {
       const BlockKey key = BlockKey::FromSequence(3, i);
       const engine::Slot es = engine->Admit(key, i < 16 ? Tier::kFast : Tier::kSlow, getuid());
