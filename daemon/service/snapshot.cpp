@@ -95,8 +95,9 @@ StatusSnapshot Daemon::Snapshot() const {
   s.lease_timeout_s = config_.lease_timeout_s;
   s.touches = c.touches;
   s.hits = c.hits;
-  s.hints = {hint_requests_,    hint_unknown_keys_, c.hints,
-             c.hint_prefetched, c.hint_displaced,   c.hint_prefetch_hits};
+  s.hints = {hints_.requests(), hints_.unknown_keys(), c.hints,        c.hint_prefetched,
+             c.hint_displaced,  c.hint_prefetch_hits,  hints_.units(), hints_.throttled(),
+             c.hint_work,       c.hint_deferred};
   s.warnings_logged = peer_log_.logged();
   s.warnings_suppressed = peer_log_.suppressed();
   if (server_counters_) s.server = server_counters_();

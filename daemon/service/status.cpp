@@ -221,7 +221,11 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
         {"applied", s.hints.applied},
         {"prefetched", s.hints.prefetched},
         {"displaced", s.hints.displaced},
-        {"prefetch_hits", s.hints.prefetch_hits}}},
+        {"prefetch_hits", s.hints.prefetch_hits},
+        {"units", s.hints.units},
+        {"throttled", s.hints.throttled},
+        {"work", s.hints.work},
+        {"deferred", s.hints.deferred}}},
       {"quotas", QuotasToJson(s.quotas, s.block_bytes)},
   };
 }
