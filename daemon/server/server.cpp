@@ -375,7 +375,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (rest.size() < wire::kHeaderBytes) break;
       // A request waits while the handler throttles the connection; then
       // so does reading (RunTurn).
-      if (hello_ok_ && (throttle_ = server_.handler_.Throttle(peer_)).count() > 0) break;
+      if ((throttle_ = server_.handler_.Throttle(peer_)).count() > 0) break;
       const wire::Header h = *wire::DecodeHeader(rest);
       Status err = wire::CheckHeader(h, max_payload);
       // An unknown message is skipped whole, so its size must be bounded too.

@@ -26,6 +26,7 @@
 #include "service/checkpoint.h"
 #include "service/config.h"
 #include "service/daemon.h"
+#include "service/hints.h"
 #include "service/mover.h"
 #include "service/recorder.h"
 #include "service/status.h"
@@ -308,6 +309,27 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
   EXPECT_TRUE(sum2.truncated);
   EXPECT_EQ(t2.events.size(), 2u);
   EXPECT_EQ(sum2.plans, 2u);
+}
+
+// A uid's hint budget (docs/protocol.md, "What a hint costs"): a bucket of
+// units that fills at its rate up to its burst; a spend past it is a debt,
+// and the wait is the time the rate takes to pay it back.
+TEST(HintBudget, ADebtIsPaidBackAtTheRate) {
+  const CostClock::time_point t0{};
+  using std::chrono::milliseconds;
+  CostBudget b(100, 1000, t0);  // 100 units at once, 1,000 a second
+  EXPECT_EQ(b.Wait(t0).count(), 0);
+  b.Spend(100, t0);
+  EXPECT_EQ(b.Wait(t0).count(), 0);  // all of it, and no debt
+  b.Spend(200, t0);
+  EXPECT_EQ(b.Wait(t0), std::chrono::microseconds(200000));
+  EXPECT_EQ(b.Wait(t0 + milliseconds(150)), std::chrono::microseconds(50000));
+  EXPECT_EQ(b.Wait(t0 + milliseconds(200)).count(), 0);
+  EXPECT_FALSE(b.Full(t0 + milliseconds(250)));
+  EXPECT_TRUE(b.Full(t0 + milliseconds(300)));
+  // Time refills at most the burst.
+  b.Spend(150, t0 + milliseconds(5000));
+  EXPECT_EQ(b.Wait(t0 + milliseconds(5000)), std::chrono::microseconds(50000));
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {
