@@ -226,8 +226,10 @@ class Engine {
   // next Plan() calls (docs/policies.md, "What a hint costs").
   bool Hint(GroupId group, HintKind kind, uint64_t now);
 
-  // Tick mode, for a tick that does not Plan(): the hints' work Plan() does
-  // first (at most hint_tick_units).
+  // Tick mode: the hints' work left from earlier calls, at most
+  // hint_tick_units of it, as Plan() does first. The daemon runs it only in
+  // Plan() (a tick whose plan is skipped leaves it for the next), so that a
+  // recording's exact replay, which replays the daemon's plans, does the same.
   void RunHints();
   // Hints' work is left for the next ticks (a soon waiting for room is not work).
   bool HintWorkPending() const { return !jobs_.empty() || serve_left_; }
