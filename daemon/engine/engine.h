@@ -49,7 +49,7 @@ struct EngineOptions {
   // looked at, a block ordered, a waiting soon looked at); Hint() and
   // Release() do one slice, the rest continues at the next ticks. 0: all at
   // once, as demand mode always does.
-  size_t hint_slice_units = 4096;
+  size_t hint_slice_units = 16384;
   // Tick mode: units of that work one Plan() (or RunHints()) does, every
   // group's in turn, a slice each (0: no bound).
   size_t hint_tick_units = 16384;

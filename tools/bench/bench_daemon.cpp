@@ -221,7 +221,7 @@ void BM_HintOnAHugeGroup(benchmark::State& state) {
       static_cast<double>(e.counters().hint_work) / static_cast<double>(e.counters().hints);
 }
 BENCHMARK(BM_HintOnAHugeGroup)
-    ->ArgsProduct({{65536, 1 << 20}, {0, 4096}})
+    ->ArgsProduct({{65536, 1 << 20}, {0, 16384}})
     ->Unit(benchmark::kMicrosecond);
 
 // `Stats status` with every block live: its per-user shares walk every
