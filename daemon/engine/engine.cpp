@@ -777,9 +777,8 @@ void Engine::FreeGroup(uint32_t index) {
 }
 
 void Engine::Activate(Group& g) {
-  g.hinted_out = false;
-  ++g.serial;         // its blocks in the pool are stale there now
-  g.job = HintJob{};  // an idle or done hint's work still to do, if any
+  g.hinted_out = false;  // its blocks in the pool are stale there now (PoolValid)
+  g.job = HintJob{};     // an idle or done hint's work still to do, if any
 }
 
 bool Engine::PoolValid(Slot s) const {

@@ -341,8 +341,8 @@ class Engine {
     uint64_t idle_at = 0;             // the clock of its last idle or done hint
     uint32_t prefetch_left = 0;       // soon: blocks it may still place
     uint32_t in_set = 0;              // its members in the policy's set, kept as they change
-    // Changes with every hint, activation and reuse of the entry: a pool
-    // entry (pool_serial_), a pending_ entry or a job of an older one is stale.
+    // Changes with every hint and reuse of the entry: a pool entry
+    // (pool_serial_) or a pending_ entry of an older one is stale.
     uint32_t serial = 0;
     uint64_t queued = 0;  // the ticket of its entry in jobs_ (0: none)
     std::vector<Slot> members;

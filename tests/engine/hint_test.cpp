@@ -360,6 +360,64 @@ TEST(HintCost, AFloodOfHintsCostsASliceEachAndOnlyItsOwnGroupWaits) {
   EXPECT_EQ(e.counters().hint_displaced, 10u);
 }
 
+// Two soons wait for room; an idle hint gives two blocks' room, and the
+// units left in its slice serve only the first soon: the next tick goes on
+// with the second, as one call would have (each soon a block per round).
+TEST(HintCost, WaitingSoonsAreServedInTurnAcrossSlices) {
+  for (const size_t slice : {size_t{0}, size_t{5}}) {
+    Engine e = SlicedEngine("lru", 4, slice, 100);
+    const Slot a0 = Block(e, 1, 0, 1, 1, 1, /*owner=*/1);
+    const Slot a1 = Block(e, 1, 1, 1, 1, 2, 1);
+    const Slot b0 = Block(e, 2, 0, 2, 1, 3, 1);
+    const Slot b1 = Block(e, 2, 1, 2, 1, 4, 1);
+    ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 5));
+    ASSERT_TRUE(e.Hint(2, HintKind::kIdle, 5));
+    // Owner 2 takes all four places: owner 1's soons can take only hinted room.
+    Block(e, 3, 0, 3, 1, 6, 2);
+    Block(e, 3, 1, 3, 1, 7, 2);
+    Block(e, 4, 0, kNoGroup, 1, 8, 2);
+    Block(e, 4, 1, kNoGroup, 1, 9, 2);
+    ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 10));
+    ASSERT_TRUE(e.Hint(2, HintKind::kSoon, 10));
+    ASSERT_EQ(e.counters().hint_prefetched, 0u);
+    // Group 3 idle: a walk of 2 and 2 ordered leave 1 unit of a slice of 5.
+    ASSERT_TRUE(e.Hint(3, HintKind::kIdle, 11));
+    if (slice != 0) {
+      EXPECT_EQ(e.counters().hint_prefetched, 1u);
+      EXPECT_TRUE(e.HintWorkPending());
+      e.RunHints();
+    }
+    EXPECT_FALSE(e.HintWorkPending());
+    EXPECT_EQ(e.counters().hint_prefetched, 2u) << "slice " << slice;
+    auto in_set = [&](Slot x, Slot y) {
+      return int{(e.state(x).flags & kFlagInTarget) != 0} +
+             int{(e.state(y).flags & kFlagInTarget) != 0};
+    };
+    EXPECT_EQ(in_set(a0, a1), 1) << "slice " << slice;
+    EXPECT_EQ(in_set(b0, b1), 1) << "slice " << slice;
+  }
+}
+
+// A group hinted idle, touched, and hinted idle again: until the second
+// hint's work is done, none of its blocks is in the pool (not at the places
+// the first hint gave them); then all are again.
+TEST(HintCost, AGroupHintedAgainIsOutOfThePoolUntilItsWorkIsDone) {
+  Engine e = SlicedEngine("lru", 100, 16, 16);
+  const std::vector<Slot> a = Fill(e, 1, 100, 1, 1);
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 200));
+  while (e.HintWorkPending()) e.RunHints();
+  e.Touch(a[99], Touch{1.0, 201, kNever});  // it runs again
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 202));
+  ASSERT_TRUE(e.HintWorkPending());
+  Block(e, 2, 0, kNoGroup, 1, 203);  // a miss: the policy's victim, no idle block
+  EXPECT_EQ(e.counters().hint_displaced, 0u);
+  EXPECT_EQ(e.counters().evictions, 1u);
+  while (e.HintWorkPending()) e.RunHints();
+  Block(e, 2, 1, kNoGroup, 1, 204);  // now an idle block
+  EXPECT_EQ(e.counters().hint_displaced, 1u);
+  EXPECT_EQ(e.counters().evictions, 1u);
+}
+
 // Members leave the group (released) and join it while a walk is under way:
 // every block in the set when the work ends is found once, none twice.
 TEST(HintCost, MembersThatComeAndGoDuringTheWalkAreEachFoundOnce) {
