@@ -81,6 +81,7 @@ server::Answer<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engin
   const uint64_t units = 1 + m.keys.size() + folded.slots + folded.words / 64 +
                          (engine.counters().hint_work - work_before);
   units_ += units;
+  max_units_ = std::max(max_units_, units - m.keys.size());
   budgets_.try_emplace(c.peer.uid, limits_.burst_units, limits_.units_per_second, now)
       .first->second.Spend(units, now);
   spdlog::debug("client {} hint {} for group {}: {} grouped, {} unknown, {}, {} units", c.id,

@@ -83,6 +83,9 @@ class Hints {
   uint64_t unknown_keys() const { return unknown_keys_; }  // keys they named that were not held
   uint64_t units() const { return units_; }                // cost units they were charged
   uint64_t throttled() const { return throttled_; }        // times a uid was made to wait
+  // The most units one hint cost beyond the keys it named: its fold first,
+  // its bitmap and its slice of group-wide work, bounded whatever its group.
+  uint64_t max_units() const { return max_units_; }
   const HintCostLimits& limits() const { return limits_; }
 
  private:
@@ -94,6 +97,7 @@ class Hints {
   uint64_t unknown_keys_ = 0;
   uint64_t units_ = 0;
   uint64_t throttled_ = 0;
+  uint64_t max_units_ = 0;
 };
 
 }  // namespace cxltier::service

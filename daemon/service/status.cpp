@@ -225,7 +225,11 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
         {"units", s.hints.units},
         {"throttled", s.hints.throttled},
         {"work", s.hints.work},
-        {"deferred", s.hints.deferred}}},
+        {"deferred", s.hints.deferred},
+        {"max_units", s.hints.max_units},
+        {"slice_units", s.hints.slice_units},
+        {"budget_units", s.hints.budget_units},
+        {"budget_units_per_second", s.hints.budget_units_per_second}}},
       {"quotas", QuotasToJson(s.quotas, s.block_bytes)},
   };
 }

@@ -535,6 +535,16 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
   ASSERT_TRUE(wait_for([&] { return sh->count[0].load() > 0 || sh->prober_failures > 0; }));
 
   auto hints_answered = [&] { return sh->answered.load(); };
+  // The units the daemon charged for hints so far, and the budget.
+  auto hint_status = [&] {
+    std::string json;
+    EXPECT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+    return nlohmann::json::parse(json, nullptr, false)["hints"];
+  };
+  struct Charged {
+    uint64_t units;
+    double seconds;
+  } charged[2] = {};
   int64_t flood_from[2] = {0, 0}, flood_to[2] = {0, 0};
   uint64_t flooded = 0;
   for (int round = 0; round < 2; ++round) {
@@ -549,6 +559,8 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
     // watchdog periods at least (or 20 s: a daemon that cannot answer gets
     // its p99 all the same).
     const uint64_t before = hints_answered();
+    const uint64_t units_before = hint_status().value("units", uint64_t{0});
+    const auto flood_start = std::chrono::steady_clock::now();
     sh->flood = 1;
     ASSERT_TRUE(wait_for([&] { return hints_answered() >= before + 100; }))
         << "the flood never got going; " << evil.Wait();
@@ -571,6 +583,9 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
       const uint64_t now = hints_answered();
       return std::exchange(last, now) == now;
     }));
+    charged[round] = {
+        hint_status().value("units", uint64_t{0}) - units_before,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - flood_start).count()};
   }
   sh->phase = 2;
   sh->flood = 2;
@@ -600,6 +615,23 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
   // The attacker paid: it was made to wait, its hints' work was cut into
   // slices, and its group's hints still counted.
   const nlohmann::json& h = s["hints"];
+  // Its flood got no more than its budget: what it may spend at once, what
+  // the time since the flood began refilled, and the one hint that went
+  // into debt (at most a fold of 1,087 slots and a slice of 16,384 units:
+  // 65,536 is ample).
+  const double burst = static_cast<double>(h.value("budget_units", uint64_t{0}));
+  const double rate = static_cast<double>(h.value("budget_units_per_second", uint64_t{0}));
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_LE(static_cast<double>(charged[round].units),
+              burst + rate * charged[round].seconds + 65536)
+        << "round " << round << ": " << charged[round].units << " units in "
+        << charged[round].seconds << " s";
+  }
+  // No hint cost more than a slice of its group's work and a bounded fold
+  // first (1,087 slots at most, and 64 units for this client's bitmap).
+  const uint64_t slice = h.value("slice_units", uint64_t{0});
+  EXPECT_GT(slice, 0u) << h.dump();
+  EXPECT_LE(h.value("max_units", ~uint64_t{0}), slice + 1 + 1087 + 64) << h.dump();
   EXPECT_GT(h.value("throttled", uint64_t{0}), 0u) << h.dump();
   EXPECT_GT(h.value("deferred", uint64_t{0}), 0u) << h.dump();
   EXPECT_GE(h.value("requests", uint64_t{0}), flooded) << h.dump();
