@@ -346,7 +346,7 @@ TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
   DaemonConfig config;
   const wire::Hello hello{ModelGeometry{"t", 1, 1, 1, 1024, 2, 16}, kSlots, "t"};
   ASSERT_FALSE(table.CheckHello(c, hello, config));
-  ASSERT_FALSE(table.Open(c, kSlots));
+  ASSERT_FALSE(table.Open(c, kSlots, "t"));
   engine::EngineOptions o;
   o.block_bytes = 64 << 10;
   o.tier0_budget_bytes = 64 * o.block_bytes;
