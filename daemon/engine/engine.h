@@ -420,16 +420,18 @@ class Engine {
   }
   // Frees the entry of a group that has no member left.
   void FreeGroup(uint32_t index);
-  // Hints' work: a slice for the new job of group `index`, then in turn for
-  // every queued job; waiting soons with what is left.
+  // The units of one slice and of one tick (SIZE_MAX: no bound).
   size_t SliceUnits() const;
   size_t TickUnits() const;
+  // Puts group `index` at the back of jobs_, unless it has an entry there.
   void Queue(uint32_t index);
+  // Group `index`'s new job (the one it had, if any, ends).
   void StartJob(uint32_t index, HintKind kind, uint32_t keep);
   // Runs group `index`'s job for at most *units; true when it has finished.
   bool RunJob(uint32_t index, size_t* units);
+  // A job done: an idle or done hint's blocks are in the pool (room for the
+  // waiting soons), a soon's candidates wait for room.
   void FinishJob(uint32_t index, size_t* units);
-  void RunHintWork(size_t units);
   Ordered OrderOf(Slot s) const {
     return Ordered{policy_->Heat(s), states_[s].touch_seq, s, states_[s].generation};
   }
