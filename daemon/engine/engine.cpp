@@ -28,6 +28,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   owners_.resize(options.expected_blocks, 0);
   retry_.resize(options.expected_blocks);
   slot_hints_.resize(options.expected_blocks);
+  pool_serial_.resize(options.expected_blocks, 0);
   slot_accounts_.resize(options.expected_blocks, {kNoIndex, kNoIndex});
   clients_.resize(options.expected_blocks, kNoAccount);
   index_.Reserve(options.expected_blocks);
@@ -78,6 +79,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
       owners_.push_back(0);
       retry_.emplace_back();
       slot_hints_.emplace_back();
+      pool_serial_.push_back(0);
       slot_accounts_.push_back({kNoIndex, kNoIndex});
       clients_.push_back(kNoAccount);
     }
@@ -246,6 +248,7 @@ void Engine::EnterSet(Slot s) {
   states_[s].flags |= kFlagInTarget;
   ++in_set_;
   ++in_set_by_owner_[slot_hints_[s].owner];
+  if (const uint32_t g = slot_hints_[s].group; g != 0) ++groups_[g - 1].in_set;
   if (quotas_on_) {
     ForAccounts(s, [&](Account& a) {
       ++a.target[0];
@@ -260,6 +263,7 @@ void Engine::ClearSet(Slot s) {
   st.flags &= static_cast<uint8_t>(~kFlagInTarget);
   --in_set_;
   --in_set_by_owner_[slot_hints_[s].owner];
+  if (const uint32_t g = slot_hints_[s].group; g != 0) --groups_[g - 1].in_set;
   hinted_.Remove(s);
   if (quotas_on_) {
     ForAccounts(s, [s](Account& a) {
@@ -390,8 +394,11 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   // choice (but not another account's under its guarantee); `s`, on its way
   // in, no longer counts in its tier's ranking.
   Unrank(s);
-  if (in_set_ >= capacity_ && !PoolEmpty() && !(quotas_on_ && Guaranteed(PoolBack(), s))) {
-    Displace(PoolBack(), &counters_.hint_displaced);
+  if (in_set_ >= capacity_) {
+    const Slot v = PoolBack();
+    if (v != kNoSlot && !(quotas_on_ && Guaranteed(v, s))) {
+      Displace(v, &counters_.hint_displaced);
+    }
   }
   JoinSet(s, t);
   return hit;
@@ -440,7 +447,12 @@ void Engine::Release(Slot s) {
   ++st.generation;
   free_slots_.push_back(s);
   ++counters_.releases;
-  if (!pending_.empty()) ServePending(now_);  // the room it leaves
+  if (!pending_.empty()) {  // the room it leaves
+    size_t units = SliceUnits();
+    const size_t budget = units;
+    ServePending(now_, &units);
+    counters_.hint_work += budget - units;
+  }
 }
 
 bool Engine::Held(Slot s) const {
@@ -472,6 +484,7 @@ void Engine::Reclassify(Slot s) {
 }
 
 std::span<const Move> Engine::Plan() {
+  RunHints();
   ++tick_;
   ++counters_.ticks;
   moves_.clear();
@@ -634,7 +647,9 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
     Unrank(s);
     if (states_[s].touch_count > 0) live.push_back(s);
   }
-  for (Group& g : groups_) g.hinted_out = false;
+  for (Group& g : groups_) {
+    if (g.hinted_out) Activate(g);
+  }
   std::sort(live.begin(), live.end(),
             [this](Slot a, Slot b) { return states_[a].touch_seq < states_[b].touch_seq; });
   if (capacity_ > 0) {
@@ -715,13 +730,16 @@ bool Engine::SetGroup(Slot s, GroupId id) {
     const uint32_t index = TakeEntry(groups_, free_groups_);
     group_index_.emplace(id, index);
     g = &groups_[index];
+    const uint32_t serial = g->serial;  // kept across reuse: older entries stay stale
     *g = Group{};
+    g->serial = serial;
     g->id = id;
     g->owner = owners_[s];
   }
   slot_hints_[s].group = group_index_[id] + 1;
   slot_hints_[s].pos = static_cast<uint32_t>(g->members.size());
   g->members.push_back(s);
+  if (states_[s].flags & kFlagInTarget) ++g->in_set;
   return true;
 }
 
@@ -729,28 +747,53 @@ void Engine::LeaveGroup(Slot s) {
   const uint32_t index1 = slot_hints_[s].group;
   if (index1 == 0) return;
   Group& g = groups_[index1 - 1];
+  if (states_[s].flags & kFlagInTarget) --g.in_set;
   const uint32_t pos = slot_hints_[s].pos;
-  const Slot last = g.members.back();
-  g.members[pos] = last;
-  slot_hints_[last].pos = pos;
+  const uint32_t last = static_cast<uint32_t>(g.members.size() - 1);
+  if (g.job.phase == HintJob::kWalk && pos < g.job.cursor) {
+    // A walk is under way: the members before its cursor stay those it has
+    // looked at. The last one it looked at fills the hole, and the last
+    // member (not looked at yet) takes that one's place, past the cursor.
+    const uint32_t c = --g.job.cursor;
+    if (pos != c) PlaceMember(g, pos, g.members[c]);
+    if (c != last) PlaceMember(g, c, g.members[last]);
+  } else if (pos != last) {
+    PlaceMember(g, pos, g.members[last]);
+  }
   g.members.pop_back();
   slot_hints_[s].group = 0;
   hinted_.Remove(s);
-  if (!g.members.empty()) return;
-  if (g.pending) pending_.erase(std::find(pending_.begin(), pending_.end(), index1 - 1));
+  if (g.members.empty()) FreeGroup(index1 - 1);
+}
+
+void Engine::FreeGroup(uint32_t index) {
+  Group& g = groups_[index];
   group_index_.erase(g.id);
+  // Its entries in pending_ and jobs_ go stale with the serial and the ticket.
+  const uint32_t serial = g.serial + 1;
   g = Group{};
-  free_groups_.push_back(index1 - 1);
+  g.serial = serial;
+  free_groups_.push_back(index);
 }
 
 void Engine::Activate(Group& g) {
-  g.hinted_out = false;
-  for (Slot m : g.members) hinted_.Remove(m);
+  g.hinted_out = false;  // its blocks in the pool are stale there now (PoolValid)
+  g.job = HintJob{};     // an idle or done hint's work still to do, if any
 }
 
-Slot Engine::PoolBack() const {
-  const Slot done = hinted_.Back(kDonePool);
-  return done != kNoSlot ? done : hinted_.Back(kIdlePool);
+bool Engine::PoolValid(Slot s) const {
+  const uint32_t g = slot_hints_[s].group;
+  return g != 0 && groups_[g - 1].hinted_out && groups_[g - 1].serial == pool_serial_[s];
+}
+
+Slot Engine::PoolBack() {
+  for (const int pool : {kDonePool, kIdlePool}) {
+    for (Slot s = hinted_.Back(pool); s != kNoSlot; s = hinted_.Back(pool)) {
+      if (PoolValid(s)) return s;
+      hinted_.Remove(s);  // its group ran or was hinted again since
+    }
+  }
+  return kNoSlot;
 }
 
 void Engine::Displace(Slot v, uint64_t* counter) {
@@ -771,9 +814,10 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   if (capacity_ == 0 || (quotas_on_ && !MayEnterSet(s))) return false;
   // An account at its cap makes room with its own coldest block.
   if (in_set_ >= capacity_ && !(quotas_on_ && AtSetCap(s))) {
-    if (!PoolEmpty() && !(quotas_on_ && Guaranteed(PoolBack(), s))) {
+    const Slot v = PoolBack();
+    if (v != kNoSlot && !(quotas_on_ && Guaranteed(v, s))) {
       Unrank(s);  // on its way in
-      Displace(PoolBack(), &counters_.hint_displaced);
+      Displace(v, &counters_.hint_displaced);
     } else if (in_set_by_owner_[owner_index_.at(owner)] != in_set_) {
       return false;  // the policy might evict another owner's block
     }
@@ -797,27 +841,45 @@ bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   return true;
 }
 
-void Engine::ServePending(uint64_t now) {
-  bool progress = true;
-  while (progress && !pending_.empty()) {
-    progress = false;
-    for (size_t i = 0; i < pending_.size();) {
-      const uint32_t index = pending_[i];
-      Group& g = groups_[index];
+void Engine::ServePending(uint64_t now, size_t* units) {
+  // Rounds over the waiting groups, a block each per round, while a round
+  // places any. A round cut short by the units goes on where it stopped.
+  size_t i = serve_left_ ? serve_from_ : 0;
+  bool progress = serve_left_ && serve_progress_;
+  serve_left_ = false;
+  for (;;) {
+    size_t keep = i;  // entries before `keep` stay; stale and finished ones are dropped
+    bool cut = false;
+    for (; i < pending_.size(); ++i) {
+      if (*units == 0) {
+        cut = true;
+        break;
+      }
+      --*units;
+      const PendingRef r = pending_[i];
+      Group& g = groups_[r.index];
+      if (!g.pending || g.serial != r.serial) continue;  // stale: dropped
       // The next block still out of the set (a candidate may have been
       // touched, released or regrouped since the hint).
+      bool found = false;
       while (!g.candidates.empty()) {
-        const Slot c = g.candidates.back().slot;
-        if (IsLive(c) && states_[c].generation == g.candidates.back().generation &&
-            slot_hints_[c].group == index + 1 && !(states_[c].flags & kFlagInTarget)) {
+        const Group::Candidate& c = g.candidates.back();
+        if (IsLive(c.slot) && states_[c.slot].generation == c.generation &&
+            slot_hints_[c.slot].group == r.index + 1 && !(states_[c.slot].flags & kFlagInTarget)) {
+          found = true;
           break;
         }
+        if (*units == 0) break;
         g.candidates.pop_back();
+        --*units;
       }
-      if (g.candidates.empty() || g.prefetch_left == 0) {
+      if (!found && !g.candidates.empty()) {  // out of units: this one goes on next time
+        cut = true;
+        break;
+      }
+      if (!found || g.prefetch_left == 0) {
         g.pending = false;
-        g.candidates.clear();
-        pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+        g.candidates = {};
         continue;
       }
       if (PlaceAhead(g.candidates.back().slot, g.owner, now)) {
@@ -825,9 +887,135 @@ void Engine::ServePending(uint64_t now) {
         --g.prefetch_left;
         progress = true;
       }
-      ++i;
+      pending_[keep++] = r;
+    }
+    if (cut) {
+      serve_left_ = true;
+      serve_from_ = keep;
+      serve_progress_ = progress;
+    }
+    for (; i < pending_.size(); ++i) pending_[keep++] = pending_[i];
+    pending_.resize(keep);
+    if (cut || !progress || pending_.empty()) return;
+    i = 0;
+    progress = false;
+  }
+}
+
+size_t Engine::SliceUnits() const {
+  return options_.mode == Mode::kTick && options_.hint_slice_units > 0 ? options_.hint_slice_units
+                                                                       : SIZE_MAX;
+}
+
+size_t Engine::TickUnits() const {
+  return options_.hint_tick_units > 0 ? options_.hint_tick_units : SIZE_MAX;
+}
+
+void Engine::Queue(uint32_t index) {
+  Group& g = groups_[index];
+  if (g.queued != 0) return;  // its entry serves whatever job it has then
+  g.queued = ++next_ticket_;
+  jobs_.push_back(JobRef{index, g.queued});
+}
+
+void Engine::StartJob(uint32_t index, HintKind kind, uint32_t keep) {
+  HintJob& job = groups_[index].job;
+  job = HintJob{};
+  job.phase = HintJob::kWalk;
+  job.kind = kind;
+  job.keep = keep;
+}
+
+bool Engine::RunJob(uint32_t index, size_t* units) {
+  Group& g = groups_[index];
+  HintJob& job = g.job;
+  const bool soon = job.kind == HintKind::kSoon;
+  // The walk: an idle or done hint wants the members in the set, a soon the
+  // hottest `keep` of those outside it that were touched.
+  while (job.phase == HintJob::kWalk && *units > 0) {
+    if (job.cursor == g.members.size()) {
+      job.phase = HintJob::kDrain;
+      break;
+    }
+    --*units;
+    const Slot m = g.members[job.cursor++];
+    const BlockState& st = states_[m];
+    const bool in_set = st.flags & kFlagInTarget;
+    if (!soon) {
+      if (!in_set) continue;
+      job.heap.push_back(OrderOf(m));
+      std::push_heap(job.heap.begin(), job.heap.end(), Hotter);
+    } else if (!in_set && st.touch_count > 0) {
+      const Ordered o = OrderOf(m);
+      if (job.heap.size() < job.keep) {
+        job.heap.push_back(o);
+        std::push_heap(job.heap.begin(), job.heap.end(), Hotter);
+      } else if (Colder(job.heap.front(), o)) {
+        std::pop_heap(job.heap.begin(), job.heap.end(), Hotter);
+        job.heap.back() = o;
+        std::push_heap(job.heap.begin(), job.heap.end(), Hotter);
+      }
     }
   }
+  // The drain, coldest first. Idle and done: each block pushed in front of
+  // the pool, so that the group's coldest leave first, and groups hinted
+  // earlier before those hinted later. Soon: candidates, hottest at the back.
+  while (job.phase == HintJob::kDrain && !job.heap.empty() && *units > 0) {
+    --*units;
+    std::pop_heap(job.heap.begin(), job.heap.end(), Hotter);
+    const Ordered o = job.heap.back();
+    job.heap.pop_back();
+    if (soon) {
+      g.candidates.push_back(Group::Candidate{o.slot, o.generation});
+    } else if (IsLive(o.slot) && states_[o.slot].generation == o.generation &&
+               slot_hints_[o.slot].group == index + 1 && (states_[o.slot].flags & kFlagInTarget)) {
+      hinted_.Remove(o.slot);
+      hinted_.PushFront(job.kind == HintKind::kDone ? kDonePool : kIdlePool, o.slot);
+      pool_serial_[o.slot] = g.serial;
+    }
+  }
+  if (job.phase == HintJob::kDrain && job.heap.empty()) FinishJob(index, units);
+  return job.phase == HintJob::kNone;
+}
+
+void Engine::FinishJob(uint32_t index, size_t* units) {
+  Group& g = groups_[index];
+  const bool soon = g.job.kind == HintKind::kSoon;
+  const uint32_t keep = g.job.keep;
+  g.job = HintJob{};
+  if (!soon) {
+    if (!pending_.empty()) ServePending(now_, units);  // room it may give a waiting soon
+    return;
+  }
+  if (g.candidates.empty()) return;
+  g.prefetch_left = keep;
+  g.pending = true;
+  pending_.push_back(PendingRef{index, g.serial});
+  ServePending(now_, units);
+}
+
+void Engine::RunHints() {
+  if (jobs_.empty() && !serve_left_) return;
+  size_t units = TickUnits();
+  const size_t budget = units;
+  const size_t slice = SliceUnits();
+  // Each queued job a slice in turn, until the units run out.
+  while (!jobs_.empty() && units > 0) {
+    const JobRef r = jobs_.front();
+    jobs_.pop_front();
+    if (groups_[r.index].queued != r.ticket) {  // stale
+      --units;
+      continue;
+    }
+    groups_[r.index].queued = 0;
+    size_t give = std::min(slice, units);
+    const size_t given = give;
+    const bool done = RunJob(r.index, &give);
+    units -= given - give;
+    if (!done) Queue(r.index);
+  }
+  if (serve_left_ && units > 0) ServePending(now_, &units);
+  counters_.hint_work += budget - units;
 }
 
 bool Engine::Hint(GroupId id, HintKind kind, uint64_t now) {
@@ -838,57 +1026,38 @@ bool Engine::Hint(GroupId id, HintKind kind, uint64_t now) {
   ++counters_.hints;
   now_ = now;
   if (policy_->NeedsFuture() || capacity_ == 0) return true;
-  // Hottest last: ascending heat, then ascending last touch.
-  auto colder = [this](Slot a, Slot b) {
-    const double ha = policy_->Heat(a), hb = policy_->Heat(b);
-    if (ha != hb) return ha < hb;
-    return states_[a].touch_seq < states_[b].touch_seq;
-  };
-  if (g.pending) {
-    g.pending = false;
-    pending_.erase(std::find(pending_.begin(), pending_.end(), index));
-  }
-  g.candidates.clear();
+  // A new hint ends what the last one still had to do: its soon's placing,
+  // its work, its blocks' places in the pool.
+  ++g.serial;
+  g.pending = false;
+  g.candidates = {};
   g.prefetch_left = 0;
-  uint32_t in_set = 0;
-  for (Slot m : g.members) in_set += (states_[m].flags & kFlagInTarget) != 0;
+  g.job = HintJob{};
+  uint32_t keep = 0;
   if (kind == HintKind::kIdle || kind == HintKind::kDone) {
-    std::vector<Slot> out;
-    out.reserve(in_set);
-    for (Slot m : g.members) {
-      if (states_[m].flags & kFlagInTarget) out.push_back(m);
-    }
-    std::sort(out.begin(), out.end(), colder);
-    // Pushed coldest first, so each group's coldest leaves first, and groups
-    // hinted earlier before those hinted later.
-    for (Slot m : out) {
-      hinted_.Remove(m);
-      hinted_.PushFront(kind == HintKind::kDone ? kDonePool : kIdlePool, m);
-    }
-    g.working_set = in_set;
+    g.working_set = g.in_set;
     g.idle_at = now;
     g.hinted_out = true;
     g.last = kind;
-    if (!pending_.empty()) ServePending(now);  // room it may give a waiting soon
-    return true;
+  } else {
+    if (g.hinted_out) Activate(g);
+    g.last = kind;
+    if (g.working_set <= g.in_set) return true;
+    keep = g.working_set - g.in_set;
   }
-  if (g.hinted_out) Activate(g);
-  g.last = kind;
-  if (g.working_set <= in_set) return true;
-  for (Slot m : g.members) {
-    if (!(states_[m].flags & kFlagInTarget) && states_[m].touch_count > 0) {
-      g.candidates.push_back(Group::Candidate{m, states_[m].generation});
+  size_t units = SliceUnits();
+  const size_t budget = units;
+  if (kind != HintKind::kSoon && g.in_set == 0) {
+    // Nothing of it to mark: no walk.
+    if (!pending_.empty()) ServePending(now, &units);
+  } else {
+    StartJob(index, kind, keep);
+    if (!RunJob(index, &units)) {
+      Queue(index);
+      ++counters_.hint_deferred;
     }
   }
-  if (g.candidates.empty()) return true;
-  std::sort(g.candidates.begin(), g.candidates.end(),
-            [&colder](const Group::Candidate& a, const Group::Candidate& b) {
-              return colder(a.slot, b.slot);
-            });
-  g.prefetch_left = g.working_set - in_set;
-  g.pending = true;
-  pending_.push_back(index);
-  ServePending(now);
+  counters_.hint_work += budget - units;
   return true;
 }
 

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <span>
@@ -43,6 +44,15 @@ struct EngineOptions {
   uint32_t retry_min_ticks = 1;
   uint32_t retry_max_ticks = 64;
   size_t expected_blocks = 0;  // blocks to allocate tables for up front (a hint)
+  // Tick mode: a hint's group-wide work (docs/policies.md, "What a hint
+  // costs") is done in slices of at most this many units (a group member
+  // looked at, a block ordered, a waiting soon looked at); Hint() and
+  // Release() do one slice, the rest continues at the next ticks. 0: all at
+  // once, as demand mode always does.
+  size_t hint_slice_units = 16384;
+  // Tick mode: units of that work one Plan() (or RunHints()) does, every
+  // group's in turn, a slice each (0: no bound).
+  size_t hint_tick_units = 16384;
 };
 
 struct EngineCounters {
@@ -68,6 +78,8 @@ struct EngineCounters {
   uint64_t hint_displaced = 0;      // blocks of idle or done groups taken out of the set first
   uint64_t hint_prefetched = 0;     // blocks a soon hint put into the set ahead of their touch
   uint64_t hint_prefetch_hits = 0;  // of those, touched next while in tier 0
+  uint64_t hint_work = 0;           // units of hints' group-wide work done (hint_slice_units)
+  uint64_t hint_deferred = 0;       // hints whose work did not fit their slice and went on at ticks
   uint64_t quota_evictions = 0;     // blocks taken out of the set by a cap or a guarantee
 };
 
@@ -207,7 +219,20 @@ class Engine {
   // groups served in turn, until its next hint. In tick mode Plan() moves
   // them within its budget, like any change of the set. Ignored by policies
   // that see the future (min).
+  //
+  // Cost: O(1) here, and the group-wide part (finding the blocks an idle or
+  // done hint marks, or a soon's hottest, and ordering them) in slices of
+  // hint_slice_units: in tick mode a large group's hint takes effect over the
+  // next Plan() calls (docs/policies.md, "What a hint costs").
   bool Hint(GroupId group, HintKind kind, uint64_t now);
+
+  // Tick mode: the hints' work left from earlier calls, at most
+  // hint_tick_units of it, as Plan() does first. The daemon runs it only in
+  // Plan() (a tick whose plan is skipped leaves it for the next), so that a
+  // recording's exact replay, which replays the daemon's plans, does the same.
+  void RunHints();
+  // Hints' work is left for the next ticks (a soon waiting for room is not work).
+  bool HintWorkPending() const { return !jobs_.empty() || serve_left_; }
 
   // Tick mode: plans moves that bring tier 0 towards the policy's set within the
   // migration byte budget and hysteresis: promotes the blocks of the set not in
@@ -219,6 +244,7 @@ class Engine {
   // blocks below tier 0 whose rank changed move, longest waiting first, into
   // tiers with room (the last always has). Returns the moves; the span lives
   // until the next Plan().
+  // Hints' work left from earlier calls comes first (RunHints()).
   std::span<const Move> Plan();
 
   // Reports the outcome of a planned move. Only a move reported done changes the
@@ -284,6 +310,26 @@ class Engine {
   enum Queue { kPromoteQueue = 0, kDemoteQueue = 1, kRetouchedQueue = 2, kLowerQueue = 3 };
   enum Pool { kDonePool = 0, kIdlePool = 1 };  // hinted_ lists, taken from in this order
 
+  // A block as a hint orders it: by the policy's heat when it was looked at,
+  // then by its last touch, then by slot (a strict order: no two are equal).
+  struct Ordered {
+    double heat;
+    uint64_t seq;
+    Slot slot;
+    uint32_t generation;  // the slot's when it was looked at (a reused slot is another block)
+  };
+  // The group-wide part of a hint, resumable (Hint's cost): a walk over the
+  // members that collects the blocks it wants into a heap, coldest on top,
+  // then a drain of the heap coldest first.
+  struct HintJob {
+    enum Phase : uint8_t { kNone, kWalk, kDrain };
+    Phase phase = kNone;
+    HintKind kind = HintKind::kIdle;
+    uint32_t cursor = 0;  // kWalk: members[0, cursor) were looked at
+    uint32_t keep = 0;    // soon: the hottest this many are kept
+    std::vector<Ordered> heap;
+  };
+
   // A group of blocks that hints name (docs/policies.md, "Scheduler hints").
   struct Group {
     GroupId id = kNoGroup;
@@ -294,12 +340,26 @@ class Engine {
     uint32_t working_set = 0;         // its blocks in the set when it last went idle or done
     uint64_t idle_at = 0;             // the clock of its last idle or done hint
     uint32_t prefetch_left = 0;       // soon: blocks it may still place
+    uint32_t in_set = 0;              // its members in the policy's set, kept as they change
+    // Changes with every hint and reuse of the entry: a pool entry
+    // (pool_serial_) or a pending_ entry of an older one is stale.
+    uint32_t serial = 0;
+    uint64_t queued = 0;  // the ticket of its entry in jobs_ (0: none)
     std::vector<Slot> members;
     struct Candidate {
       Slot slot;
       uint32_t generation;  // the slot's when the soon came (a reused slot is another block)
     };
     std::vector<Candidate> candidates;  // soon: blocks still to place, hottest at the back
+    HintJob job;
+  };
+  struct PendingRef {
+    uint32_t index;
+    uint32_t serial;  // the group's when it became pending
+  };
+  struct JobRef {
+    uint32_t index;
+    uint64_t ticket;  // Group::queued when queued
   };
 
   void Log(EngineEvent::Kind kind, Slot s) {
@@ -344,12 +404,44 @@ class Engine {
   bool RoomFor(uint32_t owner, bool* policy_may_evict);
   // Puts `s` into the set for a soon hint; returns false when there is no room.
   bool PlaceAhead(Slot s, uint32_t owner, uint64_t now);
-  void ServePending(uint64_t now);
-  bool PoolEmpty() const { return hinted_.Size(kDonePool) == 0 && hinted_.Size(kIdlePool) == 0; }
-  Slot PoolBack() const;  // the next block of a done, then an idle group to leave
+  // Places waiting soons' blocks as room allows, spending at most *units.
+  void ServePending(uint64_t now, size_t* units);
+  // The next block of a done, then an idle group to leave (kNoSlot: none);
+  // drops the stale entries it finds on its way (PoolValid).
+  Slot PoolBack();
+  bool PoolValid(Slot s) const;
   void LeaveGroup(Slot s);
   void Activate(Group& g);  // its next touch after an idle or done hint
   Group* FindGroup(GroupId id);
+  // Puts a member at `at` in its group's member list.
+  void PlaceMember(Group& g, uint32_t at, Slot m) {
+    g.members[at] = m;
+    slot_hints_[m].pos = at;
+  }
+  // Frees the entry of a group that has no member left.
+  void FreeGroup(uint32_t index);
+  // The units of one slice and of one tick (SIZE_MAX: no bound).
+  size_t SliceUnits() const;
+  size_t TickUnits() const;
+  // Puts group `index` at the back of jobs_, unless it has an entry there.
+  void Queue(uint32_t index);
+  // Group `index`'s new job (the one it had, if any, ends).
+  void StartJob(uint32_t index, HintKind kind, uint32_t keep);
+  // Runs group `index`'s job for at most *units; true when it has finished.
+  bool RunJob(uint32_t index, size_t* units);
+  // A job done: an idle or done hint's blocks are in the pool (room for the
+  // waiting soons), a soon's candidates wait for room.
+  void FinishJob(uint32_t index, size_t* units);
+  Ordered OrderOf(Slot s) const {
+    return Ordered{policy_->Heat(s), states_[s].touch_seq, s, states_[s].generation};
+  }
+  static bool Colder(const Ordered& a, const Ordered& b) {
+    if (a.heat != b.heat) return a.heat < b.heat;
+    if (a.seq != b.seq) return a.seq < b.seq;
+    return a.slot < b.slot;
+  }
+  // For std::push_heap and friends: the coldest on top.
+  static bool Hotter(const Ordered& a, const Ordered& b) { return Colder(b, a); }
   void Reclassify(Slot s);
   bool Held(Slot s) const;  // by hysteresis or by a failed move's backoff
 
@@ -443,8 +535,22 @@ class Engine {
   std::vector<Group> groups_;
   std::vector<uint32_t> free_groups_;
   std::unordered_map<GroupId, uint32_t> group_index_;
-  std::vector<uint32_t> pending_;  // group indexes, served in turn
-  SlotLists hinted_{2};            // set blocks of done and idle groups, coldest at the back
+  // Groups with a soon still placing, in the order they became so, served
+  // in turn (stale entries are dropped as they are met).
+  std::vector<PendingRef> pending_;
+  // Groups whose hint's work goes on at the ticks, in turn.
+  std::deque<JobRef> jobs_;
+  uint64_t next_ticket_ = 0;
+  // A ServePending ran out of units: its round goes on at pending_[serve_from_]
+  // at the next call (the next tick's, if no other comes first).
+  bool serve_left_ = false;
+  size_t serve_from_ = 0;
+  bool serve_progress_ = false;  // that round had placed a block
+  // Set blocks of done and idle groups, coldest at the back. An entry whose
+  // group was touched or hinted again since is stale (pool_serial_): it is
+  // dropped when it reaches the back, not looked for when the group changes.
+  SlotLists hinted_{2};
+  std::vector<uint32_t> pool_serial_;  // by slot: its group's serial when it entered the pool
   // Blocks in the policy's set, in all and by owner (SlotHint::owner).
   size_t in_set_ = 0;
   std::unordered_map<uint32_t, uint32_t> owner_index_;

@@ -101,12 +101,17 @@ class InputBuffer {
 //
 // Back-pressure: the session reads only while its input holds no complete
 // frame it could not dispatch, its queued replies are within max_reply_bytes,
-// and the room its input needs fits its uid's share. Paused, it leaves the
+// the room its input needs fits its uid's share, and the handler does not
+// throttle it (Handler::Throttle: a cost budget spent). Paused, it leaves the
 // bytes in the kernel, whose socket buffer then blocks the client.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(Server& server, stream::socket socket, Peer peer)
-      : server_(server), socket_(std::move(socket)), peer_(peer), last_request_(Clock::now()) {}
+      : server_(server),
+        socket_(std::move(socket)),
+        peer_(peer),
+        pause_timer_(server.io_),
+        last_request_(Clock::now()) {}
 
   const Peer& peer() const { return peer_; }
 
@@ -139,6 +144,7 @@ class Session : public std::enable_shared_from_this<Session> {
     closed_ = true;
     boost::system::error_code ec;
     socket_.close(ec);
+    pause_timer_.cancel();
     out_.clear();
     fds_.clear();
     DropInput();
@@ -170,9 +176,10 @@ class Session : public std::enable_shared_from_this<Session> {
                            Seconds(now - *stall_since_));
       return Close();
     }
-    // A stalled session is not read, so its frame cannot progress: only the
-    // stall counts then (the frame's clock restarts when reading resumes).
-    if (frame_since_ && !stall_since_ && now - *frame_since_ >= o.frame_timeout) {
+    // A stalled or throttled session is not read, so its frame cannot
+    // progress: only the stall counts then (the frame's clock restarts when
+    // reading resumes).
+    if (frame_since_ && !stall_since_ && !throttled_ && now - *frame_since_ >= o.frame_timeout) {
       ++server_.counters_.frame_timeouts;
       server_.LogAbout(peer_, LogLevel::kWarn,
                        Who() + ": closed: a frame started " + Seconds(now - *frame_since_) +
@@ -230,12 +237,25 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::post(server_.io_, [self = shared_from_this()] { self->Pump(); });
   }
 
+  // The handler throttles this connection: nothing is dispatched or read
+  // until `wait` has passed (replies still go out).
+  void Pause(std::chrono::microseconds wait) {
+    throttled_ = true;
+    pause_timer_.expires_after(wait);
+    pause_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->closed_) return;
+      self->throttled_ = false;
+      if (self->frame_since_) self->frame_since_ = Clock::now();  // it could not progress
+      self->Pump();
+    });
+  }
+
   // Reads and dispatches until the socket is drained, the turn is used up or
   // back-pressure pauses the session. Exactly one way back is left armed: a
   // read wait, a posted continuation, the uid's wake-up, or (stalled) the
   // writer.
   void Pump() {
-    if (closed_) return;
+    if (closed_ || throttled_) return;
     try {
       RunTurn();
     } catch (const std::exception& e) {
@@ -251,6 +271,11 @@ class Session : public std::enable_shared_from_this<Session> {
       Process(&turn, now);
       if (closed_) return;
       if (close_after_write_) return DropInput();  // nothing more is read; the writer closes
+      if (throttle_.count() > 0) {
+        const std::chrono::microseconds wait = std::exchange(throttle_, {});
+        TrimInput();
+        return Pause(wait);
+      }
       if (Stalled()) {
         paused_for_replies_ = true;
         return TrimInput();
@@ -348,6 +373,9 @@ class Session : public std::enable_shared_from_this<Session> {
            turn->payload_bytes < kMaxPayloadPerTurn) {
       const std::span<const uint8_t> rest = in_.bytes().subspan(pos);
       if (rest.size() < wire::kHeaderBytes) break;
+      // A request waits while the handler throttles the connection; then
+      // so does reading (RunTurn).
+      if ((throttle_ = server_.handler_.Throttle(peer_)).count() > 0) break;
       const wire::Header h = *wire::DecodeHeader(rest);
       Status err = wire::CheckHeader(h, max_payload);
       // An unknown message is skipped whole, so its size must be bounded too.
@@ -574,6 +602,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Server& server_;
   stream::socket socket_;
   Peer peer_;
+  asio::steady_timer pause_timer_;        // wakes a throttled session
+  std::chrono::microseconds throttle_{};  // Process stopped for this: pause before going on
   InputBuffer in_;
   std::deque<UniqueFd> fds_;
   std::deque<Out> out_;
@@ -591,6 +621,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool fds_dropped_ = false;  // the kernel dropped fds sent to us (MSG_CTRUNC)
   bool paused_for_replies_ = false;
   bool waiting_input_ = false;
+  bool throttled_ = false;  // waiting for pause_timer_
 };
 
 Server::Server(asio::io_context& io, Handler& handler, ServerOptions options)

@@ -69,6 +69,12 @@ class Handler {
   // owns it and closes it once sent or when the connection closes.
   virtual Answer<wire::AdminOk> OnAdmin(const Peer& peer, const wire::Admin& m,
                                         UniqueFd* reply_fd) = 0;
+  // How long `peer`'s connection must wait before its next request is
+  // dispatched or its socket read (a cost budget the handler keeps; zero: go
+  // on). Asked before each request; while it waits, the others are served.
+  virtual std::chrono::microseconds Throttle(const Peer& /*peer*/) {
+    return std::chrono::microseconds(0);
+  }
 };
 
 // Every bound here is what one hostile local user can make the daemon hold or

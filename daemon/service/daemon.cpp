@@ -21,12 +21,6 @@ namespace {
 // Slots of a client that left released in one go on the I/O thread.
 constexpr uint32_t kReleaseChunk = 16384;
 
-// The engine's name for a client's group: groups are per client (connection),
-// so one client can never name, join or hint another's group. Client ids
-// count connections from 1; only after 2^32 connections would an id's low
-// bits repeat, and even then the engine keeps a group to one owner (uid).
-engine::GroupId EngineGroup(const Client& c, uint32_t group) { return (c.id << 32) | group; }
-
 }  // namespace
 
 Daemon::Daemon(asio::io_context& io, DaemonConfig config, numa::Topology topology,
@@ -572,47 +566,13 @@ server::Answer<wire::ReportOk> Daemon::OnReport(const server::Peer& peer, const 
 server::Answer<wire::HintOk> Daemon::OnHint(const server::Peer& peer, const wire::Hint& m) {
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
-  // The codec refused kinds other than 1 to 3 and group 0.
-  if (m.keys.size() > wire::kMaxEntriesPerMessage) {
-    return Error{ErrorCode::kLimit, "a hint may name at most " +
-                                        std::to_string(wire::kMaxEntriesPerMessage) +
-                                        " blocks; split it"};
-  }
-  static_assert(static_cast<int>(HintKind::kIdle) == static_cast<int>(engine::HintKind::kIdle) &&
-                static_cast<int>(HintKind::kSoon) == static_cast<int>(engine::HintKind::kSoon) &&
-                static_cast<int>(HintKind::kDone) == static_cast<int>(engine::HintKind::kDone));
-  const engine::GroupId group = EngineGroup(*c, m.group);
   // The tick this hint belongs to: the next fold's, as for admits and
   // releases; the replay of a recording gives the engine the same clock.
-  const uint64_t now = EventTick();
-  // A hint comes after every observation the client made before sending it
-  // (an idle hint after the turn's last touches, not undone by them): fold
-  // what it observed so far now, as touches of the tick the hint belongs to.
-  // It costs a pass over the client's own dirty bits, as the tick's fold does.
-  fold_.Run(*c, *engine_, now);
-  wire::HintOk ok;
-  for (const BlockKey& k : m.keys) {
-    // Only this client's own table: another client's key is unknown here.
-    auto it = c->by_key.find(k);
-    const engine::Slot es =
-        it == c->by_key.end() ? engine::kNoSlot : c->slots[it->second].engine_slot;
-    // SetGroup refuses a block of another owner than the group's: this
-    // client's blocks are all its uid's, so only a broken table would.
-    if (es == engine::kNoSlot || !engine_->SetGroup(es, group)) {
-      ++ok.unknown;
-      continue;
-    }
-    recorder_.Group(now, engine_->state(es).key, group);
-    ++ok.grouped;
-  }
-  ok.applied = engine_->Hint(group, static_cast<engine::HintKind>(m.kind), now) ? 1 : 0;
-  if (ok.applied) recorder_.Hint(now, group, m.kind);
-  ++hint_requests_;
-  hint_unknown_keys_ += ok.unknown;
-  spdlog::debug("client {} hint {} for group {}: {} grouped, {} unknown, {}", c->id,
-                static_cast<int>(m.kind), m.group, ok.grouped, ok.unknown,
-                ok.applied ? "applied" : "no live block");
-  return ok;
+  return hints_.Handle(*c, m, *engine_, EventTick(), CostClock::now());
+}
+
+std::chrono::microseconds Daemon::Throttle(const server::Peer& peer) {
+  return hints_.Throttle(peer.uid, CostClock::now());
 }
 
 server::Answer<wire::QueryTiersOk> Daemon::OnQueryTiers(const server::Peer& peer,

@@ -28,6 +28,7 @@
 #include "service/client_table.h"
 #include "service/config.h"
 #include "service/fold.h"
+#include "service/hints.h"
 #include "service/move_dispatch.h"
 #include "service/quotas.h"
 #include "service/status.h"
@@ -103,6 +104,7 @@ class Daemon final : public server::Handler {
   server::Answer<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
   server::Answer<wire::AdminOk> OnAdmin(const server::Peer& peer, const wire::Admin& m,
                                         server::UniqueFd* reply_fd) override;
+  std::chrono::microseconds Throttle(const server::Peer& peer) override;
 
   // One round: fold, plan, hand out moves, write back. Public for tests.
   void Tick();
@@ -181,8 +183,7 @@ class Daemon final : public server::Handler {
   // tick's fold, as a replay's event at a step comes after the plan that
   // step's first event triggers and before the step's touches.
   uint64_t EventTick() const { return in_tick_ ? tick_ : tick_ + 1; }
-  uint64_t hint_requests_ = 0;      // Hint messages answered HintOk
-  uint64_t hint_unknown_keys_ = 0;  // keys they named that their client did not hold
+  Hints hints_{&fold_, &recorder_};  // Hint requests and each uid's hint budget
   uint64_t last_checkpoint_tick_ = 0;
   uint64_t restored_from_checkpoint_ = 0;
   bool stopped_ = false;

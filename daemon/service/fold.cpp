@@ -61,6 +61,28 @@ void Fold::Run(Client& c, engine::Engine& engine, uint64_t tick) {
   FoldBatch(c, engine, tick);
 }
 
+Fold::Pending Fold::RunPending(Client& c, engine::Engine& engine, uint64_t tick,
+                               uint64_t max_slots) {
+  Pending done;
+  const uint32_t n = static_cast<uint32_t>(c.slots.size());
+  uint64_t* dirty = c.segment.dirty();
+  batch_.clear();
+  for (uint32_t w = 0; w < c.socket_dirty.size() && done.slots < max_slots; ++w) {
+    ++done.words;
+    uint64_t bits = server::TakeDirty(dirty, w) | std::exchange(c.socket_dirty[w], 0);
+    while (bits) {
+      const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
+      bits &= bits - 1;
+      if (i >= n || !c.live_slots[i]) continue;
+      ++done.slots;
+      batch_.push_back(i);
+      if (batch_.size() == kFoldBatch) FoldBatch(c, engine, tick);
+    }
+  }
+  FoldBatch(c, engine, tick);
+  return done;
+}
+
 // The slots are scattered over the segment, the client table and the
 // engine's states, so their lines are asked for first, all of them, and the
 // misses overlap instead of coming one by one.

@@ -41,6 +41,17 @@ class Fold {
   // slots, or every live slot when `tick` is a multiple of kFullFoldTicks.
   void Run(Client& c, engine::Engine& engine, uint64_t tick);
 
+  // What RunPending did.
+  struct Pending {
+    uint64_t words = 0;  // words of the dirty bitmaps looked at
+    uint64_t slots = 0;  // slots folded
+  };
+  // Before a hint (docs/protocol.md, "Hints"): folds `c`'s dirty slots, in
+  // slot order, until at least `max_slots` were folded (a bitmap word is
+  // taken whole: up to 63 more) or none is left. Never every live slot (the
+  // tick's full fold); what it leaves is folded by the next tick.
+  Pending RunPending(Client& c, engine::Engine& engine, uint64_t tick, uint64_t max_slots);
+
  private:
   void FoldBatch(Client& c, engine::Engine& engine, uint64_t tick);
   void FoldSlot(Client& c, engine::Engine& engine, uint64_t tick, uint32_t seg);

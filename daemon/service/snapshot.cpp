@@ -95,8 +95,20 @@ StatusSnapshot Daemon::Snapshot() const {
   s.lease_timeout_s = config_.lease_timeout_s;
   s.touches = c.touches;
   s.hits = c.hits;
-  s.hints = {hint_requests_,    hint_unknown_keys_, c.hints,
-             c.hint_prefetched, c.hint_displaced,   c.hint_prefetch_hits};
+  s.hints = HintStatus{.requests = hints_.requests(),
+                       .unknown_keys = hints_.unknown_keys(),
+                       .applied = c.hints,
+                       .prefetched = c.hint_prefetched,
+                       .displaced = c.hint_displaced,
+                       .prefetch_hits = c.hint_prefetch_hits,
+                       .units = hints_.units(),
+                       .throttled = hints_.throttled(),
+                       .work = c.hint_work,
+                       .deferred = c.hint_deferred,
+                       .max_units = hints_.max_units(),
+                       .slice_units = engine_ ? engine_->options().hint_slice_units : 0,
+                       .budget_units = hints_.limits().burst_units,
+                       .budget_units_per_second = hints_.limits().units_per_second};
   s.warnings_logged = peer_log_.logged();
   s.warnings_suppressed = peer_log_.suppressed();
   if (server_counters_) s.server = server_counters_();

@@ -221,7 +221,15 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
         {"applied", s.hints.applied},
         {"prefetched", s.hints.prefetched},
         {"displaced", s.hints.displaced},
-        {"prefetch_hits", s.hints.prefetch_hits}}},
+        {"prefetch_hits", s.hints.prefetch_hits},
+        {"units", s.hints.units},
+        {"throttled", s.hints.throttled},
+        {"work", s.hints.work},
+        {"deferred", s.hints.deferred},
+        {"max_units", s.hints.max_units},
+        {"slice_units", s.hints.slice_units},
+        {"budget_units", s.hints.budget_units},
+        {"budget_units_per_second", s.hints.budget_units_per_second}}},
       {"quotas", QuotasToJson(s.quotas, s.block_bytes)},
   };
 }

@@ -132,6 +132,15 @@ struct HintStatus {
   uint64_t prefetched = 0;     // blocks soon hints put into tier 0's set ahead of use
   uint64_t displaced = 0;      // blocks of idle or done groups taken out of it first
   uint64_t prefetch_hits = 0;  // prefetched blocks touched next while in tier 0
+  // What they cost (docs/protocol.md, "What a hint costs").
+  uint64_t units = 0;         // cost units charged to their senders
+  uint64_t throttled = 0;     // times a uid over its hint budget was made to wait
+  uint64_t work = 0;          // units of the engine's group-wide work, at hints and ticks
+  uint64_t deferred = 0;      // hints whose group-wide work went on at the ticks
+  uint64_t max_units = 0;     // the most one hint cost beyond the keys it named
+  uint64_t slice_units = 0;   // the engine's slice of group-wide work (0: none)
+  uint64_t budget_units = 0;  // a uid's hint budget: units at once
+  uint64_t budget_units_per_second = 0;  // and per second after that
 };
 
 // One account's share and quota (docs/operations.md, "Quotas"): a user (by

@@ -232,5 +232,215 @@ TEST(Hints, TickModePlansThePlacedBlocksWithinTheBudget) {
   EXPECT_EQ(e.tier_blocks(Tier::kFast), 2u);
 }
 
+// ---- what a hint costs (docs/policies.md, "What a hint costs") ----
+
+// Tick mode with hints' work in slices of `slice` units, `tick` per Plan().
+Engine SlicedEngine(const std::string& policy, size_t capacity, size_t slice, size_t tick) {
+  EngineOptions o;
+  o.block_bytes = kBlock;
+  o.tier0_budget_bytes = capacity * kBlock;
+  o.mode = Mode::kTick;
+  o.hint_slice_units = slice;
+  o.hint_tick_units = tick;
+  return Engine(o, Make(policy));
+}
+
+// `n` blocks of sequence `seq` in `group`, each touched once, in order; then
+// plans until nothing moves.
+std::vector<Slot> Fill(Engine& e, uint64_t seq, size_t n, GroupId group, uint64_t now) {
+  std::vector<Slot> out;
+  for (size_t i = 0; i < n; ++i) out.push_back(Block(e, seq, i, group, 1, now + i));
+  while (e.PlanAndApply() > 0) {
+  }
+  return out;
+}
+
+size_t InFast(const Engine& e, const std::vector<Slot>& slots) {
+  size_t n = 0;
+  for (Slot s : slots) n += TierOf(e, s) == Tier::kFast;
+  return n;
+}
+
+// An idle hint on a group of 10,000 blocks, 1,000 of them in tier 0, with
+// slices of 64 units and 512 per tick: the call does at most a slice, the
+// rest goes on at the ticks, at most 512 units each; once done, the hint
+// has the effect it has at once without slices.
+TEST(HintCost, AnIdleHintOnALargeGroupIsDoneInSlicesAtTheTicks) {
+  constexpr size_t kBig = 10000, kCap = 1000;
+  Engine sliced = SlicedEngine("lru", kCap, 64, 512);
+  Engine whole = SlicedEngine("lru", kCap, 0, 0);
+  std::vector<Slot> a = Fill(sliced, 1, kBig, 1, 1);
+  std::vector<Slot> b = Fill(whole, 1, kBig, 1, 1);
+  ASSERT_EQ(InFast(sliced, a), kCap);
+  ASSERT_EQ(InFast(whole, b), kCap);
+
+  uint64_t work = sliced.counters().hint_work;
+  ASSERT_TRUE(sliced.Hint(1, HintKind::kIdle, 20000));
+  EXPECT_LE(sliced.counters().hint_work - work, 64u);
+  EXPECT_EQ(sliced.counters().hint_deferred, 1u);
+  EXPECT_TRUE(sliced.HintWorkPending());
+  ASSERT_TRUE(whole.Hint(1, HintKind::kIdle, 20000));
+  EXPECT_GE(whole.counters().hint_work, kBig);
+  EXPECT_EQ(whole.counters().hint_deferred, 0u);
+  EXPECT_FALSE(whole.HintWorkPending());
+
+  int ticks = 0;
+  while (sliced.HintWorkPending()) {
+    work = sliced.counters().hint_work;
+    sliced.PlanAndApply();
+    EXPECT_LE(sliced.counters().hint_work - work, 512u) << "tick " << ticks;
+    ASSERT_LT(++ticks, 1000);
+  }
+  // A walk of 10,000 members and 1,000 ordered: about 11,000 units.
+  EXPECT_GE(ticks, 20);
+  // Then both give their idle blocks up first, the same ones: the coldest.
+  std::vector<Slot> x = Fill(sliced, 2, 300, kNoGroup, 30000);
+  std::vector<Slot> y = Fill(whole, 2, 300, kNoGroup, 30000);
+  EXPECT_EQ(InFast(sliced, x), 300u);
+  EXPECT_EQ(sliced.counters().hint_displaced, 300u);
+  EXPECT_EQ(whole.counters().hint_displaced, 300u);
+  EXPECT_EQ(sliced.counters().evictions, whole.counters().evictions);
+  for (size_t i = 0; i < kBig; ++i) {
+    ASSERT_EQ(TierOf(sliced, a[i]), TierOf(whole, b[i])) << "block " << i;
+  }
+  EXPECT_EQ(TierOf(sliced, a[kBig - kCap]), Tier::kSlow);  // the coldest in the set: gone
+  EXPECT_EQ(TierOf(sliced, a[kBig - 1]), Tier::kFast);     // the hottest: stays
+}
+
+// A soon on a large group orders its hottest out-of-set blocks in slices
+// too; what it places is the same, hottest first, its working set at most.
+TEST(HintCost, ASoonOnALargeGroupPlacesTheSameBlocksOnceItsWorkIsDone) {
+  constexpr size_t kBig = 5000, kCap = 400;
+  Engine sliced = SlicedEngine("lru", kCap, 100, 1000);
+  Engine whole = SlicedEngine("lru", kCap, 0, 0);
+  for (Engine* e : {&sliced, &whole}) {
+    Fill(*e, 1, kBig, 1, 1);
+    ASSERT_TRUE(e->Hint(1, HintKind::kIdle, 10000));
+    while (e->HintWorkPending()) e->PlanAndApply();
+    Fill(*e, 2, kCap, 2, 20000);  // takes all of the idle group's room
+    ASSERT_EQ(e->counters().hint_displaced, kCap);
+    ASSERT_TRUE(e->Hint(2, HintKind::kIdle, 30000));
+  }
+  ASSERT_TRUE(sliced.Hint(1, HintKind::kSoon, 30001));
+  ASSERT_TRUE(whole.Hint(1, HintKind::kSoon, 30001));
+  EXPECT_EQ(sliced.counters().hint_prefetched, 0u);  // not yet: a slice is 100 units
+  EXPECT_EQ(whole.counters().hint_prefetched, kCap);
+  while (sliced.HintWorkPending()) sliced.PlanAndApply();
+  EXPECT_EQ(sliced.counters().hint_prefetched, kCap);
+  while (sliced.PlanAndApply() > 0) {
+  }
+  while (whole.PlanAndApply() > 0) {
+  }
+  for (size_t i = 0; i < kBig; ++i) {
+    ASSERT_EQ(TierOf(sliced, Slot(i)), TierOf(whole, Slot(i))) << "slot " << i;
+  }
+  // LRU's hottest: the last kCap touched.
+  EXPECT_EQ(TierOf(sliced, Slot(kBig - 1)), Tier::kFast);
+  EXPECT_EQ(TierOf(sliced, Slot(kBig - kCap - 1)), Tier::kSlow);
+}
+
+// A flood of hints on a large group: every call does at most one slice, and
+// each new hint starts the group's work again (its last hint is what
+// counts); the flood never finishes the work, and harms no other group.
+TEST(HintCost, AFloodOfHintsCostsASliceEachAndOnlyItsOwnGroupWaits) {
+  Engine e = SlicedEngine("lru", 100, 50, 200);
+  Fill(e, 1, 3000, 1, 1);
+  std::vector<Slot> small = Fill(e, 2, 10, 2, 5000);
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t work = e.counters().hint_work;
+    ASSERT_TRUE(e.Hint(1, i % 2 ? HintKind::kIdle : HintKind::kDone, 6000 + i));
+    ASSERT_LE(e.counters().hint_work - work, 50u);
+  }
+  EXPECT_EQ(e.counters().hint_deferred, 1000u);
+  // A small group's hint is done in its own call, flood or not.
+  ASSERT_TRUE(e.Hint(2, HintKind::kDone, 7000));
+  EXPECT_EQ(e.counters().hint_deferred, 1000u);
+  Fill(e, 3, 10, kNoGroup, 8000);
+  EXPECT_EQ(InFast(e, small), 0u);  // group 2's blocks left first
+  EXPECT_EQ(e.counters().hint_displaced, 10u);
+}
+
+// Two soons wait for room; an idle hint gives two blocks' room, and the
+// units left in its slice serve only the first soon: the next tick goes on
+// with the second, as one call would have (each soon a block per round).
+TEST(HintCost, WaitingSoonsAreServedInTurnAcrossSlices) {
+  for (const size_t slice : {size_t{0}, size_t{5}}) {
+    Engine e = SlicedEngine("lru", 4, slice, 100);
+    const Slot a0 = Block(e, 1, 0, 1, 1, 1, /*owner=*/1);
+    const Slot a1 = Block(e, 1, 1, 1, 1, 2, 1);
+    const Slot b0 = Block(e, 2, 0, 2, 1, 3, 1);
+    const Slot b1 = Block(e, 2, 1, 2, 1, 4, 1);
+    ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 5));
+    ASSERT_TRUE(e.Hint(2, HintKind::kIdle, 5));
+    // Owner 2 takes all four places: owner 1's soons can take only hinted room.
+    Block(e, 3, 0, 3, 1, 6, 2);
+    Block(e, 3, 1, 3, 1, 7, 2);
+    Block(e, 4, 0, kNoGroup, 1, 8, 2);
+    Block(e, 4, 1, kNoGroup, 1, 9, 2);
+    ASSERT_TRUE(e.Hint(1, HintKind::kSoon, 10));
+    ASSERT_TRUE(e.Hint(2, HintKind::kSoon, 10));
+    ASSERT_EQ(e.counters().hint_prefetched, 0u);
+    // Group 3 idle: a walk of 2 and 2 ordered leave 1 unit of a slice of 5.
+    ASSERT_TRUE(e.Hint(3, HintKind::kIdle, 11));
+    if (slice != 0) {
+      EXPECT_EQ(e.counters().hint_prefetched, 1u);
+      EXPECT_TRUE(e.HintWorkPending());
+      e.RunHints();
+    }
+    EXPECT_FALSE(e.HintWorkPending());
+    EXPECT_EQ(e.counters().hint_prefetched, 2u) << "slice " << slice;
+    auto in_set = [&](Slot x, Slot y) {
+      return int{(e.state(x).flags & kFlagInTarget) != 0} +
+             int{(e.state(y).flags & kFlagInTarget) != 0};
+    };
+    EXPECT_EQ(in_set(a0, a1), 1) << "slice " << slice;
+    EXPECT_EQ(in_set(b0, b1), 1) << "slice " << slice;
+  }
+}
+
+// A group hinted idle, touched, and hinted idle again: until the second
+// hint's work is done, none of its blocks is in the pool (not at the places
+// the first hint gave them); then all are again.
+TEST(HintCost, AGroupHintedAgainIsOutOfThePoolUntilItsWorkIsDone) {
+  Engine e = SlicedEngine("lru", 100, 16, 16);
+  const std::vector<Slot> a = Fill(e, 1, 100, 1, 1);
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 200));
+  while (e.HintWorkPending()) e.RunHints();
+  e.Touch(a[99], Touch{1.0, 201, kNever});  // it runs again
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 202));
+  ASSERT_TRUE(e.HintWorkPending());
+  Block(e, 2, 0, kNoGroup, 1, 203);  // a miss: the policy's victim, no idle block
+  EXPECT_EQ(e.counters().hint_displaced, 0u);
+  EXPECT_EQ(e.counters().evictions, 1u);
+  while (e.HintWorkPending()) e.RunHints();
+  Block(e, 2, 1, kNoGroup, 1, 204);  // now an idle block
+  EXPECT_EQ(e.counters().hint_displaced, 1u);
+  EXPECT_EQ(e.counters().evictions, 1u);
+}
+
+// Members leave the group (released) and join it while a walk is under way:
+// every block in the set when the work ends is found once, none twice.
+TEST(HintCost, MembersThatComeAndGoDuringTheWalkAreEachFoundOnce) {
+  Engine e = SlicedEngine("lru", 600, 16, 16);
+  std::vector<Slot> a = Fill(e, 1, 600, 1, 1);
+  ASSERT_EQ(InFast(e, a), 600u);
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, 1000));
+  // Half way through the walk: release every third block, some before the
+  // cursor and some after it, and put new ones in the group.
+  for (int i = 0; i < 18; ++i) e.PlanAndApply();
+  size_t released = 0;
+  for (size_t i = 0; i < a.size(); i += 3) {
+    e.Release(a[i]);
+    ++released;
+  }
+  while (e.HintWorkPending()) e.PlanAndApply();
+  const size_t left = a.size() - released;
+  // New blocks need room: exactly the idle group's blocks still in the set
+  // leave first, each once.
+  Fill(e, 2, 600, kNoGroup, 2000);
+  EXPECT_EQ(e.counters().hint_displaced, left);
+  EXPECT_EQ(e.counters().evictions, 0u);
+}
+
 }  // namespace
 }  // namespace cxltier::engine

@@ -282,8 +282,13 @@ class ReferenceEngine {
       if (blocks_[m].count > 0) touched.push_back(m);
     }
     if (touched.empty()) return true;
-    g.candidates = ColdestFirst(touched);  // hottest at the back
     g.prefetch_left = g.working_set - static_cast<uint32_t>(in.size());
+    // The hottest prefetch_left of them, hottest at the back.
+    g.candidates = ColdestFirst(touched);
+    if (g.candidates.size() > g.prefetch_left) {
+      g.candidates.erase(g.candidates.begin(),
+                         g.candidates.end() - static_cast<ptrdiff_t>(g.prefetch_left));
+    }
     pending_.push_back(gid);
     ServePending(now);
     return true;

@@ -1,9 +1,18 @@
 // Attacks with scheduler hints (docs/security.md, "Hints"): another uid's
 // idle, soon and done hints, for its own groups and naming others' keys,
 // never move or demote a victim's blocks; a good client of a third uid is
-// served throughout.
+// served throughout. A flood of hints on a huge group costs its sender its
+// own latency: another uid's round trips and the watchdog's pings keep
+// their pace.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <ctime>
 
 #include <nlohmann/json.hpp>
 
@@ -186,6 +195,455 @@ TEST(HostileHints, HintsNeverMoveAnotherUsersBlocks) {
   close(ready[0]);
   close(go[1]);
   close(done[0]);
+}
+
+// ---- a flood of hints on a huge group (issue 30, item 1) ----
+
+// One frame's answer on a raw connection: its type, or kError.
+bool ReadAnswer(int fd, wire::Header* h, std::vector<uint8_t>* payload) {
+  uint8_t head[wire::kHeaderBytes];
+  if (::recv(fd, head, sizeof(head), MSG_WAITALL) != static_cast<ssize_t>(sizeof(head))) {
+    return false;
+  }
+  *h = *wire::DecodeHeader(head);
+  payload->resize(h->payload_bytes);
+  return h->payload_bytes == 0 || ::recv(fd, payload->data(), payload->size(), MSG_WAITALL) ==
+                                      static_cast<ssize_t>(h->payload_bytes);
+}
+
+// Sends `frame` and reads one answer; "" when it is not an error.
+std::string Call(int fd, const std::vector<uint8_t>& frame, std::vector<uint8_t>* payload) {
+  if (!WriteAll(fd, frame)) return "write failed";
+  wire::Header h;
+  if (!ReadAnswer(fd, &h, payload)) return "no answer";
+  if (h.type != wire::MsgType::kError) return "";
+  wire::Error e;
+  return wire::Decode(*payload, &e).ok() ? e.message : "a bad error frame";
+}
+
+// What the test and its two children share.
+struct FloodShared {
+  std::atomic<int> flood{0};          // 1: the attacker floods, 0: it holds, 2: it leaves
+  std::atomic<uint64_t> sent{0};      // hints the attacker sent
+  std::atomic<uint64_t> answered{0};  // and got answered
+  // The prober files its samples under 0 (quiet) or 1 (flood); 3: none; 2: it leaves.
+  std::atomic<int> phase{3};
+  static constexpr int kSamples = 16384;
+  std::atomic<int> count[2] = {0, 0};
+  int64_t sample_us[2][kSamples];
+  std::atomic<int> prober_failures{0};
+};
+
+// The attacker (as kEvil, raw protocol): a range pool of kBig blocks, all
+// admitted, observed once and put in group 1; 16 more blocks in group 2,
+// tier 0's size. Then, when told, a pipelined flood (at most 64 requests in
+// flight, a server turn's worth), in rounds: a Report touching 16 blocks of
+// group 1 and an idle hint about group 1, then a Report touching group 2
+// (whose blocks take the idle ones' room) and a soon about group 1. Before
+// the fix each hint first folded the sender's observations (every live slot
+// at every tenth tick), then walked group 1; each soon also sorted the
+// group's 262,128 blocks outside tier 0: tens of milliseconds, 64 in a row.
+constexpr uint32_t kBig = 262144;
+constexpr uint32_t kSmall = 16;
+
+std::string Flooder(const std::string& socket, FloodShared* sh, int ready_fd) {
+  const int fd = RawConnect(socket);
+  if (fd < 0) return "connect";
+  std::vector<uint8_t> out, payload;
+  wire::Encode(wire::Hello{kHostileModel, kBig + kSmall, "flood"}, 1, out);
+  if (std::string e = Call(fd, out, &payload); !e.empty()) return "hello: " + e;
+  out.clear();
+  wire::Encode(
+      wire::RegisterPool{wire::PoolKind::kRange, 1ull << 40,
+                         uint64_t{kBig + kSmall} * kHostileStride, kHostileStride, kBig + kSmall},
+      2, out);
+  if (std::string e = Call(fd, out, &payload); !e.empty()) return "pool: " + e;
+  std::vector<uint32_t> slots;
+  for (uint32_t first = 0; first < kBig + kSmall; first += wire::kMaxEntriesPerMessage) {
+    std::vector<wire::AdmitEntry> entries;
+    for (uint32_t i = first; i < std::min(first + wire::kMaxEntriesPerMessage, kBig + kSmall);
+         ++i) {
+      entries.push_back({BlockKey::FromSequence(669, i), i});
+    }
+    out.clear();
+    wire::Encode(wire::Admit{0, entries}, 3, out);
+    if (std::string e = Call(fd, out, &payload); !e.empty()) return "admit: " + e;
+    wire::AdmitOk ok;
+    if (!wire::Decode(payload, &ok).ok() || ok.results.size() != entries.size()) return "admit";
+    for (const auto& r : ok.results) slots.push_back(r.slot);
+  }
+  // Every block observed once (folded by the next tick), then grouped.
+  wire::Report all;
+  for (uint32_t s : slots) all.observations.push_back({s, 1.0f});
+  out.clear();
+  wire::Encode(all, 4, out);
+  if (std::string e = Call(fd, out, &payload); !e.empty()) return "report: " + e;
+  for (uint32_t first = 0; first < kBig + kSmall; first += wire::kMaxEntriesPerMessage) {
+    wire::Hint h;
+    h.kind = HintKind::kSoon;
+    for (uint32_t i = first; i < std::min(first + wire::kMaxEntriesPerMessage, kBig + kSmall);
+         ++i) {
+      h.keys.push_back(BlockKey::FromSequence(669, i));
+    }
+    h.group = first < kBig ? 1 : 2;
+    out.clear();
+    wire::Encode(h, 5, out);
+    if (std::string e = Call(fd, out, &payload); !e.empty()) return "group: " + e;
+  }
+  // Two rounds: 16 blocks of group 1 touched (they take tier 0) and group 1
+  // idle; then group 2 touched (it takes their room) and group 1 soon.
+  wire::Report touch1, touch2;
+  for (uint32_t i = 0; i < kSmall; ++i) touch1.observations.push_back({slots[i], 1.0f});
+  for (uint32_t i = kBig; i < kBig + kSmall; ++i) touch2.observations.push_back({slots[i], 1.0f});
+  std::vector<uint8_t> idle, soon;
+  wire::Encode(touch1, 6, idle);
+  wire::Encode(wire::Hint{HintKind::kIdle, 1, {}}, 7, idle);
+  wire::Encode(touch2, 8, soon);
+  wire::Encode(wire::Hint{HintKind::kSoon, 1, {}}, 9, soon);
+
+  std::atomic<uint64_t> frames_answered{0};
+  std::atomic<bool> reader_failed{false};
+  std::thread reader([&] {
+    wire::Header h;
+    std::vector<uint8_t> p;
+    while (ReadAnswer(fd, &h, &p)) {
+      if (h.type == wire::MsgType::kError) reader_failed = true;
+      if (h.type == wire::MsgType::kHintOk) sh->answered.fetch_add(1);
+      frames_answered.fetch_add(1);
+    }
+  });
+  const char c = 'r';
+  if (write(ready_fd, &c, 1) != 1) return "ready";
+  uint64_t frames_sent = 0;
+  bool idle_next = true;
+  std::string err;
+  for (int flood; (flood = sh->flood.load()) != 2;) {
+    if (flood == 0 || frames_sent - frames_answered.load() >= 64) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    if (!WriteAll(fd, idle_next ? idle : soon)) {
+      err = "the daemon closed the flood's connection";
+      break;
+    }
+    idle_next = !idle_next;
+    frames_sent += 2;
+    sh->sent.fetch_add(1);
+  }
+  shutdown(fd, SHUT_RDWR);
+  reader.join();
+  close(fd);
+  if (reader_failed) err += " (an error answer)";
+  return err;
+}
+
+// The prober (as kGood): a client with 8 blocks that asks QueryTiers of them
+// every 2 ms and files each round trip under the phase it began in (a quiet
+// one only if it also ended quiet).
+int Prober(const std::string& socket, FloodShared* sh) {
+  if (!DropTo(IdentityOf(kGood))) return 1;
+  Status st;
+  auto c = Client::Connect({socket, kHostileModel, 64, "prober"}, &st);
+  const int fd = SealedPool(8, "prober-pool");
+  uint32_t pool = 0;
+  std::vector<wire::AdmitEntry> entries;
+  std::vector<BlockKey> keys;
+  for (uint32_t i = 0; i < 8; ++i) {
+    keys.push_back(BlockKey::FromSequence(4243, i));
+    entries.push_back({keys.back(), i});
+  }
+  std::vector<wire::AdmitResult> res;
+  if (!c || fd < 0 ||
+      !c->RegisterMemfdPool(fd, 8 * kHostileStride, kHostileStride, 8, &pool).ok() ||
+      !c->Admit(pool, entries, &res).ok()) {
+    sh->prober_failures.fetch_add(1);
+    return 1;
+  }
+  for (int phase; (phase = sh->phase.load()) != 2;) {
+    std::vector<Tier> tiers;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = c->QueryTiers(keys, &tiers).ok() && tiers.size() == keys.size();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    if (!ok) sh->prober_failures.fetch_add(1);
+    // A quiet sample must end quiet; a flood's counts however long it took.
+    if (ok && (phase == 1 || (phase == 0 && sh->phase.load() == 0))) {
+      const int i = sh->count[phase].fetch_add(1);
+      if (i < FloodShared::kSamples) {
+        sh->sample_us[phase][i] =
+            std::chrono::duration_cast<std::chrono::microseconds>(took).count();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return 0;
+}
+
+int64_t P99(const FloodShared& sh, int phase) {
+  const int n = std::min(sh.count[phase].load(), FloodShared::kSamples);
+  std::vector<int64_t> v(sh.sample_us[phase], sh.sample_us[phase] + n);
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[std::min<size_t>(v.size() - 1, v.size() * 99 / 100)];
+}
+
+// The watchdog's pings as systemd would see them: a datagram socket of ours
+// is the daemon's NOTIFY_SOCKET, with the kernel's receive time of each.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    ::unlink(path.c_str());
+    const int on = 1;
+    ok_ = fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+          setsockopt(fd_, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof(on)) == 0;
+  }
+  ~NotifySocket() {
+    if (fd_ >= 0) close(fd_);
+    ::unlink(path_.c_str());
+  }
+  bool ok() const { return ok_; }
+  // Reads what has arrived: the receive times of the WATCHDOG=1 pings, in ns.
+  void Drain() {
+    for (;;) {
+      char buf[4096];
+      char control[CMSG_SPACE(sizeof(timespec))];
+      iovec iov{buf, sizeof(buf)};
+      msghdr m{};
+      m.msg_iov = &iov;
+      m.msg_iovlen = 1;
+      m.msg_control = control;
+      m.msg_controllen = sizeof(control);
+      const ssize_t n = recvmsg(fd_, &m, MSG_DONTWAIT);
+      if (n < 0) return;
+      int64_t at = 0;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+          timespec ts;
+          std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+          at = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+        }
+      }
+      if (std::string(buf, static_cast<size_t>(n)).find("WATCHDOG=1") != std::string::npos) {
+        pings_.push_back(at);
+      }
+    }
+  }
+  // The longest time between two pings received in [from, to] (realtime ns),
+  // counting from `from` to the first and from the last to `to`.
+  int64_t LongestGap(int64_t from, int64_t to) const {
+    int64_t last = from, gap = 0;
+    for (int64_t p : pings_) {
+      if (p < from || p > to) continue;
+      gap = std::max(gap, p - last);
+      last = p;
+    }
+    return std::max(gap, to - last);
+  }
+  size_t pings() const { return pings_.size(); }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool ok_ = false;
+  std::vector<int64_t> pings_;
+};
+
+int64_t RealtimeNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// The watchdog's period: WatchdogSec=2s, so the daemon pings every second
+// and systemd restarts it after 2 s without one.
+constexpr int64_t kWatchdogUsec = 2000000;
+// Each phase of the test: three watchdog periods.
+constexpr std::chrono::microseconds kPhase{3 * kWatchdogUsec};
+
+// Issue 30, item 1. An attacker holds 262,144 blocks in one group and floods
+// hints about it (64 in flight, each round touching a second group so that
+// every soon finds the big group out of tier 0). Measured in the same run:
+// another uid's QueryTiers round trips while the attacker holds still, and
+// while it floods, two of each, alternating. Each hint costs the I/O thread
+// what it names plus one bounded slice of the group's work, and the
+// attacker's uid pays for its flood with its own latency (its socket is not
+// read while its hint budget is spent): the other uid's p99 under the flood
+// stays within 10 times its p99 without, and the watchdog's pings, which
+// come from the I/O thread, are never 2 s (WatchdogSec) apart.
+TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
+  NEED_ROOT();
+  const std::string notify_path = "/tmp/cxltier-hint-notify-" + std::to_string(getpid()) + ".sock";
+  NotifySocket notify(notify_path);
+  ASSERT_TRUE(notify.ok()) << std::strerror(errno);
+  // The daemon inherits these: it pings as it would under systemd.
+  setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
+  setenv("WATCHDOG_USEC", std::to_string(kWatchdogUsec).c_str(), 1);
+  HostileDaemon d(kConfig);
+  unsetenv("NOTIFY_SOCKET");
+  unsetenv("WATCHDOG_USEC");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+
+  // systemd reads its socket at once; a full one (10 datagrams) would block
+  // the daemon's sd_notify. Every wait below reads it as it goes.
+  auto wait_for = [&](const std::function<bool()>& done) {
+    return WaitFor([&] {
+      notify.Drain();
+      return done();
+    });
+  };
+
+  void* mem =
+      mmap(nullptr, sizeof(FloodShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  FloodShared* sh = new (mem) FloodShared();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ChildAs evil(kEvil, [&]() -> std::string { return Flooder(socket, sh, ready[1]); });
+  pid_t prober = -1;
+  // However the test ends, the children leave (the attacker's Wait() in
+  // ChildAs's destructor, after this).
+  struct Ending {
+    FloodShared* sh;
+    pid_t* prober;
+    ~Ending() {
+      sh->flood = 2;
+      sh->phase = 2;
+      if (*prober > 0) {
+        kill(*prober, SIGKILL);
+        waitpid(*prober, nullptr, 0);
+      }
+      sh->~FloodShared();
+      munmap(sh, sizeof(FloodShared));
+    }
+  } ending{sh, &prober};
+  close(ready[1]);
+  char c = 0;
+  ASSERT_TRUE(wait_for([&] {
+    pollfd p{ready[0], POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+  }));
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << evil.Wait() << d.Log();
+  close(ready[0]);
+  prober = ForkAlone();
+  if (prober == 0) _exit(Prober(socket, sh));
+  ASSERT_GT(prober, 0);
+  sh->phase = 0;
+  ASSERT_TRUE(wait_for([&] { return sh->count[0].load() > 0 || sh->prober_failures > 0; }));
+
+  auto hints_answered = [&] { return sh->answered.load(); };
+  // The units the daemon charged for hints so far, and the budget.
+  auto hint_status = [&] {
+    std::string json;
+    EXPECT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+    return nlohmann::json::parse(json, nullptr, false)["hints"];
+  };
+  struct Charged {
+    uint64_t units;
+    double seconds;
+  } charged[2] = {};
+  int64_t flood_from[2] = {0, 0}, flood_to[2] = {0, 0};
+  uint64_t flooded = 0;
+  for (int round = 0; round < 2; ++round) {
+    // Quiet, as long as the flood below: while the attacker holds its blocks still.
+    sh->phase = 0;
+    const int quiet_until = sh->count[0].load() + 250;
+    const auto q0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(wait_for([&] {
+      return sh->count[0].load() >= quiet_until && std::chrono::steady_clock::now() - q0 > kPhase;
+    })) << d.Log();
+    // The flood, from its 100th answered hint on: 250 round trips and three
+    // watchdog periods at least (or 20 s: a daemon that cannot answer gets
+    // its p99 all the same).
+    const uint64_t before = hints_answered();
+    const uint64_t units_before = hint_status().value("units", uint64_t{0});
+    const auto flood_start = std::chrono::steady_clock::now();
+    sh->flood = 1;
+    ASSERT_TRUE(wait_for([&] { return hints_answered() >= before + 100; }))
+        << "the flood never got going; " << evil.Wait();
+    flood_from[round] = RealtimeNs();
+    sh->phase = 1;
+    const int flood_until = sh->count[1].load() + 250;
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_for([&] {
+      const auto t = std::chrono::steady_clock::now() - t0;
+      return (sh->count[1].load() >= flood_until && t > kPhase) || t > std::chrono::seconds(20);
+    });
+    sh->phase = 3;  // not sampled until the flood has drained
+    flood_to[round] = RealtimeNs();
+    flooded += hints_answered() - before;
+    sh->flood = 0;
+    // Its last hints drain (at most 64 were in flight).
+    uint64_t last = hints_answered();
+    ASSERT_TRUE(wait_for([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const uint64_t now = hints_answered();
+      return std::exchange(last, now) == now;
+    }));
+    charged[round] = {
+        hint_status().value("units", uint64_t{0}) - units_before,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - flood_start).count()};
+  }
+  sh->phase = 2;
+  sh->flood = 2;
+  ASSERT_TRUE(wait_for([&] { return waitpid(prober, nullptr, WNOHANG) == prober; }));
+  prober = -1;
+  EXPECT_EQ(evil.Wait(), "") << d.Log();
+  notify.Drain();
+
+  const int64_t quiet = P99(*sh, 0), flood = P99(*sh, 1);
+  EXPECT_EQ(sh->prober_failures.load(), 0);
+  EXPECT_GE(sh->count[0].load(), 500);
+  EXPECT_GT(flooded, 200u);
+  EXPECT_LE(flood, 10 * quiet) << "p99 " << flood << " us under the flood, " << quiet
+                               << " us without; " << flooded << " hints answered in the flood, "
+                               << sh->count[1].load() << " round trips";
+  int64_t gaps[2];
+  for (int round = 0; round < 2; ++round) {
+    gaps[round] = notify.LongestGap(flood_from[round], flood_to[round]);
+    EXPECT_LT(gaps[round], kWatchdogUsec * 1000)
+        << "the watchdog's pings stopped for that long while the flood ran (round " << round << ", "
+        << notify.pings() << " pings in all)";
+  }
+  EXPECT_GE(notify.pings(), 3u);
+  std::string json;
+  ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+  const nlohmann::json s = nlohmann::json::parse(json);
+  // The attacker paid: it was made to wait, its hints' work was cut into
+  // slices, and its group's hints still counted.
+  const nlohmann::json& h = s["hints"];
+  // Its flood got no more than its budget: what it may spend at once, what
+  // the time since the flood began refilled, and the one hint that went
+  // into debt (at most a fold of 1,087 slots and a slice of 16,384 units:
+  // 65,536 is ample).
+  const double burst = static_cast<double>(h.value("budget_units", uint64_t{0}));
+  const double rate = static_cast<double>(h.value("budget_units_per_second", uint64_t{0}));
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_LE(static_cast<double>(charged[round].units),
+              burst + rate * charged[round].seconds + 65536)
+        << "round " << round << ": " << charged[round].units << " units in "
+        << charged[round].seconds << " s";
+  }
+  // No hint cost more than a slice of its group's work and a bounded fold
+  // first (1,087 slots at most, and 64 units for this client's bitmap).
+  const uint64_t slice = h.value("slice_units", uint64_t{0});
+  EXPECT_GT(slice, 0u) << h.dump();
+  EXPECT_LE(h.value("max_units", ~uint64_t{0}), slice + 1 + 1087 + 64) << h.dump();
+  EXPECT_GT(h.value("throttled", uint64_t{0}), 0u) << h.dump();
+  EXPECT_GT(h.value("deferred", uint64_t{0}), 0u) << h.dump();
+  EXPECT_GE(h.value("requests", uint64_t{0}), flooded) << h.dump();
+  EXPECT_TRUE(d.Alive()) << d.Log();
+  std::printf(
+      "hint flood: p99 %lld us quiet, %lld us flooded (%d and %d round trips); %llu "
+      "hints answered in the flood; longest time without a watchdog ping %lld and %lld "
+      "ms; status hints %s\n",
+      static_cast<long long>(quiet), static_cast<long long>(flood), sh->count[0].load(),
+      sh->count[1].load(), static_cast<unsigned long long>(flooded),
+      static_cast<long long>(gaps[0] / 1000000), static_cast<long long>(gaps[1] / 1000000),
+      h.dump().c_str());
 }
 
 }  // namespace

@@ -420,8 +420,14 @@ bool ReadFrame(int fd, wire::Header* h, std::vector<uint8_t>* payload) {
 class ThrowingHandler : public server::Handler {
  public:
   std::function<void(const std::string&)> on_stats;  // runs before each Stats answer
+  // Handler::Throttle, asked before each request (unset: never).
+  std::function<std::chrono::microseconds(const server::Peer&)> throttle;
   std::vector<std::string> stats_seen;
   int disconnects = 0;
+
+  std::chrono::microseconds Throttle(const server::Peer& peer) override {
+    return throttle ? throttle(peer) : std::chrono::microseconds(0);
+  }
 
   std::optional<wire::Error> OnConnect(const server::Peer&) override { return std::nullopt; }
   void OnDisconnect(const server::Peer&) override { ++disconnects; }
@@ -593,6 +599,66 @@ TEST(HostileServer, ADeepPipelineYieldsToOtherConnections) {
   const auto at = std::find(seen.begin(), seen.end(), "other") - seen.begin();
   EXPECT_LT(at, static_cast<ptrdiff_t>(kDepth))
       << "served after all " << kDepth << " of the pipeline";
+}
+
+// A connection its handler throttles (a spent cost budget, Handler::Throttle:
+// the daemon's hint budget) has neither its requests answered nor its socket
+// read until the wait is over, while another connection is served at once.
+TEST(HostileServer, AThrottledConnectionWaitsWhileOthersAreServed) {
+  ServerOnThread s("throttle");
+  const int slow = s.Connect();
+  const int other = s.Connect();
+  ASSERT_GE(slow, 0);
+  ASSERT_GE(other, 0);
+  constexpr std::chrono::milliseconds kWait{400};
+  // After its first request the slow connection owes kWait, once.
+  uint64_t slow_session = 0;
+  bool owed = false, paid = false;
+  std::chrono::steady_clock::time_point owed_since;
+  s.handler.on_stats = [&](const std::string& what) {
+    if (what == "slow-1") owed = true;
+  };
+  s.handler.throttle = [&](const server::Peer& peer) -> std::chrono::microseconds {
+    if (!owed || paid) return std::chrono::microseconds(0);
+    if (slow_session == 0) {
+      slow_session = peer.session_id;
+      owed_since = std::chrono::steady_clock::now();
+    }
+    if (peer.session_id != slow_session) return std::chrono::microseconds(0);
+    const auto left = owed_since + kWait - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) {
+      paid = true;
+      return std::chrono::microseconds(0);
+    }
+    return std::chrono::duration_cast<std::chrono::microseconds>(left) +
+           std::chrono::microseconds(1);
+  };
+  std::vector<uint8_t> two = StatsFrame("slow-1", 1);
+  const std::vector<uint8_t> second = StatsFrame("slow-2", 2);
+  two.insert(two.end(), second.begin(), second.end());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WriteAll(slow, two));
+  wire::Header h;
+  std::vector<uint8_t> p;
+  ASSERT_TRUE(ReadFrame(slow, &h, &p));
+  EXPECT_EQ(h.request_id, 1u);
+  // While the slow one waits, the other is served (several times over).
+  for (uint32_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(WriteAll(other, StatsFrame("other", 10 + i)));
+    ASSERT_TRUE(ReadFrame(other, &h, &p));
+    EXPECT_EQ(h.type, wire::MsgType::kStatsOk);
+  }
+  ASSERT_TRUE(ReadFrame(slow, &h, &p));
+  EXPECT_EQ(h.request_id, 2u);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, kWait);
+  close(slow);
+  close(other);
+  s.StopAndJoin();
+  const auto& seen = s.handler.stats_seen;
+  ASSERT_EQ(seen.size(), 5u);
+  EXPECT_EQ(seen.front(), "slow-1");
+  EXPECT_EQ(seen.back(), "slow-2") << "the throttled request was answered before the others";
+  EXPECT_TRUE(paid);
 }
 
 }  // namespace

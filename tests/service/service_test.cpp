@@ -22,10 +22,14 @@
 #include <xxhash.h>
 
 #include "cxltier/lease.h"
+#include "cxltier/segment.h"
 #include "service/admin.h"
 #include "service/checkpoint.h"
+#include "service/client_table.h"
 #include "service/config.h"
 #include "service/daemon.h"
+#include "service/fold.h"
+#include "service/hints.h"
 #include "service/mover.h"
 #include "service/recorder.h"
 #include "service/status.h"
@@ -308,6 +312,78 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
   EXPECT_TRUE(sum2.truncated);
   EXPECT_EQ(t2.events.size(), 2u);
   EXPECT_EQ(sum2.plans, 2u);
+}
+
+// A uid's hint budget (docs/protocol.md, "What a hint costs"): a bucket of
+// units that fills at its rate up to its burst; a spend past it is a debt,
+// and the wait is the time the rate takes to pay it back.
+TEST(HintBudget, ADebtIsPaidBackAtTheRate) {
+  const CostClock::time_point t0{};
+  using std::chrono::milliseconds;
+  CostBudget b(100, 1000, t0);  // 100 units at once, 1,000 a second
+  EXPECT_EQ(b.Wait(t0).count(), 0);
+  b.Spend(100, t0);
+  EXPECT_EQ(b.Wait(t0).count(), 0);  // all of it, and no debt
+  b.Spend(200, t0);
+  EXPECT_EQ(b.Wait(t0), std::chrono::microseconds(200000));
+  EXPECT_EQ(b.Wait(t0 + milliseconds(150)), std::chrono::microseconds(50000));
+  EXPECT_EQ(b.Wait(t0 + milliseconds(200)).count(), 0);
+  EXPECT_FALSE(b.Full(t0 + milliseconds(250)));
+  EXPECT_TRUE(b.Full(t0 + milliseconds(300)));
+  // Time refills at most the burst.
+  b.Spend(150, t0 + milliseconds(5000));
+  EXPECT_EQ(b.Wait(t0 + milliseconds(5000)), std::chrono::microseconds(50000));
+}
+
+// A hint folds at most 1,087 of its client's pending observations first
+// (1,024 slots, a bitmap word whole), never all of them, and is charged for
+// what it did: the rest wait for the tick's fold. Its group of 8,192 blocks
+// costs it one slice, not a walk of the group.
+TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
+  constexpr uint32_t kSlots = 8192;
+  ClientTable table;
+  Client& c = table.Connect(server::Peer{1, getpid(), getuid(), getgid()});
+  DaemonConfig config;
+  const wire::Hello hello{ModelGeometry{"t", 1, 1, 1, 1024, 2, 16}, kSlots, "t"};
+  ASSERT_FALSE(table.CheckHello(c, hello, config));
+  ASSERT_FALSE(table.Open(c, kSlots, "t"));
+  engine::EngineOptions o;
+  o.block_bytes = 64 << 10;
+  o.tier0_budget_bytes = 64 * o.block_bytes;
+  o.mode = engine::Mode::kTick;
+  o.hint_slice_units = 100;
+  engine::Engine e(o, std::move(*engine::MakePolicy("lru")));
+  wire::Hint grouping{HintKind::kSoon, 7, {}};
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    const BlockKey key = BlockKey::FromSequence(3, i);
+    const engine::Slot es = e.Admit(key, Tier::kSlow, getuid());
+    WriteBack(e, c, table.Bind(c, es, 0, i, key));
+    grouping.keys.push_back(key);
+  }
+  Recorder recorder;
+  Fold fold(&recorder);
+  Hints hints(&fold, &recorder);
+  const CostClock::time_point t0{};
+  ASSERT_TRUE(std::holds_alternative<wire::HintOk>(hints.Handle(c, grouping, e, 1, t0)));
+  // Every slot observed once since.
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    ASSERT_TRUE(AddObservation(c.segment.slot(0), c.segment.dirty(), i, 1.0f));
+  }
+  const uint64_t units = hints.units();
+  const auto answer = hints.Handle(c, wire::Hint{HintKind::kIdle, 7, {}}, e, 2, t0);
+  ASSERT_TRUE(std::holds_alternative<wire::HintOk>(answer));
+  EXPECT_EQ(std::get<wire::HintOk>(answer).applied, 1);
+  const uint64_t folded = e.counters().touches;
+  EXPECT_GE(folded, 1024u);
+  EXPECT_LE(folded, 1087u);
+  // Charged: the request, the slots folded, the bitmap's words looked at (17
+  // words: 0 per 64), and its slice of the group's work.
+  EXPECT_EQ(hints.units() - units, 1 + folded + 100);
+  EXPECT_LE(hints.max_units(), 1 + 1087 + 100);
+  EXPECT_EQ(e.counters().hint_deferred, 1u);  // 8,192 members: many slices
+  // The tick's fold takes the rest.
+  fold.Run(c, e, 3);
+  EXPECT_EQ(e.counters().touches, kSlots);
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {

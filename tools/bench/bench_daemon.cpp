@@ -179,6 +179,51 @@ BENCHMARK_CAPTURE(BM_Tick, adaptive, engine::kAdaptivePolicy)
     ->ArgsProduct({{8192, 65536}, {1, 10}})
     ->Unit(benchmark::kMicrosecond);
 
+// A hint about one group of `n` blocks, all touched, tier 0 holding 4,096 of
+// them (docs/protocol.md, "What a hint costs"): the group's blocks in tier 0
+// are touched, it is hinted idle; another group takes their room, and it is
+// hinted soon. `slice` units of the group's work per Hint() call
+// (EngineOptions::hint_slice_units; 0: the whole group at once, as before
+// issue 30). Timed: the two Hint() calls; not the touches.
+void BM_HintOnAHugeGroup(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  constexpr uint32_t kCap = 4096;
+  engine::EngineOptions o;
+  o.block_bytes = kBenchModel.block_bytes();
+  o.tier0_budget_bytes = uint64_t{kCap} * o.block_bytes;
+  o.mode = engine::Mode::kTick;
+  o.hint_slice_units = static_cast<size_t>(state.range(1));
+  o.expected_blocks = n + kCap;
+  engine::Engine e(o, std::move(*engine::MakePolicy("lru")));
+  uint64_t now = 1;
+  std::vector<engine::Slot> big, other;
+  for (uint32_t i = 0; i < n; ++i) {
+    big.push_back(e.Admit(BlockKey::FromSequence(1, i)));
+    e.SetGroup(big.back(), 1);
+    e.Touch(big.back(), engine::Touch{1.0, now++, engine::kNever});
+  }
+  for (uint32_t i = 0; i < kCap; ++i) {
+    other.push_back(e.Admit(BlockKey::FromSequence(2, i)));
+    e.SetGroup(other.back(), 2);
+  }
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (uint32_t i = 0; i < kCap; ++i) e.Touch(big[i], engine::Touch{1.0, now++, engine::kNever});
+    state.ResumeTiming();
+    e.Hint(1, engine::HintKind::kIdle, now++);
+    state.PauseTiming();
+    for (engine::Slot s : other) e.Touch(s, engine::Touch{1.0, now++, engine::kNever});
+    state.ResumeTiming();
+    e.Hint(1, engine::HintKind::kSoon, now++);
+  }
+  state.counters["blocks"] = n;
+  state.counters["units_per_hint"] =
+      static_cast<double>(e.counters().hint_work) / static_cast<double>(e.counters().hints);
+}
+BENCHMARK(BM_HintOnAHugeGroup)
+    ->ArgsProduct({{65536, 1 << 20}, {0, 16384}})
+    ->Unit(benchmark::kMicrosecond);
+
 // `Stats status` with every block live: its per-user shares walk every
 // client's slots (docs/operations.md, "Quotas"); BM_TickBaseline-sized.
 void BM_StatusJson(benchmark::State& state) {

@@ -246,6 +246,11 @@ int main(int argc, char** argv) {
                  "what-if replay) or recorded (plan and complete moves when the daemon did, from "
                  "a cxltierctl record: the exact replay)")
       ->capture_default_str();
+  size_t hint_slice = engine::EngineOptions{}.hint_slice_units;
+  app.add_option("--hint-slice", hint_slice,
+                 "tick mode: units of a hint's work per hint, the rest at the next plans "
+                 "(0: all at once; the default is the daemon's)")
+      ->capture_default_str();
   app.add_option("--ghosts", ghosts, "ghost store entries (persist)")->capture_default_str();
   app.add_option("--jobs", jobs, "simulations run in parallel")->capture_default_str();
   app.add_flag("--json", json, "print one JSON array");
@@ -303,6 +308,7 @@ int main(int argc, char** argv) {
   }
   base.tick_steps = tick_steps;
   base.hysteresis_ticks = hysteresis;
+  base.hint_slice_units = hint_slice;
   base.ghost_capacity = ghosts;
   if (mode == "demand") {
     base.mode = engine::Mode::kDemand;

@@ -23,6 +23,10 @@ struct SimConfig {
   uint32_t hysteresis_ticks = 0;        // tick mode
   size_t ghost_capacity = 1u << 20;
   bool hints = true;  // apply the trace's scheduler hints (kHint events), if it has any
+  // Tick mode: units of a hint's group-wide work per Hint() call, the rest at
+  // the next plans (EngineOptions::hint_slice_units; 0: all at once). The
+  // daemon's by default.
+  size_t hint_slice_units = engine::EngineOptions{}.hint_slice_units;
   // Tick mode: plan and complete moves when the recording says the daemon
   // did (kPlan, kOutcome, kRelocated events; Trace::recorded_moves), instead
   // of planning every tick_steps steps and completing every move at once.

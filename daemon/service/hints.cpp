@@ -1,0 +1,105 @@
+#include "service/hints.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace cxltier::service {
+
+using wire::Error;
+using wire::ErrorCode;
+
+namespace {
+
+// The engine's name for a client's group: groups are per client (connection),
+// so one client can never name, join or hint another's group. Client ids
+// count connections from 1; only after 2^32 connections would an id's low
+// bits repeat, and even then the engine keeps a group to one owner (uid).
+engine::GroupId EngineGroup(const Client& c, uint32_t group) { return (c.id << 32) | group; }
+
+}  // namespace
+
+void CostBudget::Refill(CostClock::time_point now) {
+  if (now <= at_) return;
+  const double seconds = std::chrono::duration<double>(now - at_).count();
+  units_ = std::min(burst_, units_ + seconds * rate_);
+  at_ = now;
+}
+
+std::chrono::microseconds CostBudget::Wait(CostClock::time_point now) const {
+  const double seconds = now > at_ ? std::chrono::duration<double>(now - at_).count() : 0.0;
+  const double have = units_ + seconds * rate_;
+  if (have >= 0 || rate_ <= 0) return std::chrono::microseconds(0);
+  return std::chrono::microseconds(static_cast<int64_t>(std::ceil(-have / rate_ * 1e6)));
+}
+
+bool CostBudget::Full(CostClock::time_point now) const {
+  const double seconds = now > at_ ? std::chrono::duration<double>(now - at_).count() : 0.0;
+  return units_ + seconds * rate_ >= burst_;
+}
+
+server::Answer<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engine::Engine& engine,
+                                           uint64_t tick, CostClock::time_point now) {
+  // The codec refused kinds other than 1 to 3 and group 0.
+  if (m.keys.size() > wire::kMaxEntriesPerMessage) {
+    return Error{ErrorCode::kLimit, "a hint may name at most " +
+                                        std::to_string(wire::kMaxEntriesPerMessage) +
+                                        " blocks; split it"};
+  }
+  static_assert(static_cast<int>(HintKind::kIdle) == static_cast<int>(engine::HintKind::kIdle) &&
+                static_cast<int>(HintKind::kSoon) == static_cast<int>(engine::HintKind::kSoon) &&
+                static_cast<int>(HintKind::kDone) == static_cast<int>(engine::HintKind::kDone));
+  const engine::GroupId group = EngineGroup(c, m.group);
+  const uint64_t work_before = engine.counters().hint_work;
+  // A hint comes after every observation the client made before sending it
+  // (an idle hint after the turn's last touches, not undone by them): fold
+  // what it observed so far now, as touches of the tick the hint belongs to.
+  // At most fold_slots of them: a client that keeps more pending than that
+  // has the rest folded by the next tick, after its hint.
+  const Fold::Pending folded = fold_->RunPending(c, engine, tick, limits_.fold_slots);
+  wire::HintOk ok;
+  for (const BlockKey& k : m.keys) {
+    // Only this client's own table: another client's key is unknown here.
+    auto it = c.by_key.find(k);
+    const engine::Slot es =
+        it == c.by_key.end() ? engine::kNoSlot : c.slots[it->second].engine_slot;
+    // SetGroup refuses a block of another owner than the group's: this
+    // client's blocks are all its uid's, so only a broken table would.
+    if (es == engine::kNoSlot || !engine.SetGroup(es, group)) {
+      ++ok.unknown;
+      continue;
+    }
+    recorder_->Group(tick, engine.state(es).key, group);
+    ++ok.grouped;
+  }
+  ok.applied = engine.Hint(group, static_cast<engine::HintKind>(m.kind), tick) ? 1 : 0;
+  if (ok.applied) recorder_->Hint(tick, group, m.kind);
+  ++requests_;
+  unknown_keys_ += ok.unknown;
+  const uint64_t units = 1 + m.keys.size() + folded.slots + folded.words / 64 +
+                         (engine.counters().hint_work - work_before);
+  units_ += units;
+  max_units_ = std::max(max_units_, units - m.keys.size());
+  budgets_.try_emplace(c.peer.uid, limits_.burst_units, limits_.units_per_second, now)
+      .first->second.Spend(units, now);
+  spdlog::debug("client {} hint {} for group {}: {} grouped, {} unknown, {}, {} units", c.id,
+                static_cast<int>(m.kind), m.group, ok.grouped, ok.unknown,
+                ok.applied ? "applied" : "no live block", units);
+  return ok;
+}
+
+std::chrono::microseconds Hints::Throttle(uid_t uid, CostClock::time_point now) {
+  const auto it = budgets_.find(uid);
+  if (it == budgets_.end()) return std::chrono::microseconds(0);
+  const std::chrono::microseconds wait = it->second.Wait(now);
+  if (wait.count() > 0) {
+    ++throttled_;
+  } else if (it->second.Full(now)) {
+    budgets_.erase(it);  // as a new one would be: no need to keep it
+  }
+  return wait;
+}
+
+}  // namespace cxltier::service
