@@ -360,14 +360,6 @@ TEST(Daemon, SigkillRestartLoopLosesNothing) { RunRestartLoop({}); }
 // of 8 blocks so that blocks move: read leases held across each restart
 // read the same bytes after it, and no rewrite is lost.
 TEST(Daemon, CopyModeRestartLoopLosesNothing) {
-#if defined(__SANITIZE_THREAD__)
-  // Under TSan the loadgen (built with it too) halts on a report in
-  // FillBlock across a reconnect: its writer and readers are ordered by the
-  // daemon's lease hand-off, another process TSan cannot see. Not yet made
-  // visible to TSan as the steady state is (aa906e8); the plain and ASan
-  // builds run this loop and check every byte.
-  GTEST_SKIP() << "the loadgen's reconnect hand-off is invisible to TSan";
-#endif
   RunRestartLoop({.copy = true, .restarts = 4, .sigterm = true, .tier0_budget = "2MiB"});
 }
 

@@ -92,6 +92,11 @@ class Readers {
   Readers(Client& client, uint64_t block_bytes, const CheckOptions& options);
   ~Readers() { Stop(); }
   void Publish(uint32_t slot, const BlockKey& key);
+  // Main thread, after an Admit and before it writes the places it got: the
+  // daemon hands a place on only once our leases on it ended (Let, under
+  // mu_), through its own process and the socket, which TSan cannot see;
+  // taking mu_ shows it that order (also for leases held across a reconnect).
+  void Admitted() { std::lock_guard lock(mu_); }
   // Waits for a rewrite of the slot under way.
   void Withdraw(uint32_t slot);
   void Stop();

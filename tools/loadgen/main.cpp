@@ -550,6 +550,7 @@ int main(int argc, char** argv) {
       if (Status a = call([&] { return client->Admit(pool_id, admit, &results); }); !a.ok()) {
         return Fail("admit: " + a.message);
       }
+      if (readers) readers->Admitted();
       for (size_t k = 0; k < admit.size(); ++k) {
         live[admit_keys[k]] = {copy ? admit_blocks[k] : admit[k].block_index, results[k].slot};
         restored += results[k].restored;
