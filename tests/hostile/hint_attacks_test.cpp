@@ -344,18 +344,9 @@ int Prober(const std::string& socket, FloodShared* sh) {
   if (!DropTo(IdentityOf(kGood))) return 1;
   Status st;
   auto c = Client::Connect({socket, kHostileModel, 64, "prober"}, &st);
-  const int fd = SealedPool(8, "prober-pool");
-  uint32_t pool = 0;
-  std::vector<wire::AdmitEntry> entries;
   std::vector<BlockKey> keys;
-  for (uint32_t i = 0; i < 8; ++i) {
-    keys.push_back(BlockKey::FromSequence(4243, i));
-    entries.push_back({keys.back(), i});
-  }
   std::vector<wire::AdmitResult> res;
-  if (!c || fd < 0 ||
-      !c->RegisterMemfdPool(fd, 8 * kHostileStride, kHostileStride, 8, &pool).ok() ||
-      !c->Admit(pool, entries, &res).ok()) {
+  if (!c || !AdmitSealedPool(*c, 8, 4243, "prober-pool", &keys, &res).ok()) {
     sh->prober_failures.fetch_add(1);
     return 1;
   }

@@ -216,6 +216,24 @@ inline int SealedPool(uint32_t blocks, const char* name = "hostile-pool") {
   return fd;
 }
 
+// Registers a sealed pool of `blocks` blocks (memfd `name`) on `c` and
+// admits the blocks of `sequence` 0..blocks-1 at their own indexes: the
+// keys and the daemon's answers in `keys` and `admitted`.
+inline Status AdmitSealedPool(Client& c, uint32_t blocks, uint64_t sequence, const char* name,
+                              std::vector<BlockKey>* keys,
+                              std::vector<wire::AdmitResult>* admitted) {
+  const int fd = SealedPool(blocks, name);
+  if (fd < 0) return Status::Fail(wire::ErrorCode::kInternal, "cannot make a sealed pool");
+  uint32_t pool = 0;
+  std::vector<wire::AdmitEntry> entries;
+  for (uint32_t i = 0; i < blocks; ++i) {
+    keys->push_back(BlockKey::FromSequence(sequence, i));
+    entries.push_back({keys->back(), i});
+  }
+  Status st = c.RegisterMemfdPool(fd, blocks * kHostileStride, kHostileStride, blocks, &pool);
+  return st.ok() ? c.Admit(pool, entries, admitted) : st;
+}
+
 // How the good client fared.
 struct GoodReport {
   uint64_t rounds = 0;
@@ -321,18 +339,9 @@ class GoodClient {
       Fail("connect: " + st.message);
       return 1;
     }
-    const int fd = SealedPool(8, "good-pool");
-    uint32_t pool = 0;
-    std::vector<wire::AdmitEntry> entries;
     std::vector<BlockKey> keys;
-    for (uint32_t i = 0; i < 8; ++i) {
-      keys.push_back(BlockKey::FromSequence(4242, i));
-      entries.push_back({keys.back(), i});
-    }
     std::vector<wire::AdmitResult> admitted;
-    if (fd < 0 ||
-        !(st = c->RegisterMemfdPool(fd, 8 * kHostileStride, kHostileStride, 8, &pool)).ok() ||
-        !(st = c->Admit(pool, entries, &admitted)).ok()) {
+    if (!(st = AdmitSealedPool(*c, 8, 4242, "good-pool", &keys, &admitted)).ok()) {
       Fail("setup: " + st.message);
       return 1;
     }
