@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
   app.add_option("--expect-tiers", expect_tiers,
                  "with --check-placement: fail unless the daemon has at least N tiers and, "
                  "at the check, blocks the kernel shows on each of tiers 0 .. N-1's nodes "
-                 "(with --until-moves, the run also goes on until live blocks sit in each)");
+                 "(with --until-moves, the run also goes on until live blocks sit in each once the "
+                 "daemon is quiet)");
   app.add_flag("--expect-kernel-migrations", expect_kernel_migrations,
                "fail unless /proc/vmstat pgmigrate_success grew during the run");
   try {
