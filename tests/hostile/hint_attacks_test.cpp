@@ -226,12 +226,8 @@ struct FloodShared {
   std::atomic<int> flood{0};          // 1: the attacker floods, 0: it holds, 2: it leaves
   std::atomic<uint64_t> sent{0};      // hints the attacker sent
   std::atomic<uint64_t> answered{0};  // and got answered
-  // The prober files its samples under 0 (quiet) or 1 (flood); 3: none; 2: it leaves.
-  std::atomic<int> phase{3};
-  static constexpr int kSamples = 16384;
-  std::atomic<int> count[2] = {0, 0};
-  int64_t sample_us[2][kSamples];
-  std::atomic<int> prober_failures{0};
+  // The prober files its samples under 0 (quiet) or 1 (flood).
+  ProbeShared probe;
 };
 
 // The attacker (as kEvil, raw protocol): a range pool of kBig blocks, all
@@ -335,46 +331,6 @@ std::string Flooder(const std::string& socket, FloodShared* sh, int ready_fd) {
   close(fd);
   if (reader_failed) err += " (an error answer)";
   return err;
-}
-
-// The prober (as kGood): a client with 8 blocks that asks QueryTiers of them
-// every 2 ms and files each round trip under the phase it began in (a quiet
-// one only if it also ended quiet).
-int Prober(const std::string& socket, FloodShared* sh) {
-  if (!DropTo(IdentityOf(kGood))) return 1;
-  Status st;
-  auto c = Client::Connect({socket, kHostileModel, 64, "prober"}, &st);
-  std::vector<BlockKey> keys;
-  std::vector<wire::AdmitResult> res;
-  if (!c || !AdmitSealedPool(*c, 8, 4243, "prober-pool", &keys, &res).ok()) {
-    sh->prober_failures.fetch_add(1);
-    return 1;
-  }
-  for (int phase; (phase = sh->phase.load()) != 2;) {
-    std::vector<Tier> tiers;
-    const auto t0 = std::chrono::steady_clock::now();
-    const bool ok = c->QueryTiers(keys, &tiers).ok() && tiers.size() == keys.size();
-    const auto took = std::chrono::steady_clock::now() - t0;
-    if (!ok) sh->prober_failures.fetch_add(1);
-    // A quiet sample must end quiet; a flood's counts however long it took.
-    if (ok && (phase == 1 || (phase == 0 && sh->phase.load() == 0))) {
-      const int i = sh->count[phase].fetch_add(1);
-      if (i < FloodShared::kSamples) {
-        sh->sample_us[phase][i] =
-            std::chrono::duration_cast<std::chrono::microseconds>(took).count();
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return 0;
-}
-
-int64_t P99(const FloodShared& sh, int phase) {
-  const int n = std::min(sh.count[phase].load(), FloodShared::kSamples);
-  std::vector<int64_t> v(sh.sample_us[phase], sh.sample_us[phase] + n);
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  return v[std::min<size_t>(v.size() - 1, v.size() * 99 / 100)];
 }
 
 // The watchdog's pings as systemd would see them: a datagram socket of ours
@@ -502,7 +458,7 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
     pid_t* prober;
     ~Ending() {
       sh->flood = 2;
-      sh->phase = 2;
+      sh->probe.phase = 2;
       if (*prober > 0) {
         kill(*prober, SIGKILL);
         waitpid(*prober, nullptr, 0);
@@ -520,10 +476,10 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
   ASSERT_EQ(read(ready[0], &c, 1), 1) << evil.Wait() << d.Log();
   close(ready[0]);
   prober = ForkAlone();
-  if (prober == 0) _exit(Prober(socket, sh));
+  if (prober == 0) _exit(Prober(socket, &sh->probe));
   ASSERT_GT(prober, 0);
-  sh->phase = 0;
-  ASSERT_TRUE(wait_for([&] { return sh->count[0].load() > 0 || sh->prober_failures > 0; }));
+  sh->probe.phase = 0;
+  ASSERT_TRUE(wait_for([&] { return sh->probe.count[0].load() > 0 || sh->probe.failures > 0; }));
 
   auto hints_answered = [&] { return sh->answered.load(); };
   // The units the daemon charged for hints so far, and the budget.
@@ -540,11 +496,12 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
   uint64_t flooded = 0;
   for (int round = 0; round < 2; ++round) {
     // Quiet, as long as the flood below: while the attacker holds its blocks still.
-    sh->phase = 0;
-    const int quiet_until = sh->count[0].load() + 250;
+    sh->probe.phase = 0;
+    const int quiet_until = sh->probe.count[0].load() + 250;
     const auto q0 = std::chrono::steady_clock::now();
     ASSERT_TRUE(wait_for([&] {
-      return sh->count[0].load() >= quiet_until && std::chrono::steady_clock::now() - q0 > kPhase;
+      return sh->probe.count[0].load() >= quiet_until &&
+             std::chrono::steady_clock::now() - q0 > kPhase;
     })) << d.Log();
     // The flood, from its 100th answered hint on: 250 round trips and three
     // watchdog periods at least (or 20 s: a daemon that cannot answer gets
@@ -556,14 +513,15 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
     ASSERT_TRUE(wait_for([&] { return hints_answered() >= before + 100; }))
         << "the flood never got going; " << evil.Wait();
     flood_from[round] = RealtimeNs();
-    sh->phase = 1;
-    const int flood_until = sh->count[1].load() + 250;
+    sh->probe.phase = 1;
+    const int flood_until = sh->probe.count[1].load() + 250;
     const auto t0 = std::chrono::steady_clock::now();
     wait_for([&] {
       const auto t = std::chrono::steady_clock::now() - t0;
-      return (sh->count[1].load() >= flood_until && t > kPhase) || t > std::chrono::seconds(20);
+      return (sh->probe.count[1].load() >= flood_until && t > kPhase) ||
+             t > std::chrono::seconds(20);
     });
-    sh->phase = 3;  // not sampled until the flood has drained
+    sh->probe.phase = 3;  // not sampled until the flood has drained
     flood_to[round] = RealtimeNs();
     flooded += hints_answered() - before;
     sh->flood = 0;
@@ -578,20 +536,20 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
         hint_status().value("units", uint64_t{0}) - units_before,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - flood_start).count()};
   }
-  sh->phase = 2;
+  sh->probe.phase = 2;
   sh->flood = 2;
   ASSERT_TRUE(wait_for([&] { return waitpid(prober, nullptr, WNOHANG) == prober; }));
   prober = -1;
   EXPECT_EQ(evil.Wait(), "") << d.Log();
   notify.Drain();
 
-  const int64_t quiet = P99(*sh, 0), flood = P99(*sh, 1);
-  EXPECT_EQ(sh->prober_failures.load(), 0);
-  EXPECT_GE(sh->count[0].load(), 500);
+  const int64_t quiet = sh->probe.P99(0), flood = sh->probe.P99(1);
+  EXPECT_EQ(sh->probe.failures.load(), 0);
+  EXPECT_GE(sh->probe.count[0].load(), 500);
   EXPECT_GT(flooded, 200u);
   EXPECT_LE(flood, 10 * quiet) << "p99 " << flood << " us under the flood, " << quiet
                                << " us without; " << flooded << " hints answered in the flood, "
-                               << sh->count[1].load() << " round trips";
+                               << sh->probe.count[1].load() << " round trips";
   int64_t gaps[2];
   for (int round = 0; round < 2; ++round) {
     gaps[round] = notify.LongestGap(flood_from[round], flood_to[round]);
@@ -631,8 +589,8 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
       "hint flood: p99 %lld us quiet, %lld us flooded (%d and %d round trips); %llu "
       "hints answered in the flood; longest time without a watchdog ping %lld and %lld "
       "ms; status hints %s\n",
-      static_cast<long long>(quiet), static_cast<long long>(flood), sh->count[0].load(),
-      sh->count[1].load(), static_cast<unsigned long long>(flooded),
+      static_cast<long long>(quiet), static_cast<long long>(flood), sh->probe.count[0].load(),
+      sh->probe.count[1].load(), static_cast<unsigned long long>(flooded),
       static_cast<long long>(gaps[0] / 1000000), static_cast<long long>(gaps[1] / 1000000),
       h.dump().c_str());
 }

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -232,6 +233,59 @@ inline Status AdmitSealedPool(Client& c, uint32_t blocks, uint64_t sequence, con
   }
   Status st = c.RegisterMemfdPool(fd, blocks * kHostileStride, kHostileStride, blocks, &pool);
   return st.ok() ? c.Admit(pool, entries, admitted) : st;
+}
+
+// Round trips of another uid's client (the prober), filed by the phase of
+// the attack they began in: 0 quiet, 1 under attack; 3: not sampled; 2: the
+// prober leaves. In shared memory, so the prober can be another process.
+struct ProbeShared {
+  std::atomic<int> phase{3};
+  static constexpr int kSamples = 16384;
+  std::atomic<int> count[2] = {0, 0};
+  int64_t sample_us[2][kSamples];
+  std::atomic<int> failures{0};
+
+  // The 99th percentile of a phase's round trips in microseconds (-1: none).
+  int64_t P99(int of) const {
+    const int n = std::min(count[of].load(), kSamples);
+    std::vector<int64_t> v(sample_us[of], sample_us[of] + n);
+    if (v.empty()) return -1;
+    std::sort(v.begin(), v.end());
+    return v[std::min<size_t>(v.size() - 1, v.size() * 99 / 100)];
+  }
+};
+
+// The prober (run it as its own process): becomes kGood, admits 8 blocks,
+// then asks QueryTiers of them every 2 ms and files each round trip under
+// the phase it began in (a quiet one only if it also ended quiet), until
+// the phase is 2.
+inline int Prober(const std::string& socket, ProbeShared* sh) {
+  if (!DropTo(IdentityOf(kGood))) return 1;
+  Status st;
+  auto c = Client::Connect({socket, kHostileModel, 64, "prober"}, &st);
+  std::vector<BlockKey> keys;
+  std::vector<wire::AdmitResult> res;
+  if (!c || !AdmitSealedPool(*c, 8, 4243, "prober-pool", &keys, &res).ok()) {
+    sh->failures.fetch_add(1);
+    return 1;
+  }
+  for (int phase; (phase = sh->phase.load()) != 2;) {
+    std::vector<Tier> tiers;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = c->QueryTiers(keys, &tiers).ok() && tiers.size() == keys.size();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    if (!ok) sh->failures.fetch_add(1);
+    // A quiet sample must end quiet; an attack's counts however long it took.
+    if (ok && (phase == 1 || (phase == 0 && sh->phase.load() == 0))) {
+      const int i = sh->count[phase].fetch_add(1);
+      if (i < ProbeShared::kSamples) {
+        sh->sample_us[phase][i] =
+            std::chrono::duration_cast<std::chrono::microseconds>(took).count();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return 0;
 }
 
 // How the good client fared.
