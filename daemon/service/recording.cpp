@@ -110,7 +110,8 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
       // The daemon's moves (cxltier-sim --moves recorded replays them), in
       // the trace only while it is exact: nothing lost to a uid's share.
       {"recorded_moves", sum.replay_exact},
-      {"replay_exact", sum.replay_exact},
+      // cxltierctl's JSON names its exact replay command "replay_exact".
+      {"exact", sum.replay_exact},
       {"plans", sum.plans},
       {"move_outcomes", sum.outcomes},
       {"moves_done", sum.outcomes_done},

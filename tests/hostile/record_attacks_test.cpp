@@ -148,7 +148,7 @@ TEST(HostileRecord, AnotherUidsFloodNeitherEndsAnAdminsRecordingNorPushesOutItsE
       << s.dump(2);
   EXPECT_EQ(s["dropped_events"].get<uint64_t>(), s["dropped"][evil_uid].get<uint64_t>());
   // Events were lost: no exact replay, and no moves in the trace.
-  EXPECT_FALSE(s["replay_exact"].get<bool>()) << s.dump(2);
+  EXPECT_FALSE(s["exact"].get<bool>()) << s.dump(2);
   EXPECT_FALSE(s["recorded_moves"].get<bool>()) << s.dump(2);
   EXPECT_EQ(s["plans"].get<uint64_t>(), 0u) << s.dump(2);
   EXPECT_EQ(s["events"].get<uint64_t>(), kMaxEvents / 2 + s["uids"]["0"].get<uint64_t>());

@@ -441,7 +441,7 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   // The daemon's moves are in the trace: the same replay with them, when it
   // had them. Not for a trace that lost a uid's events past its share: that
   // is a what-if trace only.
-  if (s.value("recorded_moves", false) && s.value("replay_exact", true))
+  if (s.value("recorded_moves", false) && s.value("exact", true))
     s["replay_exact"] = s["replay"].get<std::string>() + " --moves recorded";
   if (json) {
     std::cout << s.dump(2) << "\n";
