@@ -37,8 +37,8 @@ bool Recorder::Fits(uint64_t events, uint64_t keys, uint64_t groups, bool groupe
   return events <= max_events_ && bytes <= max_bytes_;
 }
 
-bool Recorder::Admits(uint64_t tick, std::optional<uint32_t> uid, uint64_t new_events,
-                      bool new_key, bool new_group, bool grouped) {
+bool Recorder::Admits(uint64_t tick, std::optional<uint32_t> uid, uint64_t new_events, bool new_key,
+                      bool new_group, bool grouped) {
   const auto fits = [&] {
     return Fits(trace_.events.size() + new_events, trace_.keys.size() + new_key,
                 groups_.size() + new_group, grouped);

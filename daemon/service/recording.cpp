@@ -138,9 +138,10 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
   j["uids"] = std::move(uids);
   j["dropped"] = std::move(dropped);
   j["dropped_events"] = sum.dropped;
-  spdlog::info("recording stopped: {} ticks, {} events, {} blocks, {} records dropped past "
-               "their uid's share",
-               sum.end_tick - sum.start_tick, sum.events, sum.keys, sum.dropped);
+  spdlog::info(
+      "recording stopped: {} ticks, {} events, {} blocks, {} records dropped past "
+      "their uid's share",
+      sum.end_tick - sum.start_tick, sum.events, sum.keys, sum.dropped);
   *trace_fd = std::move(fd);
   return wire::AdminOk{j.dump()};
 }

@@ -123,8 +123,7 @@ TEST(HostileRecord, AnotherUidsFloodNeitherEndsAnAdminsRecordingNorPushesOutItsE
   ASSERT_FALSE(Readable(flooded[0])) << "the flood stopped early: " << evil.Wait();
 
   int trace_fd = -1;
-  ASSERT_TRUE(
-      Client::DaemonAdmin(socket, wire::AdminOp::kRecordStop, "", &text, &trace_fd).ok())
+  ASSERT_TRUE(Client::DaemonAdmin(socket, wire::AdminOp::kRecordStop, "", &text, &trace_fd).ok())
       << text;
   ASSERT_TRUE(Put(stop[1], 's'));
   EXPECT_EQ(evil.Wait(), "") << d.Log();

@@ -140,9 +140,9 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
   EXPECT_FALSE(sum4.truncated);
   EXPECT_EQ(t4.events.size(), kCap / 2 / kNewBlock);
   EXPECT_EQ(sum4.dropped, kCap / Recorder::kBytesPerKey + 10 - t4.events.size());
-  EXPECT_LE(t4.events.capacity() * Recorder::kBytesPerEvent +
-                t4.keys.size() * Recorder::kBytesPerKey,
-            kCap);
+  EXPECT_LE(
+      t4.events.capacity() * Recorder::kBytesPerEvent + t4.keys.size() * Recorder::kBytesPerKey,
+      kCap);
 }
 
 // Issue 30, item 7: another uid's flood neither ends the recording nor takes
@@ -166,7 +166,7 @@ TEST(Recorder, AUidPastItsShareLosesItsOwnEventsOnly) {
   // The admin's client: with two uids its share is 12 / 3 = 4, and there is room for it.
   for (uint64_t i = 0; i < 4; ++i) r.Admit(2, kAdmin, key(kAdmin, i), Tier::kSlow);
   r.Touch(2, kFlood, key(kFlood, 0), 1.0, false);  // lost: never again, even an old block
-  r.Plan(2, 0);                                     // no exact replay: no moves recorded
+  r.Plan(2, 0);                                    // no exact replay: no moves recorded
   EXPECT_TRUE(r.on());
   r.Touch(3, kAdmin, key(kAdmin, 0), 1.0, true);  // past its share of 4
   r.Release(3, kAdmin, key(kAdmin, 1));           // and everything after

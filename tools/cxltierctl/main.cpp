@@ -462,9 +462,10 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
     std::string who;
     for (const auto& [uid, n] : d->items()) who += " uid " + uid + ": " + n.dump() + ";";
     who.pop_back();
-    std::printf("dropped past their uid's share of the budget (each uid's events stop at its "
-                "first loss):%s; no exact replay\n",
-                who.c_str());
+    std::printf(
+        "dropped past their uid's share of the budget (each uid's events stop at its "
+        "first loss):%s; no exact replay\n",
+        who.c_str());
   }
   std::printf("live: %s touches, hit rate %.2f%% (policy %s)\n",
               s.value("touches", nlohmann::json(0)).dump().c_str(), 100 * s.value("hit_rate", 0.0),
