@@ -417,17 +417,22 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
     EXPECT_EQ(back.trace.events[i].key, t.events[i].key) << i;
   }
 
-  // A plan costs an event: the event cap stops it there.
+  // A plan costs an event of no uid's share: past the event cap the moves
+  // go (no exact replay), and the recording goes on.
   Recorder capped;
   capped.Start(0, 100, 2, secret);
   capped.Plan(1, 0);
   capped.Plan(2, 3);
+  EXPECT_TRUE(capped.on());
   capped.Plan(3, 0);
-  ASSERT_TRUE(capped.ready());
+  EXPECT_TRUE(capped.on());
+  capped.Stop(4);
   auto [t2, sum2] = capped.Take();
-  EXPECT_TRUE(sum2.truncated);
-  EXPECT_EQ(t2.events.size(), 2u);
-  EXPECT_EQ(sum2.plans, 2u);
+  EXPECT_FALSE(sum2.truncated);
+  EXPECT_FALSE(sum2.replay_exact);
+  EXPECT_FALSE(t2.recorded_moves);
+  EXPECT_EQ(t2.events.size(), 0u);
+  EXPECT_EQ(sum2.plans, 0u);
 }
 
 // A uid's hint budget (docs/protocol.md, "What a hint costs"): a bucket of
