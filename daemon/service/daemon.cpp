@@ -470,7 +470,7 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
     }
     const Tier where = moves_.WhereIs(pool.Range(e.block_index));
     const engine::Slot es = engine_->Admit(EngineKey(e.key, peer.uid), where, peer.uid, c->account);
-    recorder_.Admit(EventTick(), engine_->state(es).key, where);
+    recorder_.Admit(EventTick(), peer.uid, engine_->state(es).key, where);
     const uint32_t seg = clients_.Bind(*c, es, m.pool_id, e.block_index, e.key);
     WriteBack(*engine_, *c, seg);
     const bool restored = engine_->state(es).flags & kFlagRestored;
@@ -506,7 +506,7 @@ server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m)
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
     const engine::Slot es =
         engine_->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid, c.account);
-    recorder_.Admit(EventTick(), engine_->state(es).key, where);
+    recorder_.Admit(EventTick(), c.peer.uid, engine_->state(es).key, where);
     const uint32_t seg = clients_.Bind(c, es, pool, index, e.key);
     PublishAdmitted(c, seg);
     WriteBack(*engine_, c, seg);
@@ -530,7 +530,7 @@ void Daemon::ReleaseSlot(Client& c, uint32_t seg) {
                                       "another of this client's blocks is given",
                                       seg));
   }
-  recorder_.Release(EventTick(), st.key);
+  recorder_.Release(EventTick(), c.peer.uid, st.key);
   engine_->Release(s.engine_slot);
   clients_.Unbind(c, seg);
 }

@@ -128,7 +128,8 @@ void Fold::FoldSlot(Client& c, engine::Engine& engine, uint64_t tick, uint32_t i
   const bool hit = engine.Touch(s.engine_slot, engine::Touch{mass, tick, engine::kNever});
   if (recorder_ && recorder_->on()) {
     // Its group too: a block may have joined it before the recording began.
-    recorder_->Touch(tick, engine.state(s.engine_slot).key, mass, hit, engine.group(s.engine_slot));
+    recorder_->Touch(tick, c.peer.uid, engine.state(s.engine_slot).key, mass, hit,
+                     engine.group(s.engine_slot));
   }
   WriteBack(engine, c, i);
 }

@@ -71,11 +71,11 @@ server::Answer<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engin
       ++ok.unknown;
       continue;
     }
-    recorder_->Group(tick, engine.state(es).key, group);
+    recorder_->Group(tick, c.peer.uid, engine.state(es).key, group);
     ++ok.grouped;
   }
   ok.applied = engine.Hint(group, static_cast<engine::HintKind>(m.kind), tick) ? 1 : 0;
-  if (ok.applied) recorder_->Hint(tick, group, m.kind);
+  if (ok.applied) recorder_->Hint(tick, c.peer.uid, group, m.kind);
   ++requests_;
   unknown_keys_ += ok.unknown;
   const uint64_t units = 1 + m.keys.size() + folded.slots + folded.words / 64 +

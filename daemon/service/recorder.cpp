@@ -17,6 +17,7 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   index_.clear();
   groups_.clear();
   planned_.clear();
+  shares_.clear();
   secret_ = secret;
   summary_ = Summary{};
   summary_.start_tick = tick;
@@ -26,18 +27,68 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   state_ = State::kOn;
 }
 
-bool Recorder::Fits(uint64_t tick, uint64_t events, uint64_t keys, uint64_t groups, bool grouped) {
+bool Recorder::Fits(uint64_t events, uint64_t keys, uint64_t groups, bool grouped) const {
   // The events' vector at its next capacity, should it have to grow.
   const uint64_t cap = trace_.events.capacity();
   const uint64_t event_cap = events <= cap ? cap : std::max<uint64_t>(events, 2 * cap);
   const uint64_t bytes = event_cap * kBytesPerEvent + keys * kBytesPerKey +
-                         (grouped ? keys * kBytesPerGroupedKey : 0) + groups * kBytesPerGroup;
-  if (events > max_events_ || bytes > max_bytes_) {
+                         (grouped ? keys * kBytesPerGroupedKey : 0) + groups * kBytesPerGroup +
+                         shares_.size() * kBytesPerUid;
+  return events <= max_events_ && bytes <= max_bytes_;
+}
+
+bool Recorder::Admits(uint64_t tick, std::optional<uint32_t> uid, uint64_t new_events, bool new_key,
+                      bool new_group, bool grouped) {
+  const auto fits = [&] {
+    return Fits(trace_.events.size() + new_events, trace_.keys.size() + new_key,
+                groups_.size() + new_group, grouped);
+  };
+  if (!uid) {
+    // The daemon's moves: worth keeping only while the trace is exact, and
+    // never at the cost of a uid's events.
+    if (!summary_.replay_exact) return false;
+    if (fits()) return true;
+    DropMoves();
+    return false;
+  }
+  Share& share = shares_[*uid];
+  // A share for each uid seen and one for the next to come. An event is
+  // charged twice its size: the events' vector may hold twice its events
+  // (it doubles), so the shares together never pass the byte cap.
+  const uint64_t n = shares_.size() + 1;
+  const uint64_t bytes = new_events * 2 * kBytesPerEvent +
+                         (new_key ? kBytesPerKey + kBytesPerGroupedKey : 0) +
+                         (new_group ? kBytesPerGroup : 0);
+  if (share.lost || share.events + new_events > max_events_ / n ||
+      share.bytes + bytes > max_bytes_ / n) {
+    // From now on nothing of this uid: the trace keeps a prefix of its
+    // traffic without gaps.
+    share.lost = true;
+    ++share.dropped;
+    ++summary_.dropped;
+    if (summary_.replay_exact) DropMoves();
+    return false;
+  }
+  if (!fits() && summary_.replay_exact) DropMoves();  // their room goes to the uids first
+  if (!fits()) {
+    // Every share taken (more uids than the free share was kept for).
     summary_.truncated = true;
     Stop(tick);
     return false;
   }
+  share.events += new_events;
+  share.bytes += bytes;
   return true;
+}
+
+void Recorder::DropMoves() {
+  summary_.replay_exact = false;
+  trace_.recorded_moves = false;
+  planned_ = {};
+  std::erase_if(trace_.events, [](const sim::TraceEvent& e) { return sim::IsMoveEvent(e.kind); });
+  // Capacity at most twice the events again, as the shares count it.
+  trace_.events.shrink_to_fit();
+  summary_.plans = summary_.outcomes = summary_.outcomes_done = summary_.relocations = 0;
 }
 
 BlockKey Recorder::Hash(const BlockKey& key) const {
@@ -71,13 +122,12 @@ uint32_t Recorder::Step(uint64_t tick) const {
   return trace_.events.empty() ? step : std::max(step, trace_.events.back().step);
 }
 
-bool Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind,
-                   uint64_t group) {
+bool Recorder::Add(uint64_t tick, std::optional<uint32_t> uid, const BlockKey& key, float obs,
+                   sim::EventKind kind, uint64_t group) {
   const BlockKey hashed = Hash(key);
   const bool new_key = !index_.contains(hashed);
   const bool new_group = group != 0 && !groups_.contains(group);
-  if (!Fits(tick, trace_.events.size() + 1, trace_.keys.size() + new_key,
-            groups_.size() + new_group, group != 0 || !trace_.groups.empty())) {
+  if (!Admits(tick, uid, 1, new_key, new_group, group != 0 || !trace_.groups.empty())) {
     return false;
   }
   const uint32_t k = KeyOf(hashed);
@@ -86,25 +136,20 @@ bool Recorder::Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind
   return true;
 }
 
-void Recorder::Group(uint64_t tick, const BlockKey& key, uint64_t group) {
+void Recorder::Group(uint64_t tick, uint32_t uid, const BlockKey& key, uint64_t group) {
   if (!on() || group == 0) return;
   const BlockKey hashed = Hash(key);
   const bool new_key = !index_.contains(hashed);
   const bool new_group = !groups_.contains(group);
-  if (!Fits(tick, trace_.events.size(), trace_.keys.size() + new_key, groups_.size() + new_group,
-            true)) {
-    return;
-  }
+  if (!Admits(tick, uid, 0, new_key, new_group, true)) return;
   const uint32_t k = KeyOf(hashed);
   trace_.groups[k] = GroupNumber(group);
 }
 
-void Recorder::Hint(uint64_t tick, uint64_t group, HintKind kind) {
+void Recorder::Hint(uint64_t tick, uint32_t uid, uint64_t group, HintKind kind) {
   if (!on() || group == 0) return;
   const bool new_group = !groups_.contains(group);
-  if (!Fits(tick, trace_.events.size() + 1, trace_.keys.size(), groups_.size() + new_group, true)) {
-    return;
-  }
+  if (!Admits(tick, uid, 1, false, new_group, true)) return;
   const uint32_t g = GroupNumber(group);
   trace_.events.push_back(sim::TraceEvent{Step(tick), g, static_cast<float>(static_cast<int>(kind)),
                                           sim::EventKind::kHint});
@@ -112,10 +157,7 @@ void Recorder::Hint(uint64_t tick, uint64_t group, HintKind kind) {
 }
 
 void Recorder::Plan(uint64_t tick, size_t moves) {
-  if (!on() || !Fits(tick, trace_.events.size() + 1, trace_.keys.size(), groups_.size(),
-                     !trace_.groups.empty())) {
-    return;
-  }
+  if (!on() || !Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
   // A plan's key is the number of moves it planned.
   const uint32_t n = static_cast<uint32_t>(std::min<size_t>(moves, UINT32_MAX));
   trace_.events.push_back(sim::TraceEvent{Step(tick), n, 0.0f, sim::EventKind::kPlan});
@@ -125,7 +167,7 @@ void Recorder::Plan(uint64_t tick, size_t moves) {
 void Recorder::Outcome(uint64_t tick, const BlockKey& key, bool done) {
   // Planned before the recording began: the replay never planned it.
   if (!on() || planned_.erase(key) == 0) return;
-  if (Add(tick, key, done ? 1.0f : 0.0f, sim::EventKind::kOutcome)) {
+  if (Add(tick, std::nullopt, key, done ? 1.0f : 0.0f, sim::EventKind::kOutcome)) {
     ++summary_.outcomes;
     summary_.outcomes_done += done;
   }
@@ -143,6 +185,8 @@ void Recorder::Stop(uint64_t tick) {
   summary_.end_tick = tick;
   summary_.events = trace_.events.size();
   summary_.keys = trace_.keys.size();
+  for (const auto& [uid, share] : shares_) summary_.uids[uid] = {share.events, share.dropped};
+  shares_ = {};
   state_ = State::kDone;
 }
 
@@ -152,6 +196,7 @@ void Recorder::Discard() {
   index_ = {};
   groups_ = {};
   planned_ = {};
+  shares_ = {};
   summary_ = Summary{};
   state_ = State::kIdle;
 }

@@ -19,10 +19,26 @@
 // it), and each relocation the daemon told the engine of. An outcome is
 // recorded only for a move planned during the recording and only while it
 // is the block's current move (the engine ignores the others).
+//
+// The budget (events and bytes) is split per uid, so that one uid's traffic
+// can neither end an admin's recording nor push out another uid's events
+// (issue 30, item 7; docs/security.md). Each client event names its uid; a
+// uid may hold at most budget / (uids seen + 1): the "+ 1" keeps a share
+// free for the next uid to arrive, so a uid that floods first still leaves
+// room for the others, and nothing recorded is ever taken back. A uid past
+// its share loses the event (counted per uid) and records nothing more, so
+// the trace holds a gap-free prefix of each uid's traffic. Such a trace is
+// no exact replay any more: the daemon's moves are stripped from it at the
+// first loss (it becomes a what-if trace, Summary::replay_exact false),
+// which also frees their room. The daemon's moves belong to no uid: when
+// one does not fit, they go the same way. The recording stops before its
+// time (truncated) only when a uid within its share finds no room left.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -37,14 +53,15 @@ namespace cxltier::service {
 class Recorder {
  public:
   // What a recording may hold in the daemon's memory, events, key index and
-  // groups together: when a new event, key or group would pass it, the
-  // recording stops, marked truncated. A new block costs its key twice (the
+  // groups together, split in shares per uid (above). A new block costs its key twice (the
   // trace's table and the index) plus a hash node and bucket, with room for
   // the vector's growth; once there are groups, its group number too (u32,
   // with room for growth); a new group its hash node and bucket.
   static constexpr uint64_t kMaxBytes = uint64_t{256} << 20;
   static constexpr uint64_t kBytesPerEvent = sizeof(sim::TraceEvent), kBytesPerKey = 128;
   static constexpr uint64_t kBytesPerGroupedKey = 8, kBytesPerGroup = 64;
+  // A uid's entry in the share table.
+  static constexpr uint64_t kBytesPerUid = 64;
   // XXH3's minimum secret is 136 bytes; this is its default size.
   static constexpr size_t kSecretBytes = 192;
   using Secret = std::array<uint8_t, kSecretBytes>;
@@ -57,8 +74,19 @@ class Recorder {
     // tier 0 when the engine folded it): what the daemon measured live.
     uint64_t touches = 0, hits = 0;
     uint64_t hints = 0, groups = 0;  // recorded hints; groups seen
-    // The daemon's plans, the move outcomes (done or not) and relocations recorded.
+    // The daemon's plans, the move outcomes (done or not) and relocations
+    // recorded (all 0 when the trace is no exact replay: it holds none).
     uint64_t plans = 0, outcomes = 0, outcomes_done = 0, relocations = 0;
+    // Per uid: the events it holds in the trace, and the records (events and
+    // group joins) it lost past its share.
+    struct PerUid {
+      uint64_t events = 0, dropped = 0;
+    };
+    std::map<uint32_t, PerUid> uids;
+    uint64_t dropped = 0;  // all uids'
+    // The trace holds every event and the daemon's moves: cxltier-sim
+    // --moves recorded replays it exactly. False once anything was lost.
+    bool replay_exact = true;
   };
 
   // Starts a recording at `tick` that stops by itself after `ticks` ticks,
@@ -71,32 +99,33 @@ class Recorder {
   bool ready() const { return state_ == State::kDone; }
 
   // A touch the fold gave the engine (`hit`: the block was in tier 0) of a
-  // block in engine group `group` (0: none), or a release, or an admit with
-  // the block's pages in `placed`, at `tick`.
-  void Touch(uint64_t tick, const BlockKey& key, double mass, bool hit, uint64_t group = 0) {
-    if (on() && Add(tick, key, static_cast<float>(mass), sim::EventKind::kTouch, group)) {
+  // block of uid `uid` in engine group `group` (0: none), or a release, or
+  // an admit with the block's pages in `placed`, at `tick`.
+  void Touch(uint64_t tick, uint32_t uid, const BlockKey& key, double mass, bool hit,
+             uint64_t group = 0) {
+    if (on() && Add(tick, uid, key, static_cast<float>(mass), sim::EventKind::kTouch, group)) {
       ++summary_.touches;
       summary_.hits += hit;
     }
   }
-  // The block joined engine group `group` (nonzero) at `tick`: no event, its
-  // group in the trace's table.
-  void Group(uint64_t tick, const BlockKey& key, uint64_t group);
-  // A hint the engine applied to engine group `group` (nonzero) at `tick`.
-  void Hint(uint64_t tick, uint64_t group, HintKind kind);
-  void Release(uint64_t tick, const BlockKey& key) {
+  // The block of uid `uid` joined engine group `group` (nonzero) at `tick`:
+  // no event, its group in the trace's table.
+  void Group(uint64_t tick, uint32_t uid, const BlockKey& key, uint64_t group);
+  // A hint the engine applied to engine group `group` (nonzero) of uid `uid` at `tick`.
+  void Hint(uint64_t tick, uint32_t uid, uint64_t group, HintKind kind);
+  void Release(uint64_t tick, uint32_t uid, const BlockKey& key) {
     if (!on()) return;
     planned_.erase(key);  // its move, if any, is stale now
-    Add(tick, key, 0.0f, sim::EventKind::kRelease);
+    Add(tick, uid, key, 0.0f, sim::EventKind::kRelease);
   }
-  void Admit(uint64_t tick, const BlockKey& key, Tier placed) {
-    if (on()) Add(tick, key, static_cast<float>(TierIndex(placed)), sim::EventKind::kAdmit);
+  void Admit(uint64_t tick, uint32_t uid, const BlockKey& key, Tier placed) {
+    if (on()) Add(tick, uid, key, static_cast<float>(TierIndex(placed)), sim::EventKind::kAdmit);
   }
   // The daemon ran the engine's Plan() at `tick` (after the tick's fold),
   // which planned `moves` moves; Planned then names each move's block.
   void Plan(uint64_t tick, size_t moves);
   void Planned(const BlockKey& key) {
-    if (on()) planned_.insert(key);
+    if (on() && summary_.replay_exact) planned_.insert(key);
   }
   // The engine took the outcome (`done` or not) of the current move of
   // block `key` at `tick`: recorded if the move was planned during the
@@ -105,7 +134,8 @@ class Recorder {
   // The daemon told the engine block `key` sits in `tier` (Engine::Relocated,
   // when that changes its tier) at `tick`.
   void Relocated(uint64_t tick, const BlockKey& key, Tier tier) {
-    if (on() && Add(tick, key, static_cast<float>(TierIndex(tier)), sim::EventKind::kRelocated)) {
+    if (on() && Add(tick, std::nullopt, key, static_cast<float>(TierIndex(tier)),
+                    sim::EventKind::kRelocated)) {
       ++summary_.relocations;
     }
   }
@@ -123,12 +153,28 @@ class Recorder {
 
  private:
   enum class State { kIdle, kOn, kDone };
-  // False when a cap stopped the recording instead.
-  bool Add(uint64_t tick, const BlockKey& key, float obs, sim::EventKind kind, uint64_t group = 0);
-  // Whether the recording may hold `events` events, `keys` keys and `groups`
-  // groups (with the group table when `grouped`); if not, it stops at `tick`,
-  // truncated.
-  bool Fits(uint64_t tick, uint64_t events, uint64_t keys, uint64_t groups, bool grouped);
+  // What a uid holds of the budget, and whether it lost a record.
+  struct Share {
+    uint64_t events = 0, bytes = 0, dropped = 0;
+    bool lost = false;
+  };
+  // An event of uid `uid` (none: the daemon's move events); false when it
+  // was not recorded (Admits said why).
+  bool Add(uint64_t tick, std::optional<uint32_t> uid, const BlockKey& key, float obs,
+           sim::EventKind kind, uint64_t group = 0);
+  // Whether `new_events` more events, a new key and a new group (when
+  // `new_key`, `new_group`) may be recorded for `uid` (none: the daemon's
+  // moves). A uid past its share loses them and everything after (counted),
+  // and the trace its moves; a move event that does not fit strips the
+  // moves too; a uid within its share that finds no room stops the
+  // recording at `tick`, truncated.
+  bool Admits(uint64_t tick, std::optional<uint32_t> uid, uint64_t new_events, bool new_key,
+              bool new_group, bool grouped);
+  // Whether the whole recording may hold `events` events, `keys` keys and
+  // `groups` groups (with the group table when `grouped`).
+  bool Fits(uint64_t events, uint64_t keys, uint64_t groups, bool grouped) const;
+  // The trace is no exact replay any more: its move events go (and their room).
+  void DropMoves();
   BlockKey Hash(const BlockKey& key) const;
   // The trace key of a hashed key: a new one is added (Fits said there is room).
   uint32_t KeyOf(const BlockKey& hashed);
@@ -150,6 +196,7 @@ class Recorder {
   // and have no outcome yet: as many as moves in flight, so not counted
   // against the caps.
   std::unordered_set<BlockKey, BlockKeyHash> planned_;
+  std::map<uint32_t, Share> shares_;  // per uid
 };
 
 }  // namespace cxltier::service

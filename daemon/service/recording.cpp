@@ -20,7 +20,8 @@ using wire::Error;
 using wire::ErrorCode;
 
 namespace {
-// At most this many events per recording (and Recorder::kMaxBytes), and this long.
+// At most this many events per recording (and Recorder::kMaxBytes), split in
+// shares per uid (service/recorder.h), and this long.
 constexpr uint64_t kRecordMaxEvents = uint64_t{1} << 24;
 constexpr uint64_t kRecordMaxSeconds = 24 * 3600;
 }  // namespace
@@ -106,8 +107,11 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
       {"hit_rate", sum.touches ? static_cast<double>(sum.hits) / sum.touches : 0.0},
       {"hints", sum.hints},
       {"groups", sum.groups},
-      // The daemon's moves (cxltier-sim --moves recorded replays them).
-      {"recorded_moves", true},
+      // The daemon's moves (cxltier-sim --moves recorded replays them), in
+      // the trace only while it is exact: nothing lost to a uid's share.
+      {"recorded_moves", sum.replay_exact},
+      // cxltierctl's JSON names its exact replay command "replay_exact".
+      {"exact", sum.replay_exact},
       {"plans", sum.plans},
       {"move_outcomes", sum.outcomes},
       {"moves_done", sum.outcomes_done},
@@ -124,8 +128,20 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
       {"hysteresis_ticks", config_.hysteresis_ticks},
       {"ghost_capacity", config_.ghost_capacity},
   };
-  spdlog::info("recording stopped: {} ticks, {} events, {} blocks", sum.end_tick - sum.start_tick,
-               sum.events, sum.keys);
+  // Whose traffic it holds, and who lost events past their share (uid
+  // numbers: only an admin records).
+  nlohmann::json uids = nlohmann::json::object(), dropped = nlohmann::json::object();
+  for (const auto& [uid, n] : sum.uids) {
+    uids[std::to_string(uid)] = n.events;
+    if (n.dropped) dropped[std::to_string(uid)] = n.dropped;
+  }
+  j["uids"] = std::move(uids);
+  j["dropped"] = std::move(dropped);
+  j["dropped_events"] = sum.dropped;
+  spdlog::info(
+      "recording stopped: {} ticks, {} events, {} blocks, {} records dropped past "
+      "their uid's share",
+      sum.end_tick - sum.start_tick, sum.events, sum.keys, sum.dropped);
   *trace_fd = std::move(fd);
   return wire::AdminOk{j.dump()};
 }

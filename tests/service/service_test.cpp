@@ -45,9 +45,13 @@ std::filesystem::path TempDir(const std::string& name) {
   return d;
 }
 
+// The uid of the Recorder tests' client events, when one uid's are enough.
+constexpr uint32_t kUid = 1000;
+
 // A recording hashes keys with its own secret: the same key is one trace key
 // within a recording, no recorded key is a real one, and another secret gives
-// other keys. It stops by itself after its ticks or at its event cap.
+// other keys. It stops by itself after its ticks; a uid past its share of
+// the caps loses its events, the recording goes on.
 TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
   const auto secret = [](uint8_t fill) {
     Recorder::Secret s;
@@ -57,16 +61,16 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
   const BlockKey a{1, 2}, b{1, 3};
   Recorder r;
   r.Start(100, 5, 1000, secret(1));
-  r.Admit(101, a, Tier::kFast);
-  r.Touch(101, a, 0.5, true);
-  r.Touch(102, b, 0.25, false);
-  r.Release(103, a);
+  r.Admit(101, kUid, a, Tier::kFast);
+  r.Touch(101, kUid, a, 0.5, true);
+  r.Touch(102, kUid, b, 0.25, false);
+  r.Release(103, kUid, a);
   r.EndTick(104);
   EXPECT_TRUE(r.on());
-  r.Touch(105, b, 1.0, false);
+  r.Touch(105, kUid, b, 1.0, false);
   r.EndTick(105);  // 5 ticks from 100: over
   ASSERT_TRUE(r.ready());
-  r.Touch(106, a, 1.0, true);  // after the end: not recorded
+  r.Touch(106, kUid, a, 1.0, true);  // after the end: not recorded
   auto [t, sum] = r.Take();
   EXPECT_FALSE(r.ready());
   EXPECT_EQ(t.Validate(), "");
@@ -90,39 +94,152 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
 
   Recorder other;  // another secret: other keys for the same blocks
   other.Start(0, 10, 1000, secret(2));
-  other.Touch(1, a, 1.0, false);
+  other.Touch(1, kUid, a, 1.0, false);
   other.Stop(1);
   auto [t2, sum2] = other.Take();
   ASSERT_EQ(t2.keys.size(), 1u);
   EXPECT_FALSE(t2.keys[0] == t.keys[t.events[0].key]);
 
-  // The event cap ends it at once, marked truncated, ready to be taken
-  // before any tick; once taken, nothing is left.
+  // A lone uid holds half the event cap (the other half is kept for the
+  // next uid); past it, its events are dropped and counted, and the
+  // recording goes on to its time. Once taken, nothing is left.
   Recorder capped;
-  capped.Start(0, 1000, 2, secret(3));
-  for (int i = 0; i < 5; ++i) capped.Touch(1, BlockKey{9, static_cast<uint64_t>(i)}, 1.0, true);
+  capped.Start(0, 1000, 4, secret(3));
+  for (int i = 0; i < 5; ++i) {
+    capped.Touch(1, kUid, BlockKey{9, static_cast<uint64_t>(i)}, 1.0, true);
+  }
+  EXPECT_TRUE(capped.on());
+  capped.Stop(2);
   ASSERT_TRUE(capped.ready());
   auto [t3, sum3] = capped.Take();
   EXPECT_EQ(t3.events.size(), 2u);
   EXPECT_EQ(sum3.touches, 2u);  // only what was recorded
-  EXPECT_TRUE(sum3.truncated);
-  capped.EndTick(2);
+  EXPECT_FALSE(sum3.truncated);
+  EXPECT_EQ(sum3.dropped, 3u);
+  EXPECT_EQ(sum3.uids[kUid].events, 2u);
+  EXPECT_EQ(sum3.uids[kUid].dropped, 3u);
+  EXPECT_FALSE(sum3.replay_exact);
+  EXPECT_FALSE(t3.recorded_moves);
+  capped.EndTick(3);
   EXPECT_FALSE(capped.ready());
   EXPECT_FALSE(capped.on());
 
-  // Every event a new block: the byte cap ends it before the event cap.
+  // Every event a new block: the byte share (half the cap for a lone uid,
+  // an event counted twice for the vector's growth) ends its events first.
   Recorder bytes;
   constexpr uint64_t kCap = 1 << 20;
+  constexpr uint64_t kNewBlock =
+      2 * Recorder::kBytesPerEvent + Recorder::kBytesPerKey + Recorder::kBytesPerGroupedKey;
   bytes.Start(0, 1000, uint64_t{1} << 24, secret(4), kCap);
   for (uint64_t i = 0; i < kCap / Recorder::kBytesPerKey + 10; ++i) {
-    bytes.Touch(1, BlockKey{7, i}, 1.0, false);
+    bytes.Touch(1, kUid, BlockKey{7, i}, 1.0, false);
   }
-  ASSERT_TRUE(bytes.ready());
+  EXPECT_TRUE(bytes.on());
+  bytes.Stop(1);
   auto [t4, sum4] = bytes.Take();
-  EXPECT_TRUE(sum4.truncated);
-  EXPECT_LE(t4.events.size() * Recorder::kBytesPerEvent + t4.keys.size() * Recorder::kBytesPerKey,
-            kCap);
-  EXPECT_GT(t4.events.size(), kCap / 4 / (Recorder::kBytesPerEvent + Recorder::kBytesPerKey));
+  EXPECT_FALSE(sum4.truncated);
+  EXPECT_EQ(t4.events.size(), kCap / 2 / kNewBlock);
+  EXPECT_EQ(sum4.dropped, kCap / Recorder::kBytesPerKey + 10 - t4.events.size());
+  EXPECT_LE(
+      t4.events.capacity() * Recorder::kBytesPerEvent + t4.keys.size() * Recorder::kBytesPerKey,
+      kCap);
+}
+
+// Issue 30, item 7: another uid's flood neither ends the recording nor takes
+// the room of a uid that comes later. Each uid holds at most cap / (uids
+// seen + 1); past it, a uid loses that event and all after it (a prefix
+// without gaps), counted per uid, and the trace is no exact replay (its
+// moves go). Only when a uid within its share finds no room does the
+// recording stop, truncated.
+TEST(Recorder, AUidPastItsShareLosesItsOwnEventsOnly) {
+  Recorder::Secret secret;
+  for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>(11 * i + 5);
+  constexpr uint32_t kFlood = 1001, kAdmin = 0, kLate = 1002;
+  const auto key = [](uint64_t owner, uint64_t i) { return BlockKey{owner, i}; };
+  Recorder r;
+  r.Start(0, 1000, 12, secret);
+  r.Plan(1, 0);  // exact so far: the daemon's moves are kept
+  // The flood comes first: alone, its share is 12 / 2 = 6; the rest it
+  // loses, and the trace its plan.
+  for (uint64_t i = 0; i < 20; ++i) r.Touch(1, kFlood, key(kFlood, i), 1.0, false);
+  EXPECT_TRUE(r.on());
+  // The admin's client: with two uids its share is 12 / 3 = 4, and there is room for it.
+  for (uint64_t i = 0; i < 4; ++i) r.Admit(2, kAdmin, key(kAdmin, i), Tier::kSlow);
+  r.Touch(2, kFlood, key(kFlood, 0), 1.0, false);  // lost: never again, even an old block
+  r.Plan(2, 0);                                    // no exact replay: no moves recorded
+  EXPECT_TRUE(r.on());
+  r.Touch(3, kAdmin, key(kAdmin, 0), 1.0, true);  // past its share of 4
+  r.Release(3, kAdmin, key(kAdmin, 1));           // and everything after
+  EXPECT_TRUE(r.on());
+  // A third uid: its share is 12 / 4 = 3, but only 2 places are left: the
+  // budget is full of shares, and the recording stops.
+  for (uint64_t i = 0; i < 3; ++i) r.Touch(4, kLate, key(kLate, i), 1.0, false);
+  ASSERT_TRUE(r.ready());
+  auto [t, sum] = r.Take();
+  ASSERT_EQ(t.Validate(), "");
+  EXPECT_TRUE(sum.truncated);
+  EXPECT_EQ(sum.end_tick, 4u);
+  EXPECT_FALSE(sum.replay_exact);
+  EXPECT_FALSE(t.recorded_moves);
+  EXPECT_EQ(sum.plans, 0u);
+  ASSERT_EQ(sum.uids.size(), 3u);
+  EXPECT_EQ(sum.uids[kFlood].events, 6u);
+  EXPECT_EQ(sum.uids[kFlood].dropped, 15u);
+  EXPECT_EQ(sum.uids[kAdmin].events, 4u);
+  EXPECT_EQ(sum.uids[kAdmin].dropped, 2u);
+  EXPECT_EQ(sum.uids[kLate].events, 2u);
+  EXPECT_EQ(sum.uids[kLate].dropped, 0u);
+  EXPECT_EQ(sum.dropped, 17u);
+  // The trace: the flood's first 6 touches, the admin's 4 admits, the late uid's 2; no plan.
+  using K = sim::EventKind;
+  ASSERT_EQ(t.events.size(), 12u);
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    EXPECT_EQ(t.events[i].kind, i < 6 ? K::kTouch : i < 10 ? K::kAdmit : K::kTouch) << i;
+  }
+  EXPECT_EQ(t.keys.size(), 12u);
+  // Written as a what-if trace (no moves: version 1) and read back.
+  std::stringstream io;
+  ASSERT_EQ(sim::WriteBinary(t, io), "");
+  uint32_t version = 0;
+  std::memcpy(&version, io.str().data() + 8, 4);
+  EXPECT_EQ(version, 1u);
+  EXPECT_EQ(sim::ReadBinary(io, "rec").error, "");
+
+  // A uid past its byte share with a new block loses an old block's touch
+  // too, though it would fit: its events stay a prefix without gaps.
+  constexpr uint64_t kNewBlock =
+      2 * Recorder::kBytesPerEvent + Recorder::kBytesPerKey + Recorder::kBytesPerGroupedKey;
+  Recorder bytes;
+  bytes.Start(0, 1000, 1000, secret, 2 * (2 * kNewBlock + 2 * Recorder::kBytesPerEvent + 8));
+  bytes.Touch(1, kFlood, key(kFlood, 0), 1.0, false);
+  bytes.Touch(1, kFlood, key(kFlood, 1), 1.0, false);
+  bytes.Touch(1, kFlood, key(kFlood, 2), 1.0, false);  // a new block: past its share
+  bytes.Touch(1, kFlood, key(kFlood, 0), 1.0, false);  // would fit; lost all the same
+  bytes.Stop(2);
+  auto [t2, sum2] = bytes.Take();
+  EXPECT_EQ(t2.events.size(), 2u);
+  EXPECT_EQ(sum2.uids[kFlood].dropped, 2u);
+  EXPECT_FALSE(sum2.truncated);
+
+  // The daemon's moves belong to no uid: when one does not fit, the moves go
+  // (no exact replay) and the uids keep recording.
+  Recorder moves;
+  moves.Start(0, 1000, 4, secret);
+  moves.Touch(1, kAdmin, key(kAdmin, 0), 1.0, false);
+  moves.Plan(1, 0);
+  moves.Plan(2, 0);
+  moves.Plan(3, 0);
+  moves.Plan(4, 0);  // no room: the plans go
+  EXPECT_TRUE(moves.on());
+  moves.Touch(5, kAdmin, key(kAdmin, 0), 1.0, false);
+  moves.Stop(6);
+  auto [t3, sum3] = moves.Take();
+  EXPECT_FALSE(sum3.replay_exact);
+  EXPECT_EQ(sum3.dropped, 0u);
+  EXPECT_EQ(sum3.plans, 0u);
+  ASSERT_EQ(t3.events.size(), 2u);
+  EXPECT_EQ(t3.events[1].step, 5u);
+  EXPECT_FALSE(sum3.truncated);
 }
 
 // Hints and group membership: groups get the recording's own numbers (first
@@ -137,14 +254,14 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   const uint64_t g1 = (uint64_t{5} << 32) | 77, g2 = (uint64_t{9} << 32) | 77;
   Recorder r;
   r.Start(10, 100, 1000, secret);
-  r.Touch(11, c, 1.0, true);  // no group yet
-  r.Group(11, a, g2);         // first seen: number 1
-  r.Group(11, b, g1);         // number 2
-  r.Hint(11, g2, HintKind::kIdle);
-  r.Touch(12, a, 0.5, false, g2);
-  r.Touch(12, c, 0.5, false, g1);  // c seen in g1 now
-  r.Hint(13, g1, HintKind::kSoon);
-  r.Hint(13, g2, HintKind::kDone);
+  r.Touch(11, kUid, c, 1.0, true);  // no group yet
+  r.Group(11, kUid, a, g2);         // first seen: number 1
+  r.Group(11, kUid, b, g1);         // number 2
+  r.Hint(11, kUid, g2, HintKind::kIdle);
+  r.Touch(12, kUid, a, 0.5, false, g2);
+  r.Touch(12, kUid, c, 0.5, false, g1);  // c seen in g1 now
+  r.Hint(13, kUid, g1, HintKind::kSoon);
+  r.Hint(13, kUid, g2, HintKind::kDone);
   r.Stop(14);
   auto [t, sum] = r.Take();
   ASSERT_EQ(t.Validate(), "");
@@ -182,7 +299,7 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   // No hint and no group: no groups, written as a table of zeros, read back as none.
   Recorder plain;
   plain.Start(0, 100, 1000, secret);
-  plain.Touch(1, a, 1.0, true);
+  plain.Touch(1, kUid, a, 1.0, true);
   plain.Stop(2);
   auto [t2, sum2] = plain.Take();
   EXPECT_TRUE(t2.groups.empty());
@@ -195,37 +312,36 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   ASSERT_EQ(back2.error, "");
   EXPECT_TRUE(back2.trace.groups.empty());
 
-  // A hint alone costs an event: the event cap stops it.
+  // A hint alone costs an event of its uid's share (half the cap, alone).
   Recorder capped;
-  capped.Start(0, 100, 2, secret);
-  capped.Hint(1, g1, HintKind::kIdle);
-  capped.Hint(1, g1, HintKind::kSoon);
-  capped.Hint(1, g1, HintKind::kDone);
-  ASSERT_TRUE(capped.ready());
+  capped.Start(0, 100, 4, secret);
+  capped.Hint(1, kUid, g1, HintKind::kIdle);
+  capped.Hint(1, kUid, g1, HintKind::kSoon);
+  capped.Hint(1, kUid, g1, HintKind::kDone);
+  capped.Stop(2);
   auto [t3, sum3] = capped.Take();
-  EXPECT_TRUE(sum3.truncated);
+  EXPECT_FALSE(sum3.truncated);
   EXPECT_EQ(t3.events.size(), 2u);
   EXPECT_EQ(sum3.hints, 2u);
+  EXPECT_EQ(sum3.uids[kUid].dropped, 1u);
 
-  // Every key in a new group: the byte cap counts keys, their group numbers
-  // and the groups, and stops it within the cap.
+  // Every key in a new group: the byte share counts keys, their group
+  // numbers and the groups, and ends the uid's records within it.
   Recorder grouped;
   constexpr uint64_t kCap = 1 << 20;
   grouped.Start(0, 1000, uint64_t{1} << 24, secret, kCap);
   for (uint64_t i = 0; i < kCap / Recorder::kBytesPerGroup + 10; ++i) {
-    grouped.Group(1, BlockKey{7, i}, i + 1);
+    grouped.Group(1, kUid, BlockKey{7, i}, i + 1);
   }
-  ASSERT_TRUE(grouped.ready());
+  grouped.Stop(2);
   auto [t4, sum4] = grouped.Take();
-  EXPECT_TRUE(sum4.truncated);
+  EXPECT_FALSE(sum4.truncated);
   EXPECT_EQ(t4.events.size(), 0u);
   EXPECT_EQ(t4.groups.size(), t4.keys.size());
-  EXPECT_LE(t4.keys.size() * (Recorder::kBytesPerKey + Recorder::kBytesPerGroupedKey) +
-                sum4.groups * Recorder::kBytesPerGroup,
-            kCap);
-  EXPECT_GT(sum4.groups, kCap / 2 /
+  EXPECT_EQ(sum4.groups, kCap / 2 /
                              (Recorder::kBytesPerKey + Recorder::kBytesPerGroupedKey +
                               Recorder::kBytesPerGroup));
+  EXPECT_GT(sum4.uids[kUid].dropped, 0u);
 }
 
 // The daemon's moves: each plan with the number of moves it planned, after
@@ -240,14 +356,14 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
   Recorder r;
   r.Start(100, 50, 1000, secret);
   r.Outcome(101, c, true);  // planned before the recording began
-  r.Admit(101, a, Tier::kSlow);
-  r.Admit(101, b, Tier::kFast);
-  r.Touch(101, a, 1.0, false);
+  r.Admit(101, kUid, a, Tier::kSlow);
+  r.Admit(101, kUid, b, Tier::kFast);
+  r.Touch(101, kUid, a, 1.0, false);
   r.Plan(101, 2);
   r.Planned(a);
   r.Planned(b);
   r.Outcome(101, b, false);  // refused at once
-  r.Release(102, a);
+  r.Release(102, kUid, a);
   r.Outcome(102, a, true);  // its block was released since: stale
   r.Relocated(102, b, Tier::kFast);
   r.Plan(102, 1);
@@ -301,17 +417,22 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
     EXPECT_EQ(back.trace.events[i].key, t.events[i].key) << i;
   }
 
-  // A plan costs an event: the event cap stops it there.
+  // A plan costs an event of no uid's share: past the event cap the moves
+  // go (no exact replay), and the recording goes on.
   Recorder capped;
   capped.Start(0, 100, 2, secret);
   capped.Plan(1, 0);
   capped.Plan(2, 3);
+  EXPECT_TRUE(capped.on());
   capped.Plan(3, 0);
-  ASSERT_TRUE(capped.ready());
+  EXPECT_TRUE(capped.on());
+  capped.Stop(4);
   auto [t2, sum2] = capped.Take();
-  EXPECT_TRUE(sum2.truncated);
-  EXPECT_EQ(t2.events.size(), 2u);
-  EXPECT_EQ(sum2.plans, 2u);
+  EXPECT_FALSE(sum2.truncated);
+  EXPECT_FALSE(sum2.replay_exact);
+  EXPECT_FALSE(t2.recorded_moves);
+  EXPECT_EQ(t2.events.size(), 0u);
+  EXPECT_EQ(sum2.plans, 0u);
 }
 
 // A uid's hint budget (docs/protocol.md, "What a hint costs"): a bucket of

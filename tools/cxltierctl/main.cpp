@@ -438,8 +438,10 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   s["file"] = out;
   s["bytes"] = static_cast<uint64_t>(sb.st_size);
   s["replay"] = ReplayCommand(s, out);
-  // The daemon's moves are in the trace: the same replay with them, when it had them.
-  if (s.value("recorded_moves", false))
+  // The daemon's moves are in the trace: the same replay with them, when it
+  // had them. Not for a trace that lost a uid's events past its share: that
+  // is a what-if trace only.
+  if (s.value("recorded_moves", false) && s.value("exact", true))
     s["replay_exact"] = s["replay"].get<std::string>() + " --moves recorded";
   if (json) {
     std::cout << s.dump(2) << "\n";
@@ -455,6 +457,15 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   if (s.value("hints", uint64_t{0}) > 0) {
     std::printf("hints: %s on %s groups\n", s["hints"].dump().c_str(),
                 s.value("groups", nlohmann::json(0)).dump().c_str());
+  }
+  if (const auto d = s.find("dropped"); d != s.end() && d->is_object() && !d->empty()) {
+    std::string who;
+    for (const auto& [uid, n] : d->items()) who += " uid " + uid + ": " + n.dump() + ";";
+    who.pop_back();
+    std::printf(
+        "dropped past their uid's share of the budget (each uid's events stop at its "
+        "first loss):%s; no exact replay\n",
+        who.c_str());
   }
   std::printf("live: %s touches, hit rate %.2f%% (policy %s)\n",
               s.value("touches", nlohmann::json(0)).dump().c_str(), 100 * s.value("hit_rate", 0.0),
