@@ -138,21 +138,6 @@ class Migrator {
 // move_pages call names its pid once it is known to be gone.
 std::unique_ptr<Migrator> MakeLinuxMigrator();
 
-// Moves nothing: every move is reported done and every page on node 0,
-// without a syscall. For benchmarks and fuzzing of the layers above, where
-// the kernel's cost or answers are not what is measured.
-class NullMigrator final : public Migrator {
- public:
-  MoveResult Move(const PageRange& r, int) override {
-    MoveResult res;
-    res.pages = res.verified = r.length / 4096;
-    return res;
-  }
-  std::vector<int> Where(const PageRange& r) override {
-    return std::vector<int>(r.length / 4096, 0);
-  }
-};
-
 // "what cannot move and why", e.g. "3 pages busy (pinned), 1 page EACCES".
 std::string Summarize(const MoveResult& r);
 
