@@ -392,19 +392,46 @@ int main(int argc, char** argv) {
     const nlohmann::json now = migrations();
     return moved(now, "promotions") >= until_moves && moved(now, "demotions") >= until_moves;
   };
-  // With --expect-tiers, --until-moves also waits until the daemon has
-  // published live blocks in each of the tiers checked at the end: where a
-  // pass stops decides how many blocks are live, and too few fit in the
-  // upper tiers.
-  auto until_met = [&] {
-    if (!moves_seen()) return false;
-    if (expect_tiers == 0) return true;
+  // Waits until the daemon is quiet: nothing pending and no move completed
+  // across three ticks (blocks held by hysteresis may still move after we stop).
+  auto wait_quiet = [&] {
+    for (int wait = 0; wait < 600; ++wait) {
+      const nlohmann::json a = migrations();
+      std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms() + 10));
+      const nlohmann::json b = migrations();
+      if (b.value("pending", uint64_t{1}) == 0 &&
+          a.value("promotions", 0) == b.value("promotions", 0) &&
+          a.value("demotions", 0) == b.value("demotions", 0) &&
+          a.value("failed", 0) == b.value("failed", 0)) {
+        return true;
+      }
+    }
+    return false;
+  };
+  auto tiers_seen = [&] {
     std::vector<bool> seen(expect_tiers, false);
     for (const auto& [k, v] : live) {
       const size_t t = TierIndex(client->TierOf(v.second));
       if (t < seen.size()) seen[t] = true;
     }
     return std::find(seen.begin(), seen.end(), false) == seen.end();
+  };
+  // With --expect-tiers, --until-moves also waits until the daemon has
+  // published live blocks in each of the tiers checked at the end: where a
+  // pass stops decides how many blocks are live, and too few fit in the
+  // upper tiers. The tiers are checked on the quiet daemon: with no new
+  // touches a settling daemon may promote a lower tier's last blocks, and
+  // then the run goes on (quiet_rounds counts the times).
+  uint64_t quiet_rounds = 0;
+  auto until_met = [&] {
+    if (!moves_seen()) return false;
+    if (expect_tiers == 0) return true;
+    if (!tiers_seen()) return false;
+    if (!check_placement) return true;
+    wait_quiet();
+    if (tiers_seen()) return true;
+    ++quiet_rounds;
+    return false;
   };
   const uint64_t pgmigrate_before = PgmigrateSuccess();
 
@@ -475,164 +502,134 @@ int main(int argc, char** argv) {
   size_t i = 0;
   uint64_t passes = 1;
   const auto start = std::chrono::steady_clock::now();
-  auto time_up = [&] {
-    return max_seconds > 0 &&
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
-               max_seconds;
-  };
-  // Waits until the daemon is quiet: nothing pending and no move completed
-  // across three ticks (blocks held by hysteresis may still move after we stop).
-  auto wait_quiet = [&] {
-    for (int wait = 0; wait < 600; ++wait) {
-      const nlohmann::json a = migrations();
-      std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms() + 10));
-      const nlohmann::json b = migrations();
-      if (b.value("pending", uint64_t{1}) == 0 &&
-          a.value("promotions", 0) == b.value("promotions", 0) &&
-          a.value("demotions", 0) == b.value("demotions", 0) &&
-          a.value("failed", 0) == b.value("failed", 0)) {
-        return true;
+  for (;;) {
+    if (i == trace.events.size()) {
+      // The trace is done. Replay it while a --until-* condition is not met:
+      // release every live block and give the next pass fresh keys (no ghost
+      // of this run comes back, as in a pass of new conversations).
+      const bool replay = until_signal ? !g_stop_requested : until_moves > 0 && !until_met();
+      if (!replay) break;
+      std::vector<BlockKey> all;
+      for (const auto& [key, v] : live) {
+        all.push_back(trace_keys[key]);
+        free_blocks.push_back(v.first);
+        if (readers) readers->Withdraw(v.second);
       }
-    }
-    return false;
-  };
-  bool quiet = false;
-  uint64_t rounds = 0;  // replays resumed because the quiet daemon lost a tier (--expect-tiers)
-  for (;;) {  // a round: the trace replayed until done, then (checking placement) a quiet daemon
-    for (;;) {
-      if (i == trace.events.size()) {
-        // The trace is done. Replay it while a --until-* condition is not met:
-        // release every live block and give the next pass fresh keys (no ghost
-        // of this run comes back, as in a pass of new conversations).
-        const bool replay = until_signal ? !g_stop_requested : until_moves > 0 && !until_met();
-        if (!replay) break;
-        std::vector<BlockKey> all;
-        for (const auto& [key, v] : live) {
-          all.push_back(trace_keys[key]);
-          free_blocks.push_back(v.first);
-          if (readers) readers->Withdraw(v.second);
-        }
-        live.clear();
-        for (size_t from = 0; from < all.size(); from += 256) {
-          const std::vector<BlockKey> part(all.begin() + from,
-                                           all.begin() + std::min(all.size(), from + 256));
-          if (Status r = call([&] { return client->Release(part); }); !r.ok()) {
-            return Fail("release: " + r.message);
-          }
-        }
-        released += all.size();
-        for (size_t k = 0; k < trace_keys.size(); ++k) {
-          trace_keys[k] = trace.keys[k];
-          trace_keys[k].hi ^= passes << 40;  // sequence ids of the trace stay far below 2^40
-        }
-        std::fill(hint_sent.begin(), hint_sent.end(), 0);  // released: out of their groups
-        ++passes;
-        i = 0;
-      }
-      if (g_stop_requested || time_up()) break;
-      const uint32_t step = trace.events[i].step;
-      if (until_moves > 0 && passes > 1 && step % 25 == 0 && until_met()) break;
-      size_t end = i;
-      while (end < trace.events.size() && trace.events[end].step == step) ++end;
-      // Admit this step's new keys in one batch, release the released ones.
-      std::vector<wire::AdmitEntry> admit;
-      std::vector<uint32_t> admit_keys, admit_blocks;
-      std::vector<BlockKey> release;
-      for (size_t k = i; k < end; ++k) {
-        const sim::TraceEvent& e = trace.events[k];
-        // Admitted at its first touch here; hints go with the touches below;
-        // a recording's plans and moves are its daemon's, not ours to replay.
-        if (e.kind != sim::EventKind::kTouch && e.kind != sim::EventKind::kRelease) continue;
-        auto it = live.find(e.key);
-        if (e.kind == sim::EventKind::kRelease) {
-          if (it != live.end()) {
-            release.push_back(trace_keys[e.key]);
-            if (!hint_sent.empty()) hint_sent[e.key] = 0;  // a released block leaves its group
-            free_blocks.push_back(it->second.first);
-            if (readers) readers->Withdraw(it->second.second);
-            live.erase(it);
-          }
-        } else if (it == live.end() &&
-                   std::find(admit_keys.begin(), admit_keys.end(), e.key) == admit_keys.end()) {
-          if (free_blocks.empty()) continue;
-          // Copy mode: the daemon places the block; our index only counts room.
-          admit.push_back({trace_keys[e.key], copy ? 0 : free_blocks.back()});
-          admit_blocks.push_back(free_blocks.back());
-          admit_keys.push_back(e.key);
-          free_blocks.pop_back();
-        }
-      }
-      if (!release.empty()) {
-        if (Status r = call([&] { return client->Release(release); }); !r.ok()) {
+      live.clear();
+      for (size_t from = 0; from < all.size(); from += 256) {
+        const std::vector<BlockKey> part(all.begin() + from,
+                                         all.begin() + std::min(all.size(), from + 256));
+        if (Status r = call([&] { return client->Release(part); }); !r.ok()) {
           return Fail("release: " + r.message);
         }
-        released += release.size();
       }
-      if (!admit.empty()) {
-        std::vector<wire::AdmitResult> results;
-        if (Status a = call([&] { return client->Admit(pool_id, admit, &results); }); !a.ok()) {
-          return Fail("admit: " + a.message);
-        }
-        if (readers) readers->Admitted();
-        for (size_t k = 0; k < admit.size(); ++k) {
-          live[admit_keys[k]] = {copy ? admit_blocks[k] : admit[k].block_index, results[k].slot};
-          restored += results[k].restored;
-          if (!copy) continue;
-          // The daemon placed it and gave us its write lease: fill it, let go.
-          uint8_t* at = client->WriteAddress(results[k].slot);
-          if (!at)
-            return Fail("admitted slot " + std::to_string(results[k].slot) + " has no place");
-          loadgen::FillBlock(at, *bb, admit[k].key);
-          if (Status w = client->EndWrite(results[k].slot); !w.ok()) return Fail(w.message);
-          readers->Publish(results[k].slot, admit[k].key);
-        }
-        admitted += admit.size();
+      released += all.size();
+      for (size_t k = 0; k < trace_keys.size(); ++k) {
+        trace_keys[k] = trace.keys[k];
+        trace_keys[k].hi ^= passes << 40;  // sequence ids of the trace stay far below 2^40
       }
-      // Touches and hints in the trace's order: the daemon folds this client's
-      // observations before it applies a hint, so a hint after a touch comes
-      // after it there too.
-      for (size_t k = i; k < end; ++k) {
-        const sim::TraceEvent& e = trace.events[k];
-        if (e.kind == sim::EventKind::kHint) {
-          if (!hints) {
-            ++hint_events_skipped;
-            continue;
-          }
-          if (Status h = send_hint(e); !h.ok()) return Fail("hint: " + h.message);
-          continue;
-        }
-        if (e.kind != sim::EventKind::kTouch) continue;
-        auto it = live.find(e.key);
-        if (it == live.end()) {
-          ++dropped;
-          continue;
-        }
-        ++touches;
-        hits += client->TierOf(it->second.second) == Tier::kFast;
-        client->Observe(it->second.second, e.obs);
-      }
-      i = end;
-      // A heartbeat: notices a daemon that went away even in steps without calls.
-      if (reconnect && step % 25 == 0) {
-        std::string text;
-        if (Status h = call([&] { return client->Stats("status", &text); }); !h.ok()) {
-          return Fail("daemon gone: " + h.message);
-        }
-      }
-      if (step_ms) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+      std::fill(hint_sent.begin(), hint_sent.end(), 0);  // released: out of their groups
+      ++passes;
+      i = 0;
     }
-    // Let the daemon fold the last observations and finish its moves.
-    std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms() + 50));
-    if (!check_placement) break;
-    quiet = wait_quiet();
-    // --expect-tiers is checked on the quiet daemon: with no new touches it
-    // may promote the last blocks of a lower tier while it settles. Then the
-    // run goes on (within --seconds) until a quiet daemon keeps each tier.
-    if (expect_tiers == 0 || until_moves == 0 || g_stop_requested || time_up() || until_met()) {
+    if (g_stop_requested) break;
+    if (max_seconds > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
+            max_seconds) {
       break;
     }
-    ++rounds;
+    const uint32_t step = trace.events[i].step;
+    if (until_moves > 0 && passes > 1 && step % 25 == 0 && until_met()) break;
+    size_t end = i;
+    while (end < trace.events.size() && trace.events[end].step == step) ++end;
+    // Admit this step's new keys in one batch, release the released ones.
+    std::vector<wire::AdmitEntry> admit;
+    std::vector<uint32_t> admit_keys, admit_blocks;
+    std::vector<BlockKey> release;
+    for (size_t k = i; k < end; ++k) {
+      const sim::TraceEvent& e = trace.events[k];
+      // Admitted at its first touch here; hints go with the touches below;
+      // a recording's plans and moves are its daemon's, not ours to replay.
+      if (e.kind != sim::EventKind::kTouch && e.kind != sim::EventKind::kRelease) continue;
+      auto it = live.find(e.key);
+      if (e.kind == sim::EventKind::kRelease) {
+        if (it != live.end()) {
+          release.push_back(trace_keys[e.key]);
+          if (!hint_sent.empty()) hint_sent[e.key] = 0;  // a released block leaves its group
+          free_blocks.push_back(it->second.first);
+          if (readers) readers->Withdraw(it->second.second);
+          live.erase(it);
+        }
+      } else if (it == live.end() &&
+                 std::find(admit_keys.begin(), admit_keys.end(), e.key) == admit_keys.end()) {
+        if (free_blocks.empty()) continue;
+        // Copy mode: the daemon places the block; our index only counts room.
+        admit.push_back({trace_keys[e.key], copy ? 0 : free_blocks.back()});
+        admit_blocks.push_back(free_blocks.back());
+        admit_keys.push_back(e.key);
+        free_blocks.pop_back();
+      }
+    }
+    if (!release.empty()) {
+      if (Status r = call([&] { return client->Release(release); }); !r.ok()) {
+        return Fail("release: " + r.message);
+      }
+      released += release.size();
+    }
+    if (!admit.empty()) {
+      std::vector<wire::AdmitResult> results;
+      if (Status a = call([&] { return client->Admit(pool_id, admit, &results); }); !a.ok()) {
+        return Fail("admit: " + a.message);
+      }
+      if (readers) readers->Admitted();
+      for (size_t k = 0; k < admit.size(); ++k) {
+        live[admit_keys[k]] = {copy ? admit_blocks[k] : admit[k].block_index, results[k].slot};
+        restored += results[k].restored;
+        if (!copy) continue;
+        // The daemon placed it and gave us its write lease: fill it, let go.
+        uint8_t* at = client->WriteAddress(results[k].slot);
+        if (!at) return Fail("admitted slot " + std::to_string(results[k].slot) + " has no place");
+        loadgen::FillBlock(at, *bb, admit[k].key);
+        if (Status w = client->EndWrite(results[k].slot); !w.ok()) return Fail(w.message);
+        readers->Publish(results[k].slot, admit[k].key);
+      }
+      admitted += admit.size();
+    }
+    // Touches and hints in the trace's order: the daemon folds this client's
+    // observations before it applies a hint, so a hint after a touch comes
+    // after it there too.
+    for (size_t k = i; k < end; ++k) {
+      const sim::TraceEvent& e = trace.events[k];
+      if (e.kind == sim::EventKind::kHint) {
+        if (!hints) {
+          ++hint_events_skipped;
+          continue;
+        }
+        if (Status h = send_hint(e); !h.ok()) return Fail("hint: " + h.message);
+        continue;
+      }
+      if (e.kind != sim::EventKind::kTouch) continue;
+      auto it = live.find(e.key);
+      if (it == live.end()) {
+        ++dropped;
+        continue;
+      }
+      ++touches;
+      hits += client->TierOf(it->second.second) == Tier::kFast;
+      client->Observe(it->second.second, e.obs);
+    }
+    i = end;
+    // A heartbeat: notices a daemon that went away even in steps without calls.
+    if (reconnect && step % 25 == 0) {
+      std::string text;
+      if (Status h = call([&] { return client->Stats("status", &text); }); !h.ok()) {
+        return Fail("daemon gone: " + h.message);
+      }
+    }
+    if (step_ms) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }
+  // Let the daemon fold the last observations and finish its moves.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms() + 50));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -649,7 +646,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> kernel_by_tier(tier_nodes.size(), 0);  // blocks all on their tier's nodes
   const bool same_nodes = fast_nodes == slow_nodes;  // a one-node test setup: no way to tell
   if (check_placement) {
-    if (!quiet) {
+    if (!wait_quiet()) {
       std::fprintf(stderr,
                    "cxltier-loadgen: the daemon kept moving blocks; placement checked anyway\n");
     }
@@ -827,7 +824,7 @@ int main(int argc, char** argv) {
       {"pool", pool_kind},
       {"seconds", seconds},
       {"passes", passes},
-      {"quiet_rounds", rounds},
+      {"quiet_rounds", quiet_rounds},
       {"hints",
        {{"sent", hints_sent},
         {"applied", hints_applied},
