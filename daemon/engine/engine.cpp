@@ -67,8 +67,8 @@ bool Engine::RestoreGhost(const BlockState& ghost, uint32_t owner) {
 // `placed` kNone: the engine decides (tick mode: tier 0 while it has room,
 // then the first tier below with room in its ranking).
 Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t client) {
+  if (const Slot known = index_.Find(key); known != kNoSlot) return known;
   const Slot s = free_slots_.empty() ? next_slot_ : free_slots_.back();
-  if (const Slot known = index_.Insert(key, s); known != s) return known;
   if (!free_slots_.empty()) {
     free_slots_.pop_back();
   } else {
@@ -89,6 +89,9 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
   st = BlockState{};
   st.key = key;
   st.generation = generation;
+  // The index reads a slot's key from states_: it names the slot only once
+  // the slot holds the key (and Release erases it before the slot is reused).
+  index_.Insert(key, s);
   if (options_.persistence == Persistence::kPersist) {
     if (auto ghost = ghosts_.Take(key)) {
       st.score = ghost->score;
@@ -632,6 +635,19 @@ void Engine::Complete(const Move& m, bool done) {
     CountMove(m.slot, TierIndex(m.to) < TierIndex(m.from));
   }
   Reclassify(m.slot);
+}
+
+void Engine::Reserve(size_t n) {
+  ReserveFor(states_, n);
+  ReserveFor(moved_tick_, n);
+  ReserveFor(owners_, n);
+  ReserveFor(retry_, n);
+  ReserveFor(slot_hints_, n);
+  ReserveFor(pool_serial_, n);
+  ReserveFor(slot_accounts_, n);
+  ReserveFor(clients_, n);
+  index_.Reserve(n);
+  policy_->Reserve(n);
 }
 
 void Engine::SetPolicy(std::unique_ptr<Policy> policy) {

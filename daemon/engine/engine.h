@@ -262,6 +262,12 @@ class Engine {
   // the wrong tier are queued for Plan(). Scores carry over as they are until
   // each block's next touch re-scores it.
   void SetPolicy(std::unique_ptr<Policy> policy);
+  // Room for `n` slots in every per-slot table and the key index, so that
+  // admits up to n slots copy no table (capacity only, except the key
+  // index's probe table: 16 bytes a slot written). The daemon calls it at a
+  // client's hello for the slots the client may fill: a table is then copied
+  // at a hello, not in the middle of a run of admits (docs/security.md).
+  void Reserve(size_t n);
 
   // Plan() and complete every move at once (the simulator). Returns the moves made.
   size_t PlanAndApply();
@@ -555,8 +561,8 @@ class Engine {
   size_t in_set_ = 0;
   std::unordered_map<uint32_t, uint32_t> owner_index_;
   std::vector<size_t> in_set_by_owner_;
-  uint64_t now_ = 0;  // the clock of the last touch or hint
-  KeyIndex index_;
+  uint64_t now_ = 0;          // the clock of the last touch or hint
+  KeyIndex index_{&states_};  // key -> slot (states_[slot].key)
   GhostStore ghosts_;
   // Tick mode: promotion candidates not touched since they were queued (newest
   // at the front), demotion candidates (oldest at the back, served first), and

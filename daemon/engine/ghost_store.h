@@ -92,7 +92,7 @@ class GhostStore {
   std::vector<uint32_t> free_nodes_;
   uint32_t oldest_ = kNil, newest_ = kNil;
   uint64_t put_seq_ = 0;
-  KeyIndex index_;  // key -> node
+  KeyIndex index_{&states_};  // key -> node (states_[node].key)
   std::unordered_map<uint32_t, Owner> owners_;
   std::set<Rank> ranks_;  // one per owner in owners_
   uint64_t dropped_by_owner_cap_ = 0;

@@ -71,7 +71,7 @@ class LfuPolicy final : public Policy {
     return static_cast<double>(st.touch_count);
   }
   void Reserve(size_t n) override {
-    if (n > links_.size()) links_.resize(n);
+    ReserveFor(links_, n);
   }
   void OnHit(Slot s, const Touch&) override {
     const auto next = Unlink(s);
@@ -301,7 +301,7 @@ class S3FifoPolicy final : public Policy {
   }
   void Reserve(size_t n) override {
     lists_.Reserve(n);
-    if (n > freq_.size()) freq_.resize(n, 0);
+    ReserveFor(freq_, n);
   }
   void OnHit(Slot s, const Touch&) override {
     uint8_t& f = Freq(s);
@@ -382,7 +382,7 @@ class SievePolicy final : public Policy {
   }
   void Reserve(size_t n) override {
     lists_.Reserve(n);
-    if (n > visited_.size()) visited_.resize(n, 0);
+    ReserveFor(visited_, n);
   }
   void OnHit(Slot s, const Touch&) override { Visited(s) = 1; }
   Slot OnMiss(Slot s, const Touch&) override {
@@ -512,7 +512,7 @@ class OwnEmaPolicy final : public Policy {
   }
   void Reserve(size_t n) override {
     heap_.Reserve(n);
-    if (n > own_.size()) own_.resize(n);
+    ReserveFor(own_, n);
   }
   void OnHit(Slot s, const Touch& t) override {
     Update(s, t);
@@ -588,7 +588,7 @@ class AdaptivePolicy final : public Policy {
     lists_.Reserve(n);
     for (Expert& e : experts_) {
       e.policy->Reserve(n);
-      if (n > e.member.size()) e.member.resize(n, 0);
+      ReserveFor(e.member, n);
     }
   }
   void Prefetch(Slot s) const override {

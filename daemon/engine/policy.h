@@ -65,7 +65,8 @@ class Policy {
   // The engine moves the state's touch_time on the same way.
   virtual void OnResume(Slot, uint64_t /*idle_for*/, uint64_t /*now*/) {}
 
-  // A hint: about `n` slots will be used; allocate per-slot tables now.
+  // A hint: about `n` slots will be used; make room in per-slot tables now
+  // (capacity only, ReserveFor: nothing is written until a slot is used).
   virtual void Reserve(size_t) {}
   // A hint: the caller will touch slot s soon (a prefetch of its links).
   virtual void Prefetch(Slot) const {}

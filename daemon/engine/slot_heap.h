@@ -33,7 +33,7 @@ class DenseHeapPositions {
   }
   void Drop(Slot s) { pos_[s] = kNoPos; }
   void Reserve(size_t n) {
-    if (n > pos_.size()) pos_.resize(n, kNoPos);
+    ReserveFor(pos_, n);
   }
 
  private:

@@ -36,7 +36,7 @@ class SlotLists {
   Slot Next(Slot s) const { return links_[s].next; }
 
   void Reserve(size_t n) {
-    if (n > links_.size()) links_.resize(n);
+    ReserveFor(links_, n);
   }
 
   // REQUIRES: `s` is in no list.

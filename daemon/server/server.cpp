@@ -31,6 +31,10 @@ constexpr size_t kChunkBytes = 64 * 1024;
 constexpr size_t kMaxFramesPerTurn = 64;
 constexpr size_t kMaxPayloadPerTurn = 1u << 20;
 constexpr size_t kMaxReadPerTurn = 1u << 20;
+// ...and once its handlers have run this long, it yields after the request
+// at hand: a pipeline of requests that each cost milliseconds (1,024-block
+// admits of a million-block client) passes others between every one.
+constexpr std::chrono::microseconds kMaxTurnTime{1000};
 // Accept back-off: out of fds, the listening socket stays readable and an
 // immediate retry spins on a core while answering no one.
 constexpr std::chrono::milliseconds kFirstBackoff{100};
@@ -370,7 +374,8 @@ class Session : public std::enable_shared_from_this<Session> {
     const uint32_t max_payload = server_.options_.max_message_bytes;
     size_t pos = 0;
     while (!close_after_write_ && !Stalled() && turn->frames < kMaxFramesPerTurn &&
-           turn->payload_bytes < kMaxPayloadPerTurn) {
+           turn->payload_bytes < kMaxPayloadPerTurn &&
+           (turn->frames == 0 || Clock::now() - now < kMaxTurnTime)) {
       const std::span<const uint8_t> rest = in_.bytes().subspan(pos);
       if (rest.size() < wire::kHeaderBytes) break;
       // A request waits while the handler throttles the connection; then

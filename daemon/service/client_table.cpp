@@ -1,5 +1,6 @@
 #include "service/client_table.h"
 
+#include <malloc.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -76,7 +77,16 @@ void ClientTable::Remove(uint64_t session) {
       u.tier_pool_bytes == 0) {
     uids_.erase(c.peer.uid);
   }
+  const bool large = c.slots.size() >= kTrimSlots;
   clients_.erase(it);
+  // A large client's tables (its key map's million small nodes above all)
+  // went back to the allocator, in the middle of the heap where free() does
+  // not return them to the system: give them back now, so that a uid that
+  // left does not leave its peak behind (docs/security.md, "Hostile
+  // clients"). Once per such client: a uid churning connections of
+  // kTrimSlots slots makes the daemon trim once per connection (what a trim
+  // costs on a large heap is not measured yet).
+  if (large) malloc_trim(0);
 }
 
 std::optional<Error> ClientTable::CheckHello(const Client& c, const wire::Hello& m,
@@ -290,10 +300,10 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
                                             std::to_string(at->second) + " and " +
                                             std::to_string(e.block_index)};
     }
-    if (const auto held = c.by_key.find(e.key); held != c.by_key.end()) {
+    if (const uint32_t held = c.by_key.Find(e.key); held != engine::kNoSlot) {
       // Held already: admitting it again returns its slot, and only where it
       // is (the daemon would go on moving the block it was admitted at).
-      const SegSlot& s = c.slots[held->second];
+      const SegSlot& s = c.slots[held];
       const bool same = at_place         ? s.pool == m.pool_id && s.block == place
                         : pool.is_tier() ? c.pools[s.pool].is_tier()
                                          : s.pool == m.pool_id && s.block == e.block_index;
@@ -358,7 +368,7 @@ uint32_t ClientTable::Bind(Client& c, engine::Slot es, uint32_t pool, uint32_t b
   c.slots[seg] = SegSlot{true, es, pool, block, key};
   c.live_slots[seg] = 1;
   c.fold[seg] = FoldState{};
-  c.by_key[key] = seg;
+  c.by_key.Insert(key, seg);
   ++c.live;
   ++uids_[c.peer.uid].blocks;
   BlockState* slot = c.segment.slot(seg);
@@ -371,7 +381,7 @@ void ClientTable::Unbind(Client& c, uint32_t seg) {
   SegSlot& s = c.slots[seg];
   if (!s.live) return;
   owners_[s.engine_slot] = Owner{};
-  c.by_key.erase(s.key);
+  c.by_key.Erase(s.key);
   s = SegSlot{};
   c.live_slots[seg] = 0;
   *c.segment.slot(seg) = BlockState{};

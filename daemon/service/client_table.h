@@ -3,7 +3,7 @@
 // slot that holds it; per uid what all its connections hold (the per-uid
 // limits). Bind and Unbind are the only ways a slot changes, so these hold
 // after every call:
-//   slots[i].live == live_slots[i] == (by_key[slots[i].key] == i)
+//   slots[i].live == live_slots[i] == (by_key.Find(slots[i].key) == i)
 //     == (HolderOf(slots[i].engine_slot) is {client, i})
 //   Client::live == live slots; UidUsage::blocks == live slots of its clients.
 // The engine is not here: the daemon admits and releases in the engine and
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/key_index.h"
 #include "numa/topology.h"
 #include "server/pool.h"
 #include "server/segment.h"
@@ -70,7 +71,9 @@ struct Client {
   std::vector<FoldState> fold;
   std::vector<uint64_t> socket_dirty;  // slots with socket reports to fold, a bit each
   std::vector<uint32_t> free_slots;
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
+  // Key -> segment slot, reading the key from slots (16 to 32 bytes a key;
+  // a std::unordered_map took 59).
+  engine::BasicKeyIndex<SegSlot> by_key{&slots};
   uint64_t live = 0;
   bool leaving = false;         // disconnected; its slots are being released
   uint32_t release_cursor = 0;  // slots before it are released
@@ -101,6 +104,10 @@ struct UidUsage {
 
 class ClientTable {
  public:
+  // Removing a client of at least this many slots returns the heap's free
+  // memory to the system (malloc_trim).
+  static constexpr size_t kTrimSlots = 65536;
+
   // Sessions by id: connected ones and ones leaving.
   using Map = std::map<uint64_t, Client>;
 

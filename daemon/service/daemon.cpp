@@ -19,7 +19,7 @@ using wire::ErrorCode;
 namespace {
 
 // Slots of a client that left released in one go on the I/O thread.
-constexpr uint32_t kReleaseChunk = 16384;
+constexpr uint32_t kReleaseChunk = 1024;
 
 }  // namespace
 
@@ -365,6 +365,10 @@ server::Answer<wire::HelloOk> Daemon::OnHello(const server::Peer& peer, const wi
   if (Status st = EnsureEngine(m.model.block_bytes()); !st.ok()) return st;
   if (auto err = clients_.Open(*c, m.max_blocks, m.client_name.substr(0, 64))) return *err;
   c->model = m.model;
+  // The engine's tables get room for every slot this client may fill now,
+  // at its hello, instead of being copied in the middle of its admits
+  // (other clients' requests wait behind a copy of a million-slot table).
+  engine_->Reserve(engine_->live_blocks() + m.max_blocks);
   if (config_.ClientQuotaOf(peer.uid, c->name)) ApplyQuotas();
   *segment_fd = c->segment.fd();
   ClientInfo(peer,
@@ -463,9 +467,9 @@ server::Answer<wire::AdmitOk> Daemon::OnAdmit(const server::Peer& peer, const wi
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
   for (const wire::AdmitEntry& e : m.entries) {
-    if (auto it = c->by_key.find(e.key); it != c->by_key.end()) {
-      const BlockState& st = engine_->state(c->slots[it->second].engine_slot);
-      ok.results.push_back({it->second, st.tier, 0});
+    if (const uint32_t held = c->by_key.Find(e.key); held != engine::kNoSlot) {
+      const BlockState& st = engine_->state(c->slots[held].engine_slot);
+      ok.results.push_back({held, st.tier, 0});
       continue;
     }
     const Tier where = moves_.WhereIs(pool.Range(e.block_index));
@@ -492,9 +496,9 @@ server::Answer<wire::AdmitOk> Daemon::AdmitCopy(Client& c, const wire::Admit& m)
   // write lease, so nothing could move it down while the client keeps it.
   TierRoom room = AdmitRoom(c, *engine_);
   for (const wire::AdmitEntry& e : m.entries) {
-    if (auto it = c.by_key.find(e.key); it != c.by_key.end()) {
-      const BlockState& st = engine_->state(c.slots[it->second].engine_slot);
-      ok.results.push_back({it->second, st.tier, 0});
+    if (const uint32_t held = c.by_key.Find(e.key); held != engine::kNoSlot) {
+      const BlockState& st = engine_->state(c.slots[held].engine_slot);
+      ok.results.push_back({held, st.tier, 0});
       continue;
     }
     uint32_t pool = m.pool_id, index = e.block_index & ~wire::kAdmitAtPlace;
@@ -546,12 +550,12 @@ server::Answer<wire::ReleaseOk> Daemon::OnRelease(const server::Peer& peer,
   }
   wire::ReleaseOk ok;
   for (const BlockKey& k : m.keys) {
-    auto it = c->by_key.find(k);
-    if (it == c->by_key.end()) {
+    const uint32_t seg = c->by_key.Find(k);
+    if (seg == engine::kNoSlot) {
       ++ok.unknown;
       continue;
     }
-    ReleaseSlot(*c, it->second);
+    ReleaseSlot(*c, seg);
     ++ok.released;
   }
   return ok;
@@ -582,10 +586,9 @@ server::Answer<wire::QueryTiersOk> Daemon::OnQueryTiers(const server::Peer& peer
   wire::QueryTiersOk ok;
   ok.tiers.reserve(m.keys.size());
   for (const BlockKey& k : m.keys) {
-    auto it = c->by_key.find(k);
-    ok.tiers.push_back(it == c->by_key.end()
-                           ? Tier::kNone
-                           : engine_->state(c->slots[it->second].engine_slot).tier);
+    const uint32_t seg = c->by_key.Find(k);
+    ok.tiers.push_back(seg == engine::kNoSlot ? Tier::kNone
+                                              : engine_->state(c->slots[seg].engine_slot).tier);
   }
   return ok;
 }

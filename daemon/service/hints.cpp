@@ -62,9 +62,8 @@ server::Answer<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engin
   wire::HintOk ok;
   for (const BlockKey& k : m.keys) {
     // Only this client's own table: another client's key is unknown here.
-    auto it = c.by_key.find(k);
-    const engine::Slot es =
-        it == c.by_key.end() ? engine::kNoSlot : c.slots[it->second].engine_slot;
+    const uint32_t seg = c.by_key.Find(k);
+    const engine::Slot es = seg == engine::kNoSlot ? engine::kNoSlot : c.slots[seg].engine_slot;
     // SetGroup refuses a block of another owner than the group's: this
     // client's blocks are all its uid's, so only a broken table would.
     if (es == engine::kNoSlot || !engine.SetGroup(es, group)) {

@@ -36,7 +36,7 @@ inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
 // Entries of one Admit, Release or Hint at most: each costs the daemon's I/O thread
 // a few microseconds, so one request stays short for everyone else. The client
 // library splits longer lists.
-inline constexpr uint32_t kMaxEntriesPerMessage = 16384;
+inline constexpr uint32_t kMaxEntriesPerMessage = 1024;
 
 enum class MsgType : uint16_t {
   kHello = 1,

@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c.live != kSlots || f->engine->live_blocks() != kSlots) std::abort();
   for (uint32_t i = 0; i < kSlots; ++i) {
     const service::SegSlot& s = c.slots[i];
-    if (!s.live || c.by_key.at(s.key) != i) std::abort();
+    if (!s.live || c.by_key.Find(s.key) != i) std::abort();
     const BlockState& st = f->engine->state(s.engine_slot);
     if (!std::isfinite(st.score) || st.score < 0) std::abort();
     if (st.touch_time > f->tick) std::abort();  // the engine's clock, not the client's

@@ -394,7 +394,7 @@ TEST(HostileMemory, SegmentsBlocksAndPoolsAreBoundedPerUid) {
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
-TEST(HostileMemory, OneAdmitNamesAtMostSixteenThousandBlocks) {
+TEST(HostileMemory, OneAdmitNamesAtMostKMaxEntriesPerMessageBlocks) {
   NEED_ROOT();
   HostileDaemon d(kFixedBlockSize);
   ASSERT_TRUE(d.Alive()) << d.Log();

@@ -236,13 +236,16 @@ inline Status AdmitSealedPool(Client& c, uint32_t blocks, uint64_t sequence, con
 }
 
 // Round trips of another uid's client (the prober), filed by the phase of
-// the attack they began in: 0 quiet, 1 under attack; 3: not sampled; 2: the
-// prober leaves. In shared memory, so the prober can be another process.
+// the attack they began in: 0 quiet, 1 under attack, 4 a baseline under
+// load (filed as 2: the attacker holds what it took, but sends nothing);
+// 3: not sampled; 2: the prober leaves. In shared memory, so the prober can
+// be another process.
 struct ProbeShared {
+  static constexpr int kHolding = 4;  // the phase filed in bucket 2
   std::atomic<int> phase{3};
   static constexpr int kSamples = 16384;
-  std::atomic<int> count[2] = {0, 0};
-  int64_t sample_us[2][kSamples];
+  std::atomic<int> count[3] = {0, 0, 0};
+  int64_t sample_us[3][kSamples];
   std::atomic<int> failures{0};
 
   // The 99th percentile of a phase's round trips in microseconds (-1: none).
@@ -275,11 +278,14 @@ inline int Prober(const std::string& socket, ProbeShared* sh) {
     const bool ok = c->QueryTiers(keys, &tiers).ok() && tiers.size() == keys.size();
     const auto took = std::chrono::steady_clock::now() - t0;
     if (!ok) sh->failures.fetch_add(1);
-    // A quiet sample must end quiet; an attack's counts however long it took.
-    if (ok && (phase == 1 || (phase == 0 && sh->phase.load() == 0))) {
-      const int i = sh->count[phase].fetch_add(1);
+    // A quiet or holding sample must end in its phase; an attack's counts
+    // however long it took.
+    const int bucket = phase == ProbeShared::kHolding ? 2 : phase;
+    if (ok && (phase == 1 || ((phase == 0 || phase == ProbeShared::kHolding) &&
+                              sh->phase.load() == phase))) {
+      const int i = sh->count[bucket].fetch_add(1);
       if (i < ProbeShared::kSamples) {
-        sh->sample_us[phase][i] =
+        sh->sample_us[bucket][i] =
             std::chrono::duration_cast<std::chrono::microseconds>(took).count();
       }
     }
