@@ -474,18 +474,23 @@ TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
   o.mode = engine::Mode::kTick;
   o.hint_slice_units = 100;
   engine::Engine e(o, std::move(*engine::MakePolicy("lru")));
-  wire::Hint grouping{HintKind::kSoon, 7, {}};
   for (uint32_t i = 0; i < kSlots; ++i) {
     const BlockKey key = BlockKey::FromSequence(3, i);
     const engine::Slot es = e.Admit(key, Tier::kSlow, getuid());
     WriteBack(e, c, table.Bind(c, es, 0, i, key));
-    grouping.keys.push_back(key);
   }
   Recorder recorder;
   Fold fold(&recorder);
   Hints hints(&fold, &recorder);
   const CostClock::time_point t0{};
-  ASSERT_TRUE(std::holds_alternative<wire::HintOk>(hints.Handle(c, grouping, e, 1, t0)));
+  // Grouped as the library would: one hint per kMaxEntriesPerMessage keys.
+  for (uint32_t from = 0; from < kSlots; from += wire::kMaxEntriesPerMessage) {
+    wire::Hint grouping{HintKind::kSoon, 7, {}};
+    for (uint32_t i = from; i < std::min(kSlots, from + wire::kMaxEntriesPerMessage); ++i) {
+      grouping.keys.push_back(BlockKey::FromSequence(3, i));
+    }
+    ASSERT_TRUE(std::holds_alternative<wire::HintOk>(hints.Handle(c, grouping, e, 1, t0)));
+  }
   // Every slot observed once since.
   for (uint32_t i = 0; i < kSlots; ++i) {
     ASSERT_TRUE(AddObservation(c.segment.slot(0), c.segment.dirty(), i, 1.0f));
