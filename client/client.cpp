@@ -603,10 +603,23 @@ uint64_t Client::daemon_ticks() const {
 }
 
 Status Client::QueryTiers(std::span<const BlockKey> keys, std::vector<Tier>* tiers) {
-  wire::QueryTiers m{std::vector<BlockKey>(keys.begin(), keys.end())};
-  wire::QueryTiersOk ok;
-  if (Status st = Call(m, wire::MsgType::kQueryTiersOk, &ok); !st.ok()) return st;
-  *tiers = std::move(ok.tiers);
+  // The daemon takes at most kMaxEntriesPerMessage keys per request.
+  std::vector<Tier> all;
+  all.reserve(keys.size());
+  for (size_t at = 0; at == 0 || at < keys.size(); at += wire::kMaxEntriesPerMessage) {
+    const auto part =
+        keys.subspan(at, std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+    wire::QueryTiers m{std::vector<BlockKey>(part.begin(), part.end())};
+    wire::QueryTiersOk ok;
+    if (Status st = Call(m, wire::MsgType::kQueryTiersOk, &ok); !st.ok()) return st;
+    if (ok.tiers.size() != part.size()) {
+      return Status::Fail(wire::ErrorCode::kBadPayload,
+                          "QueryTiersOk answered " + std::to_string(ok.tiers.size()) +
+                              " tiers for " + std::to_string(part.size()) + " keys");
+    }
+    all.insert(all.end(), ok.tiers.begin(), ok.tiers.end());
+  }
+  *tiers = std::move(all);
   return Status::Ok();
 }
 
@@ -853,9 +866,15 @@ void Client::ReleaseParked() {
     return true;
   });
   if (done.empty()) return;
-  wire::Release m{std::vector<BlockKey>(done.begin(), done.end())};
-  wire::ReleaseOk ok;
-  (void)Call(m, wire::MsgType::kReleaseOk, &ok);  // a failure leaves it to the daemon's cleanup
+  // As many Releases as the daemon's per-message limit asks (2,048 leases
+  // can park 2,048 keys); a failure leaves it to the daemon's cleanup.
+  const std::vector<BlockKey> keys(done.begin(), done.end());
+  for (size_t at = 0; at < keys.size(); at += wire::kMaxEntriesPerMessage) {
+    const size_t n = std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage});
+    wire::Release m{std::vector<BlockKey>(keys.begin() + at, keys.begin() + at + n)};
+    wire::ReleaseOk ok;
+    (void)Call(m, wire::MsgType::kReleaseOk, &ok);
+  }
 }
 
 uint32_t KvHeadOfQueryHead(const ModelGeometry& model, uint32_t query_head) {

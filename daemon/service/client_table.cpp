@@ -77,15 +77,17 @@ void ClientTable::Remove(uint64_t session) {
       u.tier_pool_bytes == 0) {
     uids_.erase(c.peer.uid);
   }
-  const bool large = c.slots.size() >= kTrimSlots;
+  const bool large = c.trim_when_removed;
   clients_.erase(it);
-  // A large client's tables (its key map's million small nodes above all)
+  // A large client's tables (slots, key map, fold state, free list)
   // went back to the allocator, in the middle of the heap where free() does
   // not return them to the system: give them back now, so that a uid that
   // left does not leave its peak behind (docs/security.md, "Hostile
   // clients"). Once per such client: a uid churning connections of
-  // kTrimSlots slots makes the daemon trim once per connection (what a trim
-  // costs on a large heap is not measured yet).
+  // kTrimSlots blocks makes the daemon trim once per connection, each after
+  // admitting that many blocks: it pays for a trim with 64 admits of its own
+  // (a hello alone, or a large segment left empty, does not trim; what a
+  // trim costs on a large heap is not measured yet).
   if (large) malloc_trim(0);
 }
 
@@ -369,7 +371,7 @@ uint32_t ClientTable::Bind(Client& c, engine::Slot es, uint32_t pool, uint32_t b
   c.live_slots[seg] = 1;
   c.fold[seg] = FoldState{};
   c.by_key.Insert(key, seg);
-  ++c.live;
+  if (++c.live >= kTrimSlots) c.trim_when_removed = true;
   ++uids_[c.peer.uid].blocks;
   BlockState* slot = c.segment.slot(seg);
   *slot = BlockState{};

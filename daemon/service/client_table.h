@@ -75,6 +75,9 @@ struct Client {
   // a std::unordered_map took 59).
   engine::BasicKeyIndex<SegSlot> by_key{&slots};
   uint64_t live = 0;
+  // It held ClientTable::kTrimSlots blocks at once: removing it gives the
+  // heap's free memory back (a hello alone, admitting nothing, does not).
+  bool trim_when_removed = false;
   bool leaving = false;         // disconnected; its slots are being released
   uint32_t release_cursor = 0;  // slots before it are released
   uint64_t bad_observations = 0;
@@ -104,8 +107,8 @@ struct UidUsage {
 
 class ClientTable {
  public:
-  // Removing a client of at least this many slots returns the heap's free
-  // memory to the system (malloc_trim).
+  // Removing a client that held at least this many blocks at once returns
+  // the heap's free memory to the system (malloc_trim).
   static constexpr size_t kTrimSlots = 65536;
 
   // Sessions by id: connected ones and ones leaving.

@@ -583,6 +583,11 @@ server::Answer<wire::QueryTiersOk> Daemon::OnQueryTiers(const server::Peer& peer
                                                         const wire::QueryTiers& m) {
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (m.keys.size() > wire::kMaxEntriesPerMessage) {
+    return Error{ErrorCode::kLimit, "a query may name at most " +
+                                        std::to_string(wire::kMaxEntriesPerMessage) +
+                                        " blocks; split it"};
+  }
   wire::QueryTiersOk ok;
   ok.tiers.reserve(m.keys.size());
   for (const BlockKey& k : m.keys) {

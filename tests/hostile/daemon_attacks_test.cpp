@@ -394,7 +394,7 @@ TEST(HostileMemory, SegmentsBlocksAndPoolsAreBoundedPerUid) {
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
-TEST(HostileMemory, OneAdmitNamesAtMostKMaxEntriesPerMessageBlocks) {
+TEST(HostileMemory, OneAdmitOrQueryNamesAtMostKMaxEntriesPerMessageBlocks) {
   NEED_ROOT();
   HostileDaemon d(kFixedBlockSize);
   ASSERT_TRUE(d.Alive()) << d.Log();
@@ -414,10 +414,11 @@ TEST(HostileMemory, OneAdmitNamesAtMostKMaxEntriesPerMessageBlocks) {
       entries.push_back({EvilKey(i), i});
     }
     wire::Encode(wire::Admit{0, entries}, 3, out);
+    wire::Encode(wire::QueryTiers{std::vector<BlockKey>(wire::kMaxEntriesPerMessage + 1)}, 4, out);
     if (!WriteAll(fd, out)) return "write failed";
-    // Two answers: the pool, then the admit's refusal.
-    std::string last;
-    for (int i = 0; i < 2; ++i) {
+    // Three answers: the pool, then the admit's and the query's refusals.
+    std::vector<std::string> answers;
+    for (int i = 0; i < 3; ++i) {
       uint8_t header[wire::kHeaderBytes];
       if (::recv(fd, header, sizeof(header), MSG_WAITALL) != static_cast<ssize_t>(sizeof(header))) {
         return "no answer";
@@ -426,12 +427,14 @@ TEST(HostileMemory, OneAdmitNamesAtMostKMaxEntriesPerMessageBlocks) {
       std::vector<uint8_t> payload(h.payload_bytes);
       if (h.payload_bytes) ::recv(fd, payload.data(), payload.size(), MSG_WAITALL);
       wire::Error e;
-      last = h.type == wire::MsgType::kError && wire::Decode(payload, &e).ok()
-                 ? std::string(wire::ErrorName(e.code)) + ": " + e.message
-                 : "ok";
+      answers.push_back(h.type == wire::MsgType::kError && wire::Decode(payload, &e).ok()
+                            ? std::string(wire::ErrorName(e.code)) + ": " + e.message
+                            : "ok");
     }
     close(fd);
-    return last.find("split it") != std::string::npos ? "" : "a huge admit got: " + last;
+    if (answers[1].find("split it") == std::string::npos) return "a huge admit got: " + answers[1];
+    if (answers[2].find("split it") == std::string::npos) return "a huge query got: " + answers[2];
+    return "";
   });
   EXPECT_EQ(evil, "");
   ExpectHealthy(d, good, 256ull << 20, 64);

@@ -34,6 +34,7 @@
 #include "cxltier/client.h"
 #include "cxltier/wire.h"
 #include "integration/daemon_harness.h"
+#include "models.h"
 #include "run_as.h"
 #include "shell.h"
 
@@ -43,7 +44,7 @@ inline constexpr const char* kHostileGroup = "cxltier-test-clients";
 inline constexpr const char* kEvil = "cxltier-test-evil";
 inline constexpr const char* kGood = "cxltier-test-good";
 // 2 KiB blocks: one page of pool stride each.
-inline const ModelGeometry kHostileModel{"tiny", 1, 1, 1, 64, 2, 16};
+inline constexpr const ModelGeometry& kHostileModel = kTiny4KiB;
 inline constexpr uint64_t kHostileStride = 4096;
 // A request of the good client must be answered within this, however hard the
 // attacker tries (generous: the machines are shared and tests run in parallel).
@@ -249,12 +250,13 @@ struct ProbeShared {
   std::atomic<int> failures{0};
 
   // The 99th percentile of a phase's round trips in microseconds (-1: none).
-  int64_t P99(int of) const {
+  int64_t P99(int of) const { return Percentile(of, 99); }
+  int64_t Percentile(int of, int pct) const {
     const int n = std::min(count[of].load(), kSamples);
     std::vector<int64_t> v(sample_us[of], sample_us[of] + n);
     if (v.empty()) return -1;
     std::sort(v.begin(), v.end());
-    return v[std::min<size_t>(v.size() - 1, v.size() * 99 / 100)];
+    return v[std::min<size_t>(v.size() - 1, v.size() * pct / 100)];
   }
 };
 

@@ -141,9 +141,10 @@ HogRun RunHog(HostileDaemon& d, ProbeShared* probe, HogShared* hog) {
 // kPerUidBound; what it leaves is the engine's tables at their high-water
 // mark, which the next uid reuses (a second run adds at most kRegrowth);
 // and its million-block admits, 1,024 blocks each, let another uid's round
-// trips pass: their p99 while it admits within 4x their p99 while it only
-// holds its blocks (the ticks over a million blocks), or 10x quiet. One
-// unsliced 16,384-block admit took 200 to 270 ms: 15x the holding p99.
+// trips pass: their p99 while it admits within 3x their p99 while it only
+// holds its blocks (the ticks over a million blocks), or 10x quiet. With
+// 16,384-block admits the p99 was 4 to 5x the holding p99 (141 and 172 ms
+// against 31 and 36); with 1,024, 1.7x (21 and 22 ms against 12 and 13).
 TEST(HostileMemory, OneUidAtItsLimitsStaysWithinTheStatedBoundAndLeavesLittle) {
   NEED_ROOT();
   HostileDaemon d("[engine]\nblock_bytes = 4096\n");
@@ -176,12 +177,18 @@ TEST(HostileMemory, OneUidAtItsLimitsStaysWithinTheStatedBoundAndLeavesLittle) {
                           << " admitted): " << first.error;
   EXPECT_EQ(first.error, "");
   EXPECT_TRUE(first.released);
+  // The same uid again: the tables it left are reused, not grown. Only
+  // where memory is measured (not under a sanitizer, where one run takes
+  // minutes).
+  HogRun second = first;
+  if (kMemoryIsMeasurable) {
+    second = RunHog(d, probe, hog);
+    EXPECT_EQ(second.error, "");
+    EXPECT_TRUE(second.released);
+  }
+  // Round trips of both runs.
   const int64_t quiet = probe->P99(0), busy = probe->P99(1), holding = probe->P99(2);
   const int busy_trips = probe->count[1].load();
-  // The same uid again: the tables it left are reused, not grown.
-  const HogRun second = RunHog(d, probe, hog);
-  EXPECT_EQ(second.error, "");
-  EXPECT_TRUE(second.released);
   auto mib = [](double b) { return b / 1048576.0; };
   std::printf(
       "one uid at its limits: the daemon's anonymous memory %.0f MiB before, peak %.0f MiB "
@@ -192,9 +199,16 @@ TEST(HostileMemory, OneUidAtItsLimitsStaysWithinTheStatedBoundAndLeavesLittle) {
       mib(static_cast<double>(first.after) - before), mib(second.peak), mib(second.after),
       static_cast<long long>(quiet), static_cast<long long>(busy), busy_trips,
       static_cast<long long>(holding));
+  std::printf("p50/p90: quiet %lld/%lld, admitting %lld/%lld, holding %lld/%lld us\n",
+              static_cast<long long>(probe->Percentile(0, 50)),
+              static_cast<long long>(probe->Percentile(0, 90)),
+              static_cast<long long>(probe->Percentile(1, 50)),
+              static_cast<long long>(probe->Percentile(1, 90)),
+              static_cast<long long>(probe->Percentile(2, 50)),
+              static_cast<long long>(probe->Percentile(2, 90)));
   EXPECT_EQ(probe->failures.load(), 0);
   EXPECT_GE(busy_trips, 100);
-  EXPECT_LE(busy, std::max(10 * quiet, 4 * holding))
+  EXPECT_LE(busy, std::max(10 * quiet, 3 * holding))
       << "another uid's p99 while one uid admitted a million blocks";
   if (kMemoryIsMeasurable) {
     EXPECT_LE(first.peak - before, kPerUidBound) << "the daemon's memory for one uid at its limits";

@@ -32,6 +32,7 @@
 #include "cxltier/detail/fd_passing.h"
 #include "cxltier/segment.h"
 #include "daemon_harness.h"
+#include "models.h"
 
 namespace cxltier {
 namespace {
@@ -39,7 +40,6 @@ namespace {
 using testing::DaemonProcess;
 using testing::WaitFor;
 
-const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};  // 8 KiB blocks
 constexpr uint64_t kBlock = 8192;
 
 BlockKey K(uint64_t i) { return BlockKey::FromSequence(91, i); }
@@ -64,7 +64,7 @@ nlohmann::json CopyStats(const DaemonProcess& d) {
 
 std::unique_ptr<Client> Connect(const DaemonProcess& d, uint32_t slots = 64) {
   Status st;
-  auto c = Client::Connect({d.socket(), kTiny, slots, "copy"}, &st);
+  auto c = Client::Connect({d.socket(), kTiny8KiB, slots, "copy"}, &st);
   EXPECT_TRUE(c) << st.message;
   return c;
 }
@@ -274,7 +274,7 @@ TEST(CopyMode, AClientDyingWithLeasesLeavesOthersMoving) {
   const pid_t child = testing::ForkAlone();
   if (child == 0) {
     Status st;
-    auto c = Client::Connect({d.socket(), kTiny, 16, "dies"}, &st);
+    auto c = Client::Connect({d.socket(), kTiny8KiB, 16, "dies"}, &st);
     if (!c || !c->CreateTierPools(8).ok()) _exit(2);
     AdmitAndFill(*c, 8);
     auto r = c->NewReader(&st);
@@ -941,7 +941,7 @@ Status RawCreateTierPool(const std::string& socket_path, uint8_t tier, wire::Tie
   };
   std::vector<uint8_t> frame, payload;
   wire::MsgType type{};
-  wire::Encode(wire::Hello{kTiny, 64, "raw"}, 1, frame);
+  wire::Encode(wire::Hello{kTiny8KiB, 64, "raw"}, 1, frame);
   Status st = Status::Fail(wire::ErrorCode::kInternal, "no answer");
   if (call(frame, -1, &payload, &type) && type == wire::MsgType::kHelloOk) {
     frame.clear();

@@ -24,6 +24,7 @@
 #include "cxltier/wire.h"
 #include "daemon_harness.h"
 #include "engine/policy.h"
+#include "models.h"
 #include "numa/migrator.h"
 #include "shell.h"
 
@@ -35,7 +36,6 @@ using testing::WaitFor;
 using testing::WaitTicks;
 
 // 8 KiB blocks: one layer, one KV head of dim 128, fp16, 16 tokens.
-const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};
 constexpr uint64_t kBlock = 8192;
 
 BlockKey K(uint64_t i) { return BlockKey::FromSequence(77, i); }
@@ -59,7 +59,7 @@ struct MemfdPool {
 std::unique_ptr<Client> Connect(const DaemonProcess& d, const std::string& name = "t",
                                 uint32_t slots = 64) {
   Status st;
-  auto c = Client::Connect({d.socket(), kTiny, slots, name}, &st);
+  auto c = Client::Connect({d.socket(), kTiny8KiB, slots, name}, &st);
   EXPECT_TRUE(c) << st.message;
   return c;
 }
@@ -837,12 +837,12 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
     wire::ReportOk ok;
     ASSERT_TRUE(c->Report(std::vector<wire::Observation>{{999999, 1.0f}, {0, 1.0f}}, &ok).ok());
     EXPECT_EQ(ok.rejected, 2u);  // slot 0 is not admitted either
-    ModelGeometry bad = kTiny;
+    ModelGeometry bad = kTiny8KiB;
     bad.kv_heads = 3;
     Status cs;
     EXPECT_FALSE(Client::Connect({d.socket(), bad, 4, "x"}, &cs));
     EXPECT_EQ(cs.code, wire::ErrorCode::kGeometry);
-    ModelGeometry other = kTiny;
+    ModelGeometry other = kTiny8KiB;
     other.layers = 2;  // 16 KiB blocks: not what this daemon places
     EXPECT_FALSE(Client::Connect({d.socket(), other, 4, "x"}, &cs));
     EXPECT_NE(cs.message.find("places blocks of 8192 bytes"), std::string::npos) << cs.message;
@@ -894,7 +894,7 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
     const pid_t child = testing::ForkAlone();
     if (child == 0) {
       Status st;
-      auto c = Client::Connect({d.socket(), kTiny, 64, "doomed"}, &st);
+      auto c = Client::Connect({d.socket(), kTiny8KiB, 64, "doomed"}, &st);
       MemfdPool p(32);
       uint32_t id = 0;
       if (!c || !c->RegisterMemfdPool(p.fd, p.bytes, kBlock, 32, &id).ok()) _exit(3);
@@ -937,7 +937,7 @@ TEST(Daemon, TooManyClientsIsAClearError) {
   auto b = Connect(d, "b");
   auto reserve = Connect(d, "reserve");
   Status st;
-  EXPECT_FALSE(Client::Connect({d.socket(), kTiny, 4, "c"}, &st));
+  EXPECT_FALSE(Client::Connect({d.socket(), kTiny8KiB, 4, "c"}, &st));
   EXPECT_EQ(st.code, wire::ErrorCode::kLimit);
   EXPECT_NE(st.message.find("too many clients"), std::string::npos) << st.message;
 }

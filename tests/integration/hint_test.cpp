@@ -22,6 +22,7 @@
 #include "cxltier/cxltier.h"
 #include "cxltier/wire.h"
 #include "daemon_harness.h"
+#include "models.h"
 #include "numa/migrator.h"
 
 namespace cxltier {
@@ -32,7 +33,6 @@ using testing::WaitFor;
 using testing::WaitTicks;
 
 // 8 KiB blocks: one layer, one KV head of dim 128, fp16, 16 tokens.
-const ModelGeometry kTiny{"tiny", 1, 1, 1, 128, 2, 16};
 constexpr uint64_t kBlock = 8192;
 // Tier 0 holds 8 blocks; LRU (whose set is easy to follow), no hysteresis.
 const std::string kConfig =
@@ -65,7 +65,7 @@ struct MemfdPool {
 
 std::unique_ptr<Client> Connect(const DaemonProcess& d, const std::string& name) {
   Status st;
-  auto c = Client::Connect({d.socket(), kTiny, 64, name}, &st);
+  auto c = Client::Connect({d.socket(), kTiny8KiB, 64, name}, &st);
   EXPECT_TRUE(c) << st.message;
   return c;
 }
@@ -296,7 +296,7 @@ TEST(DaemonHints, BadInputGetsClearAnswersAndTheDaemonServesOn) {
   ASSERT_TRUE(Send(s, wire::Hint{HintKind::kIdle, 1, {}}, 1));
   ASSERT_TRUE(ReadFrame(s, &h, &p));
   EXPECT_EQ(ErrorOf(h, p).code, wire::ErrorCode::kNotReady);
-  ASSERT_TRUE(Send(s, wire::Hello{kTiny, 16, "raw"}, 2));  // its fd is dropped by read()
+  ASSERT_TRUE(Send(s, wire::Hello{kTiny8KiB, 16, "raw"}, 2));  // its fd is dropped by read()
   ASSERT_TRUE(ReadFrame(s, &h, &p));
   ASSERT_EQ(h.type, wire::MsgType::kHelloOk) << ErrorOf(h, p).message;
   wire::Hint big{HintKind::kIdle, 1, std::vector<BlockKey>(wire::kMaxEntriesPerMessage + 1)};

@@ -20,13 +20,13 @@
 #include "cxltier/client.h"
 #include "daemon_harness.h"
 #include "engine/policy.h"
+#include "models.h"
 #include "run_as.h"
 #include "shell.h"
 
 namespace cxltier::testing {
 namespace {
 
-const ModelGeometry kTiny{"tiny", 1, 1, 1, 64, 2, 16};  // 2 KiB blocks
 constexpr uint64_t kBlock = 4096;                       // pool stride: one page
 constexpr const char* kClients = "cxltier-test-clients";
 constexpr const char* kAdmins = "cxltier-test-admins";
@@ -64,7 +64,7 @@ TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
 
   // Client A (root) holds K(1) and K(2) in a memfd pool.
   Status st;
-  auto a = Client::Connect({d.socket(), kTiny, 16, "a"}, &st);
+  auto a = Client::Connect({d.socket(), kTiny4KiB, 16, "a"}, &st);
   ASSERT_TRUE(a) << st.message;
   const int memfd = memfd_create("iso-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(memfd, 16 * kBlock), 0);
@@ -80,7 +80,7 @@ TEST(Isolation, AnotherUidCannotTouchBlocksAndOnlyAdminsMayChangePolicy) {
   const std::string b_report = RunAs(kUserB, [&]() -> std::string {
     std::string fail;
     Status s;
-    auto b = Client::Connect({socket, kTiny, 16, "b"}, &s);
+    auto b = Client::Connect({socket, kTiny4KiB, 16, "b"}, &s);
     if (!b) return "user b cannot connect: " + s.message;
     // A's keys do not exist for b: not queryable, not releasable.
     std::vector<Tier> t;

@@ -31,13 +31,13 @@
 
 #include "cxltier/client.h"
 #include "daemon_harness.h"
+#include "models.h"
 #include "run_as.h"
 #include "shell.h"
 
 namespace cxltier::testing {
 namespace {
 
-const ModelGeometry kTiny{"tiny", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
 constexpr uint64_t kPage = 4096;                        // pool stride: one page a block
 constexpr uint32_t kBlocksA = 40;                       // more than tier 0 holds
 constexpr uint32_t kBlocksB = 16;
@@ -173,7 +173,7 @@ uint64_t BlocksOnNode(const uint8_t* base, uint32_t blocks, int node) {
 std::string RunClient(const std::string& socket, const char* name, int memfd, uint32_t blocks,
                       uint64_t seq, int cmd) {
   Status st;
-  auto c = Client::Connect({socket, kTiny, blocks, name}, &st);
+  auto c = Client::Connect({socket, kTiny4KiB, blocks, name}, &st);
   if (!c) return std::string(name) + " cannot connect: " + st.message;
   uint32_t pool = 0;
   if (Status s = c->RegisterMemfdPool(memfd, blocks * kPage, kPage, blocks, &pool); !s.ok()) {
@@ -468,7 +468,7 @@ TEST(DaemonQuota, ClientQuotaIsPerUidAndNameUnderTheUidsCap) {
   const char* names[kConns] = {"capped", "capped", "free"};
   for (int i = 0; i < kConns; ++i) {
     Status st;
-    clients[i] = Client::Connect({d.socket(), kTiny, kBlocks, names[i]}, &st);
+    clients[i] = Client::Connect({d.socket(), kTiny4KiB, kBlocks, names[i]}, &st);
     ASSERT_TRUE(clients[i]) << st.message;
     uint32_t pool = 0;
     ASSERT_TRUE(

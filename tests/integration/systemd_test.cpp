@@ -21,11 +21,11 @@
 
 #include "cxltier/client.h"
 #include "fork_alone.h"
+#include "models.h"
 
 namespace cxltier {
 namespace {
 
-const ModelGeometry kTiny{"tiny", 1, 1, 1, 64, 2, 16};
 
 // Collects notification datagrams until one contains `want` or time runs out
 // (60 s by default: a bound for a daemon that never sends it, not a deadline
@@ -87,7 +87,7 @@ TEST(Systemd, SocketActivationNotifyWatchdogAndJournal) {
   std::unique_ptr<Client> c;
   while (!c && std::chrono::steady_clock::now() < connect_by) {
     if (std::filesystem::exists(sock_path))
-      c = Client::Connect({sock_path, kTiny, 8, "activated"}, &s);
+      c = Client::Connect({sock_path, kTiny4KiB, 8, "activated"}, &s);
     if (!c) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::string all;

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "cxltier/segment.h"
+#include "models.h"
 #include "numa/migrator.h"
 #include "service/daemon.h"
 #include "simulate.h"
@@ -103,7 +104,6 @@ class FaultMigrator : public numa::Migrator {
   std::map<uintptr_t, int> done_;   // moves reported done by range address
 };
 
-const ModelGeometry kModel{"fault", 1, 1, 1, 1024, 2, 16};  // 64 KiB blocks
 constexpr uint32_t kBlocks = 16;
 
 uint64_t Sum(const uint8_t* p, size_t n) {
@@ -125,7 +125,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   std::filesystem::create_directories(c.state_dir);
   c.persist = true;
   c.checkpoint_interval_s = 0;
-  c.tier0_budget_bytes = uint64_t{kBlocks / 2} * kModel.block_bytes();
+  c.tier0_budget_bytes = uint64_t{kBlocks / 2} * kSmall64KiB.block_bytes();
   c.max_blocks_per_client = kBlocks;
   c.migrate_rate_mib_s = 1024;
   numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0", {}};
@@ -135,7 +135,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   const server::Peer peer{1, getpid(), getuid(), getgid()};
   d.OnConnect(peer);
   int seg_fd = -1;
-  auto hello = d.OnHello(peer, wire::Hello{kModel, kBlocks, "fault"}, &seg_fd);
+  auto hello = d.OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault"}, &seg_fd);
   ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
   void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
   ASSERT_NE(seg, MAP_FAILED);
@@ -144,7 +144,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   auto* dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(seg) + SegmentDirtyOffset(kBlocks));
 
   // A memfd pool with a known pattern, mapped here as the engine would.
-  const uint64_t stride = kModel.block_bytes();
+  const uint64_t stride = kSmall64KiB.block_bytes();
   const int memfd = memfd_create("fault-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(memfd, static_cast<off_t>(stride * kBlocks)), 0);
   ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the daemon requires it
@@ -252,7 +252,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   std::filesystem::create_directories(c.state_dir);
   c.persist = true;
   c.checkpoint_interval_s = 0;
-  c.tier0_budget_bytes = uint64_t{kBlocks / 4} * kModel.block_bytes();
+  c.tier0_budget_bytes = uint64_t{kBlocks / 4} * kSmall64KiB.block_bytes();
   c.max_blocks_per_client = kBlocks;
   c.migrate_rate_mib_s = 1024;
   c.max_pending_moves = 3;
@@ -266,14 +266,14 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   const server::Peer peer{1, getpid(), getuid(), getgid()};
   d.OnConnect(peer);
   int seg_fd = -1;
-  auto hello = d.OnHello(peer, wire::Hello{kModel, kBlocks, "fault-rec"}, &seg_fd);
+  auto hello = d.OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault-rec"}, &seg_fd);
   ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
   void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
   ASSERT_NE(seg, MAP_FAILED);
   close(seg_fd);
   auto* slots = reinterpret_cast<BlockState*>(static_cast<char*>(seg) + kSegmentSlotOffset);
   auto* dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(seg) + SegmentDirtyOffset(kBlocks));
-  const uint64_t stride = kModel.block_bytes();
+  const uint64_t stride = kSmall64KiB.block_bytes();
   const int memfd = memfd_create("fault-rec-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(memfd, static_cast<off_t>(stride * kBlocks)), 0);
   ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);

@@ -131,9 +131,9 @@ struct InProcessDaemon {
         peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * blocks, stride, blocks},
         server::UniqueFd(dup(memfd)));
     if (!std::holds_alternative<wire::RegisterPoolOk>(pool)) std::abort();
-    for (uint32_t i = 0; i < blocks; i += 4096) {
+    for (uint32_t i = 0; i < blocks; i += wire::kMaxEntriesPerMessage) {
       wire::Admit a{0, {}};
-      for (uint32_t j = i; j < std::min(blocks, i + 4096); ++j) {
+      for (uint32_t j = i; j < std::min(blocks, i + wire::kMaxEntriesPerMessage); ++j) {
         a.entries.push_back({BlockKey::FromSequence(1, j), j});
       }
       if (!std::holds_alternative<wire::AdmitOk>(daemon->OnAdmit(peer, a))) std::abort();

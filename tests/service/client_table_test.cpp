@@ -1,0 +1,209 @@
+// ClientTable and Fold alone: no socket, no io_context, no daemon. The
+// table's invariants (client_table.h) checked after every Bind and Unbind
+// against a plain model, its per-uid counts against the limits they
+// enforce, and the fold's reading of a client's segment: dirty slots once,
+// a full fold every kFullFoldTicks, implausible totals counted and dropped.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <map>
+#include <random>
+#include <vector>
+
+#include "cxltier/segment.h"
+#include "engine/engine.h"
+#include "engine/policy.h"
+#include "models.h"
+#include "service/client_table.h"
+#include "service/config.h"
+#include "service/fold.h"
+
+namespace cxltier::service {
+namespace {
+
+server::Peer PeerOf(uint64_t session, uid_t uid) {
+  return server::Peer{session, getpid(), uid, static_cast<gid_t>(uid)};
+}
+
+engine::Engine MakeEngine() {
+  engine::EngineOptions o;
+  o.block_bytes = kTiny4KiB.block_bytes();
+  o.tier0_budget_bytes = 64 * o.block_bytes;
+  o.mode = engine::Mode::kTick;
+  return engine::Engine(o, std::move(*engine::MakePolicy("lru")));
+}
+
+// Every invariant client_table.h states, for every slot of `c`.
+void ExpectInStep(ClientTable& table, Client& c) {
+  uint64_t live = 0;
+  for (uint32_t i = 0; i < c.slots.size(); ++i) {
+    const SegSlot& s = c.slots[i];
+    ASSERT_EQ(s.live, c.live_slots[i] != 0) << "slot " << i;
+    if (!s.live) continue;
+    ++live;
+    ASSERT_EQ(c.by_key.Find(s.key), i) << "slot " << i;
+    const auto holder = table.HolderOf(s.engine_slot);
+    ASSERT_TRUE(holder) << "slot " << i;
+    ASSERT_EQ(holder->client, &c);
+    ASSERT_EQ(holder->seg_slot, i);
+    ASSERT_EQ(c.segment.slot(i)->key, s.key) << "the segment names the block held";
+  }
+  ASSERT_EQ(c.live, live);
+  ASSERT_EQ(c.by_key.size(), live) << "the key map holds exactly the live slots";
+}
+
+TEST(ClientTable, BindAndUnbindKeepEveryIndexInStep) {
+  constexpr uint32_t kSlots = 256;
+  ClientTable table;
+  Client& c = table.Connect(PeerOf(1, 1000));
+  ASSERT_FALSE(table.Open(c, kSlots, "t"));
+  engine::Engine e = MakeEngine();
+  std::mt19937_64 rng(7);
+  std::map<uint64_t, uint32_t> model;  // sequence number -> segment slot
+  for (int step = 0; step < 20000; ++step) {
+    const uint64_t n = rng() % 400;
+    const BlockKey key = BlockKey::FromSequence(5, n);
+    const auto it = model.find(n);
+    if (it == model.end() && model.size() < kSlots) {
+      ASSERT_EQ(c.by_key.Find(key), engine::kNoSlot);
+      const engine::Slot es = e.Admit(EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
+      model[n] = table.Bind(c, es, 0, static_cast<uint32_t>(n), key);
+    } else if (it != model.end()) {
+      const uint32_t seg = it->second;
+      const engine::Slot es = c.slots[seg].engine_slot;
+      e.Release(es);
+      table.Unbind(c, seg);
+      ASSERT_FALSE(table.HolderOf(es)) << "an unbound engine slot has no holder";
+      ASSERT_EQ(c.by_key.Find(key), engine::kNoSlot);
+      model.erase(it);
+    }
+    if (step % 1000 == 0) {
+      ASSERT_NO_FATAL_FAILURE(ExpectInStep(table, c));
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectInStep(table, c));
+  EXPECT_EQ(c.live, model.size());
+  EXPECT_EQ(c.free_slots.size() + c.live, kSlots);
+}
+
+TEST(ClientTable, ConnectionsAndSegmentsAreCountedPerUidAcrossConnections) {
+  DaemonConfig config;
+  config.max_connections_per_uid = 2;
+  config.max_blocks_per_client = 1024;
+  config.max_segment_bytes_per_uid = SegmentBytes(1024) + SegmentBytes(512);
+  ClientTable table;
+  Client& a = table.Connect(PeerOf(1, 1000));
+  Client& b = table.Connect(PeerOf(2, 1000));
+  // A third connection of uid 1000 is refused; another uid, and root, get in.
+  EXPECT_TRUE(table.CheckConnect(PeerOf(3, 1000), false, config));
+  EXPECT_FALSE(table.CheckConnect(PeerOf(3, 1001), false, config));
+  EXPECT_FALSE(table.CheckConnect(PeerOf(3, 1000), true, config));
+
+  const wire::Hello too_many{kTiny4KiB, 1025, "a"};
+  EXPECT_TRUE(table.CheckHello(a, too_many, config)) << "more slots than a client may have";
+  const wire::Hello big{kTiny4KiB, 1024, "a"};
+  ASSERT_FALSE(table.CheckHello(a, big, config));
+  ASSERT_FALSE(table.Open(a, 1024, "a"));
+  // The uid's segments together: 1,024 slots held, so 1,024 more are over.
+  EXPECT_TRUE(table.CheckHello(b, big, config));
+  const wire::Hello fits{kTiny4KiB, 512, "b"};
+  ASSERT_FALSE(table.CheckHello(b, fits, config));
+
+  // Gone, a connection's segment and its place among the uid's connections
+  // are free again.
+  table.MarkLeaving(a);
+  table.Remove(a.peer.session_id);
+  EXPECT_FALSE(table.CheckHello(b, big, config));
+  EXPECT_FALSE(table.CheckConnect(PeerOf(3, 1000), false, config));
+  EXPECT_EQ(table.connections(), 1u);
+}
+
+TEST(ClientTable, ClientsOfOneUidAndNameShareTheirAccount) {
+  ClientTable table;
+  Client& a = table.Connect(PeerOf(1, 1000));
+  Client& b = table.Connect(PeerOf(2, 1000));
+  Client& other_name = table.Connect(PeerOf(3, 1000));
+  Client& other_uid = table.Connect(PeerOf(4, 1001));
+  ASSERT_FALSE(table.Open(a, 8, "engine"));
+  ASSERT_FALSE(table.Open(b, 8, "engine"));
+  ASSERT_FALSE(table.Open(other_name, 8, "other"));
+  ASSERT_FALSE(table.Open(other_uid, 8, "engine"));
+  EXPECT_EQ(a.account, b.account) << "a second connection of the name is no way around a quota";
+  EXPECT_NE(a.account, other_name.account);
+  EXPECT_NE(a.account, other_uid.account);
+  EXPECT_NE(a.account & engine::kClientAccount, 0u);
+}
+
+// A Fold over a client of `slots` bound slots: slot i holds key (9, i).
+struct Folding {
+  explicit Folding(uint32_t slots) : c(table.Connect(PeerOf(1, 1000))) {
+    EXPECT_FALSE(table.Open(c, slots, "t"));
+    for (uint32_t i = 0; i < slots; ++i) {
+      const BlockKey key = BlockKey::FromSequence(9, i);
+      const engine::Slot es = e.Admit(EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
+      WriteBack(e, c, table.Bind(c, es, 0, i, key));
+    }
+  }
+  const BlockState& engine_state(uint32_t seg) { return e.state(c.slots[seg].engine_slot); }
+  ClientTable table;
+  Client& c;
+  engine::Engine e = MakeEngine();
+  Fold fold;
+};
+
+TEST(Fold, DirtySlotsAreFoldedOnceAndWrittenBack) {
+  Folding f(128);
+  BlockState* seg = f.c.segment.slot(0);
+  uint64_t* dirty = f.c.segment.dirty();
+  ASSERT_TRUE(AddObservation(seg, dirty, 3, 2.0f));
+  ASSERT_TRUE(AddObservation(seg, dirty, 3, 1.0f));
+  ASSERT_TRUE(AddObservation(seg, dirty, 70, 0.5f));
+  f.fold.Run(f.c, f.e, 1);
+  EXPECT_EQ(f.e.counters().touches, 2u) << "one touch per observed block, not per observation";
+  EXPECT_EQ(f.c.observations, 3u);
+  EXPECT_EQ(f.engine_state(3).touch_time, 1u);
+  EXPECT_EQ(f.engine_state(70).touch_time, 1u);
+  EXPECT_EQ(f.engine_state(4).touch_time, 0u);
+  // Written back: the client reads the engine's view of its block.
+  EXPECT_EQ(seg[3].touch_time, 1u);
+  EXPECT_EQ(seg[3].touch_count, f.engine_state(3).touch_count);
+  // Nothing new: the next fold touches nothing.
+  f.fold.Run(f.c, f.e, 2);
+  EXPECT_EQ(f.e.counters().touches, 2u);
+  EXPECT_EQ(f.c.bad_observations, 0u);
+}
+
+TEST(Fold, AnUnmarkedObservationWaitsForTheFullFold) {
+  Folding f(128);
+  BlockState* seg = f.c.segment.slot(0);
+  ASSERT_TRUE(AddObservation(&seg[5], 1.0f));  // no dirty bit: a lost race
+  for (uint64_t tick = 1; tick < kFullFoldTicks; ++tick) {
+    f.fold.Run(f.c, f.e, tick);
+    ASSERT_EQ(f.e.counters().touches, 0u) << "tick " << tick;
+  }
+  f.fold.Run(f.c, f.e, kFullFoldTicks);
+  EXPECT_EQ(f.e.counters().touches, 1u);
+  EXPECT_EQ(f.engine_state(5).touch_time, kFullFoldTicks);
+}
+
+TEST(Fold, ImplausibleTotalsAreCountedAndFoldedAsNothing) {
+  Folding f(128);
+  BlockState* seg = f.c.segment.slot(0);
+  uint64_t* dirty = f.c.segment.dirty();
+  // A hostile client writes its totals directly: more touches than a tick
+  // can have, and (another slot) more mass than its touches can carry.
+  seg[1].client_touches = static_cast<uint32_t>(kMaxTouchesPerTick + 1);
+  MarkDirty(dirty, 1);
+  seg[2].client_touches = 1;
+  seg[2].client_mass_q16 = ~0u;
+  MarkDirty(dirty, 2);
+  ASSERT_TRUE(AddObservation(seg, dirty, 3, 1.0f));
+  f.fold.Run(f.c, f.e, 1);
+  EXPECT_EQ(f.c.bad_observations, 2u);
+  EXPECT_EQ(f.engine_state(1).touch_time, 0u) << "too many touches: not folded";
+  EXPECT_EQ(f.engine_state(2).touch_time, 1u) << "too much mass: a touch of nothing";
+  EXPECT_EQ(f.engine_state(3).touch_time, 1u) << "the honest slot beside them is folded";
+}
+
+}  // namespace
+}  // namespace cxltier::service
