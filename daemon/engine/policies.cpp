@@ -70,9 +70,7 @@ class LfuPolicy final : public Policy {
   double Score(const BlockState& st, double, uint64_t, bool, const Touch&) const override {
     return static_cast<double>(st.touch_count);
   }
-  void Reserve(size_t n) override {
-    ReserveFor(links_, n);
-  }
+  void Reserve(size_t n) override { ReserveFor(links_, n); }
   void OnHit(Slot s, const Touch&) override {
     const auto next = Unlink(s);
     Append(s, state(s).touch_count, next);

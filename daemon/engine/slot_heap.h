@@ -32,9 +32,7 @@ class DenseHeapPositions {
     pos_[s] = i;
   }
   void Drop(Slot s) { pos_[s] = kNoPos; }
-  void Reserve(size_t n) {
-    ReserveFor(pos_, n);
-  }
+  void Reserve(size_t n) { ReserveFor(pos_, n); }
 
  private:
   std::vector<uint32_t> pos_;

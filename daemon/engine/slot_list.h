@@ -35,9 +35,7 @@ class SlotLists {
   // The neighbour of `s` towards the back, or kNoSlot.
   Slot Next(Slot s) const { return links_[s].next; }
 
-  void Reserve(size_t n) {
-    ReserveFor(links_, n);
-  }
+  void Reserve(size_t n) { ReserveFor(links_, n); }
 
   // REQUIRES: `s` is in no list.
   void PushFront(int list, Slot s) {

@@ -283,8 +283,8 @@ inline int Prober(const std::string& socket, ProbeShared* sh) {
     // A quiet or holding sample must end in its phase; an attack's counts
     // however long it took.
     const int bucket = phase == ProbeShared::kHolding ? 2 : phase;
-    if (ok && (phase == 1 || ((phase == 0 || phase == ProbeShared::kHolding) &&
-                              sh->phase.load() == phase))) {
+    if (ok && (phase == 1 ||
+               ((phase == 0 || phase == ProbeShared::kHolding) && sh->phase.load() == phase))) {
       const int i = sh->count[bucket].fetch_add(1);
       if (i < ProbeShared::kSamples) {
         sh->sample_us[bucket][i] =

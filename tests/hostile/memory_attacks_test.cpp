@@ -37,7 +37,7 @@ constexpr uint32_t kBlocks = 1u << 20;  // max_blocks_per_uid's default
 BlockKey HogKey(uint64_t i) { return BlockKey::FromSequence(669, i); }
 
 struct HogShared {
-  std::atomic<int> step{0};  // 1: admitting, 2: all admitted and observed, 3: released
+  std::atomic<int> step{0};          // 1: admitting, 2: all admitted and observed, 3: released
   std::atomic<bool> release{false};  // set by the test: step 2 lasts until then
   std::atomic<uint64_t> admitted{0};
   char error[256] = {};

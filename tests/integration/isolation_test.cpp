@@ -27,7 +27,7 @@
 namespace cxltier::testing {
 namespace {
 
-constexpr uint64_t kBlock = 4096;                       // pool stride: one page
+constexpr uint64_t kBlock = 4096;  // pool stride: one page
 constexpr const char* kClients = "cxltier-test-clients";
 constexpr const char* kAdmins = "cxltier-test-admins";
 constexpr const char* kUserB = "cxltier-test-b";

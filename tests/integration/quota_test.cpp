@@ -38,8 +38,8 @@
 namespace cxltier::testing {
 namespace {
 
-constexpr uint64_t kPage = 4096;                        // pool stride: one page a block
-constexpr uint32_t kBlocksA = 40;                       // more than tier 0 holds
+constexpr uint64_t kPage = 4096;   // pool stride: one page a block
+constexpr uint32_t kBlocksA = 40;  // more than tier 0 holds
 constexpr uint32_t kBlocksB = 16;
 constexpr uint64_t kTier0Blocks = 32;  // tier0_budget = 128 KiB
 constexpr uint64_t kCapA = 8;          // tier0 = "32KiB"

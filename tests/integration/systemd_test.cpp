@@ -26,7 +26,6 @@
 namespace cxltier {
 namespace {
 
-
 // Collects notification datagrams until one contains `want` or time runs out
 // (60 s by default: a bound for a daemon that never sends it, not a deadline
 // the daemon must meet on a loaded machine).
