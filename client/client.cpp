@@ -29,6 +29,21 @@ Status Sys(const std::string& what) {
   return Status::Fail(ErrorCode::kInternal, what + ": " + std::strerror(errno));
 }
 
+// Calls `send` with each part of `items` that the daemon takes in one
+// request (at most wire::kMaxEntriesPerMessage), in order, and once with
+// none when `items` is empty; stops at the first error `send` returns.
+template <typename T, typename Send>
+Status InParts(std::span<const T> items, Send&& send) {
+  size_t at = 0;
+  do {
+    const std::span<const T> part =
+        items.subspan(at, std::min(items.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+    if (Status st = send(part); !st.ok()) return st;
+    at += part.size();
+  } while (at < items.size());
+  return Status::Ok();
+}
+
 bool WriteAll(int fd, const uint8_t* p, size_t n, int send_fd) {
   while (n > 0) {
     const ssize_t w = detail::SendWithFd(fd, p, n, send_fd, MSG_NOSIGNAL);
@@ -243,11 +258,7 @@ Status Client::Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries
   ReleaseParked();
   std::vector<wire::AdmitResult> all;
   all.reserve(entries.size());
-  // The daemon takes at most kMaxEntriesPerMessage per request.
-  for (size_t at = 0; at < entries.size() || (at == 0 && entries.empty());
-       at += wire::kMaxEntriesPerMessage) {
-    const auto part =
-        entries.subspan(at, std::min(entries.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+  const Status sent = InParts(entries, [&](std::span<const wire::AdmitEntry> part) {
     wire::Admit m{pool_id, std::vector<wire::AdmitEntry>(part.begin(), part.end())};
     wire::AdmitOk ok;
     if (Status st = Call(m, wire::MsgType::kAdmitOk, &ok); !st.ok()) return st;
@@ -261,8 +272,9 @@ Status Client::Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries
       h.slot = ok.results[i].slot;
     }
     all.insert(all.end(), ok.results.begin(), ok.results.end());
-    if (entries.empty()) break;
-  }
+    return Status::Ok();
+  });
+  if (!sent.ok()) return sent;
   if (results) *results = std::move(all);
   return Status::Ok();
 }
@@ -515,18 +527,16 @@ Status Client::Reader::Release(const Lease& lease) {
 Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) {
   ReleaseParked();
   wire::ReleaseOk total;
-  for (size_t at = 0; at < keys.size() || (at == 0 && keys.empty());
-       at += wire::kMaxEntriesPerMessage) {
-    const auto part =
-        keys.subspan(at, std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+  const Status sent = InParts(keys, [&](std::span<const BlockKey> part) {
     wire::Release m{std::vector<BlockKey>(part.begin(), part.end())};
     wire::ReleaseOk ok;
     if (Status st = Call(m, wire::MsgType::kReleaseOk, &ok); !st.ok()) return st;
     for (const BlockKey& k : part) held_.erase(k);
     total.released += ok.released;
     total.unknown += ok.unknown;
-    if (keys.empty()) break;
-  }
+    return Status::Ok();
+  });
+  if (!sent.ok()) return sent;
   if (result) *result = total;
   return Status::Ok();
 }
@@ -534,20 +544,17 @@ Status Client::Release(std::span<const BlockKey> keys, wire::ReleaseOk* result) 
 Status Client::Hint(uint32_t group, HintKind kind, std::span<const BlockKey> keys,
                     wire::HintOk* result) {
   wire::HintOk total;
-  // The daemon takes at most kMaxEntriesPerMessage keys per request: each
-  // part joins its keys and applies the hint, the last with all of them in.
-  for (size_t at = 0; at < keys.size() || (at == 0 && keys.empty());
-       at += wire::kMaxEntriesPerMessage) {
-    const auto part =
-        keys.subspan(at, std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+  // Each part joins its keys and applies the hint, the last with all of them in.
+  const Status sent = InParts(keys, [&](std::span<const BlockKey> part) {
     wire::Hint m{kind, group, std::vector<BlockKey>(part.begin(), part.end())};
     wire::HintOk ok;
     if (Status st = Call(m, wire::MsgType::kHintOk, &ok); !st.ok()) return st;
     total.grouped += ok.grouped;
     total.unknown += ok.unknown;
     total.applied = ok.applied;
-    if (keys.empty()) break;
-  }
+    return Status::Ok();
+  });
+  if (!sent.ok()) return sent;
   // Remembered for Reconnect: the daemon grouped the keys this client holds.
   for (const BlockKey& k : keys) {
     if (auto it = held_.find(k); it != held_.end()) it->second.group = group;
@@ -603,12 +610,9 @@ uint64_t Client::daemon_ticks() const {
 }
 
 Status Client::QueryTiers(std::span<const BlockKey> keys, std::vector<Tier>* tiers) {
-  // The daemon takes at most kMaxEntriesPerMessage keys per request.
   std::vector<Tier> all;
   all.reserve(keys.size());
-  for (size_t at = 0; at == 0 || at < keys.size(); at += wire::kMaxEntriesPerMessage) {
-    const auto part =
-        keys.subspan(at, std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+  const Status sent = InParts(keys, [&](std::span<const BlockKey> part) {
     wire::QueryTiers m{std::vector<BlockKey>(part.begin(), part.end())};
     wire::QueryTiersOk ok;
     if (Status st = Call(m, wire::MsgType::kQueryTiersOk, &ok); !st.ok()) return st;
@@ -618,7 +622,9 @@ Status Client::QueryTiers(std::span<const BlockKey> keys, std::vector<Tier>* tie
                               " tiers for " + std::to_string(part.size()) + " keys");
     }
     all.insert(all.end(), ok.tiers.begin(), ok.tiers.end());
-  }
+    return Status::Ok();
+  });
+  if (!sent.ok()) return sent;
   *tiers = std::move(all);
   return Status::Ok();
 }
@@ -866,15 +872,15 @@ void Client::ReleaseParked() {
     return true;
   });
   if (done.empty()) return;
-  // As many Releases as the daemon's per-message limit asks (2,048 leases
-  // can park 2,048 keys); a failure leaves it to the daemon's cleanup.
+  // In parts, as Release (2,048 leases can park 2,048 keys); a failure
+  // leaves its part to the daemon's cleanup and the next part is sent.
   const std::vector<BlockKey> keys(done.begin(), done.end());
-  for (size_t at = 0; at < keys.size(); at += wire::kMaxEntriesPerMessage) {
-    const size_t n = std::min(keys.size() - at, size_t{wire::kMaxEntriesPerMessage});
-    wire::Release m{std::vector<BlockKey>(keys.begin() + at, keys.begin() + at + n)};
+  (void)InParts(std::span<const BlockKey>(keys), [&](std::span<const BlockKey> part) {
+    wire::Release m{std::vector<BlockKey>(part.begin(), part.end())};
     wire::ReleaseOk ok;
     (void)Call(m, wire::MsgType::kReleaseOk, &ok);
-  }
+    return Status::Ok();
+  });
 }
 
 uint32_t KvHeadOfQueryHead(const ModelGeometry& model, uint32_t query_head) {

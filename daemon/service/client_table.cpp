@@ -254,17 +254,20 @@ bool ClientTable::TierMemoryInUse(int fd) const {
   return it != tier_memory_.end() && !it->second.expired();
 }
 
+std::optional<Error> CheckEntryCount(size_t entries, const char* request) {
+  if (entries <= wire::kMaxEntriesPerMessage) return std::nullopt;
+  return Error{ErrorCode::kLimit, std::string(request) + " may name at most " +
+                                      std::to_string(wire::kMaxEntriesPerMessage) +
+                                      " blocks; split it"};
+}
+
 std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
                                              const engine::Engine& engine,
                                              const DaemonConfig& config) const {
   if (m.pool_id >= c.pools.size()) {
     return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
   }
-  if (m.entries.size() > wire::kMaxEntriesPerMessage) {
-    return Error{ErrorCode::kLimit, "an admit may name at most " +
-                                        std::to_string(wire::kMaxEntriesPerMessage) +
-                                        " blocks; split it"};
-  }
+  if (auto refusal = CheckEntryCount(m.entries.size(), "an admit")) return refusal;
   const server::Pool& pool = c.pools[m.pool_id];
   if (pool.dead()) {
     return Error{ErrorCode::kBadPool,

@@ -39,6 +39,11 @@ inline BlockKey EngineKey(const BlockKey& key, uid_t uid) {
   return BlockKey{key.hi ^ (0x9e3779b97f4a7c15ULL * (uint64_t{uid} + 1)), key.lo};
 }
 
+// A request naming more blocks than one message may (Admit, Release, Hint,
+// QueryTiers: wire::kMaxEntriesPerMessage): `limit`, "<request> may name
+// at most N blocks; split it". Nothing otherwise.
+std::optional<wire::Error> CheckEntryCount(size_t entries, const char* request);
+
 // One segment slot: the block a client admitted there.
 struct SegSlot {
   bool live = false;

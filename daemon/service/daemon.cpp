@@ -543,11 +543,7 @@ server::Answer<wire::ReleaseOk> Daemon::OnRelease(const server::Peer& peer,
                                                   const wire::Release& m) {
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (m.keys.size() > wire::kMaxEntriesPerMessage) {
-    return Error{ErrorCode::kLimit, "a release may name at most " +
-                                        std::to_string(wire::kMaxEntriesPerMessage) +
-                                        " blocks; split it"};
-  }
+  if (auto refusal = CheckEntryCount(m.keys.size(), "a release")) return *refusal;
   wire::ReleaseOk ok;
   for (const BlockKey& k : m.keys) {
     const uint32_t seg = c->by_key.Find(k);
@@ -583,11 +579,7 @@ server::Answer<wire::QueryTiersOk> Daemon::OnQueryTiers(const server::Peer& peer
                                                         const wire::QueryTiers& m) {
   Client* c = Find(peer);
   if (!c || !c->hello) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (m.keys.size() > wire::kMaxEntriesPerMessage) {
-    return Error{ErrorCode::kLimit, "a query may name at most " +
-                                        std::to_string(wire::kMaxEntriesPerMessage) +
-                                        " blocks; split it"};
-  }
+  if (auto refusal = CheckEntryCount(m.keys.size(), "a query")) return *refusal;
   wire::QueryTiersOk ok;
   ok.tiers.reserve(m.keys.size());
   for (const BlockKey& k : m.keys) {
