@@ -120,8 +120,14 @@ HogRun RunHog(HostileDaemon& d, ProbeShared* probe, HogShared* hog) {
     }
   });
   const int held_until = probe->count[2].load() + 300;
-  WaitFor([&] { return hog->step.load() == 2 && probe->count[2].load() >= held_until; },
-          std::chrono::seconds(600));
+  // A prober that fails takes no more samples: end the wait (the test then
+  // fails on its failures) instead of running into ctest's timeout.
+  WaitFor(
+      [&] {
+        return (hog->step.load() == 2 && probe->count[2].load() >= held_until) ||
+               probe->failures.load() > 0;
+      },
+      std::chrono::seconds(600));
   hog->release = true;
   run.left = WaitFor([&] { return hog->step.load() == 3; }, std::chrono::seconds(600));
   run.error = attacker.Wait();
@@ -169,6 +175,7 @@ TEST(HostileMemory, OneUidAtItsLimitsStaysWithinTheStatedBoundAndLeavesLittle) {
   // 300 quiet round trips, and the daemon's memory with the prober in.
   probe->phase = 0;
   ASSERT_TRUE(WaitFor([&] { return probe->count[0].load() >= 300 || probe->failures > 0; }));
+  ASSERT_EQ(probe->failures.load(), 0) << "the prober failed before the hog began";
   const uint64_t before = Usage(d.pid()).anon_bytes;
   probe->phase = 3;
 
