@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
     spdlog::log(SpdlogLevel(level), "{}", what);
   };
   sopts.peer_log = &daemon.peer_log();
-  cxltier::server::Server server(io, daemon, sopts);
+  cxltier::server::Server server(io, daemon.requests(), sopts);
   // Socket activation: systemd's socket (cxltierd.socket sets its mode and
   // group); otherwise our own, mode 0660, group socket_group.
   std::string activation_error;

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "service/daemon.h"
+#include "service/requests.h"
 
 namespace cxltier::service {
 
@@ -26,8 +26,8 @@ constexpr uint64_t kRecordMaxEvents = uint64_t{1} << 24;
 constexpr uint64_t kRecordMaxSeconds = 24 * 3600;
 }  // namespace
 
-server::Answer<wire::AdminOk> Daemon::StartRecording(const std::string& arg) {
-  if (recorder_.on()) {
+server::Answer<wire::AdminOk> Requests::StartRecording(const std::string& arg) {
+  if (d_.recorder.on()) {
     return Error{ErrorCode::kBusy, "a recording is already running; stop it first"};
   }
   const std::string_view a = arg;
@@ -63,19 +63,19 @@ server::Answer<wire::AdminOk> Daemon::StartRecording(const std::string& arg) {
     got += static_cast<size_t>(n);
   }
   const uint64_t ticks =
-      (seconds * 1000 + config_.tick_ms - 1) / std::max<uint32_t>(config_.tick_ms, 1);
-  recorder_.Start(tick_, ticks, max_events, secret);
+      (seconds * 1000 + d_.config.tick_ms - 1) / std::max<uint32_t>(d_.config.tick_ms, 1);
+  d_.recorder.Start(d_.tick, ticks, max_events, secret);
   explicit_bzero(secret.data(), secret.size());
   spdlog::info("recording for {} s ({} ticks, at most {} events)", seconds, ticks, max_events);
   return wire::AdminOk{"recording for " + std::to_string(seconds) + " s"};
 }
 
-server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) {
-  recorder_.Stop(tick_);
-  if (!recorder_.ready()) {
+server::Answer<wire::AdminOk> Requests::StopRecording(server::UniqueFd* trace_fd) {
+  d_.recorder.Stop(d_.tick);
+  if (!d_.recorder.ready()) {
     return Error{ErrorCode::kNotReady, "no recording to stop; start one with record start"};
   }
-  auto [trace, sum] = recorder_.Take();
+  auto [trace, sum] = d_.recorder.Take();
   server::UniqueFd fd(memfd_create("cxltier-recording", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid())
     return Error{ErrorCode::kInternal, std::string("memfd_create: ") + std::strerror(errno)};
@@ -93,12 +93,12 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
     return Error{ErrorCode::kInternal,
                  std::string("sealing the recording: ") + std::strerror(errno)};
   }
-  const uint64_t block_bytes = engine_ ? engine_->options().block_bytes : config_.block_bytes;
+  const uint64_t block_bytes = d_.engine ? d_.engine->options().block_bytes : d_.config.block_bytes;
   nlohmann::json j = {
       {"start_tick", sum.start_tick},
       {"end_tick", sum.end_tick},
       {"ticks", sum.end_tick - sum.start_tick},
-      {"tick_ms", config_.tick_ms},
+      {"tick_ms", d_.config.tick_ms},
       {"events", sum.events},
       {"keys", sum.keys},
       {"truncated", sum.truncated},
@@ -116,17 +116,17 @@ server::Answer<wire::AdminOk> Daemon::StopRecording(server::UniqueFd* trace_fd) 
       {"move_outcomes", sum.outcomes},
       {"moves_done", sum.outcomes_done},
       {"relocations", sum.relocations},
-      {"policy", config_.policy},
-      {"persist", config_.persist},
+      {"policy", d_.config.policy},
+      {"persist", d_.config.persist},
       {"tier0_budget_bytes",
-       engine_ ? engine_->capacity_blocks() * block_bytes : config_.tier0_budget_bytes},
+       d_.engine ? d_.engine->capacity_blocks() * block_bytes : d_.config.tier0_budget_bytes},
       // Tiers 1 .. n-2 on a host with more than two (the last holds the rest).
       {"lower_tier_budget_bytes",
-       engine_ ? engine_->options().lower_tier_budget_bytes : LowerTierBudgets()},
+       d_.engine ? d_.engine->options().lower_tier_budget_bytes : d_.LowerTierBudgets()},
       {"block_bytes", block_bytes},
-      {"migrate_bytes_per_tick", block_bytes ? MigrateBytesPerTick(config_, block_bytes) : 0},
-      {"hysteresis_ticks", config_.hysteresis_ticks},
-      {"ghost_capacity", config_.ghost_capacity},
+      {"migrate_bytes_per_tick", block_bytes ? MigrateBytesPerTick(d_.config, block_bytes) : 0},
+      {"hysteresis_ticks", d_.config.hysteresis_ticks},
+      {"ghost_capacity", d_.config.ghost_capacity},
   };
   // Whose traffic it holds, and who lost events past their share (uid
   // numbers: only an admin records).

@@ -146,9 +146,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A fork of this (sanitized) process costs milliseconds: one input in 16.
   pid_t child = mode % 16 == 1 ? SpawnPeer() : -1;
   server::Peer peer{f->next_session++, child > 0 ? child : getpid(), getuid(), getgid()};
-  if (f->daemon->OnConnect(peer)) Fail("connect refused");
+  if (f->daemon->requests().OnConnect(peer)) Fail("connect refused");
   int seg_fd = -1;
-  if (!Ok(f->daemon->OnHello(peer, wire::Hello{kModel, kSlots, "fuzz"}, &seg_fd))) {
+  if (!Ok(f->daemon->requests().OnHello(peer, wire::Hello{kModel, kSlots, "fuzz"}, &seg_fd))) {
     Fail("hello refused");
   }
   std::vector<ClientPool> pools;
@@ -195,7 +195,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           cp.peer_fd = fds[1];
           cp.refuse_expected = true;
         }
-        auto a = f->daemon->OnRegisterPool(peer, reg, server::UniqueFd(dup(cp.fd)));
+        auto a = f->daemon->requests().OnRegisterPool(peer, reg, server::UniqueFd(dup(cp.fd)));
         if (Ok(a)) {
           if (cp.refuse_expected) Fail("a pool fd that can shrink (or is no memfd) was accepted");
           cp.id = std::get<wire::RegisterPoolOk>(a).pool_id;
@@ -222,7 +222,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             cp.range = nullptr;
           }
         }
-        auto a = f->daemon->OnRegisterPool(
+        auto a = f->daemon->requests().OnRegisterPool(
             peer,
             wire::RegisterPool{wire::PoolKind::kRange, address, kPoolBytes, kStride, kPoolBlocks},
             server::UniqueFd());
@@ -267,7 +267,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           a.entries.push_back({BlockKey::FromSequence(in.Byte() % 4, in.Byte() % 96),
                                static_cast<uint32_t>(in.Byte() % (kPoolBlocks + 2))});
         }
-        auto r = f->daemon->OnAdmit(peer, a);
+        auto r = f->daemon->requests().OnAdmit(peer, a);
         if (Ok(r)) {
           const auto& ok = std::get<wire::AdmitOk>(r);
           if (ok.results.size() != a.entries.size()) Fail("admit answered for other keys");
@@ -285,7 +285,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                ? BlockKey::FromSequence(in.Byte() % 4, in.Byte() % 96)
                                : admitted[in.Byte() % admitted.size()]);
         }
-        (void)Ok(f->daemon->OnRelease(peer, r));
+        (void)Ok(f->daemon->requests().OnRelease(peer, r));
         break;
       }
       case 11:
@@ -296,7 +296,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               slots.empty() || (i & 3) == 3 ? in.Byte() : slots[in.Byte() % slots.size()];
           r.observations.push_back({slot, static_cast<float>(in.Byte()) / 16.0f});
         }
-        (void)Ok(f->daemon->OnReport(peer, r));
+        (void)Ok(f->daemon->requests().OnReport(peer, r));
         break;
       }
       case 13:  // the peer process of the range pools exits
@@ -311,7 +311,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                ? BlockKey::FromSequence(in.Byte() % 4, in.Byte() % 96)
                                : admitted[in.Byte() % admitted.size()]);
         }
-        auto r = f->daemon->OnHint(peer, h);
+        auto r = f->daemon->requests().OnHint(peer, h);
         if (Ok(r) && std::get<wire::HintOk>(r).grouped + std::get<wire::HintOk>(r).unknown !=
                          h.keys.size()) {
           Fail("a hint answered for other keys");
@@ -332,13 +332,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     f->Drain();
   }
   for (const char* what : {"status", "tiers", "clients", "blocks"}) {
-    auto st = f->daemon->OnStats(peer, wire::Stats{what});
+    auto st = f->daemon->requests().OnStats(peer, wire::Stats{what});
     if (!Ok(st)) Fail("stats refused");
     if (!nlohmann::json::accept(std::get<wire::StatsOk>(st).json)) Fail("stats not JSON");
   }
-  (void)Ok(f->daemon->OnQueryTiers(peer, wire::QueryTiers{admitted}));
+  (void)Ok(f->daemon->requests().OnQueryTiers(peer, wire::QueryTiers{admitted}));
 
-  f->daemon->OnDisconnect(peer);
+  f->daemon->requests().OnDisconnect(peer);
   f->Drain();
   Reap(&child);
   for (ClientPool& cp : pools) {

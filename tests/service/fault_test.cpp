@@ -133,9 +133,9 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   ASSERT_EQ(d.Start().message, "");
 
   const server::Peer peer{1, getpid(), getuid(), getgid()};
-  d.OnConnect(peer);
+  d.requests().OnConnect(peer);
   int seg_fd = -1;
-  auto hello = d.OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault"}, &seg_fd);
+  auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault"}, &seg_fd);
   ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
   void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
   ASSERT_NE(seg, MAP_FAILED);
@@ -153,13 +153,13 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   ASSERT_NE(kv, MAP_FAILED);
   for (size_t i = 0; i < stride * kBlocks; ++i) kv[i] = static_cast<uint8_t>(i * 7 + i / 4096);
   const uint64_t before = Sum(kv, stride * kBlocks);
-  auto pool = d.OnRegisterPool(
+  auto pool = d.requests().OnRegisterPool(
       peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks, stride, kBlocks},
       server::UniqueFd(dup(memfd)));
   ASSERT_TRUE(std::holds_alternative<wire::RegisterPoolOk>(pool));
   wire::Admit admit{0, {}};
   for (uint32_t i = 0; i < kBlocks; ++i) admit.entries.push_back({BlockKey::FromSequence(9, i), i});
-  auto admitted = d.OnAdmit(peer, admit);
+  auto admitted = d.requests().OnAdmit(peer, admit);
   ASSERT_TRUE(std::holds_alternative<wire::AdmitOk>(admitted));
   std::vector<uint32_t> seg_slot(kBlocks);
   for (uint32_t i = 0; i < kBlocks; ++i)
@@ -225,7 +225,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   EXPECT_LE(most_calls_while_failing, 8) << "a failing block was retried too often";
   // No KV byte changed, and the daemon still answers.
   EXPECT_EQ(Sum(kv, stride * kBlocks), before);
-  auto stats = d.OnStats(peer, wire::Stats{"clients"});
+  auto stats = d.requests().OnStats(peer, wire::Stats{"clients"});
   EXPECT_TRUE(std::holds_alternative<wire::StatsOk>(stats));
 
   d.Stop();
@@ -264,9 +264,9 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   ASSERT_EQ(d.Start().message, "");
 
   const server::Peer peer{1, getpid(), getuid(), getgid()};
-  d.OnConnect(peer);
+  d.requests().OnConnect(peer);
   int seg_fd = -1;
-  auto hello = d.OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault-rec"}, &seg_fd);
+  auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault-rec"}, &seg_fd);
   ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
   void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
   ASSERT_NE(seg, MAP_FAILED);
@@ -281,17 +281,18 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
       mmap(nullptr, stride * kBlocks, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
   ASSERT_NE(kv, MAP_FAILED);
   for (size_t i = 0; i < stride * kBlocks; ++i) kv[i] = static_cast<uint8_t>(i);
-  auto pool = d.OnRegisterPool(
+  auto pool = d.requests().OnRegisterPool(
       peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks, stride, kBlocks},
       server::UniqueFd(dup(memfd)));
   ASSERT_TRUE(std::holds_alternative<wire::RegisterPoolOk>(pool));
 
   server::UniqueFd no_fd;
-  auto started = d.OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStart, "3600"}, &no_fd);
+  auto started =
+      d.requests().OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStart, "3600"}, &no_fd);
   ASSERT_TRUE(std::holds_alternative<wire::AdminOk>(started));
   std::vector<uint32_t> seg_slot(kBlocks);
   const auto admit = [&](uint32_t i) {
-    auto a = d.OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(11, i), i}}});
+    auto a = d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(11, i), i}}});
     ASSERT_TRUE(std::holds_alternative<wire::AdmitOk>(a));
     seg_slot[i] = std::get<wire::AdmitOk>(a).results[0].slot;
   };
@@ -313,7 +314,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
     AddObservation(slots, dirty, seg_slot[tick % kBlocks], 0.5f);
     if (tick % 20 == 10) {  // a block leaves (its move may be in flight) and comes back
       const uint32_t i = (tick / 15 * 4) % kBlocks;
-      auto r = d.OnRelease(peer, wire::Release{{BlockKey::FromSequence(11, i)}});
+      auto r = d.requests().OnRelease(peer, wire::Release{{BlockKey::FromSequence(11, i)}});
       ASSERT_TRUE(std::holds_alternative<wire::ReleaseOk>(r));
       admit(i);
     }
@@ -323,7 +324,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   deliver();
   d.Tick();
   server::UniqueFd trace_fd;
-  auto stopped = d.OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStop, ""}, &trace_fd);
+  auto stopped = d.requests().OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStop, ""}, &trace_fd);
   ASSERT_TRUE(std::holds_alternative<wire::AdminOk>(stopped));
   ASSERT_TRUE(trace_fd.valid());
   const nlohmann::json rec = nlohmann::json::parse(std::get<wire::AdminOk>(stopped).text);

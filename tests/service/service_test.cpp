@@ -1498,24 +1498,24 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
            std::move(fake), false);
   ASSERT_EQ(d.Start().message, "");
   const server::Peer peer{1, getpid(), getuid(), getgid()};
-  ASSERT_FALSE(d.OnConnect(peer));
+  ASSERT_FALSE(d.requests().OnConnect(peer));
   int seg_fd = -1;
   const ModelGeometry model{"where", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
   ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(
-      d.OnHello(peer, wire::Hello{model, 4, "where"}, &seg_fd)));
+      d.requests().OnHello(peer, wire::Hello{model, 4, "where"}, &seg_fd)));
   close(seg_fd);
   const int memfd = memfd_create("where-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(memfd, 4 * 4096), 0);
   ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-  auto pool =
-      d.OnRegisterPool(peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, 4 * 4096, 4096, 4},
-                       server::UniqueFd(memfd));
+  auto pool = d.requests().OnRegisterPool(
+      peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, 4 * 4096, 4096, 4},
+      server::UniqueFd(memfd));
   ASSERT_TRUE(std::holds_alternative<wire::RegisterPoolOk>(pool));
-  auto admitted = d.OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(1, 1), 0}}});
+  auto admitted = d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(1, 1), 0}}});
   ASSERT_TRUE(std::holds_alternative<wire::AdmitOk>(admitted));
   EXPECT_GE(where->asked.load(), 1);
   EXPECT_EQ(std::get<wire::AdmitOk>(admitted).results.at(0).tier, Tier::kSlow);
-  d.OnDisconnect(peer);
+  d.requests().OnDisconnect(peer);
   d.Stop();
 }
 
@@ -1558,14 +1558,14 @@ TEST(Daemon, ReloadRecomputesThePlannersBudget) {
     next.migrate_rate_mib_s = 8;
     d.Reload(next);
     const server::Peer peer{1, getpid(), getuid(), getgid()};
-    d.OnConnect(peer);
+    d.requests().OnConnect(peer);
     int seg_fd = -1;
     const ModelGeometry model{"reload", 1, 1, 1, 1024, 2, 16};  // 64 KiB blocks
-    auto hello = d.OnHello(peer, wire::Hello{model, 16, "reload"}, &seg_fd);
+    auto hello = d.requests().OnHello(peer, wire::Hello{model, 16, "reload"}, &seg_fd);
     ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
     close(seg_fd);
     EXPECT_EQ(budget(d), (uint64_t{8} << 20) / 1000 * 500);
-    d.OnDisconnect(peer);
+    d.requests().OnDisconnect(peer);
     d.Stop();
   }
   std::filesystem::remove_all(dir);

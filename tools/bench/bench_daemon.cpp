@@ -116,9 +116,9 @@ struct InProcessDaemon {
     numa::TierAssignment tiers{{0}, {0}, "bench", {}};
     daemon = std::make_unique<service::Daemon>(io, c, topo, tiers, std::make_unique<NullMigrator>(),
                                                true);
-    daemon->OnConnect(peer);
+    daemon->requests().OnConnect(peer);
     int seg_fd = -1;
-    auto hello = daemon->OnHello(peer, wire::Hello{model, blocks, "bench"}, &seg_fd);
+    auto hello = daemon->requests().OnHello(peer, wire::Hello{model, blocks, "bench"}, &seg_fd);
     if (!std::holds_alternative<wire::HelloOk>(hello)) std::abort();
     void* p = mmap(nullptr, SegmentBytes(blocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
     slots = reinterpret_cast<BlockState*>(static_cast<char*>(p) + kSegmentSlotOffset);
@@ -127,7 +127,7 @@ struct InProcessDaemon {
     memfd = memfd_create("bench-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (ftruncate(memfd, static_cast<off_t>(stride * blocks)) != 0) std::abort();
     if (fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) std::abort();  // the daemon requires it
-    auto pool = daemon->OnRegisterPool(
+    auto pool = daemon->requests().OnRegisterPool(
         peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * blocks, stride, blocks},
         server::UniqueFd(dup(memfd)));
     if (!std::holds_alternative<wire::RegisterPoolOk>(pool)) std::abort();
@@ -136,7 +136,7 @@ struct InProcessDaemon {
       for (uint32_t j = i; j < std::min(blocks, i + wire::kMaxEntriesPerMessage); ++j) {
         a.entries.push_back({BlockKey::FromSequence(1, j), j});
       }
-      if (!std::holds_alternative<wire::AdmitOk>(daemon->OnAdmit(peer, a))) std::abort();
+      if (!std::holds_alternative<wire::AdmitOk>(daemon->requests().OnAdmit(peer, a))) std::abort();
     }
   }
   ~InProcessDaemon() {

@@ -47,7 +47,7 @@ struct SocketDaemon {
                                                numa::TierAssignment{{0}, {0}, "bench", {}},
                                                numa::MakeLinuxMigrator(), false);
     if (!daemon->Start().ok()) std::abort();
-    srv = std::make_unique<server::Server>(io, *daemon, server::ServerOptions{});
+    srv = std::make_unique<server::Server>(io, daemon->requests(), server::ServerOptions{});
     if (!srv->Listen(c.socket_path, 0600).ok()) std::abort();
     thread = std::thread([this] { io.run(); });
     Status st;

@@ -1,0 +1,305 @@
+#include "service/requests.h"
+
+#include <spdlog/spdlog.h>
+
+#include "cxltier/segment.h"
+#include "service/admin.h"
+#include "service/copy_mode.h"
+#include "service/snapshot.h"
+
+namespace cxltier::service {
+
+namespace asio = boost::asio;
+using wire::Error;
+using wire::ErrorCode;
+
+namespace {
+
+// Slots of a client that left released in one go on the I/O thread.
+constexpr uint32_t kReleaseChunk = 1024;
+
+}  // namespace
+
+Client* Requests::Said(const server::Peer& peer) {
+  Client* c = d_.clients.Find(peer.session_id);
+  return c && c->hello ? c : nullptr;
+}
+
+std::optional<Error> Requests::OnConnect(const server::Peer& peer) {
+  if (auto refusal =
+          d_.clients.CheckConnect(peer, IsAdmin(peer, d_.config.admin_group), d_.config)) {
+    d_.ClientWarning(peer, "connection refused: " + refusal->message);
+    return refusal;
+  }
+  const Client& c = d_.clients.Connect(peer);
+  spdlog::debug("client {} connected: pid {} uid {}", c.id, peer.pid, peer.uid);
+  return std::nullopt;
+}
+
+void Requests::OnDisconnect(const server::Peer& peer) {
+  Client* c = d_.clients.Find(peer.session_id);
+  if (!c || c->leaving) return;
+  d_.clients.MarkLeaving(*c);
+  // Operator tools (status, top) say no hello: their comings and goings are
+  // not news.
+  if (c->hello) {
+    d_.ClientInfo(peer,
+                  fmt::format("client {} ('{}', pid {} uid {}) left; its {} blocks become ghosts",
+                              c->id, c->name, peer.pid, peer.uid, c->live));
+  }
+  // Its client account loses its quota when it was the last connection of
+  // its uid and name; the engine forgets it once its blocks are released.
+  if (d_.config.ClientQuotaOf(peer.uid, c->name)) d_.ApplyQuotas();
+  ReleaseLeaving(peer.session_id);
+}
+
+// A client that left is released kReleaseChunk slots at a time, the I/O
+// thread serving other requests in between: a million blocks take seconds.
+void Requests::ReleaseLeaving(uint64_t session) {
+  Client* leaving = d_.clients.Find(session);
+  if (!leaving) return;
+  Client& c = *leaving;
+  for (uint32_t n = 0; c.release_cursor < c.slots.size() && n < kReleaseChunk; ++n) {
+    const uint32_t i = c.release_cursor++;
+    if (c.slots[i].live) d_.ReleaseSlot(c, i);
+  }
+  if (c.release_cursor < c.slots.size()) {
+    asio::post(d_.io, [this, session] { ReleaseLeaving(session); });
+    return;
+  }
+  d_.clients.Remove(session);
+}
+
+server::Answer<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::Hello& m,
+                                                int* segment_fd) {
+  Client* c = d_.clients.Find(peer.session_id);
+  if (!c) return Error{ErrorCode::kInternal, "unknown session"};
+  if (c->hello) return Error{ErrorCode::kNotReady, "hello was already said on this connection"};
+  if (auto refusal = d_.clients.CheckHello(*c, m, d_.config)) return *refusal;
+  if (Status st = d_.EnsureEngine(m.model.block_bytes()); !st.ok()) return st;
+  if (auto err = d_.clients.Open(*c, m.max_blocks, m.client_name.substr(0, 64))) return *err;
+  c->model = m.model;
+  // The engine's tables get room for every slot this client may fill now,
+  // at its hello, instead of being copied in the middle of its admits
+  // (other clients' requests wait behind a copy of a million-slot table).
+  d_.engine->Reserve(d_.engine->live_blocks() + m.max_blocks);
+  if (d_.config.ClientQuotaOf(peer.uid, c->name)) d_.ApplyQuotas();
+  *segment_fd = c->segment.fd();
+  d_.ClientInfo(peer,
+                fmt::format("client {} hello: '{}' pid {} uid {}, {} slots, block {} bytes", c->id,
+                            c->name, peer.pid, peer.uid, m.max_blocks, m.model.block_bytes()));
+  return wire::HelloOk{c->id,
+                       m.max_blocks,
+                       kSegmentSlotOffset,
+                       m.model.block_bytes(),
+                       d_.config.tick_ms,
+                       d_.engine->tiers()};
+}
+
+server::Answer<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
+                                                              const wire::RegisterPool& m,
+                                                              server::UniqueFd memfd) {
+  Client* c = Said(peer);
+  if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (auto refusal = d_.clients.CheckPool(*c, d_.config)) return *refusal;
+  server::Pool pool;
+  if (Status st =
+          pool.Open(m, std::move(memfd), peer.pid, peer.uid, d_.engine->options().block_bytes);
+      !st.ok()) {
+    d_.ClientWarning(peer, "pool refused: " + st.message);
+    return st;
+  }
+  const uint32_t id = d_.clients.AddPool(*c, std::move(pool));
+  d_.ClientInfo(peer,
+                fmt::format("client {} (uid {}): pool {} ({}, {} blocks, {})", c->id, peer.uid, id,
+                            m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
+                            FormatBytes(m.length)));
+  return wire::RegisterPoolOk{id};
+}
+
+server::Answer<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& peer,
+                                                                  const wire::CreateTierPool& m,
+                                                                  server::UniqueFd fd,
+                                                                  int* pool_fd) {
+  Client* c = Said(peer);
+  if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (auto refusal = d_.clients.CheckPool(*c, d_.config)) return *refusal;
+  if (auto refusal = d_.clients.CheckTierPool(*c, m, *d_.engine, d_.moves.tiers())) {
+    d_.ClientWarning(peer, "tier pool refused: " + refusal->message);
+    return *refusal;
+  }
+  // What the budget, the caps and other users' guarantees leave it (a tier
+  // with a budget counts it in blocks), and for the last tier the bytes of
+  // its pools one uid may have the daemon make: the memory of its nodes.
+  const Quotas::Grant grant = d_.quotas.TierPool(*c, m, *d_.engine, d_.clients);
+  const bool last = m.tier + 1u >= d_.engine->tiers();
+  const ClientTable::TierBound bound{
+      last ? d_.TierMemoryBytes(m.tier) : 0,
+      "the memory of tier " + std::to_string(m.tier) + "'s nodes (the last tier's budget)"};
+  std::optional<Error> refusal = grant.refusal;
+  if (!refusal) refusal = d_.clients.CheckTierPoolBytes(*c, m, grant.blocks, bound, d_.config);
+  if (refusal) {
+    d_.ClientWarning(peer, "tier pool refused: " + refusal->message);
+    return *refusal;
+  }
+  if (m.source == wire::TierPoolSource::kImport && fd.valid() &&
+      d_.clients.TierMemoryInUse(fd.get())) {
+    // Its old connection is still releasing its blocks (or a copy of it still
+    // runs), or it is another connection's pool: two owners would hand out
+    // the same places.
+    return Error{ErrorCode::kBusy,
+                 "this tier pool is still in use by the connection it came from (its blocks are "
+                 "being released, or a copy is running); try again"};
+  }
+  const uint32_t blocks = grant.blocks;
+  static const std::vector<int> kNoNodes;
+  const std::vector<int>& nodes =
+      m.tier < d_.moves.tiers().count() ? d_.moves.tiers().Nodes(m.tier) : kNoNodes;
+  server::Pool pool;
+  if (Status st = pool.OpenTier(m.tier, blocks, m.stride, d_.engine->options().block_bytes, nodes,
+                                m.source, std::move(fd), m.offset);
+      !st.ok()) {
+    d_.ClientWarning(peer, "tier pool refused: " + st.message);
+    return st;
+  }
+  const uint32_t id = d_.clients.AddTierPool(*c, std::move(pool));
+  const server::Pool& p = c->pools[id];
+  *pool_fd = p.tier_fd();
+  static constexpr const char* kSources[] = {"memfd", "device-DAX", "imported memfd"};
+  d_.ClientInfo(
+      peer,
+      fmt::format("client {} (uid {}): tier {} pool {} ({}, {} blocks of {} asked, {}, node {})",
+                  c->id, peer.uid, int{m.tier}, id, kSources[static_cast<int>(m.source)], blocks,
+                  m.blocks, FormatBytes(p.length()), p.node()));
+  return wire::CreateTierPoolOk{id, blocks, p.length(), p.node()};
+}
+
+server::Answer<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
+  Client* c = Said(peer);
+  if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (auto refusal = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config)) return *refusal;
+  if (c->pools[m.pool_id].is_tier()) return AdmitCopy(*c, m);
+  const server::Pool& pool = c->pools[m.pool_id];
+  wire::AdmitOk ok;
+  ok.results.reserve(m.entries.size());
+  for (const wire::AdmitEntry& e : m.entries) {
+    if (const uint32_t held = c->by_key.Find(e.key); held != engine::kNoSlot) {
+      const BlockState& st = d_.engine->state(c->slots[held].engine_slot);
+      ok.results.push_back({held, st.tier, 0});
+      continue;
+    }
+    const Tier where = d_.moves.WhereIs(pool.Range(e.block_index));
+    const engine::Slot es =
+        d_.engine->Admit(EngineKey(e.key, peer.uid), where, peer.uid, c->account);
+    d_.recorder.Admit(d_.EventTick(), peer.uid, d_.engine->state(es).key, where);
+    const uint32_t seg = d_.clients.Bind(*c, es, m.pool_id, e.block_index, e.key);
+    WriteBack(*d_.engine, *c, seg);
+    const bool restored = d_.engine->state(es).flags & kFlagRestored;
+    spdlog::debug("client {} admitted {} in pool {} block {} as slot {} ({})", c->id,
+                  e.key.ToString(), m.pool_id, e.block_index, seg, TierName(where));
+    ok.results.push_back({seg, where, static_cast<uint8_t>(restored)});
+  }
+  return ok;
+}
+
+// Copy mode: the daemon places each new block (CheckAdmit counted the room),
+// or takes the place a reconnect names (its bytes are there already), and the
+// client holds its write lease until it has written the bytes (or, after a
+// reconnect, carried its read leases over).
+server::Answer<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& m) {
+  wire::AdmitOk ok;
+  ok.results.reserve(m.entries.size());
+  // No new block goes over a cap (CheckAdmit counted the room): it holds its
+  // write lease, so nothing could move it down while the client keeps it.
+  TierRoom room = AdmitRoom(c, *d_.engine);
+  for (const wire::AdmitEntry& e : m.entries) {
+    if (const uint32_t held = c.by_key.Find(e.key); held != engine::kNoSlot) {
+      const BlockState& st = d_.engine->state(c.slots[held].engine_slot);
+      ok.results.push_back({held, st.tier, 0});
+      continue;
+    }
+    uint32_t pool = m.pool_id, index = e.block_index & ~wire::kAdmitAtPlace;
+    if (e.block_index & wire::kAdmitAtPlace) {
+      c.pools[pool].TakeAt(index);  // CheckAdmit found it free
+    } else if (auto full = PlaceNew(c, m.pool_id, room, &pool, &index)) {
+      return *full;  // CheckAdmit counted
+    }
+    const Tier where = static_cast<Tier>(c.pools[pool].tier());
+    const engine::Slot es =
+        d_.engine->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid, c.account);
+    d_.recorder.Admit(d_.EventTick(), c.peer.uid, d_.engine->state(es).key, where);
+    const uint32_t seg = d_.clients.Bind(c, es, pool, index, e.key);
+    PublishAdmitted(c, seg);
+    WriteBack(*d_.engine, c, seg);
+    const bool restored = d_.engine->state(es).flags & kFlagRestored;
+    ok.results.push_back({seg, where, static_cast<uint8_t>(restored)});
+  }
+  return ok;
+}
+
+server::Answer<wire::ReleaseOk> Requests::OnRelease(const server::Peer& peer,
+                                                    const wire::Release& m) {
+  Client* c = Said(peer);
+  if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (auto refusal = CheckEntryCount(m.keys.size(), "a release")) return *refusal;
+  wire::ReleaseOk ok;
+  for (const BlockKey& k : m.keys) {
+    const uint32_t seg = c->by_key.Find(k);
+    if (seg == engine::kNoSlot) {
+      ++ok.unknown;
+      continue;
+    }
+    d_.ReleaseSlot(*c, seg);
+    ++ok.released;
+  }
+  return ok;
+}
+
+server::Answer<wire::ReportOk> Requests::OnReport(const server::Peer& peer, const wire::Report& m) {
+  Client* c = Said(peer);
+  if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
+  return AddReport(*c, m);
+}
+
+server::Answer<wire::HintOk> Requests::OnHint(const server::Peer& peer, const wire::Hint& m) {
+  Client* c = Said(peer);
+  if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
+  // The tick this hint belongs to: the next fold's, as for admits and
+  // releases; the replay of a recording gives the engine the same clock.
+  return d_.hints.Handle(*c, m, *d_.engine, d_.EventTick(), CostClock::now());
+}
+
+std::chrono::microseconds Requests::Throttle(const server::Peer& peer) {
+  return d_.hints.Throttle(peer.uid, CostClock::now());
+}
+
+server::Answer<wire::QueryTiersOk> Requests::OnQueryTiers(const server::Peer& peer,
+                                                          const wire::QueryTiers& m) {
+  Client* c = Said(peer);
+  if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
+  if (auto refusal = CheckEntryCount(m.keys.size(), "a query")) return *refusal;
+  wire::QueryTiersOk ok;
+  ok.tiers.reserve(m.keys.size());
+  for (const BlockKey& k : m.keys) {
+    const uint32_t seg = c->by_key.Find(k);
+    ok.tiers.push_back(seg == engine::kNoSlot ? Tier::kNone
+                                              : d_.engine->state(c->slots[seg].engine_slot).tier);
+  }
+  return ok;
+}
+
+server::Answer<wire::StatsOk> Requests::OnStats(const server::Peer& peer, const wire::Stats& m) {
+  // Keys are often hashes of prompt prefixes: a peer sees only its own uid's
+  // clients, blocks and share (status's and quotas' users and clients); root
+  // and the admin group see everyone's.
+  const std::optional<uid_t> only =
+      IsAdmin(peer, d_.config.admin_group) ? std::nullopt : std::optional<uid_t>(peer.uid);
+  std::optional<nlohmann::json> j = StatsJson(d_, m.what, only);
+  if (!j) {
+    return Error{ErrorCode::kBadPayload,
+                 "unknown stats '" + m.what + "'; known: status, tiers, clients, blocks, quotas"};
+  }
+  return wire::StatsOk{j->dump()};
+}
+
+}  // namespace cxltier::service

@@ -1,0 +1,66 @@
+// The daemon's answers to its clients: the server's handler, one function
+// per message. They work on what the daemon shares (service/shared.h) and run
+// on the I/O thread, between ticks. requests.cpp holds the clients' messages
+// (connect, hello, pools, admit and release, report, hint, query, stats),
+// admin.cpp the admins' (policy, reload, quotas), recording.cpp `cxltierctl
+// record`.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "server/server.h"
+#include "service/shared.h"
+
+namespace cxltier::service {
+
+class Requests final : public server::Handler {
+ public:
+  explicit Requests(Shared& shared) : d_(shared) {}
+
+  // What an Admin kReload request runs (the daemon's main re-reads its config
+  // file); without one, kReload re-applies the running configuration.
+  void set_reload_hook(std::function<Status()> hook) { reload_hook_ = std::move(hook); }
+
+  std::optional<wire::Error> OnConnect(const server::Peer& peer) override;
+  void OnDisconnect(const server::Peer& peer) override;
+  server::Answer<wire::HelloOk> OnHello(const server::Peer& peer, const wire::Hello& m,
+                                        int* segment_fd) override;
+  server::Answer<wire::RegisterPoolOk> OnRegisterPool(const server::Peer& peer,
+                                                      const wire::RegisterPool& m,
+                                                      server::UniqueFd memfd) override;
+  server::Answer<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer& peer,
+                                                          const wire::CreateTierPool& m,
+                                                          server::UniqueFd fd,
+                                                          int* pool_fd) override;
+  server::Answer<wire::AdmitOk> OnAdmit(const server::Peer& peer, const wire::Admit& m) override;
+  server::Answer<wire::ReleaseOk> OnRelease(const server::Peer& peer,
+                                            const wire::Release& m) override;
+  server::Answer<wire::ReportOk> OnReport(const server::Peer& peer, const wire::Report& m) override;
+  server::Answer<wire::HintOk> OnHint(const server::Peer& peer, const wire::Hint& m) override;
+  server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer& peer,
+                                                  const wire::QueryTiers& m) override;
+  server::Answer<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
+  server::Answer<wire::AdminOk> OnAdmin(const server::Peer& peer, const wire::Admin& m,
+                                        server::UniqueFd* reply_fd) override;
+  std::chrono::microseconds Throttle(const server::Peer& peer) override;
+
+ private:
+  // The client of `peer` once it said hello, or nullptr.
+  Client* Said(const server::Peer& peer);
+  // An admit into a client's tier pools (copy mode), checked.
+  server::Answer<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
+  // Releases a client that left, a chunk of slots per turn of the I/O thread.
+  void ReleaseLeaving(uint64_t session);
+  // Admin kSetQuota: parses, checks and applies one account's quota (admin.cpp).
+  server::Answer<wire::AdminOk> SetQuota(const std::string& arg);
+  // cxltierctl record (recording.cpp).
+  server::Answer<wire::AdminOk> StartRecording(const std::string& arg);
+  server::Answer<wire::AdminOk> StopRecording(server::UniqueFd* trace_fd);
+
+  Shared& d_;
+  std::function<Status()> reload_hook_;
+};
+
+}  // namespace cxltier::service
