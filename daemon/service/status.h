@@ -1,4 +1,4 @@
-// What the daemon reports, as plain values: Daemon::Snapshot() fills a
+// What the daemon reports, as plain values: Snapshot() (snapshot.h) fills a
 // StatusSnapshot once, and every view renders from it: the JSON of `Stats
 // status` (cxltierctl, tests and scripts read its keys), the Prometheus text
 // (metrics.cpp) and the one-line systemd STATUS. Renderers read only the

@@ -659,7 +659,7 @@ struct DaemonChecker {
 
   void RunScriptOp(DState& s) {
     switch (script[s.script_pc++]) {
-      case Op::kAdmit:  // Daemon::AdmitCopy: PlaceNew, Bind, PublishAdmitted
+      case Op::kAdmit:  // Requests::AdmitCopy: PlaceNew, Bind, PublishAdmitted
         if (!TakeFree(s, &s.place)) {
           Fail("no free place to admit");
           return;
@@ -674,7 +674,7 @@ struct DaemonChecker {
       case Op::kMove:
         DispatchCopy(s);
         return;
-      case Op::kRelease:  // Daemon::ReleaseSlot: Mover::Cancel, Retire, Unbind
+      case Op::kRelease:  // Shared::ReleaseSlot: Mover::Cancel, Retire, Unbind
         for (Job& j : s.jobs) {
           if (j.state == kQueued && j.admission == s.admission) {
             j.state = kBack;
