@@ -121,18 +121,18 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Start() {
     try {
-      std::optional<wire::Error> refusal;
+      Status refusal;
       try {
         refusal = server_.handler_.OnConnect(peer_);
-        connected_ = !refusal;
+        connected_ = refusal.ok();
       } catch (const std::exception& e) {
         connected_ = true;  // the handler may hold part of it: OnDisconnect cleans up
         HandlerThrew("connect", e.what());
         refusal =
             wire::Error{wire::ErrorCode::kInternal, "the daemon failed to take the connection"};
       }
-      if (refusal) {
-        Send(*refusal, 0);
+      if (!refusal.ok()) {
+        Send(refusal, 0);
         close_after_write_ = true;
         return;
       }

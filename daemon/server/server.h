@@ -46,7 +46,7 @@ class Handler {
  public:
   virtual ~Handler() = default;
   // A new connection; an error refuses it (the error is sent, then it closes).
-  virtual std::optional<wire::Error> OnConnect(const Peer& peer) = 0;
+  virtual Status OnConnect(const Peer& peer) = 0;
   virtual void OnDisconnect(const Peer& peer) = 0;
   // *segment_fd: the state segment's fd to pass back (the handler keeps owning it).
   virtual Answer<wire::HelloOk> OnHello(const Peer& peer, const wire::Hello& m,

@@ -15,8 +15,8 @@ namespace cxltier::service {
 using wire::Error;
 using wire::ErrorCode;
 
-std::optional<Error> ClientTable::CheckConnect(const server::Peer& peer, bool admin,
-                                               const DaemonConfig& config) const {
+Status ClientTable::CheckConnect(const server::Peer& peer, bool admin,
+                                 const DaemonConfig& config) const {
   // Root and the admin group may always get in: max_clients counts everyone,
   // but they have admin_reserved_connections more, and no per-uid cap.
   const uint64_t cap = config.max_clients + (admin ? config.admin_reserved_connections : 0);
@@ -24,14 +24,14 @@ std::optional<Error> ClientTable::CheckConnect(const server::Peer& peer, bool ad
     return Error{ErrorCode::kLimit,
                  "too many clients (limit " + std::to_string(config.max_clients) + ")"};
   }
-  if (admin) return std::nullopt;
+  if (admin) return Status::Ok();
   auto it = uids_.find(peer.uid);
   if (it != uids_.end() && it->second.connections >= config.max_connections_per_uid) {
     return Error{ErrorCode::kLimit, "too many connections of uid " + std::to_string(peer.uid) +
                                         " (limit " +
                                         std::to_string(config.max_connections_per_uid) + ")"};
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
 Client& ClientTable::Connect(const server::Peer& peer) {
@@ -91,8 +91,8 @@ void ClientTable::Remove(uint64_t session) {
   if (large) malloc_trim(0);
 }
 
-std::optional<Error> ClientTable::CheckHello(const Client& c, const wire::Hello& m,
-                                             const DaemonConfig& config) const {
+Status ClientTable::CheckHello(const Client& c, const wire::Hello& m,
+                               const DaemonConfig& config) const {
   if (Status st = m.model.Validate(); !st.ok()) return st.Context("model geometry: ");
   if (m.max_blocks == 0) return Error{ErrorCode::kLimit, "max_blocks must be at least 1"};
   if (m.max_blocks > config.max_blocks_per_client) {
@@ -116,10 +116,10 @@ std::optional<Error> ClientTable::CheckHello(const Client& c, const wire::Hello&
                                         FormatBytes(config.max_segment_bytes_per_uid) +
                                         " of state segments (limits.max_segment_bytes_per_uid)"};
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
-std::optional<Error> ClientTable::Open(Client& c, uint32_t slots, std::string name) {
+Status ClientTable::Open(Client& c, uint32_t slots, std::string name) {
   if (Status st = c.segment.Create(slots, c.id); !st.ok()) return st.Context("state segment: ");
   c.hello = true;
   c.name = std::move(name);
@@ -137,10 +137,10 @@ std::optional<Error> ClientTable::Open(Client& c, uint32_t slots, std::string na
   c.copy.copying.assign(slots, 0);
   c.free_slots.clear();
   for (uint32_t i = slots; i-- > 0;) c.free_slots.push_back(i);
-  return std::nullopt;
+  return Status::Ok();
 }
 
-std::optional<Error> ClientTable::CheckPool(const Client& c, const DaemonConfig& config) const {
+Status ClientTable::CheckPool(const Client& c, const DaemonConfig& config) const {
   if (c.pools.size() >= config.max_pools_per_client) {
     return Error{ErrorCode::kLimit,
                  "too many pools (limit " + std::to_string(config.max_pools_per_client) + ")"};
@@ -151,7 +151,7 @@ std::optional<Error> ClientTable::CheckPool(const Client& c, const DaemonConfig&
                                         " (limit " + std::to_string(config.max_pools_per_uid) +
                                         ")"};
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
 uint32_t ClientTable::AddPool(Client& c, server::Pool pool) {
@@ -160,9 +160,9 @@ uint32_t ClientTable::AddPool(Client& c, server::Pool pool) {
   return static_cast<uint32_t>(c.pools.size() - 1);
 }
 
-std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::CreateTierPool& m,
-                                                const engine::Engine& engine,
-                                                const numa::TierAssignment& tiers) const {
+Status ClientTable::CheckTierPool(const Client& c, const wire::CreateTierPool& m,
+                                  const engine::Engine& engine,
+                                  const numa::TierAssignment& tiers) const {
   if (m.tier >= engine.tiers()) {
     return Error{ErrorCode::kBadPool, "this daemon has " + std::to_string(engine.tiers()) +
                                           " tiers: there is no tier " + std::to_string(m.tier)};
@@ -185,13 +185,13 @@ std::optional<Error> ClientTable::CheckTierPool(const Client& c, const wire::Cre
   if (m.stride > (uint64_t{1} << 32)) {
     return Error{ErrorCode::kLimit, "a tier pool's stride is at most 4 GiB"};
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
-std::optional<Error> ClientTable::CheckTierPoolBytes(const Client& c, const wire::CreateTierPool& m,
-                                                     uint32_t blocks, const TierBound& bound,
-                                                     const DaemonConfig& config) const {
-  if (m.source == wire::TierPoolSource::kDevdax) return std::nullopt;  // the client's memory
+Status ClientTable::CheckTierPoolBytes(const Client& c, const wire::CreateTierPool& m,
+                                       uint32_t blocks, const TierBound& bound,
+                                       const DaemonConfig& config) const {
+  if (m.source == wire::TierPoolSource::kDevdax) return Status::Ok();  // the client's memory
   auto it = uids_.find(c.peer.uid);
   const UidUsage none;
   const UidUsage& u = it == uids_.end() ? none : it->second;
@@ -212,7 +212,7 @@ std::optional<Error> ClientTable::CheckTierPoolBytes(const Client& c, const wire
                      FormatBytes(config.max_tier_pool_bytes_per_uid) +
                      " of tier pools the daemon creates (limits.max_tier_pool_bytes_per_uid)"};
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
 uint64_t ClientTable::UidTierPoolBlocks(uid_t uid, unsigned tier) const {
@@ -254,20 +254,19 @@ bool ClientTable::TierMemoryInUse(int fd) const {
   return it != tier_memory_.end() && !it->second.expired();
 }
 
-std::optional<Error> CheckEntryCount(size_t entries, const char* request) {
-  if (entries <= wire::kMaxEntriesPerMessage) return std::nullopt;
+Status CheckEntryCount(size_t entries, const char* request) {
+  if (entries <= wire::kMaxEntriesPerMessage) return Status::Ok();
   return Error{ErrorCode::kLimit, std::string(request) + " may name at most " +
                                       std::to_string(wire::kMaxEntriesPerMessage) +
                                       " blocks; split it"};
 }
 
-std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
-                                             const engine::Engine& engine,
-                                             const DaemonConfig& config) const {
+Status ClientTable::CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
+                               const DaemonConfig& config) const {
   if (m.pool_id >= c.pools.size()) {
     return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
   }
-  if (auto refusal = CheckEntryCount(m.entries.size(), "an admit")) return refusal;
+  if (Status st = CheckEntryCount(m.entries.size(), "an admit"); !st.ok()) return st;
   const server::Pool& pool = c.pools[m.pool_id];
   if (pool.dead()) {
     return Error{ErrorCode::kBadPool,
@@ -361,7 +360,7 @@ std::optional<Error> ClientTable::CheckAdmit(const Client& c, const wire::Admit&
                                         std::to_string(config.max_blocks_per_uid) +
                                         " blocks (limits.max_blocks_per_uid)"};
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
 uint32_t ClientTable::Bind(Client& c, engine::Slot es, uint32_t pool, uint32_t block,

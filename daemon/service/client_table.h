@@ -41,8 +41,8 @@ inline BlockKey EngineKey(const BlockKey& key, uid_t uid) {
 
 // A request naming more blocks than one message may (Admit, Release, Hint,
 // QueryTiers: wire::kMaxEntriesPerMessage): `limit`, "<request> may name
-// at most N blocks; split it". Nothing otherwise.
-std::optional<wire::Error> CheckEntryCount(size_t entries, const char* request);
+// at most N blocks; split it". Ok otherwise.
+Status CheckEntryCount(size_t entries, const char* request);
 
 // One segment slot: the block a client admitted there.
 struct SegSlot {
@@ -120,9 +120,8 @@ class ClientTable {
   using Map = std::map<uint64_t, Client>;
 
   // Connection caps (max_clients, the admin reserve, per uid): the refusal, or
-  // nothing if `peer` may connect.
-  std::optional<wire::Error> CheckConnect(const server::Peer& peer, bool admin,
-                                          const DaemonConfig& config) const;
+  // ok if `peer` may connect.
+  Status CheckConnect(const server::Peer& peer, bool admin, const DaemonConfig& config) const;
   // A new connection, numbered from 1.
   Client& Connect(const server::Peer& peer);
   // It disconnected: no longer counted as connected; its slots are released
@@ -133,19 +132,17 @@ class ClientTable {
 
   // Hello: refuses a model geometry the daemon cannot place, more slots
   // than a client may have, or a segment that would take the uid past its limit.
-  std::optional<wire::Error> CheckHello(const Client& c, const wire::Hello& m,
-                                        const DaemonConfig& config) const;
+  Status CheckHello(const Client& c, const wire::Hello& m, const DaemonConfig& config) const;
   // Hello: creates the segment, sizes the client's tables, names the client
   // and gives it the client account of its uid and name.
-  std::optional<wire::Error> Open(Client& c, uint32_t slots, std::string name);
-  std::optional<wire::Error> CheckPool(const Client& c, const DaemonConfig& config) const;
+  Status Open(Client& c, uint32_t slots, std::string name);
+  Status CheckPool(const Client& c, const DaemonConfig& config) const;
   uint32_t AddPool(Client& c, server::Pool pool);
   // Copy mode: one pool per tier, a tier the daemon has nodes for, and
   // blocks no more than the client's slots. What the pool may hold is the
   // quotas' to say (Quotas::TierPool), then CheckTierPoolBytes.
-  std::optional<wire::Error> CheckTierPool(const Client& c, const wire::CreateTierPool& m,
-                                           const engine::Engine& engine,
-                                           const numa::TierAssignment& tiers) const;
+  Status CheckTierPool(const Client& c, const wire::CreateTierPool& m, const engine::Engine& engine,
+                       const numa::TierAssignment& tiers) const;
   // The most bytes of one tier's pools one uid may have the daemon make:
   // the tier's budget (the last tier's: the memory of its nodes), and what
   // an error calls it. 0 bytes: not known, no bound.
@@ -157,9 +154,8 @@ class ClientTable {
   // keeps the uid's tier pools of that tier within `bound` and, when
   // limits.max_tier_pool_bytes_per_uid is set, all of its tier pools within
   // that.
-  std::optional<wire::Error> CheckTierPoolBytes(const Client& c, const wire::CreateTierPool& m,
-                                                uint32_t blocks, const TierBound& bound,
-                                                const DaemonConfig& config) const;
+  Status CheckTierPoolBytes(const Client& c, const wire::CreateTierPool& m, uint32_t blocks,
+                            const TierBound& bound, const DaemonConfig& config) const;
   uint32_t AddTierPool(Client& c, server::Pool pool);
   // Copy mode: blocks of the tier pools of tier k of every client, of one
   // uid's clients, and of the clients of one client account.
@@ -175,9 +171,8 @@ class ClientTable {
   // index, keys another client of the same uid holds in `engine`, and the
   // new blocks against the client's free slots and its uid's limit; in copy
   // mode against the free places its quotas let it fill (AdmitRoom).
-  std::optional<wire::Error> CheckAdmit(const Client& c, const wire::Admit& m,
-                                        const engine::Engine& engine,
-                                        const DaemonConfig& config) const;
+  Status CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
+                    const DaemonConfig& config) const;
 
   // Takes a free slot of `c` (CheckAdmit said there is one) for engine slot
   // `es`, holding pool block (pool, block) as `key`; clears its segment slot

@@ -25,8 +25,7 @@ TierRoom AdmitRoom(const Client& c, const engine::Engine& engine) {
   return room;
 }
 
-std::optional<Error> PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool,
-                              uint32_t* index) {
+Status PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool, uint32_t* index) {
   const int first = c.pools[preferred].tier();
   const int n = static_cast<int>(c.copy.pool.size());
   // first, first + 1, ..., n - 1, then first - 1, ..., 0
@@ -36,7 +35,7 @@ std::optional<Error> PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uin
     if (p >= 0 && room[t] > 0 && c.pools[p].TakeFree(index)) {
       if (room[t] != UINT64_MAX) --room[t];
       *pool = static_cast<uint32_t>(p);
-      return std::nullopt;
+      return Status::Ok();
     }
   }
   return Error{ErrorCode::kLimit,

@@ -85,8 +85,7 @@ TierRoom AdmitRoom(const Client& c, const engine::Engine& engine);
 // (its pool a free block, `room` a block to spare), else the nearest slower
 // tier's pool with room, else the nearest faster one's. Takes one of the
 // tier's `room`. kLimit when no pool has room.
-std::optional<wire::Error> PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool,
-                                    uint32_t* index);
+Status PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool, uint32_t* index);
 // After Bind of a block at a new place: publishes it, write lease held (the
 // client fills the block, then EndWrite).
 void PublishAdmitted(Client& c, uint32_t seg);

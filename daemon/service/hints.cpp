@@ -43,7 +43,7 @@ bool CostBudget::Full(CostClock::time_point now) const {
 server::Answer<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engine::Engine& engine,
                                            uint64_t tick, CostClock::time_point now) {
   // The codec refused kinds other than 1 to 3 and group 0.
-  if (auto refusal = CheckEntryCount(m.keys.size(), "a hint")) return *refusal;
+  if (Status st = CheckEntryCount(m.keys.size(), "a hint"); !st.ok()) return st;
   static_assert(static_cast<int>(HintKind::kIdle) == static_cast<int>(engine::HintKind::kIdle) &&
                 static_cast<int>(HintKind::kSoon) == static_cast<int>(engine::HintKind::kSoon) &&
                 static_cast<int>(HintKind::kDone) == static_cast<int>(engine::HintKind::kDone));

@@ -44,7 +44,7 @@ class Quotas {
   // `engine`'s tiers, and `c` has no pool of it yet).
   struct Grant {
     uint32_t blocks = 0;
-    std::optional<wire::Error> refusal;  // no block, or an import that does not fit whole
+    Status refusal;  // not ok: no block, or an import that does not fit whole
   };
   // A tier with a budget (every tier but the last): at most m.blocks, what
   // is left of the budget after every other client's pool of the tier and,

@@ -25,15 +25,16 @@ Client* Requests::Said(const server::Peer& peer) {
   return c && c->hello ? c : nullptr;
 }
 
-std::optional<Error> Requests::OnConnect(const server::Peer& peer) {
-  if (auto refusal =
-          d_.clients.CheckConnect(peer, IsAdmin(peer, d_.config.admin_group), d_.config)) {
-    d_.ClientWarning(peer, "connection refused: " + refusal->message);
+Status Requests::OnConnect(const server::Peer& peer) {
+  if (Status refusal =
+          d_.clients.CheckConnect(peer, IsAdmin(peer, d_.config.admin_group), d_.config);
+      !refusal.ok()) {
+    d_.ClientWarning(peer, "connection refused: " + refusal.message);
     return refusal;
   }
   const Client& c = d_.clients.Connect(peer);
   spdlog::debug("client {} connected: pid {} uid {}", c.id, peer.pid, peer.uid);
-  return std::nullopt;
+  return Status::Ok();
 }
 
 void Requests::OnDisconnect(const server::Peer& peer) {
@@ -75,9 +76,11 @@ server::Answer<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const 
   Client* c = d_.clients.Find(peer.session_id);
   if (!c) return Error{ErrorCode::kInternal, "unknown session"};
   if (c->hello) return Error{ErrorCode::kNotReady, "hello was already said on this connection"};
-  if (auto refusal = d_.clients.CheckHello(*c, m, d_.config)) return *refusal;
+  if (Status st = d_.clients.CheckHello(*c, m, d_.config); !st.ok()) return st;
   if (Status st = d_.EnsureEngine(m.model.block_bytes()); !st.ok()) return st;
-  if (auto err = d_.clients.Open(*c, m.max_blocks, m.client_name.substr(0, 64))) return *err;
+  if (Status st = d_.clients.Open(*c, m.max_blocks, m.client_name.substr(0, 64)); !st.ok()) {
+    return st;
+  }
   c->model = m.model;
   // The engine's tables get room for every slot this client may fill now,
   // at its hello, instead of being copied in the middle of its admits
@@ -101,7 +104,7 @@ server::Answer<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer
                                                               server::UniqueFd memfd) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (auto refusal = d_.clients.CheckPool(*c, d_.config)) return *refusal;
+  if (Status st = d_.clients.CheckPool(*c, d_.config); !st.ok()) return st;
   server::Pool pool;
   if (Status st =
           pool.Open(m, std::move(memfd), peer.pid, peer.uid, d_.engine->options().block_bytes);
@@ -123,10 +126,11 @@ server::Answer<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::
                                                                   int* pool_fd) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (auto refusal = d_.clients.CheckPool(*c, d_.config)) return *refusal;
-  if (auto refusal = d_.clients.CheckTierPool(*c, m, *d_.engine, d_.moves.tiers())) {
-    d_.ClientWarning(peer, "tier pool refused: " + refusal->message);
-    return *refusal;
+  if (Status st = d_.clients.CheckPool(*c, d_.config); !st.ok()) return st;
+  if (Status refusal = d_.clients.CheckTierPool(*c, m, *d_.engine, d_.moves.tiers());
+      !refusal.ok()) {
+    d_.ClientWarning(peer, "tier pool refused: " + refusal.message);
+    return refusal;
   }
   // What the budget, the caps and other users' guarantees leave it (a tier
   // with a budget counts it in blocks), and for the last tier the bytes of
@@ -136,11 +140,11 @@ server::Answer<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::
   const ClientTable::TierBound bound{
       last ? d_.TierMemoryBytes(m.tier) : 0,
       "the memory of tier " + std::to_string(m.tier) + "'s nodes (the last tier's budget)"};
-  std::optional<Error> refusal = grant.refusal;
-  if (!refusal) refusal = d_.clients.CheckTierPoolBytes(*c, m, grant.blocks, bound, d_.config);
-  if (refusal) {
-    d_.ClientWarning(peer, "tier pool refused: " + refusal->message);
-    return *refusal;
+  Status refusal = grant.refusal;
+  if (refusal.ok()) refusal = d_.clients.CheckTierPoolBytes(*c, m, grant.blocks, bound, d_.config);
+  if (!refusal.ok()) {
+    d_.ClientWarning(peer, "tier pool refused: " + refusal.message);
+    return refusal;
   }
   if (m.source == wire::TierPoolSource::kImport && fd.valid() &&
       d_.clients.TierMemoryInUse(fd.get())) {
@@ -177,7 +181,7 @@ server::Answer<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::
 server::Answer<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (auto refusal = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config)) return *refusal;
+  if (Status st = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config); !st.ok()) return st;
   if (c->pools[m.pool_id].is_tier()) return AdmitCopy(*c, m);
   const server::Pool& pool = c->pools[m.pool_id];
   wire::AdmitOk ok;
@@ -221,8 +225,8 @@ server::Answer<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& 
     uint32_t pool = m.pool_id, index = e.block_index & ~wire::kAdmitAtPlace;
     if (e.block_index & wire::kAdmitAtPlace) {
       c.pools[pool].TakeAt(index);  // CheckAdmit found it free
-    } else if (auto full = PlaceNew(c, m.pool_id, room, &pool, &index)) {
-      return *full;  // CheckAdmit counted
+    } else if (Status full = PlaceNew(c, m.pool_id, room, &pool, &index); !full.ok()) {
+      return full;  // CheckAdmit counted
     }
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
     const engine::Slot es =
@@ -241,7 +245,7 @@ server::Answer<wire::ReleaseOk> Requests::OnRelease(const server::Peer& peer,
                                                     const wire::Release& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (auto refusal = CheckEntryCount(m.keys.size(), "a release")) return *refusal;
+  if (Status st = CheckEntryCount(m.keys.size(), "a release"); !st.ok()) return st;
   wire::ReleaseOk ok;
   for (const BlockKey& k : m.keys) {
     const uint32_t seg = c->by_key.Find(k);
@@ -277,7 +281,7 @@ server::Answer<wire::QueryTiersOk> Requests::OnQueryTiers(const server::Peer& pe
                                                           const wire::QueryTiers& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (auto refusal = CheckEntryCount(m.keys.size(), "a query")) return *refusal;
+  if (Status st = CheckEntryCount(m.keys.size(), "a query"); !st.ok()) return st;
   wire::QueryTiersOk ok;
   ok.tiers.reserve(m.keys.size());
   for (const BlockKey& k : m.keys) {

@@ -23,7 +23,7 @@ class Requests final : public server::Handler {
   // file); without one, kReload re-applies the running configuration.
   void set_reload_hook(std::function<Status()> hook) { reload_hook_ = std::move(hook); }
 
-  std::optional<wire::Error> OnConnect(const server::Peer& peer) override;
+  Status OnConnect(const server::Peer& peer) override;
   void OnDisconnect(const server::Peer& peer) override;
   server::Answer<wire::HelloOk> OnHello(const server::Peer& peer, const wire::Hello& m,
                                         int* segment_fd) override;

@@ -44,7 +44,7 @@ struct Fixture {
     service::DaemonConfig config;
     client = &table.Connect(server::Peer{1, getpid(), getuid(), getgid()});
     const wire::Hello hello{ModelGeometry{"fuzz", 1, 1, 1, 1024, 2, 16}, kSlots, "fuzz"};
-    if (table.CheckHello(*client, hello, config) || table.Open(*client, kSlots, "fuzz"))
+    if (!table.CheckHello(*client, hello, config).ok() || !table.Open(*client, kSlots, "fuzz").ok())
       std::abort();
     for (uint32_t i = 0; i < kSlots; ++i) {
       const BlockKey key = BlockKey::FromSequence(3, i);

@@ -146,7 +146,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A fork of this (sanitized) process costs milliseconds: one input in 16.
   pid_t child = mode % 16 == 1 ? SpawnPeer() : -1;
   server::Peer peer{f->next_session++, child > 0 ? child : getpid(), getuid(), getgid()};
-  if (f->daemon->requests().OnConnect(peer)) Fail("connect refused");
+  if (!f->daemon->requests().OnConnect(peer).ok()) Fail("connect refused");
   int seg_fd = -1;
   if (!Ok(f->daemon->requests().OnHello(peer, wire::Hello{kModel, kSlots, "fuzz"}, &seg_fd))) {
     Fail("hello refused");

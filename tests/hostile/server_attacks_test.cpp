@@ -429,7 +429,7 @@ class ThrowingHandler : public server::Handler {
     return throttle ? throttle(peer) : std::chrono::microseconds(0);
   }
 
-  std::optional<wire::Error> OnConnect(const server::Peer&) override { return std::nullopt; }
+  Status OnConnect(const server::Peer&) override { return Status::Ok(); }
   void OnDisconnect(const server::Peer&) override { ++disconnects; }
   server::Answer<wire::HelloOk> OnHello(const server::Peer&, const wire::Hello&, int*) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no hello here"};

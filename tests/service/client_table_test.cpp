@@ -56,7 +56,7 @@ TEST(ClientTable, BindAndUnbindKeepEveryIndexInStep) {
   constexpr uint32_t kSlots = 256;
   ClientTable table;
   Client& c = table.Connect(PeerOf(1, 1000));
-  ASSERT_FALSE(table.Open(c, kSlots, "t"));
+  ASSERT_TRUE(table.Open(c, kSlots, "t").ok());
   engine::Engine e = MakeEngine();
   std::mt19937_64 rng(7);
   std::map<uint64_t, uint32_t> model;  // sequence number -> segment slot
@@ -95,26 +95,26 @@ TEST(ClientTable, ConnectionsAndSegmentsAreCountedPerUidAcrossConnections) {
   Client& a = table.Connect(PeerOf(1, 1000));
   Client& b = table.Connect(PeerOf(2, 1000));
   // A third connection of uid 1000 is refused; another uid, and root, get in.
-  EXPECT_TRUE(table.CheckConnect(PeerOf(3, 1000), false, config));
-  EXPECT_FALSE(table.CheckConnect(PeerOf(3, 1001), false, config));
-  EXPECT_FALSE(table.CheckConnect(PeerOf(3, 1000), true, config));
+  EXPECT_FALSE(table.CheckConnect(PeerOf(3, 1000), false, config).ok());
+  EXPECT_TRUE(table.CheckConnect(PeerOf(3, 1001), false, config).ok());
+  EXPECT_TRUE(table.CheckConnect(PeerOf(3, 1000), true, config).ok());
 
   const wire::Hello too_many{kTiny4KiB, 1025, "a"};
-  EXPECT_TRUE(table.CheckHello(a, too_many, config)) << "more slots than a client may have";
+  EXPECT_FALSE(table.CheckHello(a, too_many, config).ok()) << "more slots than a client may have";
   const wire::Hello big{kTiny4KiB, 1024, "a"};
-  ASSERT_FALSE(table.CheckHello(a, big, config));
-  ASSERT_FALSE(table.Open(a, 1024, "a"));
+  ASSERT_TRUE(table.CheckHello(a, big, config).ok());
+  ASSERT_TRUE(table.Open(a, 1024, "a").ok());
   // The uid's segments together: 1,024 slots held, so 1,024 more are over.
-  EXPECT_TRUE(table.CheckHello(b, big, config));
+  EXPECT_FALSE(table.CheckHello(b, big, config).ok());
   const wire::Hello fits{kTiny4KiB, 512, "b"};
-  ASSERT_FALSE(table.CheckHello(b, fits, config));
+  ASSERT_TRUE(table.CheckHello(b, fits, config).ok());
 
   // Gone, a connection's segment and its place among the uid's connections
   // are free again.
   table.MarkLeaving(a);
   table.Remove(a.peer.session_id);
-  EXPECT_FALSE(table.CheckHello(b, big, config));
-  EXPECT_FALSE(table.CheckConnect(PeerOf(3, 1000), false, config));
+  EXPECT_TRUE(table.CheckHello(b, big, config).ok());
+  EXPECT_TRUE(table.CheckConnect(PeerOf(3, 1000), false, config).ok());
   EXPECT_EQ(table.connections(), 1u);
 }
 
@@ -124,10 +124,10 @@ TEST(ClientTable, ClientsOfOneUidAndNameShareTheirAccount) {
   Client& b = table.Connect(PeerOf(2, 1000));
   Client& other_name = table.Connect(PeerOf(3, 1000));
   Client& other_uid = table.Connect(PeerOf(4, 1001));
-  ASSERT_FALSE(table.Open(a, 8, "engine"));
-  ASSERT_FALSE(table.Open(b, 8, "engine"));
-  ASSERT_FALSE(table.Open(other_name, 8, "other"));
-  ASSERT_FALSE(table.Open(other_uid, 8, "engine"));
+  ASSERT_TRUE(table.Open(a, 8, "engine").ok());
+  ASSERT_TRUE(table.Open(b, 8, "engine").ok());
+  ASSERT_TRUE(table.Open(other_name, 8, "other").ok());
+  ASSERT_TRUE(table.Open(other_uid, 8, "engine").ok());
   EXPECT_EQ(a.account, b.account) << "a second connection of the name is no way around a quota";
   EXPECT_NE(a.account, other_name.account);
   EXPECT_NE(a.account, other_uid.account);
@@ -137,7 +137,7 @@ TEST(ClientTable, ClientsOfOneUidAndNameShareTheirAccount) {
 // A Fold over a client of `slots` bound slots: slot i holds key (9, i).
 struct Folding {
   explicit Folding(uint32_t slots) : c(table.Connect(PeerOf(1, 1000))) {
-    EXPECT_FALSE(table.Open(c, slots, "t"));
+    EXPECT_TRUE(table.Open(c, slots, "t").ok());
     for (uint32_t i = 0; i < slots; ++i) {
       const BlockKey key = BlockKey::FromSequence(9, i);
       const engine::Slot es = e.Admit(EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);

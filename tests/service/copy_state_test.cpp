@@ -36,7 +36,7 @@ struct CopyClient {
 
   CopyClient() {
     c = &clients.Connect(server::Peer{1, getpid(), getuid(), getgid()});
-    EXPECT_FALSE(clients.Open(*c, 4, "copy-state"));
+    EXPECT_TRUE(clients.Open(*c, 4, "copy-state").ok());
     for (uint8_t tier : {0, 1}) {
       server::Pool p;
       const Status st = p.OpenTier(tier, kBlocksPerTier, page, page, {0},
@@ -54,7 +54,7 @@ struct CopyClient {
     uint32_t pool = 0, index = 0;
     TierRoom room;
     room.fill(UINT64_MAX);
-    EXPECT_FALSE(PlaceNew(*c, static_cast<uint32_t>(c->copy.pool[0]), room, &pool, &index));
+    EXPECT_TRUE(PlaceNew(*c, static_cast<uint32_t>(c->copy.pool[0]), room, &pool, &index).ok());
     const uint32_t seg = clients.Bind(*c, es, pool, index, BlockKey{es, es});
     PublishAdmitted(*c, seg);
     EXPECT_TRUE(EndWrite(words(), seg));
@@ -244,19 +244,19 @@ TEST(CopyState, NewBlocksGoOverNoCap) {
   uint32_t pool = 0, index = 0;
   const uint32_t fast = static_cast<uint32_t>(t.c->copy.pool[0]);
   const uint32_t slow = static_cast<uint32_t>(t.c->copy.pool[1]);
-  ASSERT_FALSE(PlaceNew(*t.c, fast, room, &pool, &index));
+  ASSERT_TRUE(PlaceNew(*t.c, fast, room, &pool, &index).ok());
   EXPECT_EQ(pool, fast);
   EXPECT_EQ(room[0], 0u);
   EXPECT_EQ(FreePlaces(*t.c), 2 * kBlocksPerTier - 1);
   EXPECT_EQ(FreePlaces(*t.c, room), kBlocksPerTier);  // tier 0's free place is past the cap
   for (uint32_t i = 0; i < kBlocksPerTier; ++i) {
-    ASSERT_FALSE(PlaceNew(*t.c, fast, room, &pool, &index));
+    ASSERT_TRUE(PlaceNew(*t.c, fast, room, &pool, &index).ok());
     EXPECT_EQ(pool, slow) << i;
   }
   EXPECT_EQ(FreePlaces(*t.c, room), 0u);
-  const auto full = PlaceNew(*t.c, fast, room, &pool, &index);
-  ASSERT_TRUE(full);
-  EXPECT_EQ(full->code, wire::ErrorCode::kLimit);
+  const Status full = PlaceNew(*t.c, fast, room, &pool, &index);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.code, wire::ErrorCode::kLimit);
   EXPECT_EQ(t.c->pools[fast].free_blocks(), 1u);  // left alone
 }
 
@@ -265,28 +265,28 @@ TEST(CopyState, NewBlocksGoOverNoCap) {
 TEST(CopyState, TierPoolBytesOfAUidAddUpAcrossItsConnections) {
   CopyClient t;  // uid getuid(): two pools of kBlocksPerTier pages, tiers 0 and 1
   Client& second = t.clients.Connect(server::Peer{2, getpid(), getuid(), getgid()});
-  ASSERT_FALSE(t.clients.Open(second, 4, "copy-state-2"));
+  ASSERT_TRUE(t.clients.Open(second, 4, "copy-state-2").ok());
   const DaemonConfig config;  // max_tier_pool_bytes_per_uid: 0, the tiers' bounds alone
   wire::CreateTierPool m;
   m.tier = 1;
   m.stride = t.page;
   m.blocks = 2;
   const ClientTable::TierBound bound{4 * t.page, "the memory of tier 1's nodes"};
-  EXPECT_FALSE(t.clients.CheckTierPoolBytes(second, m, 2, bound, config));  // 2 + 2 pages
-  const auto over = t.clients.CheckTierPoolBytes(second, m, 3, bound, config);
-  ASSERT_TRUE(over);
-  EXPECT_EQ(over->code, wire::ErrorCode::kLimit);
-  EXPECT_NE(over->message.find("the memory of tier 1's nodes"), std::string::npos) << over->message;
-  EXPECT_NE(over->message.find("it holds 8.00 KiB of them already"), std::string::npos)
-      << over->message;
+  EXPECT_TRUE(t.clients.CheckTierPoolBytes(second, m, 2, bound, config).ok());  // 2 + 2 pages
+  const Status over = t.clients.CheckTierPoolBytes(second, m, 3, bound, config);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.code, wire::ErrorCode::kLimit);
+  EXPECT_NE(over.message.find("the memory of tier 1's nodes"), std::string::npos) << over.message;
+  EXPECT_NE(over.message.find("it holds 8.00 KiB of them already"), std::string::npos)
+      << over.message;
   // Each tier on its own: tier 0's 2 pages and tier 1's 2 are not added up.
   m.tier = 0;
-  EXPECT_FALSE(t.clients.CheckTierPoolBytes(second, m, 2, bound, config));
-  EXPECT_TRUE(t.clients.CheckTierPoolBytes(second, m, 3, bound, config));
+  EXPECT_TRUE(t.clients.CheckTierPoolBytes(second, m, 2, bound, config).ok());
+  EXPECT_FALSE(t.clients.CheckTierPoolBytes(second, m, 3, bound, config).ok());
   // Device-DAX memory is the client's own.
   m.tier = 1;
   m.source = wire::TierPoolSource::kDevdax;
-  EXPECT_FALSE(t.clients.CheckTierPoolBytes(second, m, 3, bound, config));
+  EXPECT_TRUE(t.clients.CheckTierPoolBytes(second, m, 3, bound, config).ok());
   EXPECT_EQ(t.clients.UidTierPoolBlocks(getuid(), 1), kBlocksPerTier);
   EXPECT_EQ(t.clients.AccountTierPoolBlocks(t.c->account, 0), kBlocksPerTier);
   EXPECT_EQ(t.clients.AccountTierPoolBlocks(second.account, 0), 0u);  // another name

@@ -466,8 +466,8 @@ TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
   Client& c = table.Connect(server::Peer{1, getpid(), getuid(), getgid()});
   DaemonConfig config;
   const wire::Hello hello{ModelGeometry{"t", 1, 1, 1, 1024, 2, 16}, kSlots, "t"};
-  ASSERT_FALSE(table.CheckHello(c, hello, config));
-  ASSERT_FALSE(table.Open(c, kSlots, "t"));
+  ASSERT_TRUE(table.CheckHello(c, hello, config).ok());
+  ASSERT_TRUE(table.Open(c, kSlots, "t").ok());
   engine::EngineOptions o;
   o.block_bytes = 64 << 10;
   o.tier0_budget_bytes = 64 * o.block_bytes;
@@ -1498,7 +1498,7 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
            std::move(fake), false);
   ASSERT_EQ(d.Start().message, "");
   const server::Peer peer{1, getpid(), getuid(), getgid()};
-  ASSERT_FALSE(d.requests().OnConnect(peer));
+  ASSERT_TRUE(d.requests().OnConnect(peer).ok());
   int seg_fd = -1;
   const ModelGeometry model{"where", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
   ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(
