@@ -1,0 +1,67 @@
+// Leases (leases.cpp): copy mode's read and write leases as Python objects;
+// the client (client.cpp) takes them.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "bind.h"
+
+namespace cxltier::python {
+
+// Leases move (pybind11 returns them by value) but never copy: one release each.
+// One garbage-collected while held is released then.
+struct PyReadLease {
+  std::shared_ptr<ClientBox> box;
+  Client::Reader* reader = nullptr;
+  Client::Reader::Lease lease;
+  bool held = false;
+  uint64_t block_bytes = 0;
+
+  PyReadLease() = default;
+  PyReadLease(const PyReadLease&) = delete;
+  PyReadLease(PyReadLease&& o) noexcept
+      : box(std::move(o.box)),
+        reader(o.reader),
+        lease(o.lease),
+        held(std::exchange(o.held, false)),
+        block_bytes(o.block_bytes) {}
+  ~PyReadLease() {
+    if (held && box) {
+      std::lock_guard lock(box->mu);
+      (void)reader->Release(lease);
+    }
+  }
+
+  py::array data() const;
+  void release();
+};
+
+struct PyWriteLease {
+  std::shared_ptr<ClientBox> box;
+  uint32_t slot = 0;
+  uint8_t* address = nullptr;
+  bool held = false;
+  uint64_t block_bytes = 0;
+
+  PyWriteLease() = default;
+  PyWriteLease(const PyWriteLease&) = delete;
+  PyWriteLease(PyWriteLease&& o) noexcept
+      : box(std::move(o.box)),
+        slot(o.slot),
+        address(o.address),
+        held(std::exchange(o.held, false)),
+        block_bytes(o.block_bytes) {}
+  ~PyWriteLease() {
+    if (held && box) {
+      std::lock_guard lock(box->mu);
+      (void)box->client->EndWrite(slot);
+    }
+  }
+
+  py::array data() const;
+  void release();
+};
+
+}  // namespace cxltier::python
