@@ -65,7 +65,7 @@ layer(client           USES include client-api proto
 layer(daemon/engine    USES include
       PATHS daemon/engine                                SEARCH include daemon)
 layer(daemon/numa      USES include
-      PATHS daemon/numa                                  SEARCH daemon)
+      PATHS daemon/numa                                  SEARCH daemon include)
 layer(daemon/server    USES include proto daemon/numa
       PATHS daemon/server                                SEARCH daemon include)
 layer(daemon/service   USES include proto trace daemon/engine daemon/numa daemon/server

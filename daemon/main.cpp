@@ -142,12 +142,17 @@ int main(int argc, char** argv) {
   RaiseFdLimit();
 
   const cxltier::numa::Topology topo = cxltier::numa::Discover();
-  std::string tier_error;
-  cxltier::numa::TierAssignment tiers =
+  cxltier::Result<cxltier::numa::TierAssignment> assigned =
       config.tier_nodes.empty()
-          ? cxltier::numa::AssignTiers(topo, config.fast_nodes, config.slow_nodes, &tier_error)
-          : cxltier::numa::AssignTiers(topo, config.tier_nodes, &tier_error);
-  if (tier_error.empty() && !config.lower_tier_budget_bytes.empty() &&
+          ? cxltier::numa::AssignTiers(topo, config.fast_nodes, config.slow_nodes)
+          : cxltier::numa::AssignTiers(topo, config.tier_nodes);
+  if (!assigned.ok()) {
+    spdlog::critical("tiers: {}", assigned.status().message);
+    return 2;
+  }
+  cxltier::numa::TierAssignment tiers = std::move(*assigned);
+  std::string tier_error;
+  if (!config.lower_tier_budget_bytes.empty() &&
       config.lower_tier_budget_bytes.size() + 2 > tiers.count()) {
     tier_error = "[tiers] budgets gives " +
                  std::to_string(config.lower_tier_budget_bytes.size() + 1) + " budgets, for " +

@@ -112,17 +112,18 @@ int ReadUids(pid_t pid, std::array<uid_t, 4>* uids) {
 
 }  // namespace
 
-std::shared_ptr<const ProcessHandle> ProcessHandle::Open(pid_t pid, uid_t uid, std::string* error) {
+Result<std::shared_ptr<const ProcessHandle>> ProcessHandle::Open(pid_t pid, uid_t uid) {
+  const auto refused = [](std::string why) {
+    return Status::Fail(wire::ErrorCode::kBadPool, std::move(why));
+  };
   const std::string exited =
       "the process that connected (pid " + std::to_string(pid) + ") has exited";
   if (pid <= 0) {
-    *error = "peer pid unknown (SO_PEERCRED)";
-    return nullptr;
+    return refused("peer pid unknown (SO_PEERCRED)");
   }
   const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (fd < 0) {
-    *error = errno == ESRCH ? exited : std::string("pidfd_open: ") + std::strerror(errno);
-    return nullptr;
+    return refused(errno == ESRCH ? exited : std::string("pidfd_open: ") + std::strerror(errno));
   }
   std::shared_ptr<const ProcessHandle> h(new ProcessHandle(fd, pid, uid));
   // The pidfd names one process from here on; /proc/<pid> names whoever has
@@ -131,20 +132,17 @@ std::shared_ptr<const ProcessHandle> ProcessHandle::Open(pid_t pid, uid_t uid, s
   std::array<uid_t, 4> uids{};
   const int e = ReadUids(pid, &uids);
   if (!h->Alive()) {
-    *error = exited;
-    return nullptr;
+    return refused(exited);
   }
   if (e != 0) {
-    *error = "cannot read /proc/" + std::to_string(pid) + "/status (" + std::strerror(e) +
-             "): an address-range pool of another user's process needs CAP_SYS_PTRACE";
-    return nullptr;
+    return refused("cannot read /proc/" + std::to_string(pid) + "/status (" + std::strerror(e) +
+                   "): an address-range pool of another user's process needs CAP_SYS_PTRACE");
   }
   for (uid_t u : uids) {
     if (u != uid) {
-      *error = exited + " or no longer runs as uid " + std::to_string(uid) + " (its uids are " +
-               std::to_string(uids[0]) + "/" + std::to_string(uids[1]) + "/" +
-               std::to_string(uids[2]) + "/" + std::to_string(uids[3]) + ")";
-      return nullptr;
+      return refused(exited + " or no longer runs as uid " + std::to_string(uid) +
+                     " (its uids are " + std::to_string(uids[0]) + "/" + std::to_string(uids[1]) +
+                     "/" + std::to_string(uids[2]) + "/" + std::to_string(uids[3]) + ")");
     }
   }
   return h;
@@ -174,22 +172,21 @@ int ProcessHandle::Check() const {
   return 0;
 }
 
-std::shared_ptr<const Mapping> Mapping::Map(int fd, size_t length_bytes, std::string* error) {
+Result<std::shared_ptr<const Mapping>> Mapping::Map(int fd, size_t length_bytes) {
   void* p = mmap(nullptr, length_bytes, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    *error = std::string("mmap of the pool: ") + std::strerror(errno);
-    return nullptr;
+    return Status::Fail(wire::ErrorCode::kBadPool,
+                        std::string("mmap of the pool: ") + std::strerror(errno));
   }
   return std::shared_ptr<const Mapping>(new Mapping(reinterpret_cast<uintptr_t>(p), length_bytes));
 }
 
-std::shared_ptr<const Mapping> Mapping::MapWritable(int fd, size_t length_bytes, uint64_t offset,
-                                                    std::string* error) {
+Result<std::shared_ptr<const Mapping>> Mapping::MapWritable(int fd, size_t length_bytes,
+                                                            uint64_t offset) {
   void* p = mmap(nullptr, length_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                  static_cast<off_t>(offset));
   if (p == MAP_FAILED) {
-    *error = std::string("mmap: ") + std::strerror(errno);
-    return nullptr;
+    return Status::Fail(wire::ErrorCode::kInternal, std::string("mmap: ") + std::strerror(errno));
   }
   return std::shared_ptr<const Mapping>(new Mapping(reinterpret_cast<uintptr_t>(p), length_bytes));
 }

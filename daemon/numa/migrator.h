@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "cxltier/status.h"
+
 namespace cxltier::numa {
 
 // Another process, pinned by a pidfd. A pid alone names whichever process
@@ -24,9 +26,9 @@ class ProcessHandle {
  public:
   // Opens a pidfd for `pid` and checks that the process runs as `uid` (real,
   // effective, saved and filesystem uid, from /proc/<pid>/status, read after
-  // the pidfd was opened and confirmed by the pidfd afterwards). nullptr and
-  // *error when it has exited, runs as someone else, or cannot be inspected.
-  static std::shared_ptr<const ProcessHandle> Open(pid_t pid, uid_t uid, std::string* error);
+  // the pidfd was opened and confirmed by the pidfd afterwards). kBadPool
+  // when it has exited, runs as someone else, or cannot be inspected.
+  static Result<std::shared_ptr<const ProcessHandle>> Open(pid_t pid, uid_t uid);
   ~ProcessHandle();
   ProcessHandle(const ProcessHandle&) = delete;
   ProcessHandle& operator=(const ProcessHandle&) = delete;
@@ -53,10 +55,12 @@ class ProcessHandle {
 class Mapping {
  public:
   // Read-only (a page-mode pool: the daemon never reads nor writes its bytes).
-  static std::shared_ptr<const Mapping> Map(int fd, size_t length_bytes, std::string* error);
+  // kBadPool when mmap fails.
+  static Result<std::shared_ptr<const Mapping>> Map(int fd, size_t length_bytes);
   // Read-write from `offset` (copy mode: the daemon copies blocks).
-  static std::shared_ptr<const Mapping> MapWritable(int fd, size_t length_bytes, uint64_t offset,
-                                                    std::string* error);
+  // kInternal when mmap fails.
+  static Result<std::shared_ptr<const Mapping>> MapWritable(int fd, size_t length_bytes,
+                                                            uint64_t offset);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;

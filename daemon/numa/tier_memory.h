@@ -21,18 +21,18 @@ struct TierMemory {
 // A memfd of `bytes` whose pages are all on `nodes`: bound there (mbind,
 // MPOL_BIND) before any page exists, faulted in (MADV_POPULATE_WRITE), asked
 // of the kernel page by page (move_pages), and sealed against any change of
-// size. Refused, with *error, when the nodes have less free memory than
-// `bytes` or when a page landed elsewhere.
-bool CreateTierMemory(const std::vector<int>& nodes, uint64_t bytes, const std::string& name,
-                      TierMemory* out, std::string* error);
+// size. kLimit when the nodes have less free memory than `bytes` or when a
+// page landed elsewhere (the caller owns the memory's fd).
+Result<TierMemory> CreateTierMemory(const std::vector<int>& nodes, uint64_t bytes,
+                                    const std::string& name);
 
 // Reconnect: adopts `fd` (the caller keeps it), a memfd a daemon made with
-// CreateTierMemory(nodes, bytes, name), bytes and all. Refused, with *error,
-// unless it is one: a memfd named `name`, sealed against any change of size,
+// CreateTierMemory(nodes, bytes, name), bytes and all. kBadPool unless it
+// is one: a memfd named `name`, sealed against any change of size,
 // exactly `bytes` long, with no hole, every page on `nodes`. Nothing of it is
 // written or allocated.
-bool AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64_t bytes, const std::string& name,
-                     TierMemory* out, std::string* error);
+Result<TierMemory> AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64_t bytes,
+                                   const std::string& name);
 
 // What a device-DAX character device is (from /sys/dev/char/MAJ:MIN).
 struct DevdaxInfo {
@@ -40,12 +40,12 @@ struct DevdaxInfo {
   uint64_t align = 0;  // mappings start and end on this
   int node = -1;       // target_node (the memory's own node), or numa_node
 };
-// Whether `fd` is a device-DAX device; *error says what it is instead.
+// What the device-DAX device `fd` is; kBadPool says what it is instead.
 // `sys_root` prefixes /sys (tests).
-bool InspectDevdax(int fd, DevdaxInfo* info, std::string* error, const std::string& sys_root = "");
+Result<DevdaxInfo> InspectDevdax(int fd, const std::string& sys_root = "");
 
 // Maps `bytes` of a device-DAX device from `offset` (both multiples of its
-// alignment). The fd stays the caller's.
-bool MapDevdax(int fd, uint64_t offset, uint64_t bytes, TierMemory* out, std::string* error);
+// alignment). The fd stays the caller's. kBadPool when mmap fails.
+Result<TierMemory> MapDevdax(int fd, uint64_t offset, uint64_t bytes);
 
 }  // namespace cxltier::numa

@@ -252,26 +252,25 @@ Topology Discover(const std::string& sysfs_root) {
   return topo;
 }
 
-TierAssignment AssignTiers(const Topology& topo, const std::vector<std::vector<int>>& override,
-                           std::string* error) {
+Result<TierAssignment> AssignTiers(const Topology& topo,
+                                   const std::vector<std::vector<int>>& override) {
   TierAssignment a;
   if (!override.empty()) {
-    if (override.size() < 2) *error = "the tiers override needs at least two tiers";
+    std::string error;  // the last problem found
+    if (override.size() < 2) error = "the tiers override needs at least two tiers";
     if (override.size() > kMaxDiscoveredTiers) {
-      *error = "the tiers override names " + std::to_string(override.size()) + " tiers; at most " +
-               std::to_string(kMaxDiscoveredTiers);
+      error = "the tiers override names " + std::to_string(override.size()) + " tiers; at most " +
+              std::to_string(kMaxDiscoveredTiers);
     }
     for (size_t k = 0; k < override.size(); ++k) {
-      if (override[k].empty())
-        *error = "tier " + std::to_string(k) + " of the override has no node";
+      if (override[k].empty()) error = "tier " + std::to_string(k) + " of the override has no node";
       for (int n : override[k]) {
         if (!topo.Find(n)) {
-          *error =
-              "node " + std::to_string(n) + " of tier " + std::to_string(k) + " does not exist";
+          error = "node " + std::to_string(n) + " of tier " + std::to_string(k) + " does not exist";
         }
       }
     }
-    if (!error->empty()) return a;
+    if (!error.empty()) return Status::Fail(wire::ErrorCode::kBadPayload, error);
     a.fast_nodes = override[0];
     a.slow_nodes = override[1];
     a.lower_nodes.assign(override.begin() + 2, override.end());
@@ -307,17 +306,21 @@ TierAssignment AssignTiers(const Topology& topo, const std::vector<std::vector<i
   return a;
 }
 
-TierAssignment AssignTiers(const Topology& topo, const std::vector<int>& fast_override,
-                           const std::vector<int>& slow_override, std::string* error) {
-  if (fast_override.empty() && slow_override.empty()) return AssignTiers(topo, {}, error);
+Result<TierAssignment> AssignTiers(const Topology& topo, const std::vector<int>& fast_override,
+                                   const std::vector<int>& slow_override) {
+  if (fast_override.empty() && slow_override.empty()) {
+    return AssignTiers(topo, std::vector<std::vector<int>>{});
+  }
   TierAssignment a;
+  std::string error;  // the last problem found
   for (int n : fast_override) {
-    if (!topo.Find(n)) *error = "fast node " + std::to_string(n) + " does not exist";
+    if (!topo.Find(n)) error = "fast node " + std::to_string(n) + " does not exist";
   }
   for (int n : slow_override) {
-    if (!topo.Find(n)) *error = "slow node " + std::to_string(n) + " does not exist";
+    if (!topo.Find(n)) error = "slow node " + std::to_string(n) + " does not exist";
   }
-  if (fast_override.empty()) *error = "the tiers override needs at least one fast node";
+  if (fast_override.empty()) error = "the tiers override needs at least one fast node";
+  if (!error.empty()) return Status::Fail(wire::ErrorCode::kBadPayload, error);
   a.fast_nodes = fast_override;
   a.slow_nodes = slow_override;
   a.why = "config override";

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cxltier/status.h"
+
 namespace cxltier::numa {
 
 struct NumaNode {
@@ -76,13 +78,13 @@ struct TierAssignment {
 //   - at most kMaxDiscoveredTiers: any further ones join the last.
 // Two nodes, one with CPUs and one without, are tiers 0 and 1, as always.
 // `override` (the config's, tier 0 first) replaces all of it: at least two
-// tiers, each with a node, every node existing; otherwise *error says why.
-TierAssignment AssignTiers(const Topology& topo, const std::vector<std::vector<int>>& override,
-                           std::string* error);
+// tiers, each with a node, every node existing; otherwise kBadPayload says why.
+Result<TierAssignment> AssignTiers(const Topology& topo,
+                                   const std::vector<std::vector<int>>& override);
 
 // The two-tier form of the override (both empty: automatic).
-TierAssignment AssignTiers(const Topology& topo, const std::vector<int>& fast_override,
-                           const std::vector<int>& slow_override, std::string* error);
+Result<TierAssignment> AssignTiers(const Topology& topo, const std::vector<int>& fast_override,
+                                   const std::vector<int>& slow_override);
 
 // /proc/sys/kernel/numa_balancing: 0 off, 1 normal, 2 memory tiering (bits);
 // -1 when unknown. In normal mode the kernel migrates pages towards the CPUs

@@ -48,9 +48,10 @@ Status Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid
       return Refused("pool address must be page-aligned");
     if (m.address + m.length < m.address)
       return Refused("pool range wraps around the address space");
-    std::string err;
-    process_ = numa::ProcessHandle::Open(pid, uid, &err);
-    if (!process_) return Refused(err);
+    Result<std::shared_ptr<const numa::ProcessHandle>> process =
+        numa::ProcessHandle::Open(pid, uid);
+    if (!process.ok()) return Refused(process.status().message);
+    process_ = std::move(*process);
     base_ = m.address;
     return Status::Ok();
   }
@@ -73,9 +74,9 @@ Status Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid
     return Refused("the memfd holds " + std::to_string(st.st_size) +
                    " bytes, less than the pool's " + std::to_string(m.length));
   }
-  std::string err;
-  mapping_ = numa::Mapping::Map(fd.get(), m.length, &err);
-  if (!mapping_) return Refused(err);
+  Result<std::shared_ptr<const numa::Mapping>> mapping = numa::Mapping::Map(fd.get(), m.length);
+  if (!mapping.ok()) return Refused(mapping.status().message);
+  mapping_ = std::move(*mapping);
   base_ = mapping_->address();
   return Status::Ok();  // `fd` closes here: the mapping holds the file
 }
@@ -100,14 +101,14 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
   }
   const uint64_t bytes = uint64_t{blocks} * stride;
   numa::TierMemory mem;
-  std::string err;
   const std::string name = "cxltier-tier" + std::to_string(tier);
   if (source == wire::TierPoolSource::kDevdax) {
     UniqueFd devdax = std::move(fd);
     if (!devdax.valid()) return Refused("a device-DAX tier pool needs the device's fd");
     if (tier == 0) return Refused("tier 0 cannot be device-DAX memory (it has no CPU node)");
-    numa::DevdaxInfo info;
-    if (!numa::InspectDevdax(devdax.get(), &info, &err)) return Refused(err);
+    Result<numa::DevdaxInfo> inspected = numa::InspectDevdax(devdax.get());
+    if (!inspected.ok()) return Refused(inspected.status().message);
+    const numa::DevdaxInfo info = *inspected;
     if (offset % info.align != 0) {
       return Refused("offset " + std::to_string(offset) + " is not a multiple of the device's " +
                      std::to_string(info.align) + "-byte alignment");
@@ -119,22 +120,29 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
                      " bytes, less than the tier's " + std::to_string(blocks) + " blocks (" +
                      std::to_string(mapped) + " bytes)");
     }
-    if (!numa::MapDevdax(devdax.get(), offset, mapped, &mem, &err)) return Refused(err);
+    Result<numa::TierMemory> dax = numa::MapDevdax(devdax.get(), offset, mapped);
+    if (!dax.ok()) return Refused(dax.status().message);
+    mem = std::move(*dax);
     node_ = info.node;
   } else if (source == wire::TierPoolSource::kImport) {
     if (!fd.valid()) return Refused("an imported tier pool needs its memfd (SCM_RIGHTS)");
-    if (!numa::AdoptTierMemory(fd.get(), nodes, bytes, name, &mem, &err)) {
-      return Refused("the imported tier " + std::to_string(tier) + " pool: " + err);
+    Result<numa::TierMemory> adopted = numa::AdoptTierMemory(fd.get(), nodes, bytes, name);
+    if (!adopted.ok()) {
+      return Refused("the imported tier " + std::to_string(tier) +
+                     " pool: " + adopted.status().message);
     }
+    mem = std::move(*adopted);
     tier_fd_ = std::move(fd);
     imported_ = true;
     node_ = nodes.front();
   } else {
     if (fd.valid()) return Refused("a tier pool the daemon makes takes no fd");
-    if (!numa::CreateTierMemory(nodes, bytes, name, &mem, &err)) {
+    Result<numa::TierMemory> created = numa::CreateTierMemory(nodes, bytes, name);
+    if (!created.ok()) {
       return Status::Fail(wire::ErrorCode::kLimit,
-                          "tier " + std::to_string(tier) + " pool: " + err);
+                          "tier " + std::to_string(tier) + " pool: " + created.status().message);
     }
+    mem = std::move(*created);
     tier_fd_ = UniqueFd(mem.fd);
     node_ = nodes.front();
   }

@@ -26,12 +26,11 @@ Status Segment::Create(uint32_t slots, uint64_t client_id) {
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return Failed(std::string("sealing: ") + std::strerror(errno));
   }
-  std::string err;
-  std::shared_ptr<const numa::Mapping> mapping =
-      numa::Mapping::MapWritable(fd.get(), bytes, 0, &err);
-  if (!mapping) return Failed(err);
+  Result<std::shared_ptr<const numa::Mapping>> mapping =
+      numa::Mapping::MapWritable(fd.get(), bytes, 0);
+  if (!mapping.ok()) return Failed(mapping.status().message);
   fd_ = std::move(fd);
-  mapping_ = std::move(mapping);
+  mapping_ = std::move(*mapping);
   base_ = mapping_->bytes();
   slots_ = slots;
   auto* h = new (base_) SegmentHeader{};

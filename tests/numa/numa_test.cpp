@@ -37,23 +37,26 @@ TEST(Topology, DiscoversAtLeastOneNodeWithCpus) {
 TEST(Topology, AutoTiersAndOverride) {
   Topology t;
   t.nodes = {NumaNode{0, 1 << 30, {0, 1}, {}, {}, {}}, NumaNode{1, 1 << 30, {}, 300, 1000, 4}};
-  std::string err;
-  TierAssignment a = AssignTiers(t, {}, {}, &err);
-  EXPECT_EQ(err, "");
+  Result<TierAssignment> r = AssignTiers(t, {}, {});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  TierAssignment a = *r;
   EXPECT_EQ(a.fast_nodes, std::vector<int>{0});
   EXPECT_EQ(a.slow_nodes, std::vector<int>{1});
   const std::string d = Describe(t, a);
   EXPECT_NE(d.find("node 1: 1024 MiB, 0 CPUs, tier 1, read latency 300 ns"), std::string::npos)
       << d;
-  a = AssignTiers(t, {0}, {0}, &err);
-  EXPECT_EQ(err, "");
+  r = AssignTiers(t, {0}, {0});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  a = *r;
   EXPECT_TRUE(a.has_slow());
   EXPECT_NE(Describe(t, a).find("tier 0+1"), std::string::npos);
-  AssignTiers(t, {0}, {7}, &err);
-  EXPECT_NE(err.find("slow node 7 does not exist"), std::string::npos);
+  r = AssignTiers(t, {0}, {7});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code, wire::ErrorCode::kBadPayload);
+  EXPECT_NE(r.status().message.find("slow node 7 does not exist"), std::string::npos);
   Topology one;
   one.nodes = {NumaNode{0, 1 << 30, {0}, {}, {}, {}}};
-  EXPECT_FALSE(AssignTiers(one, {}, {}, &err).has_slow());
+  EXPECT_FALSE(AssignTiers(one, {}, {})->has_slow());
 }
 
 TEST(Topology, ReadsKernelMemoryTiers) {
@@ -114,10 +117,9 @@ std::vector<std::vector<int>> TiersOf(const TierAssignment& a) {
 using Tiers = std::vector<std::vector<int>>;
 
 std::vector<std::vector<int>> AutoTiers(const std::string& root) {
-  std::string err;
-  const TierAssignment a = AssignTiers(DiscoverSysfs(root), {}, &err);
-  EXPECT_EQ(err, "");
-  return TiersOf(a);
+  const Result<TierAssignment> a = AssignTiers(DiscoverSysfs(root), Tiers{});
+  EXPECT_TRUE(a.ok()) << a.status().message;
+  return a.ok() ? TiersOf(*a) : Tiers{};
 }
 
 TEST(TopologySysfs, ReadsNodesHmatDistancesAndKernelTiers) {
@@ -199,9 +201,8 @@ TEST(TopologySysfs, NoHmatKeepsAKernelTierTogether) {
   EXPECT_EQ(AutoTiers(two.root()), (Tiers{{0}, {1, 4, 3, 2}}));
   FakeSysfs one;
   one.Node(0, "0-1", 1024);
-  std::string err;
-  EXPECT_FALSE(AssignTiers(DiscoverSysfs(one.root()), {}, &err).has_slow());
-  EXPECT_EQ(AssignTiers(DiscoverSysfs(one.root()), {}, &err).count(), 1u);
+  EXPECT_FALSE(AssignTiers(DiscoverSysfs(one.root()), Tiers{})->has_slow());
+  EXPECT_EQ(AssignTiers(DiscoverSysfs(one.root()), Tiers{})->count(), 1u);
 }
 
 TEST(TopologySysfs, NodesWithCpusAreTierZeroWhateverTheirKernelTier) {
@@ -230,25 +231,22 @@ TEST(Topology, NTierOverride) {
   Topology t;
   t.nodes = {NumaNode{0, 1 << 30, {0}, {}, {}, {}}, NumaNode{1, 1 << 30, {}, {}, {}, {}},
              NumaNode{2, 1 << 30, {}, {}, {}, {}}};
-  std::string err;
-  TierAssignment a = AssignTiers(t, Tiers{{0}, {2}, {1}}, &err);
-  EXPECT_EQ(err, "");
+  const Result<TierAssignment> r = AssignTiers(t, Tiers{{0}, {2}, {1}});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  const TierAssignment& a = *r;
   EXPECT_EQ(TiersOf(a), (Tiers{{0}, {2}, {1}}));
   EXPECT_EQ(a.why, "config override");
   EXPECT_EQ(a.TierOf(1), 2);
   EXPECT_EQ(a.TierOf(7), -1);
   EXPECT_NE(Describe(t, a).find("node 1: 1024 MiB, 0 CPUs, tier 2"), std::string::npos);
-  AssignTiers(t, Tiers{{0}, {1}, {5}}, &err);
-  EXPECT_EQ(err, "node 5 of tier 2 does not exist");
-  err.clear();
-  AssignTiers(t, Tiers{{0}, {}}, &err);
-  EXPECT_EQ(err, "tier 1 of the override has no node");
-  err.clear();
-  AssignTiers(t, Tiers{{0}}, &err);
-  EXPECT_EQ(err, "the tiers override needs at least two tiers");
-  err.clear();
-  AssignTiers(t, Tiers(9, std::vector<int>{0}), &err);
-  EXPECT_EQ(err, "the tiers override names 9 tiers; at most 8");
+  const auto error_of = [&](const Tiers& tiers) {
+    const Result<TierAssignment> bad = AssignTiers(t, tiers);
+    return bad.ok() ? std::string("(accepted)") : bad.status().message;
+  };
+  EXPECT_EQ(error_of(Tiers{{0}, {1}, {5}}), "node 5 of tier 2 does not exist");
+  EXPECT_EQ(error_of(Tiers{{0}, {}}), "tier 1 of the override has no node");
+  EXPECT_EQ(error_of(Tiers{{0}}), "the tiers override needs at least two tiers");
+  EXPECT_EQ(error_of(Tiers(9, std::vector<int>{0})), "the tiers override names 9 tiers; at most 8");
 }
 
 constexpr size_t kBytes = 4 << 20;
@@ -308,14 +306,17 @@ TEST(Migrator, BadPidIsACallError) {
 }
 
 TEST(ProcessHandle, PinsALiveProcessOfTheGivenUidOnly) {
-  std::string err;
-  auto self = ProcessHandle::Open(getpid(), getuid(), &err);
-  ASSERT_NE(self, nullptr) << err;
+  auto opened = ProcessHandle::Open(getpid(), getuid());
+  ASSERT_TRUE(opened.ok()) << opened.status().message;
+  std::shared_ptr<const ProcessHandle> self = std::move(*opened);
   EXPECT_TRUE(self->Alive());
   EXPECT_EQ(self->Check(), 0);
-  EXPECT_EQ(ProcessHandle::Open(getpid(), getuid() + 1, &err), nullptr);
-  EXPECT_NE(err.find("no longer runs as uid"), std::string::npos) << err;
-  EXPECT_EQ(ProcessHandle::Open(0, getuid(), &err), nullptr);
+  const auto other_uid = ProcessHandle::Open(getpid(), getuid() + 1);
+  ASSERT_FALSE(other_uid.ok());
+  EXPECT_EQ(other_uid.status().code, wire::ErrorCode::kBadPool);
+  EXPECT_NE(other_uid.status().message.find("no longer runs as uid"), std::string::npos)
+      << other_uid.status().message;
+  EXPECT_FALSE(ProcessHandle::Open(0, getuid()).ok());
 }
 
 // A child that maps nothing of its own and waits for its stdin pipe to close.
@@ -339,16 +340,17 @@ TEST(Migrator, RangeOfAProcessThatExitedFailsWithEsrchAndNeverNamesItsPid) {
   int release = -1;
   const pid_t child = WaitingChild(&release);
   ASSERT_GT(child, 0);
-  std::string err;
-  auto handle = ProcessHandle::Open(child, getuid(), &err);
-  ASSERT_NE(handle, nullptr) << err;
+  auto opened = ProcessHandle::Open(child, getuid());
+  ASSERT_TRUE(opened.ok()) << opened.status().message;
+  std::shared_ptr<const ProcessHandle> handle = std::move(*opened);
   close(release);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);  // reaped: the pid is free for anyone
   EXPECT_FALSE(handle->Alive());
   EXPECT_EQ(handle->Check(), ESRCH);
-  EXPECT_EQ(ProcessHandle::Open(child, getuid(), &err), nullptr);
-  EXPECT_NE(err.find("has exited"), std::string::npos) << err;
+  const auto gone = ProcessHandle::Open(child, getuid());
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.status().message.find("has exited"), std::string::npos) << gone.status().message;
 
   // The pid reused by another process (here: this one, with real pages at the
   // address): a move that trusted the pid would move them and report done.
@@ -372,9 +374,9 @@ TEST(Migrator, RangeOfALiveProcessMovesThroughItsHandle) {
   void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(p, MAP_FAILED);
   std::memset(p, 0x33, kBytes);
-  std::string err;
-  auto self = ProcessHandle::Open(getpid(), getuid(), &err);
-  ASSERT_NE(self, nullptr) << err;
+  auto opened = ProcessHandle::Open(getpid(), getuid());
+  ASSERT_TRUE(opened.ok()) << opened.status().message;
+  std::shared_ptr<const ProcessHandle> self = std::move(*opened);
   auto m = MakeLinuxMigrator();
   const MoveResult res =
       m->Move(PageRange{getpid(), reinterpret_cast<uintptr_t>(p), kBytes, false, self}, 0);
@@ -422,9 +424,9 @@ TEST(Migrator, MoveOfAShrunkMemfdDoesNotFault) {
     if (rw == MAP_FAILED) return "mmap";
     std::memset(rw, 0x77, kBytes);
     munmap(rw, kBytes);
-    std::string err;
-    auto mapping = Mapping::Map(fd, kBytes, &err);
-    if (!mapping) return err;
+    auto mapped = Mapping::Map(fd, kBytes);
+    if (!mapped.ok()) return mapped.status().message;
+    std::shared_ptr<const Mapping> mapping = std::move(*mapped);
     auto m = MakeLinuxMigrator();
     std::string bad;
     const size_t pages = kBytes / 4096;
@@ -454,9 +456,9 @@ TEST(Migrator, HolesInASealedMemfdDoNotFault) {
     if (rw == MAP_FAILED) return "mmap";
     std::memset(rw, 0x77, kBytes);
     munmap(rw, kBytes);
-    std::string err;
-    auto mapping = Mapping::Map(fd, kBytes, &err);
-    if (!mapping) return err;
+    auto mapped = Mapping::Map(fd, kBytes);
+    if (!mapped.ok()) return mapped.status().message;
+    std::shared_ptr<const Mapping> mapping = std::move(*mapped);
     if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, kBytes / 2) != 0) {
       return "punch";
     }
@@ -473,9 +475,9 @@ TEST(Mapping, StaysMappedWhileAQueuedRangeHoldsIt) {
   const int fd = memfd_create("cxltier-mapping", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, kBytes), 0);
-  std::string err;
-  auto mapping = Mapping::Map(fd, kBytes, &err);
-  ASSERT_NE(mapping, nullptr) << err;
+  auto mapped = Mapping::Map(fd, kBytes);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message;
+  std::shared_ptr<const Mapping> mapping = std::move(*mapped);
   close(fd);  // the mapping holds the file
   const uintptr_t address = mapping->address();
   PageRange queued{0, address, kBytes, true, nullptr, mapping};

@@ -39,13 +39,25 @@ struct Pools {
   std::string error;
   Pools() {
     const numa::Topology topo = numa::Discover();
-    const numa::TierAssignment tiers = numa::AssignTiers(topo, {}, {}, &error);
-    const int f = tiers.fast_nodes.empty() ? 0 : tiers.fast_nodes.front();
-    const int s = tiers.slow_nodes.empty() ? f : tiers.slow_nodes.front();
-    if (!numa::CreateTierMemory({f}, kBlock * kBlocks, "bench-fast", &fast, &error) ||
-        !numa::CreateTierMemory({s}, kBlock * kBlocks, "bench-slow", &slow, &error)) {
+    const Result<numa::TierAssignment> tiers = numa::AssignTiers(topo, {}, {});
+    if (!tiers.ok()) {
+      error = tiers.status().message;
       return;
     }
+    const int f = tiers->fast_nodes.empty() ? 0 : tiers->fast_nodes.front();
+    const int s = tiers->slow_nodes.empty() ? f : tiers->slow_nodes.front();
+    Result<numa::TierMemory> a = numa::CreateTierMemory({f}, kBlock * kBlocks, "bench-fast");
+    if (!a.ok()) {
+      error = a.status().message;
+      return;
+    }
+    fast = std::move(*a);
+    Result<numa::TierMemory> b = numa::CreateTierMemory({s}, kBlock * kBlocks, "bench-slow");
+    if (!b.ok()) {
+      error = b.status().message;
+      return;
+    }
+    slow = std::move(*b);
     for (uint64_t i = 0; i < kBlock * kBlocks; ++i) fast.mapping->bytes()[i] = uint8_t(i * 7);
     error.clear();
   }
