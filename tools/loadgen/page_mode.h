@@ -1,0 +1,23 @@
+// cxltier-loadgen's page mode (--pool memfd or range): one pool of this
+// process, filled with a known pattern, registered with the daemon, which
+// moves its blocks' pages between nodes; every byte is checked at the end.
+#pragma once
+
+#include "checks.h"
+#include "session.h"
+
+namespace cxltier::loadgen {
+
+// Each of these gives 0, or the exit code of a failure (Fail's).
+
+// Maps the pool and fills every block with its pattern. THP off: a huge page
+// spanning two blocks would make them move together.
+int MapPagePool(Session& s);
+// Registers the pool with the daemon (after Session::Connect).
+int RegisterPagePool(Session& s);
+// --pin: pins the pool with io_uring fixed buffers.
+int PinPagePool(Session& s);
+// Checks every word of every block against its pattern.
+void VerifyPagePool(const Session& s, Verified* v);
+
+}  // namespace cxltier::loadgen
