@@ -220,13 +220,12 @@ int main(int argc, char** argv) {
   cxltier::server::Server server(io, daemon.requests(), sopts);
   // Socket activation: systemd's socket (cxltierd.socket sets its mode and
   // group); otherwise our own, mode 0660, group socket_group.
-  std::string activation_error;
-  const int listen_fd = cxltier::systemd::ListenFd(&activation_error);
-  if (!activation_error.empty()) {
-    spdlog::critical("socket activation: {}", activation_error);
+  const cxltier::Result<int> activated = cxltier::systemd::ListenFd();
+  if (!activated.ok()) {
+    spdlog::critical("socket activation: {}", activated.status().message);
     return 1;
   }
-  if (listen_fd >= 0) {
+  if (const int listen_fd = *activated; listen_fd >= 0) {
     if (cxltier::Status st = server.Adopt(listen_fd); !st.ok()) {
       spdlog::critical("cannot use systemd's socket: {}", st.message);
       return 1;
@@ -246,14 +245,15 @@ int main(int argc, char** argv) {
                      config.socket_group, config.socket_path);
       }
     }
-    std::string group_error;
-    if (cxltier::Status st = server.Listen(config.socket_path, 0660, socket_gid, &group_error);
+    cxltier::Status group_status;
+    if (cxltier::Status st = server.Listen(config.socket_path, 0660, socket_gid, &group_status);
         !st.ok()) {
       spdlog::critical("cannot listen: {}", st.message);
       return 1;
     }
-    if (!group_error.empty()) {
-      spdlog::warn("{}: group {}: {}", config.socket_path, config.socket_group, group_error);
+    if (!group_status.ok()) {
+      spdlog::warn("{}: group {}: {}", config.socket_path, config.socket_group,
+                   group_status.message);
     }
     spdlog::info("listening on {} (mode 0660, group {}); state in {}", config.socket_path,
                  config.socket_group.empty() ? "unchanged" : config.socket_group, config.state_dir);

@@ -11,17 +11,17 @@
 
 namespace cxltier::systemd {
 
-int ListenFd(std::string* error) {
+Result<int> ListenFd() {
   const int n = sd_listen_fds(1);  // 1: unset LISTEN_* so children do not inherit them
   if (n <= 0) return -1;
   if (n > 1) {
-    *error = "systemd passed " + std::to_string(n) + " sockets; cxltierd takes one";
-    return -1;
+    return Status::Fail(wire::ErrorCode::kBadPayload,
+                        "systemd passed " + std::to_string(n) + " sockets; cxltierd takes one");
   }
   const int fd = SD_LISTEN_FDS_START;
   if (sd_is_socket_unix(fd, SOCK_STREAM, 1, nullptr, 0) <= 0) {
-    *error = "the socket systemd passed is not a listening Unix stream socket";
-    return -1;
+    return Status::Fail(wire::ErrorCode::kBadPayload,
+                        "the socket systemd passed is not a listening Unix stream socket");
   }
   return fd;
 }

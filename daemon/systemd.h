@@ -11,11 +11,13 @@
 #include <functional>
 #include <string>
 
+#include "cxltier/status.h"
+
 namespace cxltier::systemd {
 
-// The listening socket systemd passed (exactly one), or -1. *error is set
-// when systemd passed something cxltierd cannot use.
-int ListenFd(std::string* error);
+// The listening socket systemd passed (exactly one), or -1 when it passed
+// none; an error when it passed something cxltierd cannot use.
+Result<int> ListenFd();
 
 // True when stderr goes to the journal (JOURNAL_STREAM matches it).
 bool LoggingToJournal();

@@ -649,8 +649,7 @@ Status ListenFailed(std::string message) {
 }
 }  // namespace
 
-Status Server::Listen(const std::string& path, unsigned mode, gid_t group,
-                      std::string* group_error) {
+Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Status* group_status) {
   boost::system::error_code ec;
   ::unlink(path.c_str());  // a stale socket from an earlier run
   acceptor_.open(stream(), ec);
@@ -662,7 +661,10 @@ Status Server::Listen(const std::string& path, unsigned mode, gid_t group,
     return ListenFailed(path + ": chmod: " + std::strerror(errno));
   if (group != static_cast<gid_t>(-1) &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
-    if (group_error) *group_error = std::string("chown: ") + std::strerror(errno);
+    if (group_status) {
+      *group_status =
+          Status::Fail(wire::ErrorCode::kInternal, std::string("chown: ") + std::strerror(errno));
+    }
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return ListenFailed(path + ": " + ec.message());

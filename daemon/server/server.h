@@ -125,10 +125,10 @@ class Server {
 
   // Binds `path` (replacing a stale socket file) with file mode `mode`.
   // `group` (unless -1) becomes the socket file's group before it listens; a
-  // failure to set it is left in *group_error (the socket still works for
+  // failure to set it is left in *group_status (the socket still works for
   // its owner).
   Status Listen(const std::string& path, unsigned mode, gid_t group = static_cast<gid_t>(-1),
-                std::string* group_error = nullptr);
+                Status* group_status = nullptr);
   // Uses an already listening socket (systemd socket activation).
   Status Adopt(int listen_fd);
   // Stops accepting and closes every session.

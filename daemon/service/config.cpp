@@ -21,7 +21,7 @@ using config_toml::ReadQuotas;
 using config_toml::TableReader;
 
 Status Apply(const toml::table& root, DaemonConfig* c) {
-  std::string error;
+  Status error;  // the first problem any table reader finds
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (key != "daemon" && key != "engine" && key != "migration" && key != "tiers" &&
@@ -56,11 +56,11 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   t.Nodes("slow_nodes", &c->slow_nodes);
   t.TierNodes("nodes", &c->tier_nodes);
   std::vector<uint64_t> budgets;
-  if (t.Sizes("budgets", &budgets) && error.empty()) {
+  if (t.Sizes("budgets", &budgets) && error.ok()) {
     if (e.Has("tier0_budget")) {
-      error = "tier 0's budget is given twice: [engine] tier0_budget and [tiers] budgets";
+      error = Invalid("tier 0's budget is given twice: [engine] tier0_budget and [tiers] budgets");
     } else if (budgets.empty()) {
-      error = "[tiers] budgets needs tier 0's budget at least";
+      error = Invalid("[tiers] budgets needs tier 0's budget at least");
     } else {
       c->tier0_budget_bytes = budgets.front();
       c->lower_tier_budget_bytes.assign(budgets.begin() + 1, budgets.end());
@@ -91,8 +91,8 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   l.Size("max_tier_pool_bytes_per_uid", &c->max_tier_pool_bytes_per_uid);
   l.Int("lease_timeout_s", &c->lease_timeout_s);
   l.Finish();
-  if (error.empty()) ReadQuotas(root, c, &error);
-  if (!error.empty()) return Invalid(error);
+  if (error.ok()) error = ReadQuotas(root, c);
+  if (!error.ok()) return error;
   return c->Validate();
 }
 

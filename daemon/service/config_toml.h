@@ -30,7 +30,7 @@ inline std::optional<int64_t> IntOf(const toml::node& n) {
 // Reads one table's keys into fields; anything else in the table is an error.
 class TableReader {
  public:
-  TableReader(const toml::table& root, const char* name, std::string* error)
+  TableReader(const toml::table& root, const char* name, Status* error)
       : label_("[" + std::string(name) + "]"), error_(error) {
     if (const toml::node* n = root.get(name)) {
       table_ = n->as_table();
@@ -38,7 +38,7 @@ class TableReader {
     }
   }
   // One table of an array of tables, named `label` in errors ("[[quotas.user]] #2").
-  TableReader(const toml::table* table, std::string label, std::string* error)
+  TableReader(const toml::table* table, std::string label, Status* error)
       : label_(std::move(label)), error_(error), table_(table) {}
 
   void Str(const char* key, std::string* out) {
@@ -170,7 +170,7 @@ class TableReader {
     }
   }
   void Fail(const std::string& msg) {
-    if (error_->empty()) *error_ = msg;
+    if (error_->ok()) *error_ = Invalid(msg);
   }
   const std::string& label() const { return label_; }
 
@@ -190,12 +190,12 @@ class TableReader {
   void Fail(const char* key, const char* want) { Fail(label_ + " " + key + " must be " + want); }
 
   std::string label_;
-  std::string* error_;
+  Status* error_;  // the first problem of every reader sharing it
   const toml::table* table_ = nullptr;
   std::set<std::string> seen_;
 };
 
 // [quotas]: [[quotas.user]] and [[quotas.client]] tables (quota_config.cpp).
-void ReadQuotas(const toml::table& root, DaemonConfig* c, std::string* error);
+Status ReadQuotas(const toml::table& root, DaemonConfig* c);
 
 }  // namespace cxltier::service::config_toml

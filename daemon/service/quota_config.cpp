@@ -63,32 +63,31 @@ std::optional<uint32_t> UidOfUser(const std::string& name) {
 }  // namespace
 
 // [quotas]: [[quotas.user]] and [[quotas.client]] tables.
-void config_toml::ReadQuotas(const toml::table& root, DaemonConfig* c, std::string* error) {
+Status config_toml::ReadQuotas(const toml::table& root, DaemonConfig* c) {
+  Status error;  // the first problem any table reader finds
   const toml::node* n = root.get("quotas");
-  if (!n) return;
+  if (!n) return Status::Ok();
   const toml::table* quotas = n->as_table();
   if (!quotas) {
-    *error = "[quotas] must be a table (of [[quotas.user]] and [[quotas.client]] tables)";
-    return;
+    return Invalid("[quotas] must be a table (of [[quotas.user]] and [[quotas.client]] tables)");
   }
   for (const auto& [k, v] : *quotas) {
     const std::string key(k.str());
     if (key != "user" && key != "client") {
-      *error = "unknown key '" + key + "' in [quotas] (known: [[quotas.user]], [[quotas.client]])";
-      return;
+      return Invalid("unknown key '" + key +
+                     "' in [quotas] (known: [[quotas.user]], [[quotas.client]])");
     }
     const toml::array* entries = v.as_array();
     if (!entries || !entries->is_array_of_tables()) {
-      *error = "quotas." + key + " must be an array of tables: write [[quotas." + key + "]]";
-      return;
+      return Invalid("quotas." + key + " must be an array of tables: write [[quotas." + key + "]]");
     }
     std::vector<UserQuota>& users = c->user_quotas;
     std::vector<ClientQuota>& clients = c->client_quotas;
     if (key == "user") users.clear();
     if (key == "client") clients.clear();
-    for (size_t i = 0; i < entries->size() && error->empty(); ++i) {
+    for (size_t i = 0; i < entries->size() && error.ok(); ++i) {
       const std::string label = "[[quotas." + key + "]] #" + std::to_string(i + 1);
-      TableReader r(entries->get(i)->as_table(), label, error);
+      TableReader r(entries->get(i)->as_table(), label, &error);
       // uid = N or user = "name": whose quota (a client quota's too).
       auto read_uid = [&](const std::string& missing) {
         uint64_t uid = 0;
@@ -101,7 +100,7 @@ void config_toml::ReadQuotas(const toml::table& root, DaemonConfig* c, std::stri
                  (has_uid ? "give uid = N or user = \"name\" (one of them)" : missing));
         } else if (has_uid && uid > 0xfffffffeull) {
           r.Fail(label + ": uid " + std::to_string(uid) + " is out of range");
-        } else if (has_user && error->empty()) {
+        } else if (has_user && error.ok()) {
           if (auto resolved = UidOfUser(name)) {
             uid = *resolved;
           } else {
@@ -130,6 +129,7 @@ void config_toml::ReadQuotas(const toml::table& root, DaemonConfig* c, std::stri
       }
     }
   }
+  return error;
 }
 
 namespace {

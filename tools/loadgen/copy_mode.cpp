@@ -69,12 +69,12 @@ Pin::~Pin() {
   for (int fd : rings_) close(fd);
 }
 
-bool Pin::Add(void* base, uint64_t bytes, std::string* error) {
+Status Pin::Add(void* base, uint64_t bytes) {
   io_uring_params params{};
   const int ring = static_cast<int>(syscall(__NR_io_uring_setup, 1, &params));
   if (ring < 0) {
-    *error = std::string("io_uring_setup: ") + std::strerror(errno);
-    return false;
+    return Status::Fail(wire::ErrorCode::kInternal,
+                        std::string("io_uring_setup: ") + std::strerror(errno));
   }
   rings_.push_back(ring);
   // Fixed buffers are at most 1 GiB each.
@@ -86,10 +86,11 @@ bool Pin::Add(void* base, uint64_t bytes, std::string* error) {
   }
   if (syscall(__NR_io_uring_register, ring, IORING_REGISTER_BUFFERS, iov.data(),
               static_cast<unsigned>(iov.size())) != 0) {
-    *error = std::string("io_uring_register(IORING_REGISTER_BUFFERS): ") + std::strerror(errno);
-    return false;
+    return Status::Fail(
+        wire::ErrorCode::kInternal,
+        std::string("io_uring_register(IORING_REGISTER_BUFFERS): ") + std::strerror(errno));
   }
-  return true;
+  return Status::Ok();
 }
 
 uint64_t PagesOffNodes(const void* base, uint64_t bytes, const std::vector<int>& nodes) {

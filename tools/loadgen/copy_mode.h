@@ -43,7 +43,7 @@ class Pin {
   ~Pin();
   Pin(const Pin&) = delete;
   Pin& operator=(const Pin&) = delete;
-  bool Add(void* base, uint64_t bytes, std::string* error);
+  Status Add(void* base, uint64_t bytes);
 
  private:
   std::vector<int> rings_;

@@ -21,7 +21,6 @@ int CreateTierPools(Session& s) {
 }
 
 int PinTierPools(Session& s) {
-  std::string err;
   for (uint8_t t = 0; t < s.client->tiers(); ++t) {
     if (t + 1u == s.client->tiers() && !s.opt.devdax.empty()) {
       // io_uring pins only anonymous, shmem and hugetlb memory (cudaHostRegister pins
@@ -31,8 +30,9 @@ int PinTierPools(Session& s) {
                    "refuses file-backed memory)\n");
       continue;
     }
-    if (!s.pins.Add(s.client->tier_pool_base(t), s.client->tier_pool_bytes(t), &err)) {
-      return Fail("pinning the tier " + std::to_string(t) + " pool: " + err);
+    if (Status st = s.pins.Add(s.client->tier_pool_base(t), s.client->tier_pool_bytes(t));
+        !st.ok()) {
+      return Fail("pinning the tier " + std::to_string(t) + " pool: " + st.message);
     }
     if (!s.KernelKnows(t)) continue;
     s.off_node_after_pin +=

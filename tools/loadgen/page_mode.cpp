@@ -47,8 +47,9 @@ int RegisterPagePool(Session& s) {
 }
 
 int PinPagePool(Session& s) {
-  std::string err;
-  if (!s.pins.Add(s.pool, s.length, &err)) return Fail("pinning the pool: " + err);
+  if (Status st = s.pins.Add(s.pool, s.length); !st.ok()) {
+    return Fail("pinning the pool: " + st.message);
+  }
   return 0;
 }
 
