@@ -425,7 +425,11 @@ class Session : public std::enable_shared_from_this<Session> {
         return Send(st, h.request_id);
       }
       auto answer = fn(m);
-      std::visit([&](const auto& a) { Send(a, h.request_id); }, answer);
+      if (answer.ok()) {
+        Send(*answer, h.request_id);
+      } else {
+        Send(answer.status(), h.request_id);
+      }
     } catch (const std::exception& e) {
       HandlerThrew(name, e.what());
       Send(wire::Error{wire::ErrorCode::kInternal,
@@ -462,7 +466,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return Handle<wire::Hello>(h, payload, "hello", false, [&](const wire::Hello& m) {
           int fd = -1;
           auto a = handler.OnHello(peer_, m, &fd);
-          if (std::holds_alternative<wire::HelloOk>(a)) {
+          if (a.ok()) {
             pending_fd_ = fd;
             hello_ok_ = true;
           }
@@ -471,7 +475,7 @@ class Session : public std::enable_shared_from_this<Session> {
       case wire::MsgType::kRegisterPool:
         return Handle<wire::RegisterPool>(
             h, payload, "register-pool", false,
-            [&](const wire::RegisterPool& m) -> Answer<wire::RegisterPoolOk> {
+            [&](const wire::RegisterPool& m) -> Result<wire::RegisterPoolOk> {
               UniqueFd fd = TakeFd();
               if (m.kind == wire::PoolKind::kMemfd && !fd.valid()) {
                 return MissingFd("a memfd pool needs its fd passed with SCM_RIGHTS");
@@ -481,7 +485,7 @@ class Session : public std::enable_shared_from_this<Session> {
       case wire::MsgType::kCreateTierPool:
         return Handle<wire::CreateTierPool>(
             h, payload, "create-tier-pool", false,
-            [&](const wire::CreateTierPool& m) -> Answer<wire::CreateTierPoolOk> {
+            [&](const wire::CreateTierPool& m) -> Result<wire::CreateTierPoolOk> {
               UniqueFd fd = TakeFd();
               if (m.source == wire::TierPoolSource::kDevdax && !fd.valid()) {
                 return MissingFd("a device-DAX tier pool needs the device's fd (SCM_RIGHTS)");
@@ -495,7 +499,7 @@ class Session : public std::enable_shared_from_this<Session> {
               }
               int pool_fd = -1;
               auto a = handler.OnCreateTierPool(peer_, m, std::move(fd), &pool_fd);
-              if (std::holds_alternative<wire::CreateTierPoolOk>(a)) pending_fd_ = pool_fd;
+              if (a.ok()) pending_fd_ = pool_fd;
               return a;
             });
       case wire::MsgType::kAdmit:
@@ -524,7 +528,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return Handle<wire::Admin>(h, payload, "admin", true, [&](const wire::Admin& m) {
           UniqueFd fd;
           auto a = handler.OnAdmin(peer_, m, &fd);
-          if (std::holds_alternative<wire::AdminOk>(a)) owned_fd_ = std::move(fd);
+          if (a.ok()) owned_fd_ = std::move(fd);
           return a;
         });
       default: {

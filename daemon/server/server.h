@@ -17,7 +17,6 @@
 #include <set>
 #include <string>
 #include <unordered_map>
-#include <variant>
 #include <vector>
 
 #include "cxltier/wire.h"
@@ -34,9 +33,6 @@ struct Peer {
   gid_t gid = 0;
 };
 
-template <typename T>
-using Answer = std::variant<T, wire::Error>;
-
 // Called on the I/O thread only. A handler may throw (std::bad_alloc most
 // likely): the server answers that request with kInternal and, unless the
 // request only read state, closes the connection, since the handler may have
@@ -49,25 +45,25 @@ class Handler {
   virtual Status OnConnect(const Peer& peer) = 0;
   virtual void OnDisconnect(const Peer& peer) = 0;
   // *segment_fd: the state segment's fd to pass back (the handler keeps owning it).
-  virtual Answer<wire::HelloOk> OnHello(const Peer& peer, const wire::Hello& m,
+  virtual Result<wire::HelloOk> OnHello(const Peer& peer, const wire::Hello& m,
                                         int* segment_fd) = 0;
-  virtual Answer<wire::RegisterPoolOk> OnRegisterPool(const Peer& peer, const wire::RegisterPool& m,
+  virtual Result<wire::RegisterPoolOk> OnRegisterPool(const Peer& peer, const wire::RegisterPool& m,
                                                       UniqueFd memfd) = 0;
   // Copy mode. `fd`: the client's device-DAX fd (kDevdax) or the memfd it
   // imports (kImport). *pool_fd: the memfd the daemon made, to pass back (the
   // handler keeps owning it); -1: none to pass.
-  virtual Answer<wire::CreateTierPoolOk> OnCreateTierPool(const Peer& peer,
+  virtual Result<wire::CreateTierPoolOk> OnCreateTierPool(const Peer& peer,
                                                           const wire::CreateTierPool& m,
                                                           UniqueFd fd, int* pool_fd) = 0;
-  virtual Answer<wire::AdmitOk> OnAdmit(const Peer& peer, const wire::Admit& m) = 0;
-  virtual Answer<wire::ReleaseOk> OnRelease(const Peer& peer, const wire::Release& m) = 0;
-  virtual Answer<wire::ReportOk> OnReport(const Peer& peer, const wire::Report& m) = 0;
-  virtual Answer<wire::HintOk> OnHint(const Peer& peer, const wire::Hint& m) = 0;
-  virtual Answer<wire::QueryTiersOk> OnQueryTiers(const Peer& peer, const wire::QueryTiers& m) = 0;
-  virtual Answer<wire::StatsOk> OnStats(const Peer& peer, const wire::Stats& m) = 0;
+  virtual Result<wire::AdmitOk> OnAdmit(const Peer& peer, const wire::Admit& m) = 0;
+  virtual Result<wire::ReleaseOk> OnRelease(const Peer& peer, const wire::Release& m) = 0;
+  virtual Result<wire::ReportOk> OnReport(const Peer& peer, const wire::Report& m) = 0;
+  virtual Result<wire::HintOk> OnHint(const Peer& peer, const wire::Hint& m) = 0;
+  virtual Result<wire::QueryTiersOk> OnQueryTiers(const Peer& peer, const wire::QueryTiers& m) = 0;
+  virtual Result<wire::StatsOk> OnStats(const Peer& peer, const wire::Stats& m) = 0;
   // *reply_fd: an fd to pass back with the reply (a recording); the server
   // owns it and closes it once sent or when the connection closes.
-  virtual Answer<wire::AdminOk> OnAdmin(const Peer& peer, const wire::Admin& m,
+  virtual Result<wire::AdminOk> OnAdmin(const Peer& peer, const wire::Admin& m,
                                         UniqueFd* reply_fd) = 0;
   // How long `peer`'s connection must wait before its next request is
   // dispatched or its socket read (a cost budget the handler keeps; zero: go

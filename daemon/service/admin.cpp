@@ -43,7 +43,7 @@ bool IsAdmin(const server::Peer& peer, const std::string& admin_group) {
   return std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end();
 }
 
-server::Answer<wire::AdminOk> Requests::SetQuota(const std::string& arg) {
+Result<wire::AdminOk> Requests::SetQuota(const std::string& arg) {
   QuotaTarget target;
   QuotaBytes quota;
   if (Status st = ParseQuotaArg(arg, &target, &quota); !st.ok()) return st;
@@ -105,8 +105,8 @@ server::Answer<wire::AdminOk> Requests::SetQuota(const std::string& arg) {
   return wire::AdminOk{text};
 }
 
-server::Answer<wire::AdminOk> Requests::OnAdmin(const server::Peer& peer, const wire::Admin& m,
-                                                server::UniqueFd* reply_fd) {
+Result<wire::AdminOk> Requests::OnAdmin(const server::Peer& peer, const wire::Admin& m,
+                                        server::UniqueFd* reply_fd) {
   if (m.op == wire::AdminOp::kShowConfig) {
     if (IsAdmin(peer, d_.config.admin_group)) return wire::AdminOk{ToToml(d_.config)};
     // Anyone may read the configuration, but of the quotas only their own

@@ -40,8 +40,8 @@ bool CostBudget::Full(CostClock::time_point now) const {
   return units_ + seconds * rate_ >= burst_;
 }
 
-server::Answer<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engine::Engine& engine,
-                                           uint64_t tick, CostClock::time_point now) {
+Result<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engine::Engine& engine,
+                                   uint64_t tick, CostClock::time_point now) {
   // The codec refused kinds other than 1 to 3 and group 0.
   if (Status st = CheckEntryCount(m.keys.size(), "a hint"); !st.ok()) return st;
   static_assert(static_cast<int>(HintKind::kIdle) == static_cast<int>(engine::HintKind::kIdle) &&

@@ -73,8 +73,8 @@ class Hints {
 
   // Answers `c`'s Hint at `tick` (the tick it belongs to, as admits and
   // releases) and charges its cost to c's uid at `now`.
-  server::Answer<wire::HintOk> Handle(Client& c, const wire::Hint& m, engine::Engine& engine,
-                                      uint64_t tick, CostClock::time_point now);
+  Result<wire::HintOk> Handle(Client& c, const wire::Hint& m, engine::Engine& engine, uint64_t tick,
+                              CostClock::time_point now);
   // How long `uid`'s connections wait before their next request is read or
   // answered: until its hints' debt is paid back (zero: none).
   std::chrono::microseconds Throttle(uid_t uid, CostClock::time_point now);

@@ -26,7 +26,7 @@ constexpr uint64_t kRecordMaxEvents = uint64_t{1} << 24;
 constexpr uint64_t kRecordMaxSeconds = 24 * 3600;
 }  // namespace
 
-server::Answer<wire::AdminOk> Requests::StartRecording(const std::string& arg) {
+Result<wire::AdminOk> Requests::StartRecording(const std::string& arg) {
   if (d_.recorder.on()) {
     return Error{ErrorCode::kBusy, "a recording is already running; stop it first"};
   }
@@ -70,7 +70,7 @@ server::Answer<wire::AdminOk> Requests::StartRecording(const std::string& arg) {
   return wire::AdminOk{"recording for " + std::to_string(seconds) + " s"};
 }
 
-server::Answer<wire::AdminOk> Requests::StopRecording(server::UniqueFd* trace_fd) {
+Result<wire::AdminOk> Requests::StopRecording(server::UniqueFd* trace_fd) {
   d_.recorder.Stop(d_.tick);
   if (!d_.recorder.ready()) {
     return Error{ErrorCode::kNotReady, "no recording to stop; start one with record start"};

@@ -71,8 +71,8 @@ void Requests::ReleaseLeaving(uint64_t session) {
   d_.clients.Remove(session);
 }
 
-server::Answer<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::Hello& m,
-                                                int* segment_fd) {
+Result<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::Hello& m,
+                                        int* segment_fd) {
   Client* c = d_.clients.Find(peer.session_id);
   if (!c) return Error{ErrorCode::kInternal, "unknown session"};
   if (c->hello) return Error{ErrorCode::kNotReady, "hello was already said on this connection"};
@@ -99,9 +99,9 @@ server::Answer<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const 
                        d_.engine->tiers()};
 }
 
-server::Answer<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
-                                                              const wire::RegisterPool& m,
-                                                              server::UniqueFd memfd) {
+Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
+                                                      const wire::RegisterPool& m,
+                                                      server::UniqueFd memfd) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   if (Status st = d_.clients.CheckPool(*c, d_.config); !st.ok()) return st;
@@ -120,10 +120,9 @@ server::Answer<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer
   return wire::RegisterPoolOk{id};
 }
 
-server::Answer<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& peer,
-                                                                  const wire::CreateTierPool& m,
-                                                                  server::UniqueFd fd,
-                                                                  int* pool_fd) {
+Result<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& peer,
+                                                          const wire::CreateTierPool& m,
+                                                          server::UniqueFd fd, int* pool_fd) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   if (Status st = d_.clients.CheckPool(*c, d_.config); !st.ok()) return st;
@@ -178,7 +177,7 @@ server::Answer<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::
   return wire::CreateTierPoolOk{id, blocks, p.length(), p.node()};
 }
 
-server::Answer<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
+Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   if (Status st = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config); !st.ok()) return st;
@@ -210,7 +209,7 @@ server::Answer<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const 
 // or takes the place a reconnect names (its bytes are there already), and the
 // client holds its write lease until it has written the bytes (or, after a
 // reconnect, carried its read leases over).
-server::Answer<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& m) {
+Result<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& m) {
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
   // No new block goes over a cap (CheckAdmit counted the room): it holds its
@@ -241,8 +240,7 @@ server::Answer<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& 
   return ok;
 }
 
-server::Answer<wire::ReleaseOk> Requests::OnRelease(const server::Peer& peer,
-                                                    const wire::Release& m) {
+Result<wire::ReleaseOk> Requests::OnRelease(const server::Peer& peer, const wire::Release& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   if (Status st = CheckEntryCount(m.keys.size(), "a release"); !st.ok()) return st;
@@ -259,13 +257,13 @@ server::Answer<wire::ReleaseOk> Requests::OnRelease(const server::Peer& peer,
   return ok;
 }
 
-server::Answer<wire::ReportOk> Requests::OnReport(const server::Peer& peer, const wire::Report& m) {
+Result<wire::ReportOk> Requests::OnReport(const server::Peer& peer, const wire::Report& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   return AddReport(*c, m);
 }
 
-server::Answer<wire::HintOk> Requests::OnHint(const server::Peer& peer, const wire::Hint& m) {
+Result<wire::HintOk> Requests::OnHint(const server::Peer& peer, const wire::Hint& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   // The tick this hint belongs to: the next fold's, as for admits and
@@ -277,8 +275,8 @@ std::chrono::microseconds Requests::Throttle(const server::Peer& peer) {
   return d_.hints.Throttle(peer.uid, CostClock::now());
 }
 
-server::Answer<wire::QueryTiersOk> Requests::OnQueryTiers(const server::Peer& peer,
-                                                          const wire::QueryTiers& m) {
+Result<wire::QueryTiersOk> Requests::OnQueryTiers(const server::Peer& peer,
+                                                  const wire::QueryTiers& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   if (Status st = CheckEntryCount(m.keys.size(), "a query"); !st.ok()) return st;
@@ -292,7 +290,7 @@ server::Answer<wire::QueryTiersOk> Requests::OnQueryTiers(const server::Peer& pe
   return ok;
 }
 
-server::Answer<wire::StatsOk> Requests::OnStats(const server::Peer& peer, const wire::Stats& m) {
+Result<wire::StatsOk> Requests::OnStats(const server::Peer& peer, const wire::Stats& m) {
   // Keys are often hashes of prompt prefixes: a peer sees only its own uid's
   // clients, blocks and share (status's and quotas' users and clients); root
   // and the admin group see everyone's.

@@ -25,39 +25,36 @@ class Requests final : public server::Handler {
 
   Status OnConnect(const server::Peer& peer) override;
   void OnDisconnect(const server::Peer& peer) override;
-  server::Answer<wire::HelloOk> OnHello(const server::Peer& peer, const wire::Hello& m,
-                                        int* segment_fd) override;
-  server::Answer<wire::RegisterPoolOk> OnRegisterPool(const server::Peer& peer,
-                                                      const wire::RegisterPool& m,
-                                                      server::UniqueFd memfd) override;
-  server::Answer<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer& peer,
-                                                          const wire::CreateTierPool& m,
-                                                          server::UniqueFd fd,
-                                                          int* pool_fd) override;
-  server::Answer<wire::AdmitOk> OnAdmit(const server::Peer& peer, const wire::Admit& m) override;
-  server::Answer<wire::ReleaseOk> OnRelease(const server::Peer& peer,
-                                            const wire::Release& m) override;
-  server::Answer<wire::ReportOk> OnReport(const server::Peer& peer, const wire::Report& m) override;
-  server::Answer<wire::HintOk> OnHint(const server::Peer& peer, const wire::Hint& m) override;
-  server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer& peer,
-                                                  const wire::QueryTiers& m) override;
-  server::Answer<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
-  server::Answer<wire::AdminOk> OnAdmin(const server::Peer& peer, const wire::Admin& m,
-                                        server::UniqueFd* reply_fd) override;
+  Result<wire::HelloOk> OnHello(const server::Peer& peer, const wire::Hello& m,
+                                int* segment_fd) override;
+  Result<wire::RegisterPoolOk> OnRegisterPool(const server::Peer& peer, const wire::RegisterPool& m,
+                                              server::UniqueFd memfd) override;
+  Result<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer& peer,
+                                                  const wire::CreateTierPool& m,
+                                                  server::UniqueFd fd, int* pool_fd) override;
+  Result<wire::AdmitOk> OnAdmit(const server::Peer& peer, const wire::Admit& m) override;
+  Result<wire::ReleaseOk> OnRelease(const server::Peer& peer, const wire::Release& m) override;
+  Result<wire::ReportOk> OnReport(const server::Peer& peer, const wire::Report& m) override;
+  Result<wire::HintOk> OnHint(const server::Peer& peer, const wire::Hint& m) override;
+  Result<wire::QueryTiersOk> OnQueryTiers(const server::Peer& peer,
+                                          const wire::QueryTiers& m) override;
+  Result<wire::StatsOk> OnStats(const server::Peer& peer, const wire::Stats& m) override;
+  Result<wire::AdminOk> OnAdmin(const server::Peer& peer, const wire::Admin& m,
+                                server::UniqueFd* reply_fd) override;
   std::chrono::microseconds Throttle(const server::Peer& peer) override;
 
  private:
   // The client of `peer` once it said hello, or nullptr.
   Client* Said(const server::Peer& peer);
   // An admit into a client's tier pools (copy mode), checked.
-  server::Answer<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
+  Result<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
   // Releases a client that left, a chunk of slots per turn of the I/O thread.
   void ReleaseLeaving(uint64_t session);
   // Admin kSetQuota: parses, checks and applies one account's quota (admin.cpp).
-  server::Answer<wire::AdminOk> SetQuota(const std::string& arg);
+  Result<wire::AdminOk> SetQuota(const std::string& arg);
   // cxltierctl record (recording.cpp).
-  server::Answer<wire::AdminOk> StartRecording(const std::string& arg);
-  server::Answer<wire::AdminOk> StopRecording(server::UniqueFd* trace_fd);
+  Result<wire::AdminOk> StartRecording(const std::string& arg);
+  Result<wire::AdminOk> StopRecording(server::UniqueFd* trace_fd);
 
   Shared& d_;
   std::function<Status()> reload_hook_;

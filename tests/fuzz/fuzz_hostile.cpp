@@ -47,13 +47,11 @@ const uint64_t kPoolBytes = kStride * kPoolBlocks;
 
 // Every answer is a value or an error with a message; never anything else.
 template <typename T>
-bool Ok(const server::Answer<T>& a) {
-  if (const auto* e = std::get_if<wire::Error>(&a)) {
-    if (e->message.empty()) Fail("an error without a message");
-    if (e->ok()) Fail("an error answer whose code is ok");
-    return false;
-  }
-  return true;
+bool Ok(const Result<T>& a) {
+  if (a.ok()) return true;
+  if (a.status().message.empty()) Fail("an error without a message");
+  if (a.status().ok()) Fail("an error answer whose code is ok");
+  return false;
 }
 
 // Reads the program.
@@ -198,7 +196,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto a = f->daemon->requests().OnRegisterPool(peer, reg, server::UniqueFd(dup(cp.fd)));
         if (Ok(a)) {
           if (cp.refuse_expected) Fail("a pool fd that can shrink (or is no memfd) was accepted");
-          cp.id = std::get<wire::RegisterPoolOk>(a).pool_id;
+          cp.id = a->pool_id;
         }
         pools.push_back(cp);
         break;
@@ -226,7 +224,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             peer,
             wire::RegisterPool{wire::PoolKind::kRange, address, kPoolBytes, kStride, kPoolBlocks},
             server::UniqueFd());
-        if (Ok(a)) cp.id = std::get<wire::RegisterPoolOk>(a).pool_id;
+        if (Ok(a)) cp.id = a->pool_id;
         pools.push_back(cp);
         break;
       }
@@ -269,7 +267,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         auto r = f->daemon->requests().OnAdmit(peer, a);
         if (Ok(r)) {
-          const auto& ok = std::get<wire::AdmitOk>(r);
+          const auto& ok = (*r);
           if (ok.results.size() != a.entries.size()) Fail("admit answered for other keys");
           for (size_t i = 0; i < a.entries.size(); ++i) {
             admitted.push_back(a.entries[i].key);
@@ -312,8 +310,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                : admitted[in.Byte() % admitted.size()]);
         }
         auto r = f->daemon->requests().OnHint(peer, h);
-        if (Ok(r) && std::get<wire::HintOk>(r).grouped + std::get<wire::HintOk>(r).unknown !=
-                         h.keys.size()) {
+        if (Ok(r) && r->grouped + r->unknown != h.keys.size()) {
           Fail("a hint answered for other keys");
         }
         break;
@@ -334,7 +331,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const char* what : {"status", "tiers", "clients", "blocks"}) {
     auto st = f->daemon->requests().OnStats(peer, wire::Stats{what});
     if (!Ok(st)) Fail("stats refused");
-    if (!nlohmann::json::accept(std::get<wire::StatsOk>(st).json)) Fail("stats not JSON");
+    if (!nlohmann::json::accept(st->json)) Fail("stats not JSON");
   }
   (void)Ok(f->daemon->requests().OnQueryTiers(peer, wire::QueryTiers{admitted}));
 

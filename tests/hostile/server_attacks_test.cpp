@@ -431,43 +431,40 @@ class ThrowingHandler : public server::Handler {
 
   Status OnConnect(const server::Peer&) override { return Status::Ok(); }
   void OnDisconnect(const server::Peer&) override { ++disconnects; }
-  server::Answer<wire::HelloOk> OnHello(const server::Peer&, const wire::Hello&, int*) override {
+  Result<wire::HelloOk> OnHello(const server::Peer&, const wire::Hello&, int*) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no hello here"};
   }
-  server::Answer<wire::RegisterPoolOk> OnRegisterPool(const server::Peer&,
-                                                      const wire::RegisterPool&,
-                                                      server::UniqueFd) override {
+  Result<wire::RegisterPoolOk> OnRegisterPool(const server::Peer&, const wire::RegisterPool&,
+                                              server::UniqueFd) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no pools here"};
   }
-  server::Answer<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer&,
-                                                          const wire::CreateTierPool&,
-                                                          server::UniqueFd, int*) override {
+  Result<wire::CreateTierPoolOk> OnCreateTierPool(const server::Peer&, const wire::CreateTierPool&,
+                                                  server::UniqueFd, int*) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no tier pools here"};
   }
-  server::Answer<wire::AdmitOk> OnAdmit(const server::Peer&, const wire::Admit&) override {
+  Result<wire::AdmitOk> OnAdmit(const server::Peer&, const wire::Admit&) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no admits here"};
   }
-  server::Answer<wire::ReleaseOk> OnRelease(const server::Peer&, const wire::Release&) override {
+  Result<wire::ReleaseOk> OnRelease(const server::Peer&, const wire::Release&) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no releases here"};
   }
-  server::Answer<wire::ReportOk> OnReport(const server::Peer&, const wire::Report&) override {
+  Result<wire::ReportOk> OnReport(const server::Peer&, const wire::Report&) override {
     throw std::runtime_error("report handler broke");
   }
-  server::Answer<wire::HintOk> OnHint(const server::Peer&, const wire::Hint&) override {
+  Result<wire::HintOk> OnHint(const server::Peer&, const wire::Hint&) override {
     return wire::Error{wire::ErrorCode::kNotReady, "no hints here"};
   }
-  server::Answer<wire::QueryTiersOk> OnQueryTiers(const server::Peer&,
-                                                  const wire::QueryTiers&) override {
+  Result<wire::QueryTiersOk> OnQueryTiers(const server::Peer&, const wire::QueryTiers&) override {
     return wire::QueryTiersOk{};
   }
-  server::Answer<wire::StatsOk> OnStats(const server::Peer&, const wire::Stats& m) override {
+  Result<wire::StatsOk> OnStats(const server::Peer&, const wire::Stats& m) override {
     stats_seen.push_back(m.what);
     if (on_stats) on_stats(m.what);
     if (m.what == "bad-alloc") throw std::bad_alloc();
     return wire::StatsOk{m.what};
   }
-  server::Answer<wire::AdminOk> OnAdmin(const server::Peer&, const wire::Admin&,
-                                        server::UniqueFd*) override {
+  Result<wire::AdminOk> OnAdmin(const server::Peer&, const wire::Admin&,
+                                server::UniqueFd*) override {
     return wire::AdminOk{""};
   }
 };

@@ -136,7 +136,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   d.requests().OnConnect(peer);
   int seg_fd = -1;
   auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault"}, &seg_fd);
-  ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
+  ASSERT_TRUE(hello.ok());
   void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
   ASSERT_NE(seg, MAP_FAILED);
   close(seg_fd);
@@ -156,14 +156,13 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   auto pool = d.requests().OnRegisterPool(
       peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks, stride, kBlocks},
       server::UniqueFd(dup(memfd)));
-  ASSERT_TRUE(std::holds_alternative<wire::RegisterPoolOk>(pool));
+  ASSERT_TRUE(pool.ok());
   wire::Admit admit{0, {}};
   for (uint32_t i = 0; i < kBlocks; ++i) admit.entries.push_back({BlockKey::FromSequence(9, i), i});
   auto admitted = d.requests().OnAdmit(peer, admit);
-  ASSERT_TRUE(std::holds_alternative<wire::AdmitOk>(admitted));
+  ASSERT_TRUE(admitted.ok());
   std::vector<uint32_t> seg_slot(kBlocks);
-  for (uint32_t i = 0; i < kBlocks; ++i)
-    seg_slot[i] = std::get<wire::AdmitOk>(admitted).results[i].slot;
+  for (uint32_t i = 0; i < kBlocks; ++i) seg_slot[i] = admitted->results[i].slot;
 
   // The daemon's memory-range addresses are its own mapping's; match moves to
   // blocks by order of first appearance instead: record tiers per slot and
@@ -226,7 +225,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   // No KV byte changed, and the daemon still answers.
   EXPECT_EQ(Sum(kv, stride * kBlocks), before);
   auto stats = d.requests().OnStats(peer, wire::Stats{"clients"});
-  EXPECT_TRUE(std::holds_alternative<wire::StatsOk>(stats));
+  EXPECT_TRUE(stats.ok());
 
   d.Stop();
   munmap(kv, stride * kBlocks);
@@ -267,7 +266,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   d.requests().OnConnect(peer);
   int seg_fd = -1;
   auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault-rec"}, &seg_fd);
-  ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
+  ASSERT_TRUE(hello.ok());
   void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
   ASSERT_NE(seg, MAP_FAILED);
   close(seg_fd);
@@ -284,17 +283,17 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   auto pool = d.requests().OnRegisterPool(
       peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks, stride, kBlocks},
       server::UniqueFd(dup(memfd)));
-  ASSERT_TRUE(std::holds_alternative<wire::RegisterPoolOk>(pool));
+  ASSERT_TRUE(pool.ok());
 
   server::UniqueFd no_fd;
   auto started =
       d.requests().OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStart, "3600"}, &no_fd);
-  ASSERT_TRUE(std::holds_alternative<wire::AdminOk>(started));
+  ASSERT_TRUE(started.ok());
   std::vector<uint32_t> seg_slot(kBlocks);
   const auto admit = [&](uint32_t i) {
     auto a = d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(11, i), i}}});
-    ASSERT_TRUE(std::holds_alternative<wire::AdmitOk>(a));
-    seg_slot[i] = std::get<wire::AdmitOk>(a).results[0].slot;
+    ASSERT_TRUE(a.ok());
+    seg_slot[i] = a->results[0].slot;
   };
   for (uint32_t i = 0; i < kBlocks; ++i) admit(i);
   const auto deliver = [&] {
@@ -315,7 +314,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
     if (tick % 20 == 10) {  // a block leaves (its move may be in flight) and comes back
       const uint32_t i = (tick / 15 * 4) % kBlocks;
       auto r = d.requests().OnRelease(peer, wire::Release{{BlockKey::FromSequence(11, i)}});
-      ASSERT_TRUE(std::holds_alternative<wire::ReleaseOk>(r));
+      ASSERT_TRUE(r.ok());
       admit(i);
     }
     d.Tick();
@@ -325,9 +324,9 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   d.Tick();
   server::UniqueFd trace_fd;
   auto stopped = d.requests().OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStop, ""}, &trace_fd);
-  ASSERT_TRUE(std::holds_alternative<wire::AdminOk>(stopped));
+  ASSERT_TRUE(stopped.ok());
   ASSERT_TRUE(trace_fd.valid());
-  const nlohmann::json rec = nlohmann::json::parse(std::get<wire::AdminOk>(stopped).text);
+  const nlohmann::json rec = nlohmann::json::parse(stopped->text);
   std::string bytes;
   char buf[65536];
   for (off_t off = 0;;) {
@@ -359,16 +358,17 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   sc.hysteresis_ticks = rec["hysteresis_ticks"].get<uint32_t>();
   sc.ghost_capacity = rec["ghost_capacity"].get<size_t>();
   sc.recorded_moves = true;
-  std::string error;
-  const sim::SimResult exact = sim::Simulate(trace.trace, sc, nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<sim::SimResult> exact_run = sim::Simulate(trace.trace, sc, nullptr);
+  ASSERT_TRUE(exact_run.ok()) << exact_run.status().message;
+  const sim::SimResult& exact = *exact_run;
   EXPECT_EQ(exact.counters.touches, rec["touches"].get<uint64_t>());
   EXPECT_EQ(exact.counters.hits, rec["hits"].get<uint64_t>());
   EXPECT_EQ(exact.counters.failed_moves,
             rec["move_outcomes"].get<uint64_t>() - rec["moves_done"].get<uint64_t>());
   sc.recorded_moves = false;
-  const sim::SimResult what_if = sim::Simulate(trace.trace, sc, nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<sim::SimResult> what_if_run = sim::Simulate(trace.trace, sc, nullptr);
+  ASSERT_TRUE(what_if_run.ok()) << what_if_run.status().message;
+  const sim::SimResult& what_if = *what_if_run;
   std::printf(
       "live %s hits of %s touches; exact replay %llu, what-if replay %llu (%s plans in %s ticks, "
       "%s of %s moves done)\n",

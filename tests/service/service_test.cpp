@@ -489,7 +489,7 @@ TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
     for (uint32_t i = from; i < std::min(kSlots, from + wire::kMaxEntriesPerMessage); ++i) {
       grouping.keys.push_back(BlockKey::FromSequence(3, i));
     }
-    ASSERT_TRUE(std::holds_alternative<wire::HintOk>(hints.Handle(c, grouping, e, 1, t0)));
+    ASSERT_TRUE(hints.Handle(c, grouping, e, 1, t0).ok());
   }
   // Every slot observed once since.
   for (uint32_t i = 0; i < kSlots; ++i) {
@@ -497,8 +497,8 @@ TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
   }
   const uint64_t units = hints.units();
   const auto answer = hints.Handle(c, wire::Hint{HintKind::kIdle, 7, {}}, e, 2, t0);
-  ASSERT_TRUE(std::holds_alternative<wire::HintOk>(answer));
-  EXPECT_EQ(std::get<wire::HintOk>(answer).applied, 1);
+  ASSERT_TRUE(answer.ok());
+  EXPECT_EQ(answer->applied, 1);
   const uint64_t folded = e.counters().touches;
   EXPECT_GE(folded, 1024u);
   EXPECT_LE(folded, 1087u);
@@ -1501,8 +1501,7 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
   ASSERT_TRUE(d.requests().OnConnect(peer).ok());
   int seg_fd = -1;
   const ModelGeometry model{"where", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
-  ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(
-      d.requests().OnHello(peer, wire::Hello{model, 4, "where"}, &seg_fd)));
+  ASSERT_TRUE(d.requests().OnHello(peer, wire::Hello{model, 4, "where"}, &seg_fd).ok());
   close(seg_fd);
   const int memfd = memfd_create("where-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(memfd, 4 * 4096), 0);
@@ -1510,11 +1509,11 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
   auto pool = d.requests().OnRegisterPool(
       peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, 4 * 4096, 4096, 4},
       server::UniqueFd(memfd));
-  ASSERT_TRUE(std::holds_alternative<wire::RegisterPoolOk>(pool));
+  ASSERT_TRUE(pool.ok());
   auto admitted = d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(1, 1), 0}}});
-  ASSERT_TRUE(std::holds_alternative<wire::AdmitOk>(admitted));
+  ASSERT_TRUE(admitted.ok());
   EXPECT_GE(where->asked.load(), 1);
-  EXPECT_EQ(std::get<wire::AdmitOk>(admitted).results.at(0).tier, Tier::kSlow);
+  EXPECT_EQ(admitted->results.at(0).tier, Tier::kSlow);
   d.requests().OnDisconnect(peer);
   d.Stop();
 }
@@ -1562,7 +1561,7 @@ TEST(Daemon, ReloadRecomputesThePlannersBudget) {
     int seg_fd = -1;
     const ModelGeometry model{"reload", 1, 1, 1, 1024, 2, 16};  // 64 KiB blocks
     auto hello = d.requests().OnHello(peer, wire::Hello{model, 16, "reload"}, &seg_fd);
-    ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(hello));
+    ASSERT_TRUE(hello.ok());
     close(seg_fd);
     EXPECT_EQ(budget(d), (uint64_t{8} << 20) / 1000 * 500);
     d.requests().OnDisconnect(peer);

@@ -24,6 +24,9 @@
 namespace cxltier::sim {
 namespace {
 
+// The message of a replay that failed ("" when it succeeded).
+std::string ErrorOf(const Result<SimResult>& r) { return r.ok() ? "" : r.status().message; }
+
 const std::string kMooncake = CXLTIER_TEST_DATA "/mooncake_synthetic_trace.jsonl";
 const std::string kSim = CXLTIER_SIM_PATH;
 
@@ -249,16 +252,18 @@ TEST(Simulate, MinBeatsEveryPolicyOnTheMooncakeSample) {
     SimConfig c;
     c.block_bytes = kLlama3_70B.bytes_per_token() * 512;
     c.budget_bytes = gib << 30;
-    std::string err;
     c.policy = "min";
-    const uint64_t best = Simulate(r.trace, c, &next, &err).counters.hits;
-    ASSERT_EQ(err, "");
+    const Result<SimResult> min = Simulate(r.trace, c, &next);
+    ASSERT_TRUE(min.ok()) << min.status().message;
+    const uint64_t best = min->counters.hits;
     for (const char* p :
          {"lru", "lfu", "ema:0.01", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
       for (auto pers : {engine::Persistence::kPersist, engine::Persistence::kReset}) {
         c.policy = p;
         c.persistence = pers;
-        EXPECT_LE(Simulate(r.trace, c, nullptr, &err).counters.hits, best) << p << " " << gib;
+        const Result<SimResult> online = Simulate(r.trace, c, nullptr);
+        ASSERT_TRUE(online.ok()) << online.status().message;
+        EXPECT_LE(online->counters.hits, best) << p << " " << gib;
       }
     }
   }
@@ -297,9 +302,9 @@ TEST(Simulate, BaselinesEqualLibCacheSimOnTheMooncakeSample) {
     c.budget_bytes = row.blocks * c.block_bytes;
     c.policy = row.ours;
     c.persistence = engine::Persistence::kReset;
-    std::string err;
-    const SimResult s = Simulate(r.trace, c, nullptr, &err);
-    ASSERT_EQ(err, "");
+    const Result<SimResult> s_run = Simulate(r.trace, c, nullptr);
+    ASSERT_TRUE(s_run.ok()) << s_run.status().message;
+    const SimResult& s = *s_run;
     const double miss =
         1.0 - static_cast<double>(s.counters.hits) / static_cast<double>(r.trace.events.size());
     EXPECT_NEAR(miss, row.miss_ratio, 0.00005) << row.ours << " at " << row.blocks << " blocks";
@@ -307,10 +312,9 @@ TEST(Simulate, BaselinesEqualLibCacheSimOnTheMooncakeSample) {
 }
 
 TEST(Simulate, MinWithoutFutureIsAnError) {
-  std::string err;
   SimConfig c;
   c.policy = "min";
-  Simulate(SmallTrace(), c, nullptr, &err);
+  const std::string err = ErrorOf(Simulate(SmallTrace(), c, nullptr));
   EXPECT_NE(err.find("future"), std::string::npos);
 }
 
@@ -452,16 +456,17 @@ TEST(Simulate, AdmitsInAThirdTierAreReplayedThere) {
   c.block_bytes = 1;
   c.budget_bytes = 1;  // tier 0 holds one block, tier 1 one, tier 2 the rest
   c.lower_budget_bytes = {1};
-  std::string error;
-  const SimResult three = Simulate(t, c, nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<SimResult> three_run = Simulate(t, c, nullptr);
+  ASSERT_TRUE(three_run.ok()) << three_run.status().message;
+  const SimResult& three = *three_run;
   // Each touch found its block in the tier it was admitted to.
   EXPECT_EQ(three.counters.tier_hits[0], 1u);
   EXPECT_EQ(three.counters.tier_hits[1], 1u);
   EXPECT_EQ(three.counters.tier_hits[2], 1u);
   c.lower_budget_bytes.clear();  // two tiers: tier 2's block is in tier 1
-  const SimResult two = Simulate(t, c, nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<SimResult> two_run = Simulate(t, c, nullptr);
+  ASSERT_TRUE(two_run.ok()) << two_run.status().message;
+  const SimResult& two = *two_run;
   EXPECT_EQ(two.counters.tier_hits[0], 1u);
   EXPECT_EQ(two.counters.tier_hits[1], 2u);
   // Not a tier: past the last one a host can have, or not a whole number.
@@ -633,9 +638,9 @@ TEST(RecordedMoves, TheReplayIsTheRunExactly) {
       ASSERT_EQ(WriteBinary(run.trace, bin), "");
       const TraceResult back = ReadBinary(bin, "mini.bin");
       ASSERT_TRUE(back.ok()) << back.error;
-      std::string error;
-      const SimResult r = Simulate(back.trace, MiniConfig(policy, tiers), nullptr, &error);
-      ASSERT_EQ(error, "") << policy << " seed " << seed;
+      const Result<SimResult> r_run = Simulate(back.trace, MiniConfig(policy, tiers), nullptr);
+      ASSERT_TRUE(r_run.ok()) << r_run.status().message << policy << " seed " << seed;
+      const SimResult& r = *r_run;
       EXPECT_EQ(r.counters.tier_hits, run.counters.tier_hits) << policy << " seed " << seed;
       const engine::EngineCounters& want = run.counters;
       const engine::EngineCounters& got = r.counters;
@@ -661,19 +666,21 @@ TEST(RecordedMoves, TheWhatIfReplayIgnoresThem) {
   std::erase_if(plain.events, [](const TraceEvent& ev) { return IsMoveEvent(ev.kind); });
   SimConfig c = MiniConfig("lru");
   c.recorded_moves = false;
-  std::string error;
-  const SimResult with = Simulate(run.trace, c, nullptr, &error);
-  ASSERT_EQ(error, "");
-  const SimResult without = Simulate(plain, c, nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<SimResult> with_run = Simulate(run.trace, c, nullptr);
+  ASSERT_TRUE(with_run.ok()) << with_run.status().message;
+  const SimResult& with = *with_run;
+  const Result<SimResult> without_run = Simulate(plain, c, nullptr);
+  ASSERT_TRUE(without_run.ok()) << without_run.status().message;
+  const SimResult& without = *without_run;
   EXPECT_EQ(with.counters.touches, run.counters.touches);
   EXPECT_EQ(with.counters.hits, without.counters.hits);
   EXPECT_EQ(with.counters.promotions, without.counters.promotions);
   EXPECT_EQ(with.counters.ticks, without.counters.ticks);
   EXPECT_EQ(with.counters.failed_moves, 0u);
   // The recorded replay is the run, failed moves and all.
-  const SimResult exact = Simulate(run.trace, MiniConfig("lru"), nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<SimResult> exact_run = Simulate(run.trace, MiniConfig("lru"), nullptr);
+  ASSERT_TRUE(exact_run.ok()) << exact_run.status().message;
+  const SimResult& exact = *exact_run;
   EXPECT_EQ(exact.counters.hits, run.counters.hits);
   EXPECT_EQ(exact.counters.failed_moves, run.counters.failed_moves);
   EXPECT_GT(exact.counters.failed_moves, 0u);
@@ -693,7 +700,7 @@ TEST(RecordedMoves, ADivergingReplayIsAClearError) {
   size_t plan = 0;
   while (more.events[plan].kind != EventKind::kPlan || more.events[plan].key == 0) ++plan;
   ++more.events[plan].key;
-  Simulate(more, MiniConfig("lru"), nullptr, &error);
+  error = ErrorOf(Simulate(more, MiniConfig("lru"), nullptr));
   EXPECT_NE(error.find("event " + std::to_string(plan) + " "), std::string::npos) << error;
   EXPECT_NE(error.find("the daemon planned " + std::to_string(more.events[plan].key) +
                        " moves here, the replay " + std::to_string(run.trace.events[plan].key)),
@@ -706,25 +713,21 @@ TEST(RecordedMoves, ADivergingReplayIsAClearError) {
   while (twice.events[outcome].kind != EventKind::kOutcome) ++outcome;
   const TraceEvent again = twice.events[outcome];
   twice.events.insert(twice.events.begin() + static_cast<long>(outcome) + 1, again);
-  error.clear();
-  Simulate(twice, MiniConfig("lru"), nullptr, &error);
+  error = ErrorOf(Simulate(twice, MiniConfig("lru"), nullptr));
   EXPECT_NE(error.find("event " + std::to_string(outcome + 1) + " "), std::string::npos) << error;
   EXPECT_NE(error.find("has no move of"), std::string::npos) << error;
   // No recorded moves; demand mode; a policy the daemon cannot run.
   Trace old = run.trace;
   std::erase_if(old.events, [](const TraceEvent& ev) { return IsMoveEvent(ev.kind); });
   old.recorded_moves = false;
-  error.clear();
-  Simulate(old, MiniConfig("lru"), nullptr, &error);
+  error = ErrorOf(Simulate(old, MiniConfig("lru"), nullptr));
   EXPECT_NE(error.find("records no plans or move outcomes"), std::string::npos) << error;
   SimConfig demand = MiniConfig("lru");
   demand.mode = engine::Mode::kDemand;
-  error.clear();
-  Simulate(run.trace, demand, nullptr, &error);
+  error = ErrorOf(Simulate(run.trace, demand, nullptr));
   EXPECT_NE(error.find("needs --mode tick"), std::string::npos) << error;
   const std::vector<uint64_t> future = NextUses(run.trace);
-  error.clear();
-  Simulate(run.trace, MiniConfig("min"), &future, &error);
+  error = ErrorOf(Simulate(run.trace, MiniConfig("min"), &future));
   EXPECT_NE(error.find("was never the daemon's"), std::string::npos) << error;
 }
 
@@ -978,13 +981,14 @@ TEST(Hints, TheSimulatorAppliesThemOnlyWhenAsked) {
   c.policy = "lru";
   c.block_bytes = 1;
   c.budget_bytes = 64;
-  std::string error;
   c.hints = true;
-  const SimResult on = Simulate(t, c, nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<SimResult> on_run = Simulate(t, c, nullptr);
+  ASSERT_TRUE(on_run.ok()) << on_run.status().message;
+  const SimResult& on = *on_run;
   c.hints = false;
-  const SimResult off = Simulate(t, c, nullptr, &error);
-  ASSERT_EQ(error, "");
+  const Result<SimResult> off_run = Simulate(t, c, nullptr);
+  ASSERT_TRUE(off_run.ok()) << off_run.status().message;
+  const SimResult& off = *off_run;
   EXPECT_EQ(on.counters.touches, off.counters.touches);
   EXPECT_GT(on.counters.hints, 0u);
   EXPECT_GT(on.counters.hint_displaced, 0u);

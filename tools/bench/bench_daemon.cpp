@@ -119,7 +119,7 @@ struct InProcessDaemon {
     daemon->requests().OnConnect(peer);
     int seg_fd = -1;
     auto hello = daemon->requests().OnHello(peer, wire::Hello{model, blocks, "bench"}, &seg_fd);
-    if (!std::holds_alternative<wire::HelloOk>(hello)) std::abort();
+    if (!hello.ok()) std::abort();
     void* p = mmap(nullptr, SegmentBytes(blocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
     slots = reinterpret_cast<BlockState*>(static_cast<char*>(p) + kSegmentSlotOffset);
     dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(p) + SegmentDirtyOffset(blocks));
@@ -130,13 +130,13 @@ struct InProcessDaemon {
     auto pool = daemon->requests().OnRegisterPool(
         peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * blocks, stride, blocks},
         server::UniqueFd(dup(memfd)));
-    if (!std::holds_alternative<wire::RegisterPoolOk>(pool)) std::abort();
+    if (!pool.ok()) std::abort();
     for (uint32_t i = 0; i < blocks; i += wire::kMaxEntriesPerMessage) {
       wire::Admit a{0, {}};
       for (uint32_t j = i; j < std::min(blocks, i + wire::kMaxEntriesPerMessage); ++j) {
         a.entries.push_back({BlockKey::FromSequence(1, j), j});
       }
-      if (!std::holds_alternative<wire::AdmitOk>(daemon->requests().OnAdmit(peer, a))) std::abort();
+      if (!daemon->requests().OnAdmit(peer, a).ok()) std::abort();
     }
   }
   ~InProcessDaemon() {

@@ -71,10 +71,12 @@ void BM_Replay(benchmark::State& state, const std::string& workload, const std::
   c.budget_bytes = 32ull << 30;
   const std::vector<uint64_t> next = policy == "min" ? sim::NextUses(t) : std::vector<uint64_t>{};
   for (auto _ : state) {
-    std::string err;
-    sim::SimResult r = sim::Simulate(t, c, policy == "min" ? &next : nullptr, &err);
-    if (!err.empty()) state.SkipWithError(err.c_str());
-    benchmark::DoNotOptimize(r.counters.hits);
+    const Result<sim::SimResult> r = sim::Simulate(t, c, policy == "min" ? &next : nullptr);
+    if (!r.ok()) {
+      state.SkipWithError(r.status().message.c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(r->counters.hits);
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * t.touches()));
 }

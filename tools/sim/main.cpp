@@ -394,7 +394,12 @@ int main(int argc, char** argv) {
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i; (i = next.fetch_add(1)) < configs.size();) {
-      results[i] = Simulate(trace, configs[i], needs_future ? &next_use : nullptr, &errors[i]);
+      Result<SimResult> r = Simulate(trace, configs[i], needs_future ? &next_use : nullptr);
+      if (r.ok()) {
+        results[i] = std::move(*r);
+      } else {
+        errors[i] = r.status().message;
+      }
     }
   };
   std::vector<std::thread> pool;

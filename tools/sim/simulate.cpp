@@ -18,27 +18,24 @@ std::vector<uint64_t> NextUses(const Trace& trace) {
   return next;
 }
 
-SimResult Simulate(const Trace& trace, const SimConfig& config,
-                   const std::vector<uint64_t>* next_use, std::string* error) {
+Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
+                           const std::vector<uint64_t>* next_use) {
+  const auto bad = [](std::string why) {
+    return Status::Fail(wire::ErrorCode::kBadPayload, std::move(why));
+  };
   SimResult result;
   result.config = config;
   auto made = engine::MakePolicy(config.policy);
-  if (!made.ok()) {
-    if (error) *error = made.status().message;
-    return result;
-  }
+  if (!made.ok()) return made.status();
   std::unique_ptr<engine::Policy> policy = std::move(*made);
   if (config.block_bytes == 0) {
-    *error = "block bytes must be positive";
-    return result;
+    return bad("block bytes must be positive");
   }
   if (policy->NeedsFuture() && (!next_use || next_use->size() != trace.events.size())) {
-    *error = "policy " + config.policy + " needs the future of the trace";
-    return result;
+    return bad("policy " + config.policy + " needs the future of the trace");
   }
   if (config.lower_budget_bytes.size() + 2 > kMaxTiers) {
-    *error = "at most " + std::to_string(kMaxTiers) + " tiers";
-    return result;
+    return bad("at most " + std::to_string(kMaxTiers) + " tiers");
   }
   engine::EngineOptions o;
   o.block_bytes = config.block_bytes;
@@ -55,20 +52,17 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
   const bool recorded = config.recorded_moves;
   if (recorded) {
     if (!tick) {
-      *error = "--moves recorded replays the daemon's tick plans: it needs --mode tick";
-      return result;
+      return bad("--moves recorded replays the daemon's tick plans: it needs --mode tick");
     }
     if (!trace.recorded_moves) {
-      *error = trace.name +
-               ": records no plans or move outcomes (only a cxltierctl record of a daemon that "
-               "records them does, trace format version 3): replay it with --moves instant";
-      return result;
+      return bad(trace.name +
+                 ": records no plans or move outcomes (only a cxltierctl record of a daemon that "
+                 "records them does, trace format version 3): replay it with --moves instant");
     }
     if (policy->NeedsFuture()) {
-      *error = "policy " + config.policy +
-               " was never the daemon's: --moves recorded replays the daemon's plans with its "
-               "policy; use --moves instant";
-      return result;
+      return bad("policy " + config.policy +
+                 " was never the daemon's: --moves recorded replays the daemon's plans with its "
+                 "policy; use --moves instant");
     }
   }
   engine::Engine e(o, std::move(policy));
@@ -89,16 +83,13 @@ SimResult Simulate(const Trace& trace, const SimConfig& config,
     key_of_slot[s] = key;
   };
   const auto diverged = [&](size_t i, const std::string& what) {
-    *error = trace.name + ": event " + std::to_string(i) + " (step " +
-             std::to_string(trace.events[i].step) + "): " + what +
-             ". The replay no longer follows the recording: --moves recorded needs the daemon's "
-             "policy and settings (the command cxltierctl record prints), a recording begun "
-             "before the traffic it replays, and a policy that does not hash keys (tinylfu and "
-             "the default adaptive, whose experts include it, may part from the daemon); "
-             "--moves instant replays any of them";
-    result = SimResult{};
-    result.config = config;
-    return result;
+    return bad(trace.name + ": event " + std::to_string(i) + " (step " +
+               std::to_string(trace.events[i].step) + "): " + what +
+               ". The replay no longer follows the recording: --moves recorded needs the daemon's "
+               "policy and settings (the command cxltierctl record prints), a recording begun "
+               "before the traffic it replays, and a policy that does not hash keys (tinylfu and "
+               "the default adaptive, whose experts include it, may part from the daemon); "
+               "--moves instant replays any of them");
   };
   const auto start = std::chrono::steady_clock::now();
   uint64_t last_step = trace.events.empty() ? 0 : trace.events.front().step;

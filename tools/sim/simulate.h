@@ -48,12 +48,12 @@ struct SimResult {
 // Only MIN reads it.
 std::vector<uint64_t> NextUses(const Trace& trace);
 
-// Replays `trace`. `next_use` may be null unless the policy is MIN. Returns an
-// error in *error (and an empty result) for a bad policy name or budget; with
-// recorded_moves, also for a trace that records no moves, and for a replay
-// that stops following the recording (it planned other moves than the
-// daemon: another policy or setting than the daemon's), saying where.
-SimResult Simulate(const Trace& trace, const SimConfig& config,
-                   const std::vector<uint64_t>* next_use, std::string* error);
+// Replays `trace`. `next_use` may be null unless the policy is MIN.
+// kBadPayload for a bad policy name or budget; with recorded_moves, also for
+// a trace that records no moves, and for a replay that stops following the
+// recording (it planned other moves than the daemon: another policy or
+// setting than the daemon's), saying where.
+Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
+                           const std::vector<uint64_t>* next_use);
 
 }  // namespace cxltier::sim
