@@ -261,8 +261,9 @@ Status CheckEntryCount(size_t entries, const char* request) {
                                       " blocks; split it"};
 }
 
-Status ClientTable::CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
-                               const DaemonConfig& config) const {
+Result<uint64_t> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
+                                         const engine::Engine& engine,
+                                         const DaemonConfig& config) const {
   if (m.pool_id >= c.pools.size()) {
     return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
   }
@@ -333,19 +334,6 @@ Status ClientTable::CheckAdmit(const Client& c, const wire::Admit& m, const engi
     }
     ++fresh;
   }
-  if (pool.is_tier()) {
-    const uint64_t free = FreePlaces(c);
-    const uint64_t may = FreePlaces(c, AdmitRoom(c, engine));
-    if (fresh > may) {
-      return Error{ErrorCode::kLimit,
-                   "admitting " + std::to_string(fresh) + " blocks needs more than the " +
-                       std::to_string(may) + " free blocks of this client's tier pools" +
-                       (may < free ? " that its quota lets it fill (" + std::to_string(free - may) +
-                                         " more are in tiers its uid's or its client's cap has "
-                                         "full)"
-                                   : "")};
-    }
-  }
   if (fresh > c.free_slots.size()) {
     return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +
                                         " blocks needs more than the " +
@@ -360,7 +348,7 @@ Status ClientTable::CheckAdmit(const Client& c, const wire::Admit& m, const engi
                                         std::to_string(config.max_blocks_per_uid) +
                                         " blocks (limits.max_blocks_per_uid)"};
   }
-  return Status::Ok();
+  return fresh;
 }
 
 uint32_t ClientTable::Bind(Client& c, engine::Slot es, uint32_t pool, uint32_t block,

@@ -26,7 +26,7 @@
 #include "server/pool.h"
 #include "server/segment.h"
 #include "server/server.h"
-#include "service/copy_mode.h"
+#include "service/copy_state.h"
 
 namespace cxltier::service {
 
@@ -169,10 +169,11 @@ class ClientTable {
   bool TierMemoryInUse(int fd) const;
   // Checks a whole Admit before anything changes: its pool, every block
   // index, keys another client of the same uid holds in `engine`, and the
-  // new blocks against the client's free slots and its uid's limit; in copy
-  // mode against the free places its quotas let it fill (AdmitRoom).
-  Status CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
-                    const DaemonConfig& config) const;
+  // new blocks against the client's free slots and its uid's limit. Returns
+  // how many blocks it admits anew (copy mode then checks them against the
+  // free places its quotas let it fill: CheckCopyRoom).
+  Result<uint64_t> CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
+                              const DaemonConfig& config) const;
 
   // Takes a free slot of `c` (CheckAdmit said there is one) for engine slot
   // `es`, holding pool block (pool, block) as `key`; clears its segment slot

@@ -25,6 +25,18 @@ TierRoom AdmitRoom(const Client& c, const engine::Engine& engine) {
   return room;
 }
 
+Status CheckCopyRoom(const Client& c, uint64_t fresh, const engine::Engine& engine) {
+  const uint64_t free = FreePlaces(c);
+  const uint64_t may = FreePlaces(c, AdmitRoom(c, engine));
+  if (fresh <= may) return Status::Ok();
+  return Error{ErrorCode::kLimit,
+               "admitting " + std::to_string(fresh) + " blocks needs more than the " +
+                   std::to_string(may) + " free blocks of this client's tier pools" +
+                   (may < free ? " that its quota lets it fill (" + std::to_string(free - may) +
+                                     " more are in tiers its uid's or its client's cap has full)"
+                               : "")};
+}
+
 Status PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool, uint32_t* index) {
   const int first = c.pools[preferred].tier();
   const int n = static_cast<int>(c.copy.pool.size());

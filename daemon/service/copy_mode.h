@@ -14,55 +14,13 @@
 
 #include "cxltier/lease.h"
 #include "cxltier/wire.h"
+#include "service/client_table.h"
 
 namespace cxltier::engine {
 class Engine;
 }
 
 namespace cxltier::service {
-
-struct Client;
-
-struct CopyState {
-  CopyState() { pool.fill(-1); }
-  std::array<int32_t, kMaxTiers> pool;  // by tier: index in Client::pools, -1: none yet
-  std::vector<uint32_t> version;        // by segment slot: the version last published
-  // By segment slot: the tick a move was first refused because the client
-  // held the write lease (0: not refused), and whether that was counted overdue.
-  std::vector<uint64_t> write_refused_since;
-  std::vector<uint8_t> write_overdue;
-  // By segment slot: copies of its block in flight (the mover reads the
-  // source place until the copy comes back); 0 spares a release the search
-  // of in_flight.
-  std::vector<uint8_t> copying;
-  // Every copy in flight: (segment slot, version of the place it reads). A
-  // slot released and admitted again while a copy of its first place runs
-  // has a copy in flight that does not read its new place.
-  struct Copying {
-    uint32_t seg = 0;
-    uint32_t version = 0;
-    bool operator==(const Copying&) const = default;
-  };
-  std::vector<Copying> in_flight;
-  // A place no block is at any more, kept until no lease names (slot, version).
-  struct Drain {
-    uint32_t seg = 0;
-    uint32_t version = 0;
-    uint32_t pool = 0;
-    uint32_t index = 0;
-    uint64_t since_tick = 0;
-    bool overdue = false;      // counted as a lease held too long
-    bool mover_reads = false;  // the source of a copy still running: kept until it is back
-  };
-  std::vector<Drain> draining;
-
-  bool on() const {
-    for (int32_t p : pool) {
-      if (p >= 0) return true;
-    }
-    return false;
-  }
-};
 
 // What a tick's drain found.
 struct DrainCounts {
@@ -81,6 +39,9 @@ uint64_t PlaceWord(const Client& c, uint32_t seg);
 // the lease. So new blocks go over no cap.
 using TierRoom = std::array<uint64_t, kMaxTiers>;
 TierRoom AdmitRoom(const Client& c, const engine::Engine& engine);
+// An admit of `fresh` new blocks into `c`'s tier pools: kLimit unless its
+// pools have that many free places in tiers its quotas let it fill.
+Status CheckCopyRoom(const Client& c, uint64_t fresh, const engine::Engine& engine);
 // A free place for a new block: pool `preferred`'s tier when it has room
 // (its pool a free block, `room` a block to spare), else the nearest slower
 // tier's pool with room, else the nearest faster one's. Takes one of the

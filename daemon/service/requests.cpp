@@ -180,8 +180,12 @@ Result<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& pe
 Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
-  if (Status st = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config); !st.ok()) return st;
-  if (c->pools[m.pool_id].is_tier()) return AdmitCopy(*c, m);
+  const Result<uint64_t> fresh = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config);
+  if (!fresh.ok()) return fresh.status();
+  if (c->pools[m.pool_id].is_tier()) {
+    if (Status st = CheckCopyRoom(*c, *fresh, *d_.engine); !st.ok()) return st;
+    return AdmitCopy(*c, m);
+  }
   const server::Pool& pool = c->pools[m.pool_id];
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
@@ -205,14 +209,14 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
   return ok;
 }
 
-// Copy mode: the daemon places each new block (CheckAdmit counted the room),
+// Copy mode: the daemon places each new block (CheckCopyRoom counted the room),
 // or takes the place a reconnect names (its bytes are there already), and the
 // client holds its write lease until it has written the bytes (or, after a
 // reconnect, carried its read leases over).
 Result<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& m) {
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
-  // No new block goes over a cap (CheckAdmit counted the room): it holds its
+  // No new block goes over a cap (CheckCopyRoom counted the room): it holds its
   // write lease, so nothing could move it down while the client keeps it.
   TierRoom room = AdmitRoom(c, *d_.engine);
   for (const wire::AdmitEntry& e : m.entries) {
@@ -225,7 +229,7 @@ Result<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& m) {
     if (e.block_index & wire::kAdmitAtPlace) {
       c.pools[pool].TakeAt(index);  // CheckAdmit found it free
     } else if (Status full = PlaceNew(c, m.pool_id, room, &pool, &index); !full.ok()) {
-      return full;  // CheckAdmit counted
+      return full;  // CheckCopyRoom counted
     }
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
     const engine::Slot es =
