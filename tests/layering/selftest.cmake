@@ -8,30 +8,7 @@
 cmake_minimum_required(VERSION 3.25)
 set(failures "")
 
-# check(NAME EXPECT_OK WANT_TEXTS ARGS...): runs the checker with ARGS; the
-# output must hold every one of WANT_TEXTS (a list).
-function(check name expect_ok want)
-  execute_process(COMMAND ${CMAKE_COMMAND} ${ARGN} -P ${CHECKER} RESULT_VARIABLE rc
-                  OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(expect_ok AND NOT rc EQUAL 0)
-    set(problem "expected to pass, failed (${rc}):\n${out}")
-  elseif(NOT expect_ok AND rc EQUAL 0)
-    set(problem "expected to fail, passed:\n${out}")
-  else()
-    foreach(w IN LISTS want)
-      string(FIND "${out}" "${w}" at)
-      if(at EQUAL -1)
-        set(problem "the output does not name '${w}':\n${out}")
-      endif()
-    endforeach()
-  endif()
-  if(DEFINED problem)
-    message("FAIL ${name}: ${problem}")
-    set(failures "${failures};${name}" PARENT_SCOPE)
-  else()
-    message("ok   ${name}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../checker_selftest.cmake)
 
 file(REMOVE_RECURSE "${WORK}")
 # A copy of the tree's C++ files (every folder the table names).
