@@ -22,87 +22,18 @@
 #include "numa/migrator.h"
 #include "service/daemon.h"
 #include "simulate.h"
+#include "test_migrator.h"
 
 namespace cxltier::service {
 namespace {
 
-enum class Fault { kNone, kBusy, kNoMem, kFault, kPartial };
-
-// While failing, every Move call gets the next of the four faults in turn;
-// otherwise moves pass through to the real migrator.
-class FaultMigrator : public numa::Migrator {
- public:
-  FaultMigrator() : real_(numa::MakeLinuxMigrator()) {}
-
-  numa::MoveResult Move(const numa::PageRange& r, int node) override {
-    Fault f = Fault::kNone;
-    {
-      std::lock_guard lock(mu_);
-      if (failing_) {
-        static constexpr Fault kCycle[] = {Fault::kBusy, Fault::kNoMem, Fault::kFault,
-                                           Fault::kPartial};
-        f = kCycle[injected_++ % 4];
-      }
-      ++calls_[r.address];
-    }
-    numa::MoveResult res;
-    const size_t pages = r.length / 4096;
-    switch (f) {
-      case Fault::kNone:
-        res = real_->Move(r, node);
-        break;
-      case Fault::kBusy:
-        res.pages = pages;
-        res.busy = pages;
-        break;
-      case Fault::kNoMem:
-        res.pages = pages;
-        res.call_errno = ENOMEM;
-        break;
-      case Fault::kFault:
-        res.pages = pages;
-        res.call_errno = EFAULT;
-        break;
-      case Fault::kPartial: {      // the first half moved for real, the rest did not
-        numa::PageRange half = r;  // keeps the mapping (or process) the range holds
-        half.length = r.length / 2;
-        res = real_->Move(half, node);
-        res.pages = pages;
-        res.elsewhere = pages - res.verified - res.absent;
-        break;
-      }
-    }
-    std::lock_guard lock(mu_);
-    if (res.done()) ++done_[r.address];
-    return res;
-  }
-  std::vector<int> Where(const numa::PageRange& r) override { return real_->Where(r); }
-
-  std::map<uintptr_t, int> done() {
-    std::lock_guard lock(mu_);
-    return done_;
-  }
-  std::map<uintptr_t, int> calls() {
-    std::lock_guard lock(mu_);
-    return calls_;
-  }
-  void set_failing(bool on) {
-    std::lock_guard lock(mu_);
-    failing_ = on;
-  }
-  size_t injected() {
-    std::lock_guard lock(mu_);
-    return injected_;
-  }
-
- private:
-  std::unique_ptr<numa::Migrator> real_;
-  std::mutex mu_;
-  bool failing_ = true;
-  size_t injected_ = 0;
-  std::map<uintptr_t, int> calls_;  // Move calls by range address
-  std::map<uintptr_t, int> done_;   // moves reported done by range address
-};
+// Every Move call while failing gets the next of four faults in turn
+// (EBUSY, ENOMEM, EFAULT, a partial move); otherwise moves pass through to
+// the real migrator.
+std::unique_ptr<test::TestMigrator> FaultMigrator() {
+  return std::make_unique<test::TestMigrator>(
+      test::TestMigrator::Options{.real = true, .failing = true});
+}
 
 constexpr uint32_t kBlocks = 16;
 
@@ -113,8 +44,8 @@ uint64_t Sum(const uint8_t* p, size_t n) {
 }
 
 TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
-  auto owned = std::make_unique<FaultMigrator>();
-  FaultMigrator* mig = owned.get();
+  auto owned = FaultMigrator();
+  test::TestMigrator* mig = owned.get();
 
   boost::asio::io_context io;
   DaemonConfig c;
@@ -240,8 +171,8 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
 // admitted again, replayed with the recorded moves (cxltier-sim --moves
 // recorded): the replay's touches and hits are exactly the daemon's.
 TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
-  auto owned = std::make_unique<FaultMigrator>();
-  FaultMigrator* mig = owned.get();
+  auto owned = FaultMigrator();
+  test::TestMigrator* mig = owned.get();
   boost::asio::io_context io;
   DaemonConfig c;
   c.tick_ms = 1000;  // Tick() is called by hand

@@ -33,6 +33,7 @@
 #include "service/mover.h"
 #include "service/recorder.h"
 #include "service/status.h"
+#include "test_migrator.h"
 
 namespace cxltier::service {
 namespace {
@@ -1214,48 +1215,15 @@ TEST(CheckpointWriter, WritesCheckpointsThatLoad) {
   std::filesystem::remove_all(dir);
 }
 
-// A migrator that records calls and can be slowed down (fault injection).
-// With hold_first, the first Move() waits inside until Release(): the test then
-// knows that every later job is still queued, however slow the machine is.
-class FakeMigrator : public numa::Migrator {
- public:
-  explicit FakeMigrator(bool hold_first = false) : holding_(hold_first) {}
-  numa::MoveResult Move(const numa::PageRange& r, int node) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    std::unique_lock lock(mu);
-    ++calls_;
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return !holding_; });
-    moved.push_back({r.address, node});
-    numa::MoveResult res;
-    res.pages = res.verified = r.length / 4096;
-    return res;
-  }
-  std::vector<int> Where(const numa::PageRange& r) override {
-    return std::vector<int>(r.length / 4096, 0);
-  }
-  // Waits (up to 60 s) until Move() was entered `n` times in all.
-  bool WaitForCalls(int n) {
-    std::unique_lock lock(mu);
-    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return calls_ >= n; });
-  }
-  void Release() {
-    std::lock_guard lock(mu);
-    holding_ = false;
-    cv_.notify_all();
-  }
-  std::mutex mu;
-  std::vector<std::pair<uintptr_t, int>> moved;
-
- private:
-  std::condition_variable cv_;
-  bool holding_;
-  int calls_ = 0;
-};
+// A slow migrator (2 ms a move) that records its calls; with hold_first the
+// first move waits until Release().
+test::TestMigrator::Options Slow(bool hold_first = false) {
+  return {.hold_first = hold_first, .delay = std::chrono::milliseconds(2)};
+}
 
 TEST(MoveDispatch, ThreeTiersMapNodesBothWays) {
   MoveDispatch d(numa::TierAssignment{{0}, {1}, "test: three tiers", {{2, 3}}},
-                 std::make_shared<FakeMigrator>(), 1 << 30, [](MoveDone) {});
+                 std::make_shared<test::TestMigrator>(Slow()), 1 << 30, [](MoveDone) {});
   EXPECT_EQ(d.TierOfNode(0), Tier::kFast);
   EXPECT_EQ(d.TierOfNode(1), Tier::kSlow);
   EXPECT_EQ(d.TierOfNode(3), TierAt(2));
@@ -1275,8 +1243,8 @@ bool WaitIdle(const Mover& m) {
 }
 
 TEST(Mover, RateLimitsCancelsAndReportsEveryJob) {
-  auto fake = std::make_unique<FakeMigrator>(/*hold_first=*/true);
-  FakeMigrator* f = fake.get();
+  auto fake = std::make_unique<test::TestMigrator>(Slow(/*hold_first=*/true));
+  test::TestMigrator* f = fake.get();
   std::mutex mu;
   std::vector<MoveDone> done;
   // 1 MiB/s: each 64 KiB job waits ~62 ms behind the previous one.
@@ -1324,8 +1292,8 @@ TEST(Mover, CancellingTheOnlyWaitingJobIsSafe) {
   int counted = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (int round = 0; counted < 20 && std::chrono::steady_clock::now() < deadline; ++round) {
-    auto fake = std::make_unique<FakeMigrator>();
-    FakeMigrator* f = fake.get();
+    auto fake = std::make_unique<test::TestMigrator>(Slow());
+    test::TestMigrator* f = fake.get();
     std::atomic<int> reported{0}, cancelled{0};
     Mover m(std::move(fake), 1 << 20, [&](MoveDone d) {
       ++reported;
@@ -1358,7 +1326,7 @@ TEST(Mover, CancellingTheOnlyWaitingJobIsSafe) {
 }
 
 TEST(Mover, StopDropsTheQueueAndReportsIt) {
-  auto fake = std::make_unique<FakeMigrator>();
+  auto fake = std::make_unique<test::TestMigrator>(Slow());
   std::atomic<int> reported{0}, cancelled{0};
   // 1 KiB/s: after the first, each 64 KiB job waits 64 s, so Stop() finds the
   // queue full however slowly this thread gets to it (Stop ends the wait).
@@ -1473,27 +1441,14 @@ TEST(RunCopy, ACopyThatDiffersFromItsSourceIsNotPublished) {
 // The daemon asks the migrator it was given where a block's pages are (it
 // once built a Linux migrator of its own for that, so fakes could not answer).
 TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
-  class SlowNodeMigrator final : public numa::Migrator {
-   public:
-    numa::MoveResult Move(const numa::PageRange& r, int) override {
-      numa::MoveResult res;
-      res.pages = res.verified = r.length / 4096;
-      return res;
-    }
-    std::vector<int> Where(const numa::PageRange& r) override {
-      ++asked;
-      return std::vector<int>(r.length / 4096, 1);  // every page on node 1
-    }
-    std::atomic<int> asked{0};
-  };
   const std::filesystem::path dir = TempDir("where");
   DaemonConfig c;
   c.state_dir = dir.string();
   c.persist = false;
   c.block_bytes = 4096;
   boost::asio::io_context io;
-  auto fake = std::make_unique<SlowNodeMigrator>();
-  SlowNodeMigrator* where = fake.get();
+  auto fake = std::make_unique<test::TestMigrator>(test::TestMigrator::Options{.where_node = 1});
+  test::TestMigrator* where = fake.get();  // every page on node 1
   Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow", {}},
            std::move(fake), false);
   ASSERT_EQ(d.Start().message, "");
@@ -1512,7 +1467,7 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
   ASSERT_TRUE(pool.ok());
   auto admitted = d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(1, 1), 0}}});
   ASSERT_TRUE(admitted.ok());
-  EXPECT_GE(where->asked.load(), 1);
+  EXPECT_GE(where->asked(), 1);
   EXPECT_EQ(admitted->results.at(0).tier, Tier::kSlow);
   d.requests().OnDisconnect(peer);
   d.Stop();
@@ -1533,7 +1488,8 @@ TEST(Daemon, ReloadRecomputesThePlannersBudget) {
     boost::asio::io_context io;
     DaemonConfig fixed = c;
     fixed.block_bytes = 64 << 10;  // the engine exists from the start
-    Daemon d(io, fixed, numa::Discover(), tiers, std::make_unique<FakeMigrator>(), true);
+    Daemon d(io, fixed, numa::Discover(), tiers, std::make_unique<test::TestMigrator>(Slow()),
+             true);
     ASSERT_EQ(d.Start().message, "");
     EXPECT_EQ(budget(d), (uint64_t{64} << 20) / 1000 * 100);
     DaemonConfig next = fixed;
@@ -1549,7 +1505,7 @@ TEST(Daemon, ReloadRecomputesThePlannersBudget) {
   }
   {
     boost::asio::io_context io;
-    Daemon d(io, c, numa::Discover(), tiers, std::make_unique<FakeMigrator>(), true);
+    Daemon d(io, c, numa::Discover(), tiers, std::make_unique<test::TestMigrator>(Slow()), true);
     ASSERT_EQ(d.Start().message, "");
     EXPECT_EQ(budget(d), 0u);  // no engine before the first hello
     DaemonConfig next = c;
