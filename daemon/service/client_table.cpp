@@ -261,9 +261,8 @@ Status CheckEntryCount(size_t entries, const char* request) {
                                       " blocks; split it"};
 }
 
-Result<uint64_t> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
-                                         const engine::Engine& engine,
-                                         const DaemonConfig& config) const {
+Status ClientTable::CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
+                               const DaemonConfig& config, const TierRoomCheck& tier_room) const {
   if (m.pool_id >= c.pools.size()) {
     return Error{ErrorCode::kBadPool, "no pool " + std::to_string(m.pool_id)};
   }
@@ -334,6 +333,9 @@ Result<uint64_t> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
     }
     ++fresh;
   }
+  if (pool.is_tier()) {
+    if (Status st = tier_room(fresh); !st.ok()) return st;
+  }
   if (fresh > c.free_slots.size()) {
     return Error{ErrorCode::kLimit, "admitting " + std::to_string(fresh) +
                                         " blocks needs more than the " +
@@ -348,7 +350,7 @@ Result<uint64_t> ClientTable::CheckAdmit(const Client& c, const wire::Admit& m,
                                         std::to_string(config.max_blocks_per_uid) +
                                         " blocks (limits.max_blocks_per_uid)"};
   }
-  return fresh;
+  return Status::Ok();
 }
 
 uint32_t ClientTable::Bind(Client& c, engine::Slot es, uint32_t pool, uint32_t block,

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -168,12 +169,13 @@ class ClientTable {
   // its blocks, its last copy still running) or is another client's pool.
   bool TierMemoryInUse(int fd) const;
   // Checks a whole Admit before anything changes: its pool, every block
-  // index, keys another client of the same uid holds in `engine`, and the
-  // new blocks against the client's free slots and its uid's limit. Returns
-  // how many blocks it admits anew (copy mode then checks them against the
-  // free places its quotas let it fill: CheckCopyRoom).
-  Result<uint64_t> CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
-                              const DaemonConfig& config) const;
+  // index, keys another client of the same uid holds in `engine`, the new
+  // blocks against `tier_room` for a tier pool (copy mode: the free places
+  // its quotas let it fill, CheckCopyRoom), then against the client's free
+  // slots and its uid's limit.
+  using TierRoomCheck = std::function<Status(uint64_t new_blocks)>;
+  Status CheckAdmit(const Client& c, const wire::Admit& m, const engine::Engine& engine,
+                    const DaemonConfig& config, const TierRoomCheck& tier_room) const;
 
   // Takes a free slot of `c` (CheckAdmit said there is one) for engine slot
   // `es`, holding pool block (pool, block) as `key`; clears its segment slot

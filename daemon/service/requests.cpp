@@ -180,12 +180,11 @@ Result<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& pe
 Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Admit& m) {
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
-  const Result<uint64_t> fresh = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config);
-  if (!fresh.ok()) return fresh.status();
-  if (c->pools[m.pool_id].is_tier()) {
-    if (Status st = CheckCopyRoom(*c, *fresh, *d_.engine); !st.ok()) return st;
-    return AdmitCopy(*c, m);
+  const auto copy_room = [&](uint64_t fresh) { return CheckCopyRoom(*c, fresh, *d_.engine); };
+  if (Status st = d_.clients.CheckAdmit(*c, m, *d_.engine, d_.config, copy_room); !st.ok()) {
+    return st;
   }
+  if (c->pools[m.pool_id].is_tier()) return AdmitCopy(*c, m);
   const server::Pool& pool = c->pools[m.pool_id];
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());

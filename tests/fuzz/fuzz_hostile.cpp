@@ -51,6 +51,9 @@ bool Ok(const Result<T>& a) {
   if (a.ok()) return true;
   if (a.status().message.empty()) Fail("an error without a message");
   if (a.status().ok()) Fail("an error answer whose code is ok");
+  // Result turns an ok Status into kInternal "no value": a handler that
+  // answered ok without a reply.
+  if (a.status().message == "no value") Fail("a handler answered ok without a reply");
   return false;
 }
 
