@@ -8,19 +8,29 @@
 
 namespace cxltier::engine {
 
+namespace {
+
+// Middle tier k's capacity in blocks at [k - 1].
+std::vector<size_t> MiddleCapacities(const EngineOptions& options) {
+  assert(options.lower_tier_budget_bytes.size() + 2 <= kMaxTiers);
+  std::vector<size_t> capacity;
+  for (uint64_t bytes : options.lower_tier_budget_bytes) {
+    capacity.push_back(options.block_bytes ? bytes / options.block_bytes : 0);
+  }
+  return capacity;
+}
+
+}  // namespace
+
 Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
     : options_(options),
       policy_(std::move(policy)),
       capacity_(options.block_bytes ? options.tier0_budget_bytes / options.block_bytes : 0),
       ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0,
-              options.ghost_capacity_per_owner) {
+              options.ghost_capacity_per_owner),
+      tiers_(MiddleCapacities(options)),
+      accounts_(options.lower_tier_budget_bytes.size()) {
   assert(policy_ && options.block_bytes > 0);
-  assert(options.lower_tier_budget_bytes.size() + 2 <= kMaxTiers);
-  tiers_ = static_cast<unsigned>(options.lower_tier_budget_bytes.size()) + 2;
-  for (uint64_t bytes : options.lower_tier_budget_bytes) {
-    lower_capacity_.push_back(bytes / options.block_bytes);
-  }
-  lower_.resize(lower_capacity_.size());
   // Allocating (and so faulting in) the tables now keeps that cost out of the
   // first touches; without the hint they grow by doubling.
   states_.resize(options.expected_blocks);
@@ -28,18 +38,16 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   owners_.resize(options.expected_blocks, 0);
   retry_.resize(options.expected_blocks);
   slot_hints_.resize(options.expected_blocks);
-  pool_serial_.resize(options.expected_blocks, 0);
-  slot_accounts_.resize(options.expected_blocks, {kNoIndex, kNoIndex});
-  clients_.resize(options.expected_blocks, kNoAccount);
+  groups_.Resize(options.expected_blocks);
+  accounts_.Resize(options.expected_blocks);
   index_.Reserve(options.expected_blocks);
   policy_->Bind(&states_, capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
-  heat_epoch_ = policy_->HeatEpoch();
+  tiers_.set_epoch(policy_->HeatEpoch());
 }
 
 size_t Engine::tier_capacity_blocks(unsigned k) const {
-  if (k == 0) return capacity_;
-  return k < tiers_ - 1 ? lower_capacity_[k - 1] : std::numeric_limits<size_t>::max();
+  return k == 0 ? capacity_ : tiers_.LowerCapacity(k);
 }
 
 Slot Engine::Find(const BlockKey& key) const { return index_.Find(key); }
@@ -49,7 +57,7 @@ Slot Engine::Admit(const BlockKey& key, uint32_t owner, uint64_t client) {
 }
 
 Slot Engine::Admit(const BlockKey& key, Tier placed, uint32_t owner, uint64_t client) {
-  assert(options_.mode == Mode::kTick && TierIndex(placed) < tiers_);
+  assert(options_.mode == Mode::kTick && TierIndex(placed) < tiers_.count());
   return AdmitAt(key, placed, owner, client);
 }
 
@@ -79,9 +87,8 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
       owners_.push_back(0);
       retry_.emplace_back();
       slot_hints_.emplace_back();
-      pool_serial_.push_back(0);
-      slot_accounts_.push_back({kNoIndex, kNoIndex});
-      clients_.push_back(kNoAccount);
+      groups_.AddSlot();
+      accounts_.AddSlot();
     }
   }
   BlockState& st = states_[s];
@@ -107,21 +114,19 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
   slot_hints_[s].placed_ahead = 0;
   slot_hints_[s].rank = 0;
   owners_[s] = owner;
-  const auto [known_owner, new_owner] =
-      owner_index_.try_emplace(owner, static_cast<uint32_t>(in_set_by_owner_.size()));
-  if (new_owner) in_set_by_owner_.push_back(0);
-  slot_hints_[s].owner = known_owner->second;
+  slot_hints_[s].owner = groups_.OwnerIndex(owner);
   retry_[s] = Retry{};
-  clients_[s] = client;
-  if (quotas_on_) AttachAccounts(s);
+  accounts_.set_client(s, client);
+  if (accounts_.on()) accounts_.Attach(s, owner);
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
     if (placed == Tier::kNone) {
-      bool room = tier_blocks_[0] < capacity_;
-      if (quotas_on_) {
-        ForAccounts(s, [&room](const Account& a) { room &= a.Projected0() < a.quota.cap[0]; });
+      bool room = tiers_.blocks(0) < capacity_;
+      if (accounts_.on()) {
+        accounts_.ForEach(s,
+                          [&room](const Account& a) { room &= a.Projected0() < a.quota.cap[0]; });
       }
-      placed = room ? Tier::kFast : TierAt(FirstLowerWithRoom());
+      placed = room ? Tier::kFast : TierAt(tiers_.FirstLowerWithRoom());
     }
     const bool fast = placed == Tier::kFast;
     SetTier(s, placed);
@@ -138,36 +143,26 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
 
 void Engine::SetTier(Slot s, Tier t) {
   BlockState& st = states_[s];
-  if (st.tier != Tier::kNone) --tier_blocks_[TierIndex(st.tier)];
-  if (quotas_on_) {
-    ForAccounts(s, [&](Account& a) {
+  tiers_.Moved(st.tier, t);
+  if (accounts_.on()) {
+    accounts_.ForEach(s, [&](Account& a) {
       if (st.tier != Tier::kNone) --a.tier_blocks[TierIndex(st.tier)];
       if (t != Tier::kNone) ++a.tier_blocks[TierIndex(t)];
     });
   }
   st.tier = t;
-  if (t != Tier::kNone) ++tier_blocks_[TierIndex(t)];
-}
-
-unsigned Engine::FirstLowerWithRoom() const {
-  for (unsigned k = 1; k + 1 < tiers_; ++k) {
-    if (lower_[k - 1].Size() < lower_capacity_[k - 1]) return k;
-  }
-  return tiers_ - 1;
 }
 
 void Engine::RekeyIfNeeded() {
-  const uint64_t epoch = policy_->HeatEpoch();
-  if (epoch == heat_epoch_) return;
-  heat_epoch_ = epoch;
+  if (!tiers_.NewEpoch(policy_->HeatEpoch())) return;
   std::vector<Slot> members;
   auto rekey = [&](auto& h) {
     members.clear();
     for (const SlotHeap::Entry& e : h.entries()) members.push_back(e.slot);
     for (Slot m : members) h.Set(m, policy_->Heat(m), states_[m].touch_seq);
   };
-  for (SlotHeap& h : lower_) rekey(h);
-  for (Account& a : accounts_) {
+  for (SlotHeap& h : tiers_.rankings()) rekey(h);
+  for (Account& a : accounts_.all()) {
     rekey(a.set_heat);
     for (SparseSlotHeap& h : a.ranked_heat) rekey(h);
   }
@@ -175,7 +170,7 @@ void Engine::RekeyIfNeeded() {
 
 void Engine::Rank(Slot s, unsigned tier) {
   Unrank(s);
-  const unsigned last = tiers_ - 1;
+  const unsigned last = tiers_.last();
   tier = std::min(tier, last);
   if (tier < last) RekeyIfNeeded();
   PlaceRanked(s, tier, s);
@@ -183,25 +178,25 @@ void Engine::Rank(Slot s, unsigned tier) {
 }
 
 void Engine::PlaceRanked(Slot x, unsigned k, Slot s) {
-  const unsigned last = tiers_ - 1;
+  const unsigned last = tiers_.last();
   for (;;) {
-    if (quotas_on_) k = CapTier(x, k, s);
+    if (accounts_.on()) k = CapTier(x, k, s);
     slot_hints_[x].rank = static_cast<uint8_t>(k);
     if (k < last) Enrank(x, k);
     if (x != s) Settle(x);
     // A middle tier over its capacity sends its coldest one tier down (`s`
     // itself when it is the coldest).
-    if (k >= last || lower_[k - 1].Size() <= lower_capacity_[k - 1]) return;
-    x = lower_[k - 1].Top().slot;
+    if (k >= last || !tiers_.OverCapacity(k)) return;
+    x = tiers_.ranking(k).Top().slot;
     Unrank(x);
     ++k;
   }
 }
 
 void Engine::Enrank(Slot x, unsigned k) {
-  lower_[k - 1].Set(x, policy_->Heat(x), states_[x].touch_seq);
-  if (quotas_on_) {
-    ForAccounts(x, [&](Account& a) {
+  tiers_.ranking(k).Set(x, policy_->Heat(x), states_[x].touch_seq);
+  if (accounts_.on()) {
+    accounts_.ForEach(x, [&](Account& a) {
       ++a.target[k];
       a.ranked_heat[k - 1].Set(x, policy_->Heat(x), states_[x].touch_seq);
     });
@@ -210,10 +205,10 @@ void Engine::Enrank(Slot x, unsigned k) {
 
 void Engine::Unrank(Slot s) {
   const unsigned r = slot_hints_[s].rank;
-  if (r != 0 && r + 1 < tiers_ && lower_[r - 1].Contains(s)) {
-    lower_[r - 1].Erase(s);
-    if (quotas_on_) {
-      ForAccounts(s, [&](Account& a) {
+  if (r != 0 && tiers_.IsMiddle(r) && tiers_.ranking(r).Contains(s)) {
+    tiers_.ranking(r).Erase(s);
+    if (accounts_.on()) {
+      accounts_.ForEach(s, [&](Account& a) {
         --a.target[r];
         a.ranked_heat[r - 1].Erase(s);
       });
@@ -250,10 +245,10 @@ void Engine::EnterSet(Slot s) {
   Unrank(s);
   states_[s].flags |= kFlagInTarget;
   ++in_set_;
-  ++in_set_by_owner_[slot_hints_[s].owner];
+  groups_.EnterSet(slot_hints_[s].owner);
   if (const uint32_t g = slot_hints_[s].group; g != 0) ++groups_[g - 1].in_set;
-  if (quotas_on_) {
-    ForAccounts(s, [&](Account& a) {
+  if (accounts_.on()) {
+    accounts_.ForEach(s, [&](Account& a) {
       ++a.target[0];
       a.set_heat.Set(s, policy_->Heat(s), states_[s].touch_seq);
     });
@@ -265,11 +260,11 @@ void Engine::ClearSet(Slot s) {
   if (!(st.flags & kFlagInTarget)) return;
   st.flags &= static_cast<uint8_t>(~kFlagInTarget);
   --in_set_;
-  --in_set_by_owner_[slot_hints_[s].owner];
+  groups_.LeaveSet(slot_hints_[s].owner);
   if (const uint32_t g = slot_hints_[s].group; g != 0) --groups_[g - 1].in_set;
-  hinted_.Remove(s);
-  if (quotas_on_) {
-    ForAccounts(s, [s](Account& a) {
+  groups_.PoolRemove(s);
+  if (accounts_.on()) {
+    accounts_.ForEach(s, [s](Account& a) {
       --a.target[0];
       a.set_heat.Erase(s);
     });
@@ -300,7 +295,7 @@ void Engine::EnterFastNow(Slot s) {
 }
 
 void Engine::JoinSet(Slot s, const engine::Touch& t) {
-  if (quotas_on_) MakeRoomByQuota(s);
+  if (accounts_.on()) MakeRoomByQuota(s);
   const Slot victim = policy_->OnMiss(s, t);
   assert(victim != s);
   EnterSet(s);
@@ -349,7 +344,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
     if (hit) ++counters_.hint_prefetch_hits;
   }
   if (const uint32_t g = slot_hints_[s].group; g != 0 && groups_[g - 1].hinted_out) {
-    Activate(groups_[g - 1]);
+    groups_[g - 1].Activate();
   }
 
   const double prev_score = st.score;
@@ -363,7 +358,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   if (capacity_ == 0) {
     // No tier 0 at all: every block lives below it, ranked as it first comes.
     if (st.tier == Tier::kNone) {
-      const unsigned k = FirstLowerWithRoom();
+      const unsigned k = tiers_.FirstLowerWithRoom();
       SetTier(s, TierAt(k));
       Rank(s, k);
     }
@@ -371,9 +366,9 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   }
   if (st.flags & kFlagInTarget) {
     policy_->OnHit(s, t);
-    if (quotas_on_) {
+    if (accounts_.on()) {
       RekeyIfNeeded();
-      ForAccounts(s, [&](Account& a) { a.set_heat.Set(s, policy_->Heat(s), st.touch_seq); });
+      accounts_.ForEach(s, [&](Account& a) { a.set_heat.Set(s, policy_->Heat(s), st.touch_seq); });
     }
     // Tick mode: a block touched again while it waits for promotion has shown
     // reuse; Plan() serves those first, most recent first, so the budget goes to
@@ -384,10 +379,10 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
     }
     return hit;
   }
-  if (quotas_on_ && !MayEnterSet(s)) {
+  if (accounts_.on() && !accounts_.MayEnterSet(s)) {
     // Its account has no tier 0: it stays below, ranked as it first comes.
     if (st.tier == Tier::kNone) {
-      const unsigned k = FirstLowerWithRoom();
+      const unsigned k = tiers_.FirstLowerWithRoom();
       SetTier(s, TierAt(k));
       Rank(s, k);
     }
@@ -399,7 +394,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   Unrank(s);
   if (in_set_ >= capacity_) {
     const Slot v = PoolBack();
-    if (v != kNoSlot && !(quotas_on_ && Guaranteed(v, s))) {
+    if (v != kNoSlot && !(accounts_.on() && accounts_.Guaranteed(v, s))) {
       Displace(v, &counters_.hint_displaced);
     }
   }
@@ -418,28 +413,16 @@ void Engine::Release(Slot s) {
   Log(EngineEvent::kRelease, s);
   // A move in flight will be ignored by Complete(); stop counting it now.
   if (st.flags & kFlagMigrating) {
-    --inflight_in_[slot_hints_[s].moving_to];
-    --inflight_out_[TierIndex(st.tier)];
-    if (quotas_on_) {
-      ForAccounts(s, [&](Account& a) {
+    tiers_.EndMove(TierIndex(st.tier), slot_hints_[s].moving_to);
+    if (accounts_.on()) {
+      accounts_.ForEach(s, [&](Account& a) {
         a.in0 -= slot_hints_[s].moving_to == 0;
         a.out0 -= st.tier == Tier::kFast;
       });
     }
   }
   SetTier(s, Tier::kNone);
-  if (quotas_on_) {
-    for (uint32_t& i : slot_accounts_[s]) {
-      if (i == kNoIndex) continue;
-      --accounts_[i].live;
-      FreeAccountIfUnused(std::exchange(i, kNoIndex));
-    }
-    if (clients_[s] != kNoAccount) {
-      const auto it = client_live_.find(clients_[s]);
-      assert(it != client_live_.end());  // counted at its admit or by the rebuild
-      if (--it->second == 0) client_live_.erase(it);
-    }
-  }
+  if (accounts_.on()) accounts_.Detach(s);
   if (options_.persistence == Persistence::kPersist) {
     BlockState ghost = st;
     ghost.flags = 0;
@@ -450,7 +433,7 @@ void Engine::Release(Slot s) {
   ++st.generation;
   free_slots_.push_back(s);
   ++counters_.releases;
-  if (!pending_.empty()) {  // the room it leaves
+  if (!groups_.pending().empty()) {  // the room it leaves
     size_t units = SliceUnits();
     const size_t budget = units;
     ServePending(now_, &units);
@@ -495,7 +478,7 @@ std::span<const Move> Engine::Plan() {
   uint64_t budget = options_.migrate_bytes_per_tick ? options_.migrate_bytes_per_tick
                                                     : std::numeric_limits<uint64_t>::max();
   // Tier-0 blocks once every promotion planned so far (this tick or earlier) is done.
-  size_t projected = tier_blocks_[0] + inflight_in_[0];
+  size_t projected = tiers_.blocks(0) + tiers_.in(0);
 
   auto plan_move = [&](Slot s, Tier to) {
     BlockState& st = states_[s];
@@ -503,10 +486,9 @@ std::span<const Move> Engine::Plan() {
     st.flags |= kFlagMigrating;
     queues_.Remove(s);
     slot_hints_[s].moving_to = static_cast<uint8_t>(TierIndex(to));
-    ++inflight_in_[TierIndex(to)];
-    ++inflight_out_[TierIndex(st.tier)];
-    if (quotas_on_) {
-      ForAccounts(s, [&](Account& a) {
+    tiers_.StartMove(TierIndex(st.tier), TierIndex(to));
+    if (accounts_.on()) {
+      accounts_.ForEach(s, [&](Account& a) {
         a.in0 += to == Tier::kFast;
         a.out0 += st.tier == Tier::kFast;
       });
@@ -522,13 +504,13 @@ std::span<const Move> Engine::Plan() {
   // Accounts at or over their tier-0 cap (blocks admitted where their pages
   // were, a cap lowered, or blocks that left the set for the account's own):
   // their tier-0 blocks outside the set leave first, making room for its set.
-  if (quotas_on_) {
+  if (accounts_.on()) {
     for (uint32_t i = 0; i < accounts_.size(); ++i) {
       const Account& a = accounts_[i];
       if (!a.used || a.quota.cap[0] == kNoCap || a.Projected0() < a.quota.cap[0]) continue;
       for (Slot d = queues_.Back(kDemoteQueue); d != kNoSlot && budget >= bb;) {
         const Slot prev = queues_.Prev(d);
-        if (!Held(d) && (slot_accounts_[d][0] == i || slot_accounts_[d][1] == i)) {
+        if (!Held(d) && accounts_.In(d, i)) {
           budget -= bb;
           demote(d);
         }
@@ -540,8 +522,8 @@ std::span<const Move> Engine::Plan() {
   // promotes nothing more until its blocks outside the set have left.
   auto over_cap = [this](Slot p) {
     bool full = false;
-    if (quotas_on_) {
-      ForAccounts(p, [&full](const Account& a) { full |= a.Projected0() >= a.quota.cap[0]; });
+    if (accounts_.on()) {
+      accounts_.ForEach(p, [&full](const Account& a) { full |= a.Projected0() >= a.quota.cap[0]; });
     }
     return full;
   };
@@ -555,7 +537,7 @@ std::span<const Move> Engine::Plan() {
   };
   // Tier 0 over its budget (blocks admitted where their pages already were):
   // demote outside-the-set blocks first.
-  for (size_t after = projected - std::min(projected, inflight_out_[0]);
+  for (size_t after = projected - std::min(projected, tiers_.out(0));
        after > capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
     const Slot d = demote_cursor;
     demote_cursor = queues_.Prev(d);
@@ -595,7 +577,7 @@ std::span<const Move> Engine::Plan() {
   for (Slot s = queues_.Back(kLowerQueue); s != kNoSlot && budget >= bb;) {
     const Slot prev = queues_.Prev(s);
     const unsigned to = slot_hints_[s].rank;
-    if (!Held(s) && tier_blocks_[to] + inflight_in_[to] < tier_capacity_blocks(to)) {
+    if (!Held(s) && tiers_.blocks(to) + tiers_.in(to) < tier_capacity_blocks(to)) {
       budget -= bb;
       plan_move(s, TierAt(to));
     }
@@ -610,10 +592,9 @@ void Engine::Complete(const Move& m, bool done) {
   if (st.generation != m.generation || !(st.flags & kFlagResident)) return;
   if (!(st.flags & kFlagMigrating)) return;
   st.flags &= static_cast<uint8_t>(~kFlagMigrating);
-  --inflight_in_[TierIndex(m.to)];
-  --inflight_out_[TierIndex(m.from)];
-  if (quotas_on_) {
-    ForAccounts(m.slot, [&m](Account& a) {
+  tiers_.EndMove(TierIndex(m.from), TierIndex(m.to));
+  if (accounts_.on()) {
+    accounts_.ForEach(m.slot, [&m](Account& a) {
       a.in0 -= m.to == Tier::kFast;
       a.out0 -= m.from == Tier::kFast;
     });
@@ -643,9 +624,8 @@ void Engine::Reserve(size_t n) {
   ReserveFor(owners_, n);
   ReserveFor(retry_, n);
   ReserveFor(slot_hints_, n);
-  ReserveFor(pool_serial_, n);
-  ReserveFor(slot_accounts_, n);
-  ReserveFor(clients_, n);
+  groups_.Reserve(n);
+  accounts_.Reserve(n);
   index_.Reserve(n);
   policy_->Reserve(n);
 }
@@ -655,7 +635,7 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   policy_ = std::move(policy);
   policy_->Bind(&states_, capacity_, options_.persistence, options_.mode);
   policy_->Reserve(states_.size());
-  heat_epoch_ = policy_->HeatEpoch();
+  tiers_.set_epoch(policy_->HeatEpoch());
   std::vector<Slot> live;
   for (Slot s = 0; s < next_slot_; ++s) {
     if (!IsLive(s)) continue;
@@ -663,8 +643,8 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
     Unrank(s);
     if (states_[s].touch_count > 0) live.push_back(s);
   }
-  for (Group& g : groups_) {
-    if (g.hinted_out) Activate(g);
+  for (Group& g : groups_.all()) {
+    if (g.hinted_out) g.Activate();
   }
   std::sort(live.begin(), live.end(),
             [this](Slot a, Slot b) { return states_[a].touch_seq < states_[b].touch_seq; });
@@ -690,7 +670,7 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   for (Slot s = 0; s < next_slot_; ++s) {
     if (IsLive(s)) Reclassify(s);
   }
-  if (quotas_on_) {
+  if (accounts_.on()) {
     RebuildAccounts();  // heaps by the new policy's heat
     for (uint32_t i = 0; i < accounts_.size(); ++i) {
       if (accounts_[i].used) EnforceCaps(i);
@@ -700,7 +680,7 @@ void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
 
 void Engine::Relocated(Slot s, Tier tier) {
   if (!IsLive(s) || (states_[s].flags & kFlagMigrating) || states_[s].tier == tier) return;
-  if (TierIndex(tier) >= tiers_) return;
+  if (TierIndex(tier) >= tiers_.count()) return;
   SetTier(s, tier);
   if (!(states_[s].flags & kFlagInTarget) && tier != Tier::kFast) {
     Rank(s, TierIndex(tier));
@@ -714,613 +694,6 @@ size_t Engine::PlanAndApply() {
   Plan();
   for (const Move& m : moves_) Complete(m, true);
   return moves_.size();
-}
-
-}  // namespace cxltier::engine
-
-// ---------------------------------------------------------------- hints
-
-namespace cxltier::engine {
-
-Engine::Group* Engine::FindGroup(GroupId id) {
-  const auto it = group_index_.find(id);
-  return it == group_index_.end() ? nullptr : &groups_[it->second];
-}
-
-GroupId Engine::group(Slot s) const {
-  return s < slot_hints_.size() && slot_hints_[s].group != 0 ? groups_[slot_hints_[s].group - 1].id
-                                                             : kNoGroup;
-}
-
-bool Engine::SetGroup(Slot s, GroupId id) {
-  assert(IsLive(s));
-  if (id == kNoGroup) {
-    LeaveGroup(s);
-    return true;
-  }
-  if (group(s) == id) return true;
-  Group* g = FindGroup(id);
-  if (g != nullptr && g->owner != owners_[s]) return false;
-  LeaveGroup(s);
-  if (g == nullptr) {
-    const uint32_t index = TakeEntry(groups_, free_groups_);
-    group_index_.emplace(id, index);
-    g = &groups_[index];
-    const uint32_t serial = g->serial;  // kept across reuse: older entries stay stale
-    *g = Group{};
-    g->serial = serial;
-    g->id = id;
-    g->owner = owners_[s];
-  }
-  slot_hints_[s].group = group_index_[id] + 1;
-  slot_hints_[s].pos = static_cast<uint32_t>(g->members.size());
-  g->members.push_back(s);
-  if (states_[s].flags & kFlagInTarget) ++g->in_set;
-  return true;
-}
-
-void Engine::LeaveGroup(Slot s) {
-  const uint32_t index1 = slot_hints_[s].group;
-  if (index1 == 0) return;
-  Group& g = groups_[index1 - 1];
-  if (states_[s].flags & kFlagInTarget) --g.in_set;
-  const uint32_t pos = slot_hints_[s].pos;
-  const uint32_t last = static_cast<uint32_t>(g.members.size() - 1);
-  if (g.job.phase == HintJob::kWalk && pos < g.job.cursor) {
-    // A walk is under way: the members before its cursor stay those it has
-    // looked at. The last one it looked at fills the hole, and the last
-    // member (not looked at yet) takes that one's place, past the cursor.
-    const uint32_t c = --g.job.cursor;
-    if (pos != c) PlaceMember(g, pos, g.members[c]);
-    if (c != last) PlaceMember(g, c, g.members[last]);
-  } else if (pos != last) {
-    PlaceMember(g, pos, g.members[last]);
-  }
-  g.members.pop_back();
-  slot_hints_[s].group = 0;
-  hinted_.Remove(s);
-  if (g.members.empty()) FreeGroup(index1 - 1);
-}
-
-void Engine::FreeGroup(uint32_t index) {
-  Group& g = groups_[index];
-  group_index_.erase(g.id);
-  // Its entries in pending_ and jobs_ go stale with the serial and the ticket.
-  const uint32_t serial = g.serial + 1;
-  g = Group{};
-  g.serial = serial;
-  free_groups_.push_back(index);
-}
-
-void Engine::Activate(Group& g) {
-  g.hinted_out = false;  // its blocks in the pool are stale there now (PoolValid)
-  g.job = HintJob{};     // an idle or done hint's work still to do, if any
-}
-
-bool Engine::PoolValid(Slot s) const {
-  const uint32_t g = slot_hints_[s].group;
-  return g != 0 && groups_[g - 1].hinted_out && groups_[g - 1].serial == pool_serial_[s];
-}
-
-Slot Engine::PoolBack() {
-  for (const int pool : {kDonePool, kIdlePool}) {
-    for (Slot s = hinted_.Back(pool); s != kNoSlot; s = hinted_.Back(pool)) {
-      if (PoolValid(s)) return s;
-      hinted_.Remove(s);  // its group ran or was hinted again since
-    }
-  }
-  return kNoSlot;
-}
-
-void Engine::Displace(Slot v, uint64_t* counter) {
-  BlockState& st = states_[v];
-  policy_->Erase(v);
-  ClearSet(v);
-  ++*counter;
-  Log(EngineEvent::kEvict, v);
-  ForgetIfReset(st);
-  if (options_.mode == Mode::kDemand) {
-    DemoteNow(v);
-  } else {
-    LeftSetTick(v);
-  }
-}
-
-bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
-  if (capacity_ == 0 || (quotas_on_ && !MayEnterSet(s))) return false;
-  // An account at its cap makes room with its own coldest block.
-  if (in_set_ >= capacity_ && !(quotas_on_ && AtSetCap(s))) {
-    const Slot v = PoolBack();
-    if (v != kNoSlot && !(quotas_on_ && Guaranteed(v, s))) {
-      Unrank(s);  // on its way in
-      Displace(v, &counters_.hint_displaced);
-    } else if (in_set_by_owner_[owner_index_.at(owner)] != in_set_) {
-      return false;  // the policy might evict another owner's block
-    }
-  }
-  BlockState& st = states_[s];
-  // A pause does not age the block: its touch time moves on by the time its
-  // group was idle (so an EMA's score is what it was when the group stopped).
-  const uint64_t idle_for = Elapsed(now, groups_[slot_hints_[s].group - 1].idle_at);
-  st.touch_time = Resumed(st.touch_time, idle_for, now);
-  policy_->OnResume(s, idle_for, now);
-  JoinSet(s, engine::Touch{0.0, now, kNever, /*ahead=*/true});
-  ++counters_.hint_prefetched;
-  slot_hints_[s].placed_ahead = 1;
-  if (options_.mode == Mode::kTick) {
-    // Needed soon: planned with the blocks in use, ahead of those merely queued.
-    if (queues_.ListOf(s) == kPromoteQueue) {
-      queues_.Remove(s);
-      queues_.PushFront(kRetouchedQueue, s);
-    }
-  }
-  return true;
-}
-
-void Engine::ServePending(uint64_t now, size_t* units) {
-  // Rounds over the waiting groups, a block each per round, while a round
-  // places any. A round cut short by the units goes on where it stopped.
-  size_t i = serve_left_ ? serve_from_ : 0;
-  bool progress = serve_left_ && serve_progress_;
-  serve_left_ = false;
-  for (;;) {
-    size_t keep = i;  // entries before `keep` stay; stale and finished ones are dropped
-    bool cut = false;
-    for (; i < pending_.size(); ++i) {
-      if (*units == 0) {
-        cut = true;
-        break;
-      }
-      --*units;
-      const PendingRef r = pending_[i];
-      Group& g = groups_[r.index];
-      if (!g.pending || g.serial != r.serial) continue;  // stale: dropped
-      // The next block still out of the set (a candidate may have been
-      // touched, released or regrouped since the hint).
-      bool found = false;
-      while (!g.candidates.empty()) {
-        const Group::Candidate& c = g.candidates.back();
-        if (IsLive(c.slot) && states_[c.slot].generation == c.generation &&
-            slot_hints_[c.slot].group == r.index + 1 && !(states_[c.slot].flags & kFlagInTarget)) {
-          found = true;
-          break;
-        }
-        if (*units == 0) break;
-        g.candidates.pop_back();
-        --*units;
-      }
-      if (!found && !g.candidates.empty()) {  // out of units: this one goes on next time
-        cut = true;
-        break;
-      }
-      if (!found || g.prefetch_left == 0) {
-        g.pending = false;
-        g.candidates = {};
-        continue;
-      }
-      if (PlaceAhead(g.candidates.back().slot, g.owner, now)) {
-        g.candidates.pop_back();
-        --g.prefetch_left;
-        progress = true;
-      }
-      pending_[keep++] = r;
-    }
-    if (cut) {
-      serve_left_ = true;
-      serve_from_ = keep;
-      serve_progress_ = progress;
-    }
-    for (; i < pending_.size(); ++i) pending_[keep++] = pending_[i];
-    pending_.resize(keep);
-    if (cut || !progress || pending_.empty()) return;
-    i = 0;
-    progress = false;
-  }
-}
-
-size_t Engine::SliceUnits() const {
-  return options_.mode == Mode::kTick && options_.hint_slice_units > 0 ? options_.hint_slice_units
-                                                                       : SIZE_MAX;
-}
-
-size_t Engine::TickUnits() const {
-  return options_.hint_tick_units > 0 ? options_.hint_tick_units : SIZE_MAX;
-}
-
-void Engine::Queue(uint32_t index) {
-  Group& g = groups_[index];
-  if (g.queued != 0) return;  // its entry serves whatever job it has then
-  g.queued = ++next_ticket_;
-  jobs_.push_back(JobRef{index, g.queued});
-}
-
-void Engine::StartJob(uint32_t index, HintKind kind, uint32_t keep) {
-  HintJob& job = groups_[index].job;
-  job = HintJob{};
-  job.phase = HintJob::kWalk;
-  job.kind = kind;
-  job.keep = keep;
-}
-
-bool Engine::RunJob(uint32_t index, size_t* units) {
-  Group& g = groups_[index];
-  HintJob& job = g.job;
-  const bool soon = job.kind == HintKind::kSoon;
-  // The walk: an idle or done hint wants the members in the set, a soon the
-  // hottest `keep` of those outside it that were touched.
-  while (job.phase == HintJob::kWalk && *units > 0) {
-    if (job.cursor == g.members.size()) {
-      job.phase = HintJob::kDrain;
-      break;
-    }
-    --*units;
-    const Slot m = g.members[job.cursor++];
-    const BlockState& st = states_[m];
-    const bool in_set = st.flags & kFlagInTarget;
-    if (!soon) {
-      if (!in_set) continue;
-      job.heap.push_back(OrderOf(m));
-      std::push_heap(job.heap.begin(), job.heap.end(), Hotter);
-    } else if (!in_set && st.touch_count > 0) {
-      const Ordered o = OrderOf(m);
-      if (job.heap.size() < job.keep) {
-        job.heap.push_back(o);
-        std::push_heap(job.heap.begin(), job.heap.end(), Hotter);
-      } else if (Colder(job.heap.front(), o)) {
-        std::pop_heap(job.heap.begin(), job.heap.end(), Hotter);
-        job.heap.back() = o;
-        std::push_heap(job.heap.begin(), job.heap.end(), Hotter);
-      }
-    }
-  }
-  // The drain, coldest first. Idle and done: each block pushed in front of
-  // the pool, so that the group's coldest leave first, and groups hinted
-  // earlier before those hinted later. Soon: candidates, hottest at the back.
-  while (job.phase == HintJob::kDrain && !job.heap.empty() && *units > 0) {
-    --*units;
-    std::pop_heap(job.heap.begin(), job.heap.end(), Hotter);
-    const Ordered o = job.heap.back();
-    job.heap.pop_back();
-    if (soon) {
-      g.candidates.push_back(Group::Candidate{o.slot, o.generation});
-    } else if (IsLive(o.slot) && states_[o.slot].generation == o.generation &&
-               slot_hints_[o.slot].group == index + 1 && (states_[o.slot].flags & kFlagInTarget)) {
-      hinted_.Remove(o.slot);
-      hinted_.PushFront(job.kind == HintKind::kDone ? kDonePool : kIdlePool, o.slot);
-      pool_serial_[o.slot] = g.serial;
-    }
-  }
-  if (job.phase == HintJob::kDrain && job.heap.empty()) FinishJob(index, units);
-  return job.phase == HintJob::kNone;
-}
-
-void Engine::FinishJob(uint32_t index, size_t* units) {
-  Group& g = groups_[index];
-  const bool soon = g.job.kind == HintKind::kSoon;
-  const uint32_t keep = g.job.keep;
-  g.job = HintJob{};
-  if (!soon) {
-    if (!pending_.empty()) ServePending(now_, units);  // room it may give a waiting soon
-    return;
-  }
-  if (g.candidates.empty()) return;
-  g.prefetch_left = keep;
-  g.pending = true;
-  pending_.push_back(PendingRef{index, g.serial});
-  ServePending(now_, units);
-}
-
-void Engine::RunHints() {
-  if (jobs_.empty() && !serve_left_) return;
-  size_t units = TickUnits();
-  const size_t budget = units;
-  const size_t slice = SliceUnits();
-  // Each queued job a slice in turn, until the units run out.
-  while (!jobs_.empty() && units > 0) {
-    const JobRef r = jobs_.front();
-    jobs_.pop_front();
-    if (groups_[r.index].queued != r.ticket) {  // stale
-      --units;
-      continue;
-    }
-    groups_[r.index].queued = 0;
-    size_t give = std::min(slice, units);
-    const size_t given = give;
-    const bool done = RunJob(r.index, &give);
-    units -= given - give;
-    if (!done) Queue(r.index);
-  }
-  if (serve_left_ && units > 0) ServePending(now_, &units);
-  counters_.hint_work += budget - units;
-}
-
-bool Engine::Hint(GroupId id, HintKind kind, uint64_t now) {
-  Group* found = FindGroup(id);
-  if (found == nullptr) return false;
-  Group& g = *found;
-  const uint32_t index = static_cast<uint32_t>(&g - groups_.data());
-  ++counters_.hints;
-  now_ = now;
-  if (policy_->NeedsFuture() || capacity_ == 0) return true;
-  // A new hint ends what the last one still had to do: its soon's placing,
-  // its work, its blocks' places in the pool.
-  ++g.serial;
-  g.pending = false;
-  g.candidates = {};
-  g.prefetch_left = 0;
-  g.job = HintJob{};
-  uint32_t keep = 0;
-  if (kind == HintKind::kIdle || kind == HintKind::kDone) {
-    g.working_set = g.in_set;
-    g.idle_at = now;
-    g.hinted_out = true;
-    g.last = kind;
-  } else {
-    if (g.hinted_out) Activate(g);
-    g.last = kind;
-    if (g.working_set <= g.in_set) return true;
-    keep = g.working_set - g.in_set;
-  }
-  size_t units = SliceUnits();
-  const size_t budget = units;
-  if (kind != HintKind::kSoon && g.in_set == 0) {
-    // Nothing of it to mark: no walk.
-    if (!pending_.empty()) ServePending(now, &units);
-  } else {
-    StartJob(index, kind, keep);
-    if (!RunJob(index, &units)) {
-      Queue(index);
-      ++counters_.hint_deferred;
-    }
-  }
-  counters_.hint_work += budget - units;
-  return true;
-}
-
-}  // namespace cxltier::engine
-
-// ---------------------------------------------------------------- quotas
-
-namespace cxltier::engine {
-
-uint32_t Engine::AccountIndex(uint64_t id, bool create) {
-  if (const auto it = account_index_.find(id); it != account_index_.end()) return it->second;
-  if (!create) return kNoIndex;
-  const uint32_t index = TakeEntry(accounts_, free_accounts_);
-  Account& a = accounts_[index];
-  a = Account{};
-  a.id = id;
-  a.used = true;
-  a.ranked_heat.resize(lower_.size());
-  account_index_.emplace(id, index);
-  return index;
-}
-
-void Engine::FreeAccountIfUnused(uint32_t index) {
-  Account& a = accounts_[index];
-  if (!a.used || a.live > 0 || !a.quota.Unlimited()) return;
-  account_index_.erase(a.id);
-  a = Account{};
-  free_accounts_.push_back(index);
-}
-
-void Engine::AttachAccounts(Slot s) {
-  slot_accounts_[s] = {AccountIndex(owners_[s], /*create=*/true),
-                       clients_[s] == kNoAccount ? kNoIndex : AccountIndex(clients_[s], false)};
-  ForAccounts(s, [](Account& a) { ++a.live; });
-  if (clients_[s] != kNoAccount) ++client_live_[clients_[s]];
-}
-
-void Engine::RebuildAccounts() {
-  for (Account& a : accounts_) {
-    if (!a.used) continue;
-    const Quota q = a.quota;
-    const uint64_t id = a.id, lost = a.quota_evictions;
-    a = Account{};
-    a.id = id;
-    a.used = true;
-    a.ranked_heat.resize(lower_.size());
-    a.quota = q;
-    a.quota_evictions = lost;
-  }
-  // The middle tiers' heaps too are keyed by this epoch's heat (the accounts'
-  // are empty now and filled below with it).
-  RekeyIfNeeded();
-  client_live_.clear();
-  for (Slot s = 0; s < next_slot_; ++s) {
-    if (!IsLive(s)) continue;
-    AttachAccounts(s);
-    ForAccounts(s, [&](Account& a) { CountInAccount(s, a); });
-  }
-  for (uint32_t i = 0; i < accounts_.size(); ++i) FreeAccountIfUnused(i);
-}
-
-void Engine::CountInAccount(Slot s, Account& a) {
-  const BlockState& st = states_[s];
-  const unsigned r = slot_hints_[s].rank;
-  if (st.tier != Tier::kNone) ++a.tier_blocks[TierIndex(st.tier)];
-  if (st.flags & kFlagInTarget) {
-    ++a.target[0];
-    a.set_heat.Set(s, policy_->Heat(s), st.touch_seq);
-  }
-  if (r != 0 && r < tiers_ - 1 && lower_[r - 1].Contains(s)) {
-    ++a.target[r];
-    a.ranked_heat[r - 1].Set(s, policy_->Heat(s), st.touch_seq);
-  }
-  if (st.flags & kFlagMigrating) {
-    a.in0 += slot_hints_[s].moving_to == 0;
-    a.out0 += st.tier == Tier::kFast;
-  }
-}
-
-void Engine::JoinAccount(uint32_t index) {
-  Account& a = accounts_[index];
-  const uint64_t id = a.id;
-  // A client account with no live block (every hello of a client whose name
-  // has a quota) and an owner's (an owner's blocks always have one): nothing
-  // to join, no pass over the slots. Else its blocks have no client account
-  // yet (one exists only while its quota does, with all of them in it).
-  if (!a.IsClient() || !client_live_.contains(id)) return;
-  // Heaps keyed by an older heat epoch are rekeyed together, this one too.
-  RekeyIfNeeded();
-  for (Slot s = 0; s < next_slot_; ++s) {
-    if (!IsLive(s) || clients_[s] != id) continue;
-    slot_accounts_[s][1] = index;
-    ++a.live;
-    CountInAccount(s, a);
-  }
-}
-
-void Engine::TrackAccounts() {
-  if (quotas_on_) return;
-  quotas_on_ = true;
-  RebuildAccounts();
-}
-
-void Engine::SetQuota(uint64_t id, const Quota& quota) {
-  if (!quotas_on_ && quota.Unlimited()) return;
-  const bool known = account_index_.contains(id);
-  const uint32_t index = AccountIndex(id, /*create=*/true);
-  accounts_[index].quota = quota;
-  if (!quotas_on_) {
-    quotas_on_ = true;
-    RebuildAccounts();  // every live block joins its accounts
-  } else if (!known) {
-    JoinAccount(index);  // the new account's live blocks join it
-  }
-  if (!accounts_[index].used) return;  // freed by the rebuild: no quota, no block
-  EnforceCaps(index);
-  FreeAccountIfUnused(index);
-}
-
-void Engine::EnforceCaps(uint32_t index) {
-  const Account& a = accounts_[index];
-  RekeyIfNeeded();
-  while (a.target[0] > a.quota.cap[0]) EvictForQuota(a.set_heat.Top().slot);
-  // Middle tiers: the coldest of the excess are ranked further down.
-  for (unsigned k = 1; k + 1 < tiers_; ++k) {
-    while (a.target[k] > a.quota.cap[k]) {
-      const Slot c = a.ranked_heat[k - 1].Top().slot;
-      Unrank(c);
-      PlaceRanked(c, k + 1, kNoSlot);
-    }
-  }
-}
-
-size_t Engine::CapRoom(uint32_t owner, uint64_t client, unsigned tier) const {
-  size_t room = kNoCap;
-  if (!quotas_on_ || tier + 1 >= tiers_) return room;
-  for (const uint64_t id : {uint64_t{owner}, client}) {
-    const auto it = account_index_.find(id);
-    if (it == account_index_.end()) continue;
-    const Account& a = accounts_[it->second];
-    const size_t cap = a.quota.cap[tier];
-    if (cap == kNoCap) continue;
-    const size_t held = tier == 0 ? a.Projected0() : a.tier_blocks[tier];
-    room = std::min(room, cap > held ? cap - held : size_t{0});
-  }
-  return room;
-}
-
-std::vector<AccountUsage> Engine::Accounts() const {
-  std::vector<AccountUsage> out;
-  for (const Account& a : accounts_) {
-    if (!a.used) continue;
-    out.push_back(AccountUsage{a.id, a.quota, a.tier_blocks, a.target[0], a.quota_evictions});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const AccountUsage& x, const AccountUsage& y) { return x.account < y.account; });
-  return out;
-}
-
-bool Engine::MayEnterSet(Slot s) const {
-  for (uint32_t i : slot_accounts_[s]) {
-    if (i != kNoIndex && accounts_[i].quota.cap[0] == 0) return false;
-  }
-  return true;
-}
-
-bool Engine::AtSetCap(Slot s) const {
-  for (uint32_t i : slot_accounts_[s]) {
-    if (i != kNoIndex && accounts_[i].target[0] >= accounts_[i].quota.cap[0]) return true;
-  }
-  return false;
-}
-
-bool Engine::Guaranteed(Slot v, Slot s) const {
-  const uint32_t i = slot_accounts_[v][0];
-  if (i == slot_accounts_[s][0]) return false;
-  const Account& a = accounts_[i];
-  return a.quota.guarantee > 0 && a.target[0] <= a.quota.guarantee;
-}
-
-void Engine::MakeRoomByQuota(Slot s) {
-  RekeyIfNeeded();
-  for (uint32_t i : slot_accounts_[s]) {
-    if (i == kNoIndex) continue;
-    const Account& a = accounts_[i];
-    while (a.target[0] >= a.quota.cap[0] && !a.set_heat.Empty()) {
-      EvictForQuota(a.set_heat.Top().slot);
-    }
-  }
-  if (in_set_ < capacity_) return;
-  // The set is full and the policy would pick the block to leave: unless that
-  // may be a block of another owner at or under its guarantee, it does.
-  const uint32_t own = slot_accounts_[s][0];
-  bool at_stake = false;
-  for (uint32_t i = 0; i < accounts_.size() && !at_stake; ++i) {
-    const Account& a = accounts_[i];
-    at_stake = i != own && a.used && !a.IsClient() && a.quota.guarantee > 0 && a.target[0] > 0 &&
-               a.target[0] <= a.quota.guarantee;
-  }
-  if (!at_stake) return;
-  // The coldest block of the owners above their guarantee (`s`'s own owner
-  // counts as above: its block makes room for its own).
-  const HeapEntry* coldest = nullptr;
-  for (uint32_t i = 0; i < accounts_.size(); ++i) {
-    const Account& a = accounts_[i];
-    if (!a.used || a.IsClient() || a.set_heat.Empty()) continue;
-    if (i != own && a.target[0] <= a.quota.guarantee) continue;
-    const HeapEntry& top = a.set_heat.Top();
-    if (coldest == nullptr || SlotHeap::Less(top, *coldest)) coldest = &top;
-  }
-  if (coldest != nullptr) EvictForQuota(coldest->slot);
-}
-
-void Engine::EvictForQuota(Slot v) {
-  ++accounts_[slot_accounts_[v][0]].quota_evictions;
-  if (slot_accounts_[v][1] != kNoIndex) ++accounts_[slot_accounts_[v][1]].quota_evictions;
-  Displace(v, &counters_.quota_evictions);
-}
-
-unsigned Engine::CapTier(Slot x, unsigned k, Slot s) {
-  const unsigned last = tiers_ - 1;
-  for (; k < last; ++k) {
-    const SlotHeap::Entry mine = HeatEntry(x);
-    bool fits = true;
-    for (uint32_t i : slot_accounts_[x]) {
-      if (i == kNoIndex) continue;
-      const Account& a = accounts_[i];
-      if (a.target[k] < a.quota.cap[k]) continue;
-      // Full: `x` goes in only in place of a colder block of the account.
-      if (a.quota.cap[k] == 0 || a.ranked_heat[k - 1].Empty() ||
-          SlotHeap::Less(mine, a.ranked_heat[k - 1].Top())) {
-        fits = false;
-      }
-    }
-    if (!fits) continue;
-    for (uint32_t i : slot_accounts_[x]) {
-      if (i == kNoIndex) continue;
-      const Account& a = accounts_[i];
-      while (a.target[k] >= a.quota.cap[k] && !a.ranked_heat[k - 1].Empty()) {
-        const Slot c = a.ranked_heat[k - 1].Top().slot;
-        Unrank(c);
-        PlaceRanked(c, k + 1, s);
-      }
-    }
-    return k;
-  }
-  return last;
 }
 
 }  // namespace cxltier::engine

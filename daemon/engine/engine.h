@@ -16,11 +16,14 @@
 #include <vector>
 
 #include "cxltier/block.h"
+#include "engine/accounts.h"
 #include "engine/ghost_store.h"
+#include "engine/hints.h"
 #include "engine/key_index.h"
 #include "engine/policy.h"
 #include "engine/slot_heap.h"
 #include "engine/slot_list.h"
+#include "engine/tiers.h"
 #include "engine/types.h"
 
 namespace cxltier::engine {
@@ -83,45 +86,6 @@ struct EngineCounters {
   uint64_t quota_evictions = 0;     // blocks taken out of the set by a cap or a guarantee
 };
 
-// Quotas (docs/policies.md, "Quotas"). An account is an opaque 64-bit id: every
-// block counts in its owner's account (id = Admit's owner) and, when admitted
-// with one, in a client account (the daemon: kClientAccount | n, one per uid and
-// hello name).
-inline constexpr uint64_t kClientAccount = 1ull << 63;
-inline constexpr uint64_t kNoAccount = ~0ull;
-inline constexpr size_t kNoCap = SIZE_MAX;
-
-struct Quota {
-  // The most blocks the account may have in tier k: cap[0] bounds its blocks
-  // in the policy's set (tier 0, or what the planner moves there), cap[k] its
-  // blocks ranked in middle tier k. The last tier is never capped (every block
-  // stays whole in some tier). An account at its cap that wants one more block
-  // there gives up its own coldest (by the policy's Heat); cap[0] = 0 keeps
-  // its blocks out of tier 0.
-  std::array<size_t, kMaxTiers> cap = DefaultCaps();
-  // Owner accounts only: while the account has at most this many blocks in
-  // the set, other accounts' misses take none of them (each takes the coldest
-  // block of the accounts above their guarantee instead).
-  size_t guarantee = 0;
-
-  static constexpr std::array<size_t, kMaxTiers> DefaultCaps() {
-    std::array<size_t, kMaxTiers> c{};
-    c.fill(kNoCap);
-    return c;
-  }
-  bool Unlimited() const { return guarantee == 0 && cap == DefaultCaps(); }
-  friend bool operator==(const Quota&, const Quota&) = default;
-};
-
-// One account as the operator sees it.
-struct AccountUsage {
-  uint64_t account = 0;
-  Quota quota;
-  std::array<size_t, kMaxTiers> tier_blocks{};  // its live blocks where they sit now
-  size_t in_set = 0;                            // of them, in the policy's tier-0 set
-  uint64_t quota_evictions = 0;                 // its blocks taken out of the set by quotas
-};
-
 // One planned move. The caller carries it out and reports back with Complete().
 struct Move {
   Slot slot;
@@ -137,16 +101,6 @@ struct EngineEvent {
   BlockKey key;
   friend bool operator==(const EngineEvent&, const EngineEvent&) = default;
 };
-
-// Scheduler hints about a group of blocks (one sequence or request), named by
-// the engine that serves it. Advice only (docs/policies.md, "Scheduler hints").
-enum class HintKind : uint8_t {
-  kIdle = 1,  // the group waits (for its user): its blocks leave tier 0 first
-  kSoon = 2,  // the group runs again soon: bring its hottest blocks back ahead of use
-  kDone = 3,  // the request finished: its blocks leave tier 0 before idle ones
-};
-using GroupId = uint64_t;
-inline constexpr GroupId kNoGroup = 0;
 
 class Engine {
  public:
@@ -232,7 +186,7 @@ class Engine {
   // recording's exact replay, which replays the daemon's plans, does the same.
   void RunHints();
   // Hints' work is left for the next ticks (a soon waiting for room is not work).
-  bool HintWorkPending() const { return !jobs_.empty() || serve_left_; }
+  bool HintWorkPending() const { return groups_.WorkPending(); }
 
   // Tick mode: plans moves that bring tier 0 towards the policy's set within the
   // migration byte budget and hysteresis: promotes the blocks of the set not in
@@ -296,10 +250,10 @@ class Engine {
   size_t capacity_blocks() const { return capacity_; }
   size_t live_blocks() const { return index_.size(); }
   size_t tier_blocks(Tier t) const {
-    return TierIndex(t) < kMaxTiers ? tier_blocks_[TierIndex(t)] : 0;
+    return TierIndex(t) < tiers_.count() ? tiers_.blocks(TierIndex(t)) : 0;
   }
   // The number of tiers: 2 + lower_tier_budget_bytes.size().
-  unsigned tiers() const { return tiers_; }
+  unsigned tiers() const { return tiers_.count(); }
   // Tier k's capacity in blocks (the last tier's: unbounded, SIZE_MAX).
   size_t tier_capacity_blocks(unsigned k) const;
   // Below tier 0: the tier the block outside the policy's set is ranked in (it
@@ -314,59 +268,6 @@ class Engine {
  private:
   // kLowerQueue: blocks below tier 0 whose rank differs from the tier they sit in.
   enum Queue { kPromoteQueue = 0, kDemoteQueue = 1, kRetouchedQueue = 2, kLowerQueue = 3 };
-  enum Pool { kDonePool = 0, kIdlePool = 1 };  // hinted_ lists, taken from in this order
-
-  // A block as a hint orders it: by the policy's heat when it was looked at,
-  // then by its last touch, then by slot (a strict order: no two are equal).
-  struct Ordered {
-    double heat;
-    uint64_t seq;
-    Slot slot;
-    uint32_t generation;  // the slot's when it was looked at (a reused slot is another block)
-  };
-  // The group-wide part of a hint, resumable (Hint's cost): a walk over the
-  // members that collects the blocks it wants into a heap, coldest on top,
-  // then a drain of the heap coldest first.
-  struct HintJob {
-    enum Phase : uint8_t { kNone, kWalk, kDrain };
-    Phase phase = kNone;
-    HintKind kind = HintKind::kIdle;
-    uint32_t cursor = 0;  // kWalk: members[0, cursor) were looked at
-    uint32_t keep = 0;    // soon: the hottest this many are kept
-    std::vector<Ordered> heap;
-  };
-
-  // A group of blocks that hints name (docs/policies.md, "Scheduler hints").
-  struct Group {
-    GroupId id = kNoGroup;
-    uint32_t owner = 0;
-    HintKind last = HintKind::kSoon;  // the last hint; kSoon also while active
-    bool hinted_out = false;          // idle or done, and not touched since
-    bool pending = false;             // in pending_: a soon with blocks still to place
-    uint32_t working_set = 0;         // its blocks in the set when it last went idle or done
-    uint64_t idle_at = 0;             // the clock of its last idle or done hint
-    uint32_t prefetch_left = 0;       // soon: blocks it may still place
-    uint32_t in_set = 0;              // its members in the policy's set, kept as they change
-    // Changes with every hint and reuse of the entry: a pool entry
-    // (pool_serial_) or a pending_ entry of an older one is stale.
-    uint32_t serial = 0;
-    uint64_t queued = 0;  // the ticket of its entry in jobs_ (0: none)
-    std::vector<Slot> members;
-    struct Candidate {
-      Slot slot;
-      uint32_t generation;  // the slot's when the soon came (a reused slot is another block)
-    };
-    std::vector<Candidate> candidates;  // soon: blocks still to place, hottest at the back
-    HintJob job;
-  };
-  struct PendingRef {
-    uint32_t index;
-    uint32_t serial;  // the group's when it became pending
-  };
-  struct JobRef {
-    uint32_t index;
-    uint64_t ticket;  // Group::queued when queued
-  };
 
   void Log(EngineEvent::Kind kind, Slot s) {
     if (__builtin_expect(log_ != nullptr, 0)) log_->push_back(EngineEvent{kind, states_[s].key});
@@ -398,39 +299,28 @@ class Engine {
   void Settle(Slot s);
   // A completed move of `s` up (to a faster tier) or down: counted and logged.
   void CountMove(Slot s, bool up);
-  // The first tier below tier 0 with room in its ranking (the last if none).
-  unsigned FirstLowerWithRoom() const;
   // The policy's heat changed its scale (adaptive's leader): re-keys the rankings.
   void RekeyIfNeeded();
   // Takes the block out of the set for a hint or a quota (no policy eviction
   // is counted; `counter` is).
   void Displace(Slot v, uint64_t* counter);
-  // Room for one more block in the set for `owner`: free room, an idle or done
-  // block displaced, or (true with *policy_may_evict) the policy's victim.
-  bool RoomFor(uint32_t owner, bool* policy_may_evict);
   // Puts `s` into the set for a soon hint; returns false when there is no room.
   bool PlaceAhead(Slot s, uint32_t owner, uint64_t now);
   // Places waiting soons' blocks as room allows, spending at most *units.
   void ServePending(uint64_t now, size_t* units);
-  // The next block of a done, then an idle group to leave (kNoSlot: none);
-  // drops the stale entries it finds on its way (PoolValid).
-  Slot PoolBack();
-  bool PoolValid(Slot s) const;
+  // The next block of a done, then an idle group to leave (kNoSlot: none).
+  Slot PoolBack() {
+    return groups_.PoolBack([this](Slot s) { return slot_hints_[s].group; });
+  }
   void LeaveGroup(Slot s);
-  void Activate(Group& g);  // its next touch after an idle or done hint
-  Group* FindGroup(GroupId id);
   // Puts a member at `at` in its group's member list.
   void PlaceMember(Group& g, uint32_t at, Slot m) {
     g.members[at] = m;
     slot_hints_[m].pos = at;
   }
-  // Frees the entry of a group that has no member left.
-  void FreeGroup(uint32_t index);
   // The units of one slice and of one tick (SIZE_MAX: no bound).
   size_t SliceUnits() const;
   size_t TickUnits() const;
-  // Puts group `index` at the back of jobs_, unless it has an entry there.
-  void Queue(uint32_t index);
   // Group `index`'s new job (the one it had, if any, ends).
   void StartJob(uint32_t index, HintKind kind, uint32_t keep);
   // Runs group `index`'s job for at most *units; true when it has finished.
@@ -441,38 +331,13 @@ class Engine {
   Ordered OrderOf(Slot s) const {
     return Ordered{policy_->Heat(s), states_[s].touch_seq, s, states_[s].generation};
   }
-  static bool Colder(const Ordered& a, const Ordered& b) {
-    if (a.heat != b.heat) return a.heat < b.heat;
-    if (a.seq != b.seq) return a.seq < b.seq;
-    return a.slot < b.slot;
-  }
-  // For std::push_heap and friends: the coldest on top.
-  static bool Hotter(const Ordered& a, const Ordered& b) { return Colder(b, a); }
   void Reclassify(Slot s);
   bool Held(Slot s) const;  // by hysteresis or by a failed move's backoff
 
-  // Quotas (docs/policies.md, "Quotas"); each only while quotas_on_.
-  struct Account {
-    uint64_t id = 0;
-    Quota quota;
-    bool used = false;  // false: on the free list
-    size_t live = 0;
-    std::array<size_t, kMaxTiers> tier_blocks{};  // its live blocks where they sit
-    std::array<size_t, kMaxTiers> target{};       // [0]: in the set; [k]: ranked in middle tier k
-    size_t in0 = 0, out0 = 0;                     // its moves in flight into and out of tier 0
-    SparseSlotHeap set_heat;                      // its blocks in the set, coldest on top
-    std::vector<SparseSlotHeap> ranked_heat;      // [k - 1]: its blocks ranked in tier k
-    uint64_t quota_evictions = 0;
-    bool IsClient() const { return (id & kClientAccount) != 0; }
-    // Its tier-0 blocks once the moves in flight are done.
-    size_t Projected0() const { return tier_blocks[0] + in0 - out0; }
-  };
-  static constexpr uint32_t kNoIndex = UINT32_MAX;
-  uint32_t AccountIndex(uint64_t id, bool create);
-  void FreeAccountIfUnused(uint32_t index);
+  // Quotas (docs/policies.md, "Quotas"), each only while accounts_.on(): the
+  // engine's part of them (accounts.cpp).
   // Recomputes every account's counts and heaps from the live blocks.
   void RebuildAccounts();
-  void AttachAccounts(Slot s);
   // A new account while quotas are on: its live blocks (a client's admitted
   // before its quota; an owner's have one already) join it alone, without
   // rebuilding the others: one pass over the slots' account ids, none for a
@@ -481,22 +346,10 @@ class Engine {
   // Counts live block `s` in `a`: its tiers, its place in the set or in a
   // middle tier's ranking, a move in flight.
   void CountInAccount(Slot s, Account& a);
-  // Calls f(Account&) for each of the block's accounts.
-  template <typename F>
-  void ForAccounts(Slot s, F&& f) {
-    for (uint32_t i : slot_accounts_[s]) {
-      if (i != kNoIndex) f(accounts_[i]);
-    }
-  }
-  // False when an account of `s` has a tier-0 cap of 0.
-  bool MayEnterSet(Slot s) const;
-  bool AtSetCap(Slot s) const;  // an account of `s` has its cap's worth in the set
   // Before `s` enters the set: each of its accounts at its tier-0 cap gives up
   // its coldest block; with the set full and a guarantee at stake, the coldest
   // block of the accounts above their guarantee leaves.
   void MakeRoomByQuota(Slot s);
-  // The owner account of `v` is at or under its guarantee, and is not `s`'s.
-  bool Guaranteed(Slot v, Slot s) const;
   void EvictForQuota(Slot v);
   // Ranks `x` (unranked) in tier `k` or, where an account of `x` is at its
   // cap and `x` is colder than that account's coldest there, lower. The
@@ -524,10 +377,10 @@ class Engine {
     uint32_t failures = 0;    // failed moves in a row
   };
   std::vector<Retry> retry_;  // by slot
-  // Hints, by slot, in one line for the touch path: the slot's group (index + 1
-  // into groups_; 0: none), its place in the group's members, its owner's
-  // dense index (in_set_by_owner_), and whether a soon hint placed it and it
-  // was not touched since.
+  // By slot, in one line for the touch path: its group (index + 1 into
+  // groups_; 0: none) and its place in the group's members, its owner's dense
+  // index (GroupTable::OwnerIndex), whether a soon hint placed it and it was
+  // not touched since, its rank below tier 0 and where its move in flight goes.
   struct SlotHint {
     uint32_t group = 0;
     uint32_t pos = 0;
@@ -537,30 +390,7 @@ class Engine {
     uint8_t moving_to = 0;  // the destination of its move in flight
   };
   std::vector<SlotHint> slot_hints_;
-  // The groups; soon groups with blocks still to place.
-  std::vector<Group> groups_;
-  std::vector<uint32_t> free_groups_;
-  std::unordered_map<GroupId, uint32_t> group_index_;
-  // Groups with a soon still placing, in the order they became so, served
-  // in turn (stale entries are dropped as they are met).
-  std::vector<PendingRef> pending_;
-  // Groups whose hint's work goes on at the ticks, in turn.
-  std::deque<JobRef> jobs_;
-  uint64_t next_ticket_ = 0;
-  // A ServePending ran out of units: its round goes on at pending_[serve_from_]
-  // at the next call (the next tick's, if no other comes first).
-  bool serve_left_ = false;
-  size_t serve_from_ = 0;
-  bool serve_progress_ = false;  // that round had placed a block
-  // Set blocks of done and idle groups, coldest at the back. An entry whose
-  // group was touched or hinted again since is stale (pool_serial_): it is
-  // dropped when it reaches the back, not looked for when the group changes.
-  SlotLists hinted_{2};
-  std::vector<uint32_t> pool_serial_;  // by slot: its group's serial when it entered the pool
-  // Blocks in the policy's set, in all and by owner (SlotHint::owner).
-  size_t in_set_ = 0;
-  std::unordered_map<uint32_t, uint32_t> owner_index_;
-  std::vector<size_t> in_set_by_owner_;
+  size_t in_set_ = 0;         // blocks in the policy's set
   uint64_t now_ = 0;          // the clock of the last touch or hint
   KeyIndex index_{&states_};  // key -> slot (states_[slot].key)
   GhostStore ghosts_;
@@ -573,28 +403,11 @@ class Engine {
   EngineCounters counters_;
   uint64_t seq_ = 0;
   uint64_t tick_ = 0;
-  unsigned tiers_ = 2;
-  std::array<size_t, kMaxTiers> tier_blocks_{};
-  // Planned moves not yet completed, into and out of each tier.
-  std::array<size_t, kMaxTiers> inflight_in_{};
-  std::array<size_t, kMaxTiers> inflight_out_{};
-  // Tiers 1 .. N-2 (index k - 1): their capacity in blocks, and the blocks
-  // ranked in each by their heat when they entered it, coldest on top.
-  std::vector<size_t> lower_capacity_;
-  std::vector<SlotHeap> lower_;
-  uint64_t heat_epoch_ = 0;
-  // Quotas: off (and costing nothing) until the first SetQuota. The accounts
-  // by dense index, and by slot the block's owner and client account indexes
-  // (kNoIndex: none) and Admit's client id.
-  bool quotas_on_ = false;
-  std::vector<Account> accounts_;
-  std::vector<uint32_t> free_accounts_;
-  std::unordered_map<uint64_t, uint32_t> account_index_;
-  std::vector<std::array<uint32_t, 2>> slot_accounts_;
-  // Quotas on: live blocks per client account id, counted in an account or
-  // not (JoinAccount skips the pass for a client with none).
-  std::unordered_map<uint64_t, uint32_t> client_live_;
-  std::vector<uint64_t> clients_;
+  // The parts: the tiers' counts and rankings, the hints' groups, the quotas'
+  // accounts.
+  TierTable tiers_;
+  GroupTable groups_;
+  AccountTable accounts_;
   std::vector<EngineEvent>* log_ = nullptr;
 };
 
