@@ -59,6 +59,15 @@ std::string Where(std::string_view name, size_t line) {
   return std::string(name) + ":" + std::to_string(line) + ": ";
 }
 
+// A trace (or a trace spec) that does not match its format.
+Status Malformed(std::string message) {
+  return Status::Fail(wire::ErrorCode::kBadPayload, std::move(message));
+}
+// A file that cannot be opened, created or written.
+Status IoFailed(std::string message) {
+  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
+}
+
 }  // namespace
 
 size_t Trace::touches() const {
@@ -67,53 +76,55 @@ size_t Trace::touches() const {
   return n;
 }
 
-std::string Trace::Validate() const {
-  if (block_tokens == 0) return "block_tokens is 0";
-  if (!groups.empty() && groups.size() != keys.size()) return "not one group per key";
+Status Trace::Validate() const {
+  if (block_tokens == 0) return Malformed("block_tokens is 0");
+  if (!groups.empty() && groups.size() != keys.size()) return Malformed("not one group per key");
   uint32_t step = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
     if (static_cast<uint32_t>(e.kind) > kLastKind) {
-      return "event " + std::to_string(i) + ": unknown kind";
+      return Malformed("event " + std::to_string(i) + ": unknown kind");
     }
     if (IsMoveEvent(e.kind) && !recorded_moves) {
-      return "event " + std::to_string(i) +
-             ": a recorded plan or move outcome in a trace that records no moves";
+      return Malformed("event " + std::to_string(i) +
+                       ": a recorded plan or move outcome in a trace that records no moves");
     }
     if (e.kind == EventKind::kHint) {
-      if (e.key == 0) return "event " + std::to_string(i) + ": a hint names group 0";
+      if (e.key == 0) return Malformed("event " + std::to_string(i) + ": a hint names group 0");
       if (e.obs != 1.0f && e.obs != 2.0f && e.obs != 3.0f) {
-        return "event " + std::to_string(i) + ": a hint's kind must be 1, 2 or 3";
+        return Malformed("event " + std::to_string(i) + ": a hint's kind must be 1, 2 or 3");
       }
     } else if (e.kind == EventKind::kPlan) {
       // Its key is the number of moves planned.
-      if (e.obs != 0.0f) return "event " + std::to_string(i) + ": a plan's observation must be 0";
+      if (e.obs != 0.0f)
+        return Malformed("event " + std::to_string(i) + ": a plan's observation must be 0");
     } else if (e.key >= keys.size()) {
-      return "event " + std::to_string(i) + ": key index out of range";
+      return Malformed("event " + std::to_string(i) + ": key index out of range");
     }
     if (e.kind == EventKind::kOutcome && e.obs != 0.0f && e.obs != 1.0f) {
-      return "event " + std::to_string(i) + ": a move outcome must be 1 (done) or 0 (not done)";
+      return Malformed("event " + std::to_string(i) +
+                       ": a move outcome must be 1 (done) or 0 (not done)");
     }
     if ((e.kind == EventKind::kAdmit || e.kind == EventKind::kRelocated) &&
         !(e.obs >= 0.0f && e.obs < kMaxTiers && e.obs == std::floor(e.obs))) {
-      return "event " + std::to_string(i) + ": " +
-             (e.kind == EventKind::kAdmit ? "an admit's" : "a relocation's") +
-             " tier must be a whole number, 0 to " + std::to_string(kMaxTiers - 1);
+      return Malformed("event " + std::to_string(i) + ": " +
+                       (e.kind == EventKind::kAdmit ? "an admit's" : "a relocation's") +
+                       " tier must be a whole number, 0 to " + std::to_string(kMaxTiers - 1));
     }
     if (!std::isfinite(e.obs) || e.obs < 0) {
-      return "event " + std::to_string(i) + ": observation is not a finite number >= 0";
+      return Malformed("event " + std::to_string(i) + ": observation is not a finite number >= 0");
     }
-    if (e.step < step) return "event " + std::to_string(i) + ": step goes backwards";
+    if (e.step < step) return Malformed("event " + std::to_string(i) + ": step goes backwards");
     step = e.step;
   }
-  return {};
+  return Status::Ok();
 }
 
-TraceResult ReadMooncake(std::istream& in, std::string_view name) {
-  TraceResult r;
-  r.trace.name = "mooncake";
-  r.trace.block_tokens = 512;
-  KeyTable keys(&r.trace);
+Result<Trace> ReadMooncake(std::istream& in, std::string_view name) {
+  Trace t;
+  t.name = "mooncake";
+  t.block_tokens = 512;
+  KeyTable keys(&t);
   std::string line;
   size_t lineno = 0;
   uint32_t step = 0;
@@ -122,40 +133,38 @@ TraceResult ReadMooncake(std::istream& in, std::string_view name) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
-      r.error = Where(name, lineno) + "not a JSON object";
-      return r;
+      return Malformed(Where(name, lineno) + "not a JSON object");
     }
     const auto ids = j.find("hash_ids");
     if (ids == j.end() || !ids->is_array()) {
-      r.error = Where(name, lineno) + "no \"hash_ids\" array";
-      return r;
+      return Malformed(Where(name, lineno) + "no \"hash_ids\" array");
     }
     for (const auto& id : *ids) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-        r.error = Where(name, lineno) + "hash id is not a non-negative integer";
-        return r;
+        return Malformed(Where(name, lineno) + "hash id is not a non-negative integer");
       }
       const uint32_t k = keys.Index(BlockKey{kMooncakeKeySpace, id.get<uint64_t>()});
-      r.trace.events.push_back(TraceEvent{step, k, 1.0f, EventKind::kTouch});
+      t.events.push_back(TraceEvent{step, k, 1.0f, EventKind::kTouch});
     }
     if (step == UINT32_MAX) {
-      r.error = Where(name, lineno) + "too many requests";
-      return r;
+      return Malformed(Where(name, lineno) + "too many requests");
     }
     ++step;
   }
-  if (lineno == 0) r.error = std::string(name) + ": empty trace";
-  return r;
+  if (lineno == 0) return Malformed(std::string(name) + ": empty trace");
+  return t;
 }
 
-TraceResult ReadMooncakeFile(const std::string& path) {
+Result<Trace> ReadMooncakeFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return TraceResult{{}, path + ": cannot open: " + std::strerror(errno)};
+  if (!in) return IoFailed(path + ": cannot open: " + std::strerror(errno));
   return ReadMooncake(in, path);
 }
 
-std::string WriteBinary(const Trace& t, std::ostream& out) {
-  if (!t.groups.empty() && t.groups.size() != t.keys.size()) return "not one group per key";
+Status WriteBinary(const Trace& t, std::ostream& out) {
+  if (!t.groups.empty() && t.groups.size() != t.keys.size()) {
+    return Malformed("not one group per key");
+  }
   out.write(kMagic, sizeof(kMagic));
   PutU32(out, t.recorded_moves ? kVersionMoves : t.groups.empty() ? kVersion : kVersionGroups);
   PutU32(out, t.block_tokens);
@@ -179,69 +188,61 @@ std::string WriteBinary(const Trace& t, std::ostream& out) {
     PutU32(out, obs_bits);
     PutU32(out, static_cast<uint32_t>(e.kind));
   }
-  return out ? "" : "write failed";
+  return out ? Status::Ok() : IoFailed("write failed");
 }
 
-TraceResult ReadBinary(std::istream& in, std::string_view name) {
-  TraceResult r;
-  r.trace.name = std::string(name);
+Result<Trace> ReadBinary(std::istream& in, std::string_view name) {
+  Trace t;
+  t.name = std::string(name);
   unsigned char h[kHeaderBytes];
   if (!in.read(reinterpret_cast<char*>(h), kHeaderBytes)) {
-    r.error = std::string(name) + ": shorter than the 32-byte header";
-    return r;
+    return Malformed(std::string(name) + ": shorter than the 32-byte header");
   }
   if (std::memcmp(h, kMagic, 8) != 0) {
-    r.error = std::string(name) + ": not a cxltier trace (bad magic)";
-    return r;
+    return Malformed(std::string(name) + ": not a cxltier trace (bad magic)");
   }
   const uint32_t version = GetU32(h + 8);
   if (version != kVersion && version != kVersionGroups && version != kVersionMoves) {
-    r.error = std::string(name) + ": unsupported version " + std::to_string(GetU32(h + 8)) +
-              " (this reader knows versions 1 to 3)";
-    return r;
+    return Malformed(std::string(name) + ": unsupported version " + std::to_string(GetU32(h + 8)) +
+                     " (this reader knows versions 1 to 3)");
   }
-  r.trace.block_tokens = GetU32(h + 12);
+  t.block_tokens = GetU32(h + 12);
   const uint64_t n_keys = GetU64(h + 16), n_events = GetU64(h + 24);
   if (n_keys > kMaxRecords || n_events > kMaxRecords) {
-    r.error = std::string(name) + ": header claims an absurd number of records";
-    return r;
+    return Malformed(std::string(name) + ": header claims an absurd number of records");
   }
   const bool grouped = version == kVersionGroups || version == kVersionMoves;
-  r.trace.recorded_moves = version == kVersionMoves;
-  if (r.trace.recorded_moves) {
+  t.recorded_moves = version == kVersionMoves;
+  if (t.recorded_moves) {
     unsigned char clock[8];
     if (!in.read(reinterpret_cast<char*>(clock), sizeof(clock))) {
-      r.error = std::string(name) + ": truncated in the clock of step 0";
-      return r;
+      return Malformed(std::string(name) + ": truncated in the clock of step 0");
     }
-    r.trace.first_tick = GetU64(clock);
+    t.first_tick = GetU64(clock);
   }
   // Read in chunks so a lying header cannot make us allocate before the bytes exist.
   unsigned char buf[16 * 4096];
   for (uint64_t done = 0; done < n_keys;) {
     const uint64_t n = std::min<uint64_t>(n_keys - done, 4096);
     if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(16 * n))) {
-      r.error = std::string(name) + ": truncated in the key table";
-      return r;
+      return Malformed(std::string(name) + ": truncated in the key table");
     }
     for (uint64_t i = 0; i < n; ++i)
-      r.trace.keys.push_back({GetU64(buf + 16 * i), GetU64(buf + 16 * i + 8)});
+      t.keys.push_back({GetU64(buf + 16 * i), GetU64(buf + 16 * i + 8)});
     done += n;
   }
   for (uint64_t done = 0; grouped && done < n_keys;) {
     const uint64_t n = std::min<uint64_t>(n_keys - done, 4096);
     if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(4 * n))) {
-      r.error = std::string(name) + ": truncated in the group table";
-      return r;
+      return Malformed(std::string(name) + ": truncated in the group table");
     }
-    for (uint64_t i = 0; i < n; ++i) r.trace.groups.push_back(GetU32(buf + 4 * i));
+    for (uint64_t i = 0; i < n; ++i) t.groups.push_back(GetU32(buf + 4 * i));
     done += n;
   }
   for (uint64_t done = 0; done < n_events;) {
     const uint64_t n = std::min<uint64_t>(n_events - done, 4096);
     if (!in.read(reinterpret_cast<char*>(buf), static_cast<std::streamsize>(16 * n))) {
-      r.error = std::string(name) + ": truncated in the events";
-      return r;
+      return Malformed(std::string(name) + ": truncated in the events");
     }
     for (uint64_t i = 0; i < n; ++i) {
       const unsigned char* p = buf + 16 * i;
@@ -251,33 +252,34 @@ TraceResult ReadBinary(std::istream& in, std::string_view name) {
       const uint32_t kind = GetU32(p + 12);
       if (kind > kLastKind ||
           (kind > static_cast<uint32_t>(EventKind::kHint) && version != kVersionMoves)) {
-        r.error = std::string(name) + ": event " + std::to_string(done + i) + ": unknown kind " +
-                  std::to_string(kind) + " for a version " + std::to_string(version) + " trace";
-        return r;
+        return Malformed(std::string(name) + ": event " + std::to_string(done + i) +
+                         ": unknown kind " + std::to_string(kind) + " for a version " +
+                         std::to_string(version) + " trace");
       }
       e.kind = static_cast<EventKind>(kind);
-      r.trace.events.push_back(e);
+      t.events.push_back(e);
     }
     done += n;
   }
   if (in.peek() != std::char_traits<char>::eof()) {
-    r.error = std::string(name) + ": trailing bytes after the last event";
-    return r;
+    return Malformed(std::string(name) + ": trailing bytes after the last event");
   }
   // Version 3 always has the table: all 0 is no groups.
-  if (version == kVersionMoves && std::all_of(r.trace.groups.begin(), r.trace.groups.end(),
-                                              [](uint32_t g) { return g == 0; })) {
-    r.trace.groups.clear();
+  if (version == kVersionMoves &&
+      std::all_of(t.groups.begin(), t.groups.end(), [](uint32_t g) { return g == 0; })) {
+    t.groups.clear();
   }
-  if (std::string err = r.trace.Validate(); !err.empty()) r.error = std::string(name) + ": " + err;
-  return r;
+  if (Status st = t.Validate(); !st.ok()) return st.Context(std::string(name) + ": ");
+  return t;
 }
 
-std::string WriteCsv(const Trace& t, std::ostream& out) {
-  if (!t.groups.empty()) return "CSV carries no groups or hints: write the binary format";
+Status WriteCsv(const Trace& t, std::ostream& out) {
+  if (!t.groups.empty())
+    return Malformed("CSV carries no groups or hints: write the binary format");
   if (t.recorded_moves) {
-    return "CSV carries no recorded plans or move outcomes (cxltier-sim --moves recorded): write "
-           "the binary format";
+    return Malformed(
+        "CSV carries no recorded plans or move outcomes (cxltier-sim --moves recorded): write "
+        "the binary format");
   }
   out << "# cxltier-trace v1 block_tokens=" << t.block_tokens << "\n";
   out << "step,key,kind,obs\n";
@@ -290,13 +292,13 @@ std::string WriteCsv(const Trace& t, std::ostream& out) {
                                             : "admit")
         << ',' << obs << '\n';
   }
-  return out ? "" : "write failed";
+  return out ? Status::Ok() : IoFailed("write failed");
 }
 
-TraceResult ReadCsv(std::istream& in, std::string_view name) {
-  TraceResult r;
-  r.trace.name = std::string(name);
-  KeyTable keys(&r.trace);
+Result<Trace> ReadCsv(std::istream& in, std::string_view name) {
+  Trace t;
+  t.name = std::string(name);
+  KeyTable keys(&t);
   std::string line;
   size_t lineno = 0;
   bool header_seen = false;
@@ -312,18 +314,16 @@ TraceResult ReadCsv(std::istream& in, std::string_view name) {
         uint32_t v = 0;
         auto [p, ec] = std::from_chars(b, e, v);
         if (ec != std::errc() || v == 0) {
-          r.error = Where(name, lineno) + "bad block_tokens";
-          return r;
+          return Malformed(Where(name, lineno) + "bad block_tokens");
         }
-        r.trace.block_tokens = v;
+        t.block_tokens = v;
       }
       continue;
     }
     if (!header_seen) {
       header_seen = true;
       if (line == "step,key,kind,obs") continue;
-      r.error = Where(name, lineno) + "expected the header 'step,key,kind,obs'";
-      return r;
+      return Malformed(Where(name, lineno) + "expected the header 'step,key,kind,obs'");
     }
     std::string_view f[4];
     size_t start = 0;
@@ -335,19 +335,16 @@ TraceResult ReadCsv(std::istream& in, std::string_view name) {
       start = comma + 1;
     }
     if (n != 4 || f[3].find(',') != std::string_view::npos) {
-      r.error = Where(name, lineno) + "expected 4 fields";
-      return r;
+      return Malformed(Where(name, lineno) + "expected 4 fields");
     }
     TraceEvent e{0, 0, 0.0f, EventKind::kTouch};
     if (auto [p, ec] = std::from_chars(f[0].data(), f[0].data() + f[0].size(), e.step);
         ec != std::errc() || p != f[0].data() + f[0].size()) {
-      r.error = Where(name, lineno) + "bad step";
-      return r;
+      return Malformed(Where(name, lineno) + "bad step");
     }
     BlockKey k;
     if (!BlockKey::Parse(f[1], &k)) {
-      r.error = Where(name, lineno) + "bad key (want 32 hex digits)";
-      return r;
+      return Malformed(Where(name, lineno) + "bad key (want 32 hex digits)");
     }
     e.key = keys.Index(k);
     if (f[2] == "touch") {
@@ -357,27 +354,24 @@ TraceResult ReadCsv(std::istream& in, std::string_view name) {
     } else if (f[2] == "admit") {
       e.kind = EventKind::kAdmit;
     } else {
-      r.error = Where(name, lineno) + "kind must be touch, release or admit";
-      return r;
+      return Malformed(Where(name, lineno) + "kind must be touch, release or admit");
     }
     double obs = 0;
     if (auto [p, ec] = std::from_chars(f[3].data(), f[3].data() + f[3].size(), obs);
         ec != std::errc() || p != f[3].data() + f[3].size()) {
-      r.error = Where(name, lineno) + "bad obs";
-      return r;
+      return Malformed(Where(name, lineno) + "bad obs");
     }
     e.obs = static_cast<float>(obs);
-    r.trace.events.push_back(e);
+    t.events.push_back(e);
   }
   if (!header_seen) {
-    r.error = std::string(name) + ": empty trace";
-    return r;
+    return Malformed(std::string(name) + ": empty trace");
   }
-  if (std::string err = r.trace.Validate(); !err.empty()) r.error = std::string(name) + ": " + err;
-  return r;
+  if (Status st = t.Validate(); !st.ok()) return st.Context(std::string(name) + ": ");
+  return t;
 }
 
-TraceResult OpenTrace(std::string_view spec) {
+Result<Trace> OpenTrace(std::string_view spec) {
   std::string format;
   std::string path(spec);
   if (const auto colon = spec.find(':'); colon != std::string_view::npos) {
@@ -396,23 +390,24 @@ TraceResult OpenTrace(std::string_view spec) {
     else if (ends_with(".bin") || ends_with(".cxlt"))
       format = "bin";
     else
-      return TraceResult{{}, path + ": cannot tell the format; use mooncake:, bin: or csv:"};
+      return Malformed(path + ": cannot tell the format; use mooncake:, bin: or csv:");
   }
   std::ifstream in(path, format == "bin" ? std::ios::binary : std::ios::in);
-  if (!in) return TraceResult{{}, path + ": cannot open: " + std::strerror(errno)};
+  if (!in) return IoFailed(path + ": cannot open: " + std::strerror(errno));
   if (format == "mooncake") return ReadMooncake(in, path);
   if (format == "csv") return ReadCsv(in, path);
   return ReadBinary(in, path);
 }
 
-std::string SaveTrace(const Trace& t, const std::string& path) {
+Status SaveTrace(const Trace& t, const std::string& path) {
   const bool csv = path.ends_with(".csv");
   std::ofstream out(path, csv ? std::ios::out : std::ios::binary);
-  if (!out) return path + ": cannot create: " + std::strerror(errno);
-  const std::string err = csv ? WriteCsv(t, out) : WriteBinary(t, out);
+  if (!out) return IoFailed(path + ": cannot create: " + std::strerror(errno));
+  const Status st = csv ? WriteCsv(t, out) : WriteBinary(t, out);
   out.close();
-  if (!err.empty() || !out) return path + ": " + (err.empty() ? "write failed" : err);
-  return {};
+  if (!st.ok()) return st.Context(path + ": ");
+  if (!out) return IoFailed(path + ": write failed");
+  return Status::Ok();
 }
 
 }  // namespace cxltier::sim

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
+#include "cxltier/status.h"
 
 namespace cxltier::sim {
 
@@ -70,39 +71,39 @@ struct Trace {
   uint32_t group_of(uint32_t key) const { return key < groups.size() ? groups[key] : 0; }
 
   size_t touches() const;
-  // Empty when the trace is consistent; otherwise the first problem found.
-  std::string Validate() const;
+  // Ok when the trace is consistent; otherwise kBadPayload and the first
+  // problem found.
+  Status Validate() const;
 };
 
-// Result of reading a trace: ok() or an error naming the file and the line or offset.
-struct TraceResult {
-  Trace trace;
-  std::string error;
-  bool ok() const { return error.empty(); }
-};
+// Errors: the readers return the trace, or a Status whose message names the
+// file and the line or offset: kBadPayload for a malformed trace (or a spec
+// whose format cannot be told), kInternal for a file that cannot be opened,
+// created or written. A writer's kBadPayload: the trace cannot be written in
+// that format.
 
 // Mooncake JSONL: one request per line, {"timestamp": ms, "hash_ids": [...], ...}.
 // Every hash id is one block of 512 tokens, touched in order (observation 1);
 // one request is one step.
-TraceResult ReadMooncake(std::istream& in, std::string_view name);
-TraceResult ReadMooncakeFile(const std::string& path);
+Result<Trace> ReadMooncake(std::istream& in, std::string_view name);
+Result<Trace> ReadMooncakeFile(const std::string& path);
 
 // Our binary format ("CXLTRACE"): version 1, version 2 when the trace has
 // groups (a group number per key after the key table), version 3 when it
 // records the daemon's moves (the clock of step 0 after the header, then
 // version 2's tables).
-TraceResult ReadBinary(std::istream& in, std::string_view name);
-std::string WriteBinary(const Trace& trace, std::ostream& out);
+Result<Trace> ReadBinary(std::istream& in, std::string_view name);
+Status WriteBinary(const Trace& trace, std::ostream& out);
 
 // CSV: "# cxltier-trace v1 block_tokens=N", then "step,key,kind,obs" rows.
-TraceResult ReadCsv(std::istream& in, std::string_view name);
-std::string WriteCsv(const Trace& trace, std::ostream& out);
+Result<Trace> ReadCsv(std::istream& in, std::string_view name);
+Status WriteCsv(const Trace& trace, std::ostream& out);
 
 // Opens "mooncake:PATH", "bin:PATH", "csv:PATH", or a PATH whose extension
 // (.jsonl, .bin/.cxlt, .csv) names the format.
-TraceResult OpenTrace(std::string_view spec);
-// Writes by extension (.csv or anything else = binary). Returns an error or "".
-std::string SaveTrace(const Trace& trace, const std::string& path);
+Result<Trace> OpenTrace(std::string_view spec);
+// Writes by extension (.csv or anything else = binary).
+Status SaveTrace(const Trace& trace, const std::string& path);
 
 // Key namespace of Mooncake hash ids: BlockKey{kMooncakeKeySpace, hash_id}.
 inline constexpr uint64_t kMooncakeKeySpace = 0x6d6f6f6e63616b65ULL;  // "mooncake"

@@ -82,11 +82,11 @@ Result<wire::AdminOk> Requests::StopRecording(server::UniqueFd* trace_fd) {
   {
     // A second description of the same memfd, for a stream to write through.
     std::ofstream out("/proc/self/fd/" + std::to_string(fd.get()), std::ios::binary);
-    const std::string err = sim::WriteBinary(trace, out);
+    const Status st = sim::WriteBinary(trace, out);
     out.flush();
-    if (!err.empty() || !out) {
+    if (!st.ok() || !out) {
       return Error{ErrorCode::kInternal,
-                   "writing the recording: " + (err.empty() ? "short write" : err)};
+                   "writing the recording: " + (st.ok() ? std::string("short write") : st.message)};
     }
   }
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {

@@ -11,29 +11,26 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::istringstream in(std::string(reinterpret_cast<const char*>(data) + 1, size - 1));
-  cxltier::sim::TraceResult r;
-  switch (data[0] % 3) {
-    case 0:
-      r = cxltier::sim::ReadMooncake(in, "fuzz.jsonl");
-      break;
-    case 1:
-      r = cxltier::sim::ReadBinary(in, "fuzz.bin");
-      break;
-    case 2:
-      r = cxltier::sim::ReadCsv(in, "fuzz.csv");
-      break;
-  }
+  const cxltier::Result<cxltier::sim::Trace> r = [&]() -> cxltier::Result<cxltier::sim::Trace> {
+    switch (data[0] % 3) {
+      case 0:
+        return cxltier::sim::ReadMooncake(in, "fuzz.jsonl");
+      case 1:
+        return cxltier::sim::ReadBinary(in, "fuzz.bin");
+      default:
+        return cxltier::sim::ReadCsv(in, "fuzz.csv");
+    }
+  }();
   if (!r.ok()) {
-    if (r.error.empty()) std::abort();
+    if (r.status().message.empty()) std::abort();
     return 0;
   }
-  if (!r.trace.Validate().empty()) std::abort();
+  if (!r->Validate().ok()) std::abort();
   std::ostringstream out;
-  if (!cxltier::sim::WriteBinary(r.trace, out).empty()) std::abort();
+  if (!cxltier::sim::WriteBinary(*r, out).ok()) std::abort();
   std::istringstream back(out.str());
-  const cxltier::sim::TraceResult again = cxltier::sim::ReadBinary(back, "again.bin");
-  if (!again.ok() || again.trace.events.size() != r.trace.events.size() ||
-      again.trace.keys != r.trace.keys) {
+  const cxltier::Result<cxltier::sim::Trace> again = cxltier::sim::ReadBinary(back, "again.bin");
+  if (!again.ok() || again->events.size() != r->events.size() || again->keys != r->keys) {
     std::abort();
   }
   return 0;

@@ -40,7 +40,7 @@ TEST(FitToPool, AFullPoolReleasesItsLeastRecentlyTouchedBlock) {
   EXPECT_EQ(s.max_live, 2u);
   EXPECT_EQ(s.admissions, 4u);
   EXPECT_EQ(s.readmissions, 1u);
-  EXPECT_TRUE(f.Validate().empty()) << f.Validate();
+  EXPECT_TRUE(f.Validate().ok()) << f.Validate().message;
 }
 
 TEST(FitToPool, KeepsTheTracesOwnReleasesAndDropsReleasesOfBlocksNotLive) {

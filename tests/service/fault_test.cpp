@@ -268,9 +268,9 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
     off += n;
   }
   std::istringstream in(bytes);
-  const sim::TraceResult trace = sim::ReadBinary(in, "recording");
-  ASSERT_TRUE(trace.ok()) << trace.error;
-  ASSERT_TRUE(trace.trace.recorded_moves);
+  const Result<sim::Trace> trace = sim::ReadBinary(in, "recording");
+  ASSERT_TRUE(trace.ok()) << trace.status().message;
+  ASSERT_TRUE(trace->recorded_moves);
   // The recording holds failed moves (the first 45 ticks) and done ones.
   // How many plans were skipped depends on the mover thread's pace: printed
   // below, not asserted.
@@ -289,7 +289,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   sc.hysteresis_ticks = rec["hysteresis_ticks"].get<uint32_t>();
   sc.ghost_capacity = rec["ghost_capacity"].get<size_t>();
   sc.recorded_moves = true;
-  const Result<sim::SimResult> exact_run = sim::Simulate(trace.trace, sc, nullptr);
+  const Result<sim::SimResult> exact_run = sim::Simulate(*trace, sc, nullptr);
   ASSERT_TRUE(exact_run.ok()) << exact_run.status().message;
   const sim::SimResult& exact = *exact_run;
   EXPECT_EQ(exact.counters.touches, rec["touches"].get<uint64_t>());
@@ -297,7 +297,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   EXPECT_EQ(exact.counters.failed_moves,
             rec["move_outcomes"].get<uint64_t>() - rec["moves_done"].get<uint64_t>());
   sc.recorded_moves = false;
-  const Result<sim::SimResult> what_if_run = sim::Simulate(trace.trace, sc, nullptr);
+  const Result<sim::SimResult> what_if_run = sim::Simulate(*trace, sc, nullptr);
   ASSERT_TRUE(what_if_run.ok()) << what_if_run.status().message;
   const sim::SimResult& what_if = *what_if_run;
   std::printf(

@@ -74,7 +74,7 @@ TEST(Recorder, HashesKeysPerRecordingAndStopsByItself) {
   r.Touch(106, kUid, a, 1.0, true);  // after the end: not recorded
   auto [t, sum] = r.Take();
   EXPECT_FALSE(r.ready());
-  EXPECT_EQ(t.Validate(), "");
+  EXPECT_EQ(t.Validate().message, "");
   ASSERT_EQ(t.keys.size(), 2u);
   ASSERT_EQ(t.events.size(), 5u);
   EXPECT_EQ(t.events[0].kind, sim::EventKind::kAdmit);
@@ -177,7 +177,7 @@ TEST(Recorder, AUidPastItsShareLosesItsOwnEventsOnly) {
   for (uint64_t i = 0; i < 3; ++i) r.Touch(4, kLate, key(kLate, i), 1.0, false);
   ASSERT_TRUE(r.ready());
   auto [t, sum] = r.Take();
-  ASSERT_EQ(t.Validate(), "");
+  ASSERT_EQ(t.Validate().message, "");
   EXPECT_TRUE(sum.truncated);
   EXPECT_EQ(sum.end_tick, 4u);
   EXPECT_FALSE(sum.replay_exact);
@@ -200,11 +200,11 @@ TEST(Recorder, AUidPastItsShareLosesItsOwnEventsOnly) {
   EXPECT_EQ(t.keys.size(), 12u);
   // Written as a what-if trace (no moves: version 1) and read back.
   std::stringstream io;
-  ASSERT_EQ(sim::WriteBinary(t, io), "");
+  ASSERT_EQ(sim::WriteBinary(t, io).message, "");
   uint32_t version = 0;
   std::memcpy(&version, io.str().data() + 8, 4);
   EXPECT_EQ(version, 1u);
-  EXPECT_EQ(sim::ReadBinary(io, "rec").error, "");
+  EXPECT_EQ(sim::ReadBinary(io, "rec").status().message, "");
 
   // A uid past its byte share with a new block loses an old block's touch
   // too, though it would fit: its events stay a prefix without gaps.
@@ -265,7 +265,7 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   r.Hint(13, kUid, g2, HintKind::kDone);
   r.Stop(14);
   auto [t, sum] = r.Take();
-  ASSERT_EQ(t.Validate(), "");
+  ASSERT_EQ(t.Validate().message, "");
   ASSERT_EQ(t.keys.size(), 3u);
   ASSERT_EQ(t.groups.size(), 3u);
   // Keys in the order first seen: c, a, b.
@@ -287,15 +287,15 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   EXPECT_EQ(sum.touches, 3u);
   // Written and read back (version 3: a recording), groups and hints whole.
   std::stringstream io;
-  ASSERT_EQ(sim::WriteBinary(t, io), "");
+  ASSERT_EQ(sim::WriteBinary(t, io).message, "");
   const std::string bytes = io.str();
   uint32_t version = 0;
   std::memcpy(&version, bytes.data() + 8, 4);
   EXPECT_EQ(version, 3u);
-  sim::TraceResult back = sim::ReadBinary(io, "rec");
-  ASSERT_EQ(back.error, "");
-  EXPECT_EQ(back.trace.groups, t.groups);
-  EXPECT_EQ(back.trace.events.size(), t.events.size());
+  Result<sim::Trace> back = sim::ReadBinary(io, "rec");
+  ASSERT_EQ(back.status().message, "");
+  EXPECT_EQ(back->groups, t.groups);
+  EXPECT_EQ(back->events.size(), t.events.size());
 
   // No hint and no group: no groups, written as a table of zeros, read back as none.
   Recorder plain;
@@ -306,12 +306,12 @@ TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   EXPECT_TRUE(t2.groups.empty());
   EXPECT_EQ(sum2.hints, 0u);
   std::stringstream io2;
-  ASSERT_EQ(sim::WriteBinary(t2, io2), "");
+  ASSERT_EQ(sim::WriteBinary(t2, io2).message, "");
   std::memcpy(&version, io2.str().data() + 8, 4);
   EXPECT_EQ(version, 3u);
-  sim::TraceResult back2 = sim::ReadBinary(io2, "plain");
-  ASSERT_EQ(back2.error, "");
-  EXPECT_TRUE(back2.trace.groups.empty());
+  Result<sim::Trace> back2 = sim::ReadBinary(io2, "plain");
+  ASSERT_EQ(back2.status().message, "");
+  EXPECT_TRUE(back2->groups.empty());
 
   // A hint alone costs an event of its uid's share (half the cap, alone).
   Recorder capped;
@@ -373,7 +373,7 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
   r.Outcome(103, b, true);  // told once only
   r.Stop(104);
   auto [t, sum] = r.Take();
-  ASSERT_EQ(t.Validate(), "");
+  ASSERT_EQ(t.Validate().message, "");
   EXPECT_TRUE(t.recorded_moves);
   EXPECT_EQ(t.first_tick, 100u);
   using K = sim::EventKind;
@@ -403,19 +403,19 @@ TEST(Recorder, RecordsPlansOutcomesAndRelocations) {
   EXPECT_EQ(sum.relocations, 1u);
   // Written as version 3 (the clock of step 0 after the header) and read back whole.
   std::stringstream io;
-  ASSERT_EQ(sim::WriteBinary(t, io), "");
+  ASSERT_EQ(sim::WriteBinary(t, io).message, "");
   const std::string bytes = io.str();
   uint32_t version = 0;
   std::memcpy(&version, bytes.data() + 8, 4);
   EXPECT_EQ(version, 3u);
-  sim::TraceResult back = sim::ReadBinary(io, "rec");
-  ASSERT_EQ(back.error, "");
-  EXPECT_TRUE(back.trace.recorded_moves);
-  EXPECT_EQ(back.trace.first_tick, 100u);
-  ASSERT_EQ(back.trace.events.size(), t.events.size());
+  Result<sim::Trace> back = sim::ReadBinary(io, "rec");
+  ASSERT_EQ(back.status().message, "");
+  EXPECT_TRUE(back->recorded_moves);
+  EXPECT_EQ(back->first_tick, 100u);
+  ASSERT_EQ(back->events.size(), t.events.size());
   for (size_t i = 0; i < t.events.size(); ++i) {
-    EXPECT_EQ(back.trace.events[i].kind, t.events[i].kind) << i;
-    EXPECT_EQ(back.trace.events[i].key, t.events[i].key) << i;
+    EXPECT_EQ(back->events[i].kind, t.events[i].kind) << i;
+    EXPECT_EQ(back->events[i].key, t.events[i].key) << i;
   }
 
   // A plan costs an event of no uid's share: past the event cap the moves

@@ -54,29 +54,29 @@ void ExpectSameTrace(const Trace& a, const Trace& b) {
 // ------------------------------------------------------------------ traces
 
 TEST(Mooncake, SampleTraceHasThePublishedCounts) {
-  const TraceResult r = ReadMooncakeFile(kMooncake);
-  ASSERT_TRUE(r.ok()) << r.error;
-  EXPECT_EQ(r.trace.events.size(), 121877u);
-  EXPECT_EQ(r.trace.keys.size(), 43924u);
-  EXPECT_EQ(r.trace.events.back().step, 3992u);  // 3,993 requests, one step each
-  EXPECT_EQ(r.trace.block_tokens, 512u);
-  EXPECT_EQ(r.trace.keys[0], (BlockKey{kMooncakeKeySpace, 0}));
+  const Result<Trace> r = ReadMooncakeFile(kMooncake);
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  EXPECT_EQ(r->events.size(), 121877u);
+  EXPECT_EQ(r->keys.size(), 43924u);
+  EXPECT_EQ(r->events.back().step, 3992u);  // 3,993 requests, one step each
+  EXPECT_EQ(r->block_tokens, 512u);
+  EXPECT_EQ(r->keys[0], (BlockKey{kMooncakeKeySpace, 0}));
 }
 
 TEST(Mooncake, ParsesInOrderAndRejectsBadLines) {
   std::istringstream ok(
       "{\"timestamp\": 0, \"hash_ids\": [5, 6]}\n\n{\"timestamp\": 3, \"hash_ids\": [5]}\n");
-  const TraceResult r = ReadMooncake(ok, "t");
-  ASSERT_TRUE(r.ok()) << r.error;
-  ASSERT_EQ(r.trace.events.size(), 3u);
-  EXPECT_EQ(r.trace.events[0].key, r.trace.events[2].key);
-  EXPECT_EQ(r.trace.events[2].step, 1u);
+  const Result<Trace> r = ReadMooncake(ok, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  ASSERT_EQ(r->events.size(), 3u);
+  EXPECT_EQ(r->events[0].key, r->events[2].key);
+  EXPECT_EQ(r->events[2].step, 1u);
   for (const char* bad : {"{\"hash_ids\": [1, -2]}\n", "not json\n", "{\"timestamp\": 1}\n",
                           "[1,2]\n", "{\"hash_ids\": [1.5]}\n", ""}) {
     std::istringstream in(bad);
-    const TraceResult b = ReadMooncake(in, "bad");
+    const Result<Trace> b = ReadMooncake(in, "bad");
     EXPECT_FALSE(b.ok()) << bad;
-    EXPECT_NE(b.error.find("bad"), std::string::npos) << b.error;
+    EXPECT_NE(b.status().message.find("bad"), std::string::npos) << b.status().message;
   }
 }
 
@@ -95,17 +95,17 @@ Trace SmallTrace() {
 TEST(TraceFormats, BinaryAndCsvRoundTrip) {
   const Trace t = SmallTrace();
   std::stringstream bin;
-  ASSERT_EQ(WriteBinary(t, bin), "");
+  ASSERT_EQ(WriteBinary(t, bin).message, "");
   EXPECT_EQ(bin.str().size(), 32 + 16 * t.keys.size() + 16 * t.events.size());
-  const TraceResult b = ReadBinary(bin, "bin");
-  ASSERT_TRUE(b.ok()) << b.error;
-  ExpectSameTrace(t, b.trace);
+  const Result<Trace> b = ReadBinary(bin, "bin");
+  ASSERT_TRUE(b.ok()) << b.status().message;
+  ExpectSameTrace(t, *b);
 
   std::stringstream csv;
-  ASSERT_EQ(WriteCsv(t, csv), "");
-  const TraceResult c = ReadCsv(csv, "csv");
-  ASSERT_TRUE(c.ok()) << c.error;
-  ExpectSameTrace(t, c.trace);
+  ASSERT_EQ(WriteCsv(t, csv).message, "");
+  const Result<Trace> c = ReadCsv(csv, "csv");
+  ASSERT_TRUE(c.ok()) << c.status().message;
+  ExpectSameTrace(t, *c);
 }
 
 TEST(TraceFormats, HostileBinaryInputIsRejectedClearly) {
@@ -116,28 +116,30 @@ TEST(TraceFormats, HostileBinaryInputIsRejectedClearly) {
     std::istringstream in(b);
     return ReadBinary(in, "x");
   };
-  EXPECT_NE(read(bytes.substr(0, 10)).error.find("header"), std::string::npos);
-  EXPECT_NE(read("NOTATRACE" + bytes.substr(9)).error.find("magic"), std::string::npos);
-  EXPECT_NE(read(bytes.substr(0, bytes.size() - 3)).error.find("truncated"), std::string::npos);
-  EXPECT_NE(read(bytes + "x").error.find("trailing"), std::string::npos);
+  EXPECT_NE(read(bytes.substr(0, 10)).status().message.find("header"), std::string::npos);
+  EXPECT_EQ(read(bytes.substr(0, 10)).status().code, wire::ErrorCode::kBadPayload);
+  EXPECT_NE(read("NOTATRACE" + bytes.substr(9)).status().message.find("magic"), std::string::npos);
+  EXPECT_NE(read(bytes.substr(0, bytes.size() - 3)).status().message.find("truncated"),
+            std::string::npos);
+  EXPECT_NE(read(bytes + "x").status().message.find("trailing"), std::string::npos);
   std::string absurd = bytes;
   absurd[31] = '\x7f';  // n_events high byte
-  EXPECT_NE(read(absurd).error.find("absurd"), std::string::npos);
+  EXPECT_NE(read(absurd).status().message.find("absurd"), std::string::npos);
   std::string version = bytes;
   version[8] = 9;
-  EXPECT_NE(read(version).error.find("version"), std::string::npos);
+  EXPECT_NE(read(version).status().message.find("version"), std::string::npos);
   std::string kind = bytes;
   kind[32 + 16 * 3 + 12] = 7;  // first event's kind
-  EXPECT_NE(read(kind).error.find("kind"), std::string::npos);
+  EXPECT_NE(read(kind).status().message.find("kind"), std::string::npos);
   std::string key = bytes;
   key[32 + 16 * 3 + 4] = 99;  // first event's key index
-  EXPECT_NE(read(key).error.find("out of range"), std::string::npos);
+  EXPECT_NE(read(key).status().message.find("out of range"), std::string::npos);
   std::string nan = bytes;
   for (int i = 0; i < 4; ++i) nan[32 + 16 * 3 + 8 + i] = '\xff';
-  EXPECT_NE(read(nan).error.find("observation"), std::string::npos);
+  EXPECT_NE(read(nan).status().message.find("observation"), std::string::npos);
   std::string back = bytes;
   back[32 + 16 * 3 + 16 * 3] = 0;  // fourth event's step 3 -> 0 (< previous)
-  EXPECT_NE(read(back).error.find("backwards"), std::string::npos);
+  EXPECT_NE(read(back).status().message.find("backwards"), std::string::npos);
 }
 
 TEST(TraceFormats, BadCsvNamesTheLine) {
@@ -149,18 +151,20 @@ TEST(TraceFormats, BadCsvNamesTheLine) {
         head + "2," + key + ",touch,1\n1," + key + ",touch,1\n", std::string("a,b,c,d\n"),
         "# cxltier-trace v1 block_tokens=0\n" + head}) {
     std::istringstream in(bad);
-    const TraceResult r = ReadCsv(in, "f.csv");
+    const Result<Trace> r = ReadCsv(in, "f.csv");
     EXPECT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.error.find("f.csv"), std::string::npos) << r.error;
+    EXPECT_NE(r.status().message.find("f.csv"), std::string::npos) << r.status().message;
   }
 }
 
 TEST(TraceFormats, OpenByPrefixOrExtension) {
   EXPECT_TRUE(OpenTrace("mooncake:" + kMooncake).ok());
   EXPECT_TRUE(OpenTrace(kMooncake).ok());
-  const TraceResult missing = OpenTrace("bin:/nonexistent/x.bin");
-  EXPECT_NE(missing.error.find("cannot open"), std::string::npos);
-  EXPECT_NE(OpenTrace("/tmp/x.weird").error.find("format"), std::string::npos);
+  const Result<Trace> missing = OpenTrace("bin:/nonexistent/x.bin");
+  EXPECT_NE(missing.status().message.find("cannot open"), std::string::npos);
+  EXPECT_NE(OpenTrace("/tmp/x.weird").status().message.find("format"), std::string::npos);
+  EXPECT_EQ(missing.status().code, wire::ErrorCode::kInternal);
+  EXPECT_EQ(OpenTrace("/tmp/x.weird").status().code, wire::ErrorCode::kBadPayload);
 }
 
 // ------------------------------------------------------- attention workload
@@ -191,7 +195,7 @@ TEST(Attention, DeterministicForASeed) {
 TEST(Attention, StepsFollowTheModel) {
   const AttentionParams p = SmallParams();
   const Trace t = GenerateAttention(p);
-  EXPECT_EQ(t.Validate(), "");
+  EXPECT_EQ(t.Validate().message, "");
   // Per (step, sequence): at most topk touches, masses sum to 1, the sink is among them.
   std::map<std::pair<uint32_t, uint64_t>, std::pair<int, double>> per;
   std::map<std::pair<uint32_t, uint64_t>, bool> sink;
@@ -245,15 +249,15 @@ TEST(Attention, ParseErrorsNameTheParameter) {
 // ---------------------------------------------------------------- simulate
 
 TEST(Simulate, MinBeatsEveryPolicyOnTheMooncakeSample) {
-  const TraceResult r = ReadMooncakeFile(kMooncake);
+  const Result<Trace> r = ReadMooncakeFile(kMooncake);
   ASSERT_TRUE(r.ok());
-  const std::vector<uint64_t> next = NextUses(r.trace);
+  const std::vector<uint64_t> next = NextUses(*r);
   for (uint64_t gib : {8, 32, 128}) {
     SimConfig c;
     c.block_bytes = kLlama3_70B.bytes_per_token() * 512;
     c.budget_bytes = gib << 30;
     c.policy = "min";
-    const Result<SimResult> min = Simulate(r.trace, c, &next);
+    const Result<SimResult> min = Simulate(*r, c, &next);
     ASSERT_TRUE(min.ok()) << min.status().message;
     const uint64_t best = min->counters.hits;
     for (const char* p :
@@ -261,7 +265,7 @@ TEST(Simulate, MinBeatsEveryPolicyOnTheMooncakeSample) {
       for (auto pers : {engine::Persistence::kPersist, engine::Persistence::kReset}) {
         c.policy = p;
         c.persistence = pers;
-        const Result<SimResult> online = Simulate(r.trace, c, nullptr);
+        const Result<SimResult> online = Simulate(*r, c, nullptr);
         ASSERT_TRUE(online.ok()) << online.status().message;
         EXPECT_LE(online->counters.hits, best) << p << " " << gib;
       }
@@ -278,7 +282,7 @@ TEST(Simulate, MinBeatsEveryPolicyOnTheMooncakeSample) {
 // here: libCacheSim's differs from ours (Caffeine's) on purpose, see
 // docs/policies.md.
 TEST(Simulate, BaselinesEqualLibCacheSimOnTheMooncakeSample) {
-  const TraceResult r = ReadMooncakeFile(kMooncake);
+  const Result<Trace> r = ReadMooncakeFile(kMooncake);
   ASSERT_TRUE(r.ok());
   struct Row {
     const char* ours;
@@ -302,11 +306,11 @@ TEST(Simulate, BaselinesEqualLibCacheSimOnTheMooncakeSample) {
     c.budget_bytes = row.blocks * c.block_bytes;
     c.policy = row.ours;
     c.persistence = engine::Persistence::kReset;
-    const Result<SimResult> s_run = Simulate(r.trace, c, nullptr);
+    const Result<SimResult> s_run = Simulate(*r, c, nullptr);
     ASSERT_TRUE(s_run.ok()) << s_run.status().message;
     const SimResult& s = *s_run;
     const double miss =
-        1.0 - static_cast<double>(s.counters.hits) / static_cast<double>(r.trace.events.size());
+        1.0 - static_cast<double>(s.counters.hits) / static_cast<double>(r->events.size());
     EXPECT_NEAR(miss, row.miss_ratio, 0.00005) << row.ours << " at " << row.blocks << " blocks";
   }
 }
@@ -450,7 +454,7 @@ TEST(Simulate, AdmitsInAThirdTierAreReplayedThere) {
   t.events = {{0, 0, 2.0f, EventKind::kAdmit}, {0, 1, 1.0f, EventKind::kAdmit},
               {0, 2, 0.0f, EventKind::kAdmit}, {0, 0, 1.0f, EventKind::kTouch},
               {0, 1, 1.0f, EventKind::kTouch}, {0, 2, 1.0f, EventKind::kTouch}};
-  ASSERT_EQ(t.Validate(), "");
+  ASSERT_EQ(t.Validate().message, "");
   SimConfig c;
   c.mode = engine::Mode::kTick;
   c.block_bytes = 1;
@@ -473,7 +477,7 @@ TEST(Simulate, AdmitsInAThirdTierAreReplayedThere) {
   for (float bad : {static_cast<float>(kMaxTiers), 1.5f}) {
     Trace b = t;
     b.events[0].obs = bad;
-    EXPECT_NE(b.Validate().find("an admit's tier must be a whole number, 0 to 7"),
+    EXPECT_NE(b.Validate().message.find("an admit's tier must be a whole number, 0 to 7"),
               std::string::npos)
         << bad;
   }
@@ -618,7 +622,7 @@ TEST(RecordedMoves, TheReplayIsTheRunExactly) {
     for (uint32_t seed : {1u, 2u, 3u, 4u}) {
       const unsigned tiers = seed % 2 ? 2 : 3;
       const MiniDaemon run = RunMiniDaemon(policy, seed, 1000 * seed, tiers);
-      ASSERT_EQ(run.trace.Validate(), "");
+      ASSERT_EQ(run.trace.Validate().message, "");
       size_t outcomes = 0, not_done = 0, relocations = 0, plans = 0;
       for (const TraceEvent& ev : run.trace.events) {
         plans += ev.kind == EventKind::kPlan;
@@ -635,10 +639,10 @@ TEST(RecordedMoves, TheReplayIsTheRunExactly) {
       }
       // Through the binary format: version 3 keeps the clock and the moves.
       std::stringstream bin;
-      ASSERT_EQ(WriteBinary(run.trace, bin), "");
-      const TraceResult back = ReadBinary(bin, "mini.bin");
-      ASSERT_TRUE(back.ok()) << back.error;
-      const Result<SimResult> r_run = Simulate(back.trace, MiniConfig(policy, tiers), nullptr);
+      ASSERT_EQ(WriteBinary(run.trace, bin).message, "");
+      const Result<Trace> back = ReadBinary(bin, "mini.bin");
+      ASSERT_TRUE(back.ok()) << back.status().message;
+      const Result<SimResult> r_run = Simulate(*back, MiniConfig(policy, tiers), nullptr);
       ASSERT_TRUE(r_run.ok()) << r_run.status().message << policy << " seed " << seed;
       const SimResult& r = *r_run;
       EXPECT_EQ(r.counters.tier_hits, run.counters.tier_hits) << policy << " seed " << seed;
@@ -742,9 +746,9 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   t.events.insert(t.events.begin() + 2, {{0, 2, 0.0f, EventKind::kPlan},
                                          {1, 1, 1.0f, EventKind::kOutcome},
                                          {1, 0, 1.0f, EventKind::kRelocated}});
-  ASSERT_EQ(t.Validate(), "");
+  ASSERT_EQ(t.Validate().message, "");
   std::stringstream bin;
-  ASSERT_EQ(WriteBinary(t, bin), "");
+  ASSERT_EQ(WriteBinary(t, bin).message, "");
   const std::string bytes = bin.str();
   EXPECT_EQ(bytes[8], 3);
   EXPECT_EQ(bytes.size(), 40 + 20 * t.keys.size() + 16 * t.events.size());
@@ -752,20 +756,20 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   std::memcpy(&clock, bytes.data() + 32, 8);
   EXPECT_EQ(clock, t.first_tick);
   std::istringstream in(bytes);
-  const TraceResult r = ReadBinary(in, "v3");
-  ASSERT_TRUE(r.ok()) << r.error;
-  ExpectSameTrace(t, r.trace);
-  EXPECT_TRUE(r.trace.recorded_moves);
-  EXPECT_EQ(r.trace.first_tick, t.first_tick);
-  EXPECT_TRUE(r.trace.groups.empty());  // the table of zeros reads as none
+  const Result<Trace> r = ReadBinary(in, "v3");
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  ExpectSameTrace(t, *r);
+  EXPECT_TRUE(r->recorded_moves);
+  EXPECT_EQ(r->first_tick, t.first_tick);
+  EXPECT_TRUE(r->groups.empty());  // the table of zeros reads as none
   // With groups too.
   Trace g = t;
   g.groups = {1, 0, 2};
   std::stringstream gbin;
-  ASSERT_EQ(WriteBinary(g, gbin), "");
-  const TraceResult gr = ReadBinary(gbin, "v3g");
-  ASSERT_TRUE(gr.ok()) << gr.error;
-  EXPECT_EQ(gr.trace.groups, g.groups);
+  ASSERT_EQ(WriteBinary(g, gbin).message, "");
+  const Result<Trace> gr = ReadBinary(gbin, "v3g");
+  ASSERT_TRUE(gr.ok()) << gr.status().message;
+  EXPECT_EQ(gr->groups, g.groups);
   // A kind 4 to 6 in a version 1 trace, and kind 7 in version 3: unknown.
   const size_t first_event = 40 + 20 * t.keys.size();
   std::string v1 = bytes;
@@ -773,35 +777,35 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   v1.erase(32, 8);                        // no clock
   v1.erase(32 + 16 * t.keys.size(), 12);  // no group table
   std::istringstream v1in(v1);
-  EXPECT_NE(ReadBinary(v1in, "x").error.find("unknown kind 4 for a version 1 trace"),
+  EXPECT_NE(ReadBinary(v1in, "x").status().message.find("unknown kind 4 for a version 1 trace"),
             std::string::npos);
   std::string seven = bytes;
   seven[first_event + 16 * 2 + 12] = 7;
   std::istringstream sin(seven);
-  EXPECT_NE(ReadBinary(sin, "x").error.find("unknown kind 7"), std::string::npos);
+  EXPECT_NE(ReadBinary(sin, "x").status().message.find("unknown kind 7"), std::string::npos);
   // An outcome is 1 or 0; a relocation's tier a whole tier; a plan's
   // observation 0; none of them in a trace that records no moves.
   Trace bad = t;
   bad.events[3].obs = 0.5f;
-  EXPECT_NE(bad.Validate().find("1 (done) or 0"), std::string::npos);
+  EXPECT_NE(bad.Validate().message.find("1 (done) or 0"), std::string::npos);
   bad = t;
   bad.events[4].obs = 9.0f;
-  EXPECT_NE(bad.Validate().find("a relocation's tier"), std::string::npos);
+  EXPECT_NE(bad.Validate().message.find("a relocation's tier"), std::string::npos);
   bad = t;
   bad.events[2].obs = 1.0f;
-  EXPECT_NE(bad.Validate().find("a plan's observation"), std::string::npos);
+  EXPECT_NE(bad.Validate().message.find("a plan's observation"), std::string::npos);
   bad = t;
   bad.recorded_moves = false;
-  EXPECT_NE(bad.Validate().find("records no moves"), std::string::npos);
+  EXPECT_NE(bad.Validate().message.find("records no moves"), std::string::npos);
   // CSV carries none: it says so instead of dropping them.
   std::stringstream csv;
-  EXPECT_NE(WriteCsv(t, csv).find("--moves recorded"), std::string::npos);
+  EXPECT_NE(WriteCsv(t, csv).message.find("--moves recorded"), std::string::npos);
 }
 
 TEST(SimCli, MovesRecordedNeedsARecording) {
   const std::filesystem::path file = TempDir() / "mini.bin";
   const MiniDaemon run = RunMiniDaemon("lru", 6, 0);
-  ASSERT_EQ(SaveTrace(run.trace, file.string()), "");
+  ASSERT_EQ(SaveTrace(run.trace, file.string()).message, "");
   const std::string replay =
       kSim + " --trace bin:" + file.string() + " --mode tick --block-bytes 1 --budget " +
       std::to_string(kMiniBudget) + " --migrate-per-tick " + std::to_string(kMiniMigrate) +
@@ -872,7 +876,7 @@ TEST(Hints, TheyAddEventsAndGroupsAndChangeNothingElse) {
   const Trace with = GenerateAttention(p);
   p.hints = 0;
   const Trace without = GenerateAttention(p);
-  ASSERT_TRUE(with.Validate().empty()) << with.Validate();
+  ASSERT_TRUE(with.Validate().ok()) << with.Validate().message;
   EXPECT_TRUE(without.groups.empty());
   ASSERT_EQ(with.groups.size(), with.keys.size());
   std::vector<TraceEvent> rest;
@@ -946,33 +950,33 @@ TEST(Hints, IdleAfterATurnSoonLeadStepsBeforeTheNext) {
 TEST(Hints, BinaryVersionTwoKeepsGroupsAndHints) {
   const Trace t = GenerateAttention(HintedParams(3));
   std::stringstream bin;
-  ASSERT_EQ(WriteBinary(t, bin), "");
+  ASSERT_EQ(WriteBinary(t, bin).message, "");
   const std::string bytes = bin.str();
   EXPECT_EQ(bytes[8], 2);  // version
   EXPECT_EQ(bytes.size(), 32 + 20 * t.keys.size() + 16 * t.events.size());
   std::istringstream in(bytes);
-  const TraceResult r = ReadBinary(in, "v2");
-  ASSERT_TRUE(r.ok()) << r.error;
-  ExpectSameTrace(t, r.trace);
-  EXPECT_EQ(r.trace.groups, t.groups);
+  const Result<Trace> r = ReadBinary(in, "v2");
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  ExpectSameTrace(t, *r);
+  EXPECT_EQ(r->groups, t.groups);
   // Truncated in the group table, a hint of group 0 or of kind 4: refused.
   std::istringstream cut(bytes.substr(0, 32 + 16 * t.keys.size() + 2));
-  EXPECT_NE(ReadBinary(cut, "x").error.find("group table"), std::string::npos);
+  EXPECT_NE(ReadBinary(cut, "x").status().message.find("group table"), std::string::npos);
   size_t first_hint = 0;
   while (t.events[first_hint].kind != EventKind::kHint) ++first_hint;
   const size_t at = 32 + 20 * t.keys.size() + 16 * first_hint;
   std::string zero = bytes;
   for (int i = 0; i < 4; ++i) zero[at + 4 + i] = 0;
   std::istringstream z(zero);
-  EXPECT_NE(ReadBinary(z, "x").error.find("group 0"), std::string::npos);
+  EXPECT_NE(ReadBinary(z, "x").status().message.find("group 0"), std::string::npos);
   std::string kind = bytes;
   const float four = 4.0f;
   std::memcpy(&kind[at + 8], &four, 4);
   std::istringstream k(kind);
-  EXPECT_NE(ReadBinary(k, "x").error.find("hint's kind"), std::string::npos);
+  EXPECT_NE(ReadBinary(k, "x").status().message.find("hint's kind"), std::string::npos);
   // CSV carries no groups: it says so instead of dropping them.
   std::stringstream csv;
-  EXPECT_NE(WriteCsv(t, csv).find("binary"), std::string::npos);
+  EXPECT_NE(WriteCsv(t, csv).message.find("binary"), std::string::npos);
 }
 
 TEST(Hints, TheSimulatorAppliesThemOnlyWhenAsked) {
@@ -1000,7 +1004,7 @@ TEST(Hints, TheSimulatorAppliesThemOnlyWhenAsked) {
 
 TEST(SimCli, HintsBothGivesARowEachWay) {
   const std::filesystem::path file = TempDir() / "hinted.bin";
-  ASSERT_EQ(SaveTrace(GenerateAttention(HintedParams(4)), file.string()), "");
+  ASSERT_EQ(SaveTrace(GenerateAttention(HintedParams(4)), file.string()).message, "");
   const ShellResult r = Shell(kSim + " --trace bin:" + file.string() +
                               " --block-bytes 4096 --budget 256KiB --policy adaptive,min"
                               " --persist persist --hints both --json");

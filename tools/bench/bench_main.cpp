@@ -34,9 +34,9 @@ const sim::Trace& AttentionTrace() {
 // The public Mooncake sample shipped with the tests (512-token blocks).
 const sim::Trace& MooncakeTrace() {
   static const sim::Trace trace = [] {
-    sim::TraceResult r =
+    Result<sim::Trace> r =
         sim::ReadMooncakeFile(CXLTIER_SOURCE_DIR "/tests/data/mooncake_synthetic_trace.jsonl");
-    return r.ok() ? std::move(r.trace) : sim::Trace{};
+    return r.ok() ? std::move(*r) : sim::Trace{};
   }();
   return trace;
 }

@@ -136,9 +136,9 @@ int main(int argc, char** argv) {
   // ---- the trace, fitted to the pool ----
   auto raw = std::make_unique<sim::Trace>();
   if (!trace_spec.empty()) {
-    sim::TraceResult r = sim::OpenTrace(trace_spec);
-    if (!r.ok()) return Fail(r.error);
-    *raw = std::move(r.trace);
+    Result<sim::Trace> r = sim::OpenTrace(trace_spec);
+    if (!r.ok()) return Fail(r.status().message);
+    *raw = std::move(*r);
   } else {
     sim::AttentionParams p;
     if (std::string err = p.Parse(attention); !err.empty()) return Fail(err);
@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   const sim::Trace trace = replay::FitToPool(*raw, pool_blocks, &fit_stats);
   raw.reset();  // nothing of it is needed again: no memory of ours beyond what every arm has
   if (!write_trace.empty()) {
-    if (std::string err = sim::SaveTrace(trace, write_trace); !err.empty()) return Fail(err);
+    if (Status st = sim::SaveTrace(trace, write_trace); !st.ok()) return Fail(st.message);
     const nlohmann::json j = {{"trace", write_trace},
                               {"events", trace.events.size()},
                               {"touches", trace.touches()},

@@ -269,9 +269,9 @@ int main(int argc, char** argv) {
   Trace trace;
   std::string workload;
   if (!trace_spec.empty()) {
-    TraceResult r = OpenTrace(trace_spec);
-    if (!r.ok()) return Fail(r.error);
-    trace = std::move(r.trace);
+    Result<Trace> r = OpenTrace(trace_spec);
+    if (!r.ok()) return Fail(r.status().message);
+    trace = std::move(*r);
     workload = trace.name;
   } else if (!workload_spec.empty()) {
     const size_t colon = workload_spec.find(':');
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
   }
 
   if (!write_trace.empty()) {
-    if (std::string err = SaveTrace(trace, write_trace); !err.empty()) return Fail(err);
+    if (Status st = SaveTrace(trace, write_trace); !st.ok()) return Fail(st.message);
     std::fprintf(stderr, "cxltier-sim: wrote %zu events, %zu keys to %s\n", trace.events.size(),
                  trace.keys.size(), write_trace.c_str());
     return 0;
