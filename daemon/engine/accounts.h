@@ -145,6 +145,8 @@ class AccountTable {
   std::vector<AccountUsage> Usage() const;
   // How many more blocks of `owner` and client `client` tier `tier` may take
   // before one of those accounts is at its cap there (kNoCap: neither capped).
+  // REQUIRES: `tier` is below the last tier, which has no cap (Engine::CapRoom
+  // answers kNoCap for it).
   size_t CapRoom(uint32_t owner, uint64_t client, unsigned tier) const;
   // False when an account of `s` has a tier-0 cap of 0.
   bool MayEnterSet(Slot s) const;

@@ -7,12 +7,8 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
-#include <limits>
 #include <memory>
 #include <span>
-#include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cxltier/block.h"

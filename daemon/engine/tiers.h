@@ -32,9 +32,8 @@ class TierTable {
 
   unsigned count() const { return count_; }
   unsigned last() const { return count_ - 1; }
-  size_t middle_tiers() const { return middle_.size(); }
   bool IsMiddle(unsigned k) const { return k >= 1 && k + 1 < count_; }
-  // Middle tier k's capacity (the last tier's: SIZE_MAX).
+  // Middle tier k's capacity (the last tier's: SIZE_MAX). REQUIRES: k >= 1.
   size_t LowerCapacity(unsigned k) const {
     return k < last() ? middle_capacity_[k - 1] : std::numeric_limits<size_t>::max();
   }
