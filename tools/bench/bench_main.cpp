@@ -178,7 +178,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
     for (const char* n : {"8192", "65536", "1048576"}) {
       const Result* base = get(std::string("BM_TickBaseline/") + n);
       for (const char* pct : {"1", "10", "100"}) {
-        const Result* t = get(std::string("BM_Tick/") + n + "/" + pct);
+        const Result* t = get(std::string("BM_Tick/lfu/") + n + "/" + pct);
         if (!t || !base || base->seconds <= 0) continue;
         const double r = t->seconds / base->seconds;
         const bool small = std::string(n) == "8192", large = std::string(n) == "1048576";
@@ -192,13 +192,25 @@ class RatioReporter : public benchmark::ConsoleReporter {
                        : true);
       }
     }
-    if (const Result* s = get("BM_SeedScenarioTick")) {
+    // The seeds' scenario with the default policy, next to LFU's in the same
+    // run (issue 32's targets: at most 1.5x its tick, 1.2x its bytes).
+    const Result* lfu = get("BM_SeedScenarioTick/lfu");
+    if (const Result* s = get("BM_SeedScenarioTick/default")) {
       const double cpu = s->seconds * 10 * 100;  // 10 ticks per second, percent of a core
       figure("4_daemon_cpu_percent_of_core", cpu, "%", 1.0, cpu / 1.0, "< 1%", cpu < 1.0);
-      const double per_block = s->counters.count("daemon_bytes_per_block")
-                                   ? s->counters.at("daemon_bytes_per_block")
-                                   : 0;
-      figure("4_daemon_bytes_per_block", per_block, "B", 64, per_block / 64, "-", true);
+      auto bytes = [](const Result* r) {
+        return r && r->counters.count("daemon_bytes_per_block")
+                   ? r->counters.at("daemon_bytes_per_block")
+                   : 0.0;
+      };
+      figure("4_daemon_bytes_per_block", bytes(s), "B", 64, bytes(s) / 64, "-", true);
+      if (lfu && lfu->seconds > 0 && bytes(lfu) > 0) {
+        const double tick = s->seconds / lfu->seconds, mem = bytes(s) / bytes(lfu);
+        figure("4_default_tick_us_vs_lfu", s->seconds * 1e6, "us", lfu->seconds * 1e6, tick,
+               "<= 1.5x", tick <= 1.5);
+        figure("4_default_bytes_per_block_vs_lfu", bytes(s), "B", bytes(lfu), mem, "<= 1.2x",
+               mem <= 1.2);
+      }
     }
     if (const Result* c = get("BM_SeedScenarioClientStep")) {
       figure("4_client_ns_per_decode_step", c->seconds * 1e9, "ns", 0, 0, "-", true);
