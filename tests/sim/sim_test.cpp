@@ -315,6 +315,17 @@ TEST(Simulate, BaselinesEqualLibCacheSimOnTheMooncakeSample) {
   }
 }
 
+TEST(Simulate, BudgetsAreSizesOrSharesOfTheDistinctBlocks) {
+  EXPECT_EQ(BudgetBytes("32GiB", 10, 5), std::optional<uint64_t>(32ull << 30));
+  EXPECT_EQ(BudgetBytes("10%", 1000, 4096), std::optional<uint64_t>(100 * 4096));
+  EXPECT_EQ(BudgetBytes("0.5%", 1000, 4096), std::optional<uint64_t>(5 * 4096));
+  EXPECT_EQ(BudgetBytes("0.01%", 1000, 4096), std::optional<uint64_t>(4096));  // at least one
+  EXPECT_EQ(BudgetBytes("100%", 7, 2), std::optional<uint64_t>(14));
+  for (const char* bad : {"0%", "101%", "-5%", "x%", "%", "nan%", "5 %", "5%%", "12XB"}) {
+    EXPECT_EQ(BudgetBytes(bad, 1000, 4096), std::nullopt) << bad;
+  }
+}
+
 TEST(Simulate, MinWithoutFutureIsAnError) {
   SimConfig c;
   c.policy = "min";

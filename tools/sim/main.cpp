@@ -219,7 +219,9 @@ int main(int argc, char** argv) {
   app.add_option("--block-bytes", block_bytes_flag,
                  "bytes per block (instead of --model's), as cxltierctl record prints it");
   auto* budget_opt =
-      app.add_option("--budget", budgets, "tier-0 budgets, comma-separated (32GiB,64GiB)")
+      app.add_option("--budget", budgets,
+                     "tier-0 budgets, comma-separated: sizes (32GiB,64GiB) or shares of "
+                     "the trace's distinct blocks (1%,50%)")
           ->capture_default_str();
   std::string tiers_flag;
   app.add_option("--tiers", tiers_flag,
@@ -366,8 +368,11 @@ int main(int argc, char** argv) {
   std::vector<SimConfig> configs;
   bool needs_future = false;
   for (const std::string& b : SplitList(budgets)) {
-    const auto bytes = ParseSize(b);
-    if (!bytes) return Fail("bad budget '" + b + "' (examples: 32GiB, 512MiB)");
+    const std::optional<uint64_t> bytes = BudgetBytes(b, trace.keys.size(), base.block_bytes);
+    if (!bytes) {
+      return Fail("bad budget '" + b +
+                  "' (examples: 32GiB, 512MiB, 5%: of the trace's distinct blocks)");
+    }
     for (const std::string& p : SplitList(policies)) {
       auto check = engine::MakePolicy(p);
       if (!check.ok()) return Fail(check.status().message);

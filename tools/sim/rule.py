@@ -7,7 +7,9 @@ online policy's, or within a margin of it.
 
 Rows: the attention workload (per seed) at 8, 16, 32, 64 and 128 GiB; every
 parameter row of docs/results.md at 32 GiB; tick mode at 32 GiB; the Mooncake
-sample at 8 GiB to 2 TiB (one trace, no seeds). "Other online policies" are
+sample at 8 GiB to 2 TiB (one trace, no seeds), and each --trace at the same.
+With --shares the attention, Mooncake and --trace rows use 1, 5, 10, 25 and
+50% of each trace's distinct blocks instead. "Other online policies" are
 lru, lfu, ema:0.01, ema:0.15, arc, s3fifo, sieve and tinylfu, each with persist
 and reset. The policy under test is checked in both modes; --persist picks one.
 Also checks that for every policy persist >= reset - margin on every row.
@@ -23,6 +25,7 @@ import sys
 OTHERS = ["lru", "lfu", "ema:0.01", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"]
 BUDGETS = ["8GiB", "16GiB", "32GiB", "64GiB", "128GiB"]
 MOONCAKE_BUDGETS = ["8GiB", "32GiB", "128GiB", "512GiB", "2TiB"]
+SHARES = ["1%", "5%", "10%", "25%", "50%"]  # --shares: of each trace's distinct blocks
 PARAMS = ["pause_steps=100", "pause_steps=5000", "sessions=8", "sessions=64", "drift=0",
           "drift=0.02", "heavy_alpha=0.8", "heavy_alpha=3", "release_on_pause=0.5", "turns=1",
           "topk=256"]
@@ -57,17 +60,28 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", help="also write every row to this file")
     ap.add_argument("--raw", help="also write every simulation's result to this file")
+    ap.add_argument("--shares", action="store_true",
+                    help="budgets as shares of each trace's distinct blocks (%s) instead of "
+                         "sizes, for the attention and trace rows" % ",".join(SHARES).replace(
+                             "%", "%%"))
+    ap.add_argument("--trace", action="append", default=[],
+                    help="another trace to check (a cxltier-sim --trace spec); repeatable")
     args = ap.parse_args()
+    budgets = SHARES if args.shares else BUDGETS
+    trace_budgets = SHARES if args.shares else MOONCAKE_BUDGETS
 
     jobs = []  # (row name, source, budgets, extra)
     for seed in seeds_of(args.seeds):
-        jobs.append((f"attention seed={seed}", ["--workload", f"attention:seed={seed}"], BUDGETS, []))
+        jobs.append((f"attention seed={seed}", ["--workload", f"attention:seed={seed}"], budgets,
+                     []))
         for p in PARAMS:
             jobs.append((f"attention {p} seed={seed}",
                          ["--workload", f"attention:{p},seed={seed}"], ["32GiB"], []))
         jobs.append((f"attention tick seed={seed}", ["--workload", f"attention:seed={seed}"],
                      ["32GiB"], TICK))
-    jobs.append(("mooncake", ["--trace", "mooncake:" + args.mooncake], MOONCAKE_BUDGETS, []))
+    jobs.append(("mooncake", ["--trace", "mooncake:" + args.mooncake], trace_budgets, []))
+    for spec in args.trace:
+        jobs.append((os.path.basename(spec), ["--trace", spec], trace_budgets, []))
 
     policies = OTHERS + [args.policy]
     modes = {"persist": [True], "reset": [False], "both": [True, False]}[args.persist]

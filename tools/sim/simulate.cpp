@@ -1,8 +1,11 @@
 #include "simulate.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <span>
+
+#include "cxltier/model.h"
 
 namespace cxltier::sim {
 
@@ -176,6 +179,19 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.counters = e.counters();
   return result;
+}
+
+std::optional<uint64_t> BudgetBytes(std::string_view spec, size_t distinct_blocks,
+                                    uint64_t block_bytes) {
+  if (!spec.ends_with('%')) return ParseSize(spec);
+  spec.remove_suffix(1);
+  double pct = 0;
+  const auto [end, ec] = std::from_chars(spec.data(), spec.data() + spec.size(), pct);
+  if (ec != std::errc{} || end != spec.data() + spec.size() || !(pct > 0) || pct > 100) {
+    return std::nullopt;
+  }
+  const auto blocks = static_cast<uint64_t>(pct / 100.0 * static_cast<double>(distinct_blocks));
+  return std::max<uint64_t>(blocks, 1) * block_bytes;
 }
 
 }  // namespace cxltier::sim

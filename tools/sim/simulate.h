@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
@@ -47,6 +49,13 @@ struct SimResult {
 // For each event, the index of the next touch of the same key (kNever if none).
 // Only MIN reads it.
 std::vector<uint64_t> NextUses(const Trace& trace);
+
+// A tier-0 budget in bytes: a size ("32GiB", "512MiB") or a share of the
+// trace's `distinct_blocks` ("5%", "0.5%": that many blocks rounded down, at
+// least one) of `block_bytes` each. nullopt when it is neither, or a share
+// is not in (0, 100].
+std::optional<uint64_t> BudgetBytes(std::string_view spec, size_t distinct_blocks,
+                                    uint64_t block_bytes);
 
 // Replays `trace`. `next_use` may be null unless the policy is MIN.
 // kBadPayload for a bad policy name or budget; with recorded_moves, also for
