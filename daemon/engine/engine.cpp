@@ -26,8 +26,9 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
     : options_(options),
       policy_(std::move(policy)),
       capacity_(options.block_bytes ? options.tier0_budget_bytes / options.block_bytes : 0),
+      index_(&states_, options.key_hash_seed),
       ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0,
-              options.ghost_capacity_per_owner),
+              options.ghost_capacity_per_owner, options.key_hash_seed),
       tiers_(MiddleCapacities(options)),
       accounts_(options.lower_tier_budget_bytes.size()) {
   assert(policy_ && options.block_bytes > 0);

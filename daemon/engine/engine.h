@@ -43,6 +43,10 @@ struct EngineOptions {
   uint32_t retry_min_ticks = 1;
   uint32_t retry_max_ticks = 64;
   size_t expected_blocks = 0;  // blocks to allocate tables for up front (a hint)
+  // Keys the hash of the key indexes (live blocks and ghosts): the daemon
+  // draws a secret one at start, so that no client can choose keys that
+  // collide there (KeyIndex). 0: unkeyed, as the simulator runs.
+  uint64_t key_hash_seed = 0;
   // Tick mode: a hint's group-wide work (docs/policies.md, "What a hint
   // costs") is done in slices of at most this many units (a group member
   // looked at, a block ordered, a waiting soon looked at); Hint() and
@@ -386,9 +390,9 @@ class Engine {
     uint8_t moving_to = 0;  // the destination of its move in flight
   };
   std::vector<SlotHint> slot_hints_;
-  size_t in_set_ = 0;         // blocks in the policy's set
-  uint64_t now_ = 0;          // the clock of the last touch or hint
-  KeyIndex index_{&states_};  // key -> slot (states_[slot].key)
+  size_t in_set_ = 0;  // blocks in the policy's set
+  uint64_t now_ = 0;   // the clock of the last touch or hint
+  KeyIndex index_;     // key -> slot (states_[slot].key)
   GhostStore ghosts_;
   // Tick mode: promotion candidates not touched since they were queued (newest
   // at the front), demotion candidates (oldest at the back, served first), and

@@ -7,8 +7,10 @@ namespace cxltier::engine {
 
 // Nodes are 32-bit with kNil as the end marker, so at most kNil - 1 ghosts (one
 // more than the capacity exists for a moment during a Put).
-GhostStore::GhostStore(size_t capacity, size_t capacity_per_owner)
-    : capacity_(std::min<size_t>(capacity, kNil - 2)), capacity_per_owner_(capacity_per_owner) {}
+GhostStore::GhostStore(size_t capacity, size_t capacity_per_owner, uint64_t key_hash_seed)
+    : capacity_(std::min<size_t>(capacity, kNil - 2)),
+      capacity_per_owner_(capacity_per_owner),
+      index_(&states_, key_hash_seed) {}
 
 size_t GhostStore::owner_size(uint32_t owner) const {
   auto it = owners_.find(owner);

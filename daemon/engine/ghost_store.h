@@ -20,7 +20,8 @@ class GhostStore {
  public:
   // `capacity`: ghosts kept in all (0: none). `capacity_per_owner`: ghosts one
   // owner may keep (0: no cap of its own; the global capacity alone bounds it).
-  explicit GhostStore(size_t capacity, size_t capacity_per_owner = 0);
+  // `key_hash_seed` keys its key index (EngineOptions::key_hash_seed).
+  explicit GhostStore(size_t capacity, size_t capacity_per_owner = 0, uint64_t key_hash_seed = 0);
 
   // Keeps `state` under `key` as `owner`'s newest ghost, replacing an older ghost
   // of the same key (whoever owned it). Then, if `owner` holds more than its
@@ -92,7 +93,7 @@ class GhostStore {
   std::vector<uint32_t> free_nodes_;
   uint32_t oldest_ = kNil, newest_ = kNil;
   uint64_t put_seq_ = 0;
-  KeyIndex index_{&states_};  // key -> node (states_[node].key)
+  KeyIndex index_;  // key -> node (states_[node].key)
   std::unordered_map<uint32_t, Owner> owners_;
   std::set<Rank> ranks_;  // one per owner in owners_
   uint64_t dropped_by_owner_cap_ = 0;

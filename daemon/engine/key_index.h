@@ -23,8 +23,14 @@ template <typename Item>
 class BasicKeyIndex {
  public:
   // `items`: by slot, where every slot inserted keeps its key (Item::key)
-  // while it is in the index (it outlives this; hence no copies).
-  explicit BasicKeyIndex(const std::vector<Item>* items) : items_(items) { table_.resize(16); }
+  // while it is in the index (it outlives this; hence no copies). `seed`
+  // keys the hash: with a secret one (the daemon draws it at start), a client
+  // cannot choose keys whose homes collide and make every probe walk one
+  // long cluster (docs/security.md, "Hostile clients"); 0 in the simulator.
+  explicit BasicKeyIndex(const std::vector<Item>* items, uint64_t seed = 0)
+      : items_(items), seed_hi_(seed), seed_lo_(seed * 0x9e3779b97f4a7c15ULL) {
+    table_.resize(16);
+  }
   BasicKeyIndex(const BasicKeyIndex&) = delete;
   BasicKeyIndex& operator=(const BasicKeyIndex&) = delete;
 
@@ -39,6 +45,16 @@ class BasicKeyIndex {
 
   // Bytes of the table.
   size_t bytes() const { return table_.size() * sizeof(Entry); }
+
+  // The longest run of occupied entries: the most probes one lookup makes.
+  size_t LongestRun() const {
+    size_t longest = 0, run = 0;
+    for (size_t i = 0; i < 2 * table_.size(); ++i) {  // twice round: a run may wrap
+      run = table_[i & mask()].slot == kNoSlot ? 0 : run + 1;
+      longest = run > longest ? run : longest;
+    }
+    return longest < table_.size() ? longest : table_.size();
+  }
 
   Slot Find(const BlockKey& key) const {
     const uint32_t h = Hash(key);
@@ -96,7 +112,9 @@ class BasicKeyIndex {
 
   // Past 2^32 entries the homes would crowd the table's first 2^32; slots
   // are 32 bits, so a table never holds that many.
-  static uint32_t Hash(const BlockKey& key) { return static_cast<uint32_t>(HashKey(key)); }
+  uint32_t Hash(const BlockKey& key) const {
+    return static_cast<uint32_t>(HashKey(BlockKey{key.hi ^ seed_hi_, key.lo ^ seed_lo_}));
+  }
   bool Is(const Entry& e, uint32_t h, const BlockKey& key) const {
     return e.hash == h && (*items_)[e.slot].key == key;
   }
@@ -118,6 +136,7 @@ class BasicKeyIndex {
   }
 
   const std::vector<Item>* items_;
+  uint64_t seed_hi_, seed_lo_;
   std::vector<Entry> table_;
   size_t size_ = 0;
 };

@@ -1,9 +1,11 @@
 #include "service/client_table.h"
 
 #include <malloc.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -14,6 +16,21 @@ namespace cxltier::service {
 
 using wire::Error;
 using wire::ErrorCode;
+
+uint64_t KeyHashSeed() {
+  static const uint64_t seed = [] {
+    uint64_t s = 0;
+    // Blocks only before the kernel's pool is initialised (early boot); the
+    // daemon starts later. Should it fail, the seed is the address of this
+    // function and the time (ASLR and the clock: not secret, not fixed).
+    if (getrandom(&s, sizeof(s), 0) != static_cast<ssize_t>(sizeof(s))) {
+      s = reinterpret_cast<uintptr_t>(&KeyHashSeed) ^
+          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    }
+    return s | 1;  // never 0, the unkeyed hash
+  }();
+  return seed;
+}
 
 Status ClientTable::CheckConnect(const server::Peer& peer, bool admin,
                                  const DaemonConfig& config) const {

@@ -40,6 +40,11 @@ inline BlockKey EngineKey(const BlockKey& key, uid_t uid) {
   return BlockKey{key.hi ^ (0x9e3779b97f4a7c15ULL * (uint64_t{uid} + 1)), key.lo};
 }
 
+// The secret that keys this process's key indexes (the engine's, through
+// EngineOptions::key_hash_seed, and each client's by_key): drawn once with
+// getrandom, so that no client can choose keys that collide there.
+uint64_t KeyHashSeed();
+
 // A request naming more blocks than one message may (Admit, Release, Hint,
 // QueryTiers: wire::kMaxEntriesPerMessage): `limit`, "<request> may name
 // at most N blocks; split it". Ok otherwise.
@@ -79,7 +84,7 @@ struct Client {
   std::vector<uint32_t> free_slots;
   // Key -> segment slot, reading the key from slots (16 to 32 bytes a key;
   // a std::unordered_map took 59).
-  engine::BasicKeyIndex<SegSlot> by_key{&slots};
+  engine::BasicKeyIndex<SegSlot> by_key{&slots, KeyHashSeed()};
   uint64_t live = 0;
   // It held ClientTable::kTrimSlots blocks at once: removing it gives the
   // heap's free memory back (a hello alone, admitting nothing, does not).

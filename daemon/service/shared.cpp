@@ -66,8 +66,9 @@ Status Shared::EnsureEngine(uint64_t block_bytes) {
   if (engine) return Status::Ok();
   auto policy = engine::MakePolicy(config.policy);
   if (!policy.ok()) return policy.status();
-  engine = std::make_unique<engine::Engine>(
-      EngineOptionsFor(config, block_bytes, LowerTierBudgets()), std::move(*policy));
+  engine::EngineOptions options = EngineOptionsFor(config, block_bytes, LowerTierBudgets());
+  options.key_hash_seed = KeyHashSeed();
+  engine = std::make_unique<engine::Engine>(options, std::move(*policy));
   const std::vector<BlockState>& ghosts = pending_ghosts.states;
   const std::vector<uint32_t>& owners = pending_ghosts.owners;
   for (size_t i = 0; i < ghosts.size(); ++i) {

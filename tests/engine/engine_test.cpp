@@ -14,6 +14,7 @@
 #include <span>
 #include <string_view>
 
+#include "colliding_keys.h"
 #include "engine/count_min.h"
 #include "engine/engine.h"
 #include "engine/key_index.h"
@@ -177,6 +178,33 @@ TEST(KeyIndex, AMillionKeysCostAtMost32BytesEach) {
   EXPECT_LE(index.bytes(), 32u * n);
   for (Slot s = 0; s < n; s += 4097) ASSERT_EQ(index.Find(states[s].key), s);
   EXPECT_EQ(index.Find(BlockKey::FromSequence(670, 1)), kNoSlot);
+}
+
+// Keys a client chose to collide (tests/colliding_keys.h). Unkeyed, they
+// share one home and every probe walks one cluster as long as all of them;
+// a keyed index (the daemon's, KeyHashSeed) spreads them like any keys.
+TEST(KeyIndex, ASeedSpreadsKeysChosenToCollide) {
+  const Slot n = 4096;
+  std::vector<BlockState> states(n);
+  for (Slot s = 0; s < n; ++s) {
+    states[s].key = test::CollidingKey(s);
+    ASSERT_EQ(HashKey(states[s].key) & 0xffffffffu, 0x5eedu);  // the attack works
+  }
+  KeyIndex unkeyed(&states);
+  KeyIndex keyed(&states, 0x243f6a8885a308d3ULL);
+  for (Slot s = 0; s < n; ++s) {
+    ASSERT_EQ(unkeyed.Insert(states[s].key, s), s);
+    ASSERT_EQ(keyed.Insert(states[s].key, s), s);
+  }
+  EXPECT_GE(unkeyed.LongestRun(), n);  // one cluster: a lookup walks all of it
+  EXPECT_LT(keyed.LongestRun(), 64u);  // as random keys at half load
+  for (Slot s = 0; s < n; s += 97) {
+    EXPECT_EQ(keyed.Find(states[s].key), s);
+    EXPECT_EQ(unkeyed.Find(states[s].key), s);
+  }
+  keyed.Erase(states[0].key);
+  EXPECT_EQ(keyed.Find(states[0].key), kNoSlot);
+  EXPECT_EQ(keyed.Find(states[1].key), Slot{1});
 }
 
 // The daemon reserves a client's slots at its hello (Engine::Reserve) so

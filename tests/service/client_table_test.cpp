@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "colliding_keys.h"
 #include "cxltier/segment.h"
 #include "engine/engine.h"
 #include "engine/policy.h"
@@ -50,6 +51,22 @@ void ExpectInStep(ClientTable& table, Client& c) {
   }
   ASSERT_EQ(c.live, live);
   ASSERT_EQ(c.by_key.size(), live) << "the key map holds exactly the live slots";
+}
+
+// A client's key map is keyed by the daemon's secret (KeyHashSeed): keys
+// chosen to collide in an unkeyed index spread as any keys do.
+TEST(ClientTable, AClientsKeyMapIsKeyedAgainstChosenCollisions) {
+  constexpr uint32_t kSlots = 4096;
+  ClientTable table;
+  Client& c = table.Connect(PeerOf(1, 1000));
+  ASSERT_TRUE(table.Open(c, kSlots, "t").ok());
+  EXPECT_NE(KeyHashSeed(), 0u);
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    c.slots[i].key = test::CollidingKey(i);
+    ASSERT_EQ(c.by_key.Insert(c.slots[i].key, i), i);
+  }
+  EXPECT_LT(c.by_key.LongestRun(), 64u) << "an unkeyed map puts all 4,096 in one run";
+  for (uint32_t i = 0; i < kSlots; ++i) c.by_key.Erase(c.slots[i].key);
 }
 
 TEST(ClientTable, BindAndUnbindKeepEveryIndexInStep) {
