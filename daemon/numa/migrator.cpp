@@ -193,6 +193,43 @@ Result<std::shared_ptr<const Mapping>> Mapping::MapWritable(int fd, size_t lengt
 
 Mapping::~Mapping() { munmap(reinterpret_cast<void*>(address_), length_bytes_); }
 
+#ifndef MPOL_PREFERRED_MANY
+#define MPOL_PREFERRED_MANY 5
+#endif
+
+Status PreferNodes(const Mapping& mapping, const std::vector<int>& nodes) {
+  constexpr int kMaxNode = 1024;
+  constexpr size_t kBits = 8 * sizeof(unsigned long);
+  unsigned long mask[kMaxNode / kBits] = {};
+  if (nodes.empty()) return Status::Fail(wire::ErrorCode::kInternal, "mbind: no node to prefer");
+  for (int n : nodes) {
+    if (n < 0 || n >= kMaxNode) {
+      return Status::Fail(wire::ErrorCode::kInternal,
+                          "mbind: node " + std::to_string(n) + " is out of range");
+    }
+    mask[n / kBits] |= 1ul << (n % kBits);
+  }
+  void* at = reinterpret_cast<void*>(mapping.address());
+  // Policy only (flags 0): the pages the file has stay where they are.
+  int mode = nodes.size() > 1 ? MPOL_PREFERRED_MANY : MPOL_PREFERRED;
+  int rc = mbind(at, mapping.length_bytes(), mode, mask, kMaxNode, 0);
+  if (rc != 0 && errno == EINVAL && mode == MPOL_PREFERRED_MANY) {
+    // A kernel before 5.15: the first node alone.
+    unsigned long first[kMaxNode / kBits] = {};
+    first[nodes.front() / kBits] = 1ul << (nodes.front() % kBits);
+    mode = MPOL_PREFERRED;
+    rc = mbind(at, mapping.length_bytes(), mode, first, kMaxNode, 0);
+  }
+  if (rc != 0) {
+    const int e = errno;
+    return Status::Fail(wire::ErrorCode::kInternal,
+                        std::string("mbind(") +
+                            (mode == MPOL_PREFERRED ? "MPOL_PREFERRED" : "MPOL_PREFERRED_MANY") +
+                            "): " + std::strerror(e));
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 class LinuxMigrator final : public Migrator {

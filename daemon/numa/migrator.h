@@ -76,6 +76,18 @@ class Mapping {
   size_t length_bytes_;
 };
 
+// Sets the shared memory policy of the file that `mapping` maps, over the
+// whole mapping: mbind on a MAP_SHARED mapping of a shmem file (a memfd) sets
+// the file's own policy, which every process's page faults in that range
+// follow (its other mappings too). Pages the file has already stay where they
+// are; pages faulted in later prefer `nodes`: MPOL_PREFERRED for one node,
+// MPOL_PREFERRED_MANY for several (MPOL_PREFERRED on the first where the
+// kernel has no MPOL_PREFERRED_MANY, before 5.15). Never MPOL_BIND: a full
+// node falls back to another instead of reclaiming or OOM-killing. kInternal
+// saying why when mbind fails (a hugetlbfs memfd may refuse) or `nodes` is
+// empty or names a node past 1023.
+Status PreferNodes(const Mapping& mapping, const std::vector<int>& nodes);
+
 // A byte range of one process's address space.
 struct PageRange {
   PageRange() = default;

@@ -112,11 +112,33 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
     d_.ClientWarning(peer, "pool refused: " + st.message);
     return st;
   }
+  // A memfd pool's new pages land in the last tier (which always has room):
+  // the file's shared policy, set through our mapping. A block written from
+  // now on is admitted there, and only the planner puts it in tier 0, within
+  // its budget (docs/operations.md). Each move sets its block's range to its
+  // target (numa::MakeLinuxMigrator), so a promoted block keeps faulting in
+  // tier 0. Not without page moves: no block could ever leave the last tier.
+  std::string steered;
+  if (m.kind == wire::PoolKind::kMemfd && d_.can_migrate) {
+    const numa::TierAssignment& tiers = d_.moves.tiers();
+    const std::vector<int>& last = tiers.Nodes(tiers.count() - 1);
+    if (Status st = numa::PreferNodes(*pool.mapping(), last); st.ok()) {
+      steered = fmt::format(", new pages on tier {} (nodes", tiers.count() - 1);
+      for (int n : last) steered += fmt::format(" {}", n);
+      steered += ")";
+    } else {
+      d_.ClientWarning(peer,
+                       "memfd pool: its new pages cannot be steered to the last tier, so "
+                       "they land where the client faults them and tier 0 may hold more "
+                       "than its budget until the planner demotes: " +
+                           st.message);
+    }
+  }
   const uint32_t id = d_.clients.AddPool(*c, std::move(pool));
-  d_.ClientInfo(peer,
-                fmt::format("client {} (uid {}): pool {} ({}, {} blocks, {})", c->id, peer.uid, id,
-                            m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
-                            FormatBytes(m.length)));
+  d_.ClientInfo(
+      peer, fmt::format("client {} (uid {}): pool {} ({}, {} blocks, {}{})", c->id, peer.uid, id,
+                        m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
+                        FormatBytes(m.length), steered));
   return wire::RegisterPoolOk{id};
 }
 

@@ -38,9 +38,9 @@ echo 0 > /proc/sys/kernel/numa_balancing
 
 # Every wait is for an event, bounded generously (TCG is slow, and slower still
 # on a loaded host): it ends as soon as the event happens.
-start_daemon() {
+start_daemon() {  # [CONFIG]: /etc/cxltierd.toml unless given
   rm -f "$SOCK"
-  cxltierd --config /etc/cxltierd.toml >>/tmp/cxltierd.log 2>&1 &
+  cxltierd --config "${1:-/etc/cxltierd.toml}" >>/tmp/cxltierd.log 2>&1 &
   DAEMON=$!
   i=0  # up to 120 s, while the daemon is alive
   while [ ! -S "$SOCK" ] && [ $i -lt 1200 ] && kill -0 $DAEMON 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
@@ -100,6 +100,74 @@ if [ "$SHAPE" = cxl ]; then
   wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
   cxl_as_system_ram 1
 fi
+
+# Tier 0's budget bounds placement from admission (docs/operations.md): a
+# memfd pool's new pages land in the last tier, and only the planner puts a
+# block in tier 0. So under the loadgen's admitting workload (96 blocks,
+# written after the pool is registered, against a 16-block tier 0) every
+# sample of `status --json` has tier 0 at most its budget plus one tick's
+# moves. A daemon of its own: a slow migration rate makes one tick's moves a
+# few blocks, far fewer than the working set.
+budget_bound() {
+  b_tick_ms=50 b_rate_mib_s=64 b_budget_mib=16 b_block=1048576
+  cat > /etc/cxltierd-bound.toml <<CONF
+[daemon]
+socket = "$SOCK"
+state_dir = "/var/lib/cxltierd-bound"
+tick_ms = $b_tick_ms
+[engine]
+policy = "lfu"
+tier0_budget = "${b_budget_mib}MiB"
+hysteresis_ticks = 1
+[migration]
+rate_mib_s = $b_rate_mib_s
+[metrics]
+enabled = false
+CONF
+  mkdir -p /var/lib/cxltierd-bound
+  start_daemon /etc/cxltierd-bound.toml
+  # From the config: the planner's bytes per tick are the larger of two
+  # blocks and rate x tick (MigrateBytesPerTick); in blocks, rounded up.
+  per_tick_bytes=$((b_rate_mib_s * 1048576 / 1000 * b_tick_ms))
+  [ $per_tick_bytes -ge $((2 * b_block)) ] || per_tick_bytes=$((2 * b_block))
+  per_tick=$(((per_tick_bytes + b_block - 1) / b_block))
+  budget_blocks=$((b_budget_mib * 1048576 / b_block))
+  bound=$((budget_blocks + per_tick))
+  status_json() { cxltierctl --socket "$SOCK" status --json | tr -d ' \n'; }
+  j=$(status_json)
+  # The daemon agrees with the config (block size is set by the first client).
+  echo "$j" | grep -q "\"budget_bytes\":$((b_budget_mib * 1048576))," ||
+    fail "tier 0's budget is not ${b_budget_mib} MiB: $j"
+  echo "== tier 0 bound: ${budget_blocks} blocks of budget + ${per_tick} moves a tick = ${bound} blocks"
+  cxltier-loadgen --socket "$SOCK" --pool memfd --blocks 96 --block-bytes 1MiB --steps 300 \
+    --step-ms 2 --seed 7 --check-placement --json > /tmp/lg-bound.json 2>&1 &
+  LG=$!
+  samples=0 max0=0 maxall=0
+  : > /tmp/bound-samples.txt
+  while kill -0 $LG 2>/dev/null; do
+    j=$(status_json) || continue
+    t0=$(echo "$j" | grep -o '"tiers":\[{"blocks":[0-9]*' | grep -o '[0-9]*$')
+    all=$(echo "$j" | grep -o '"blocks":[0-9]*' | head -1 | grep -o '[0-9]*$')
+    [ -n "$t0" ] && [ -n "$all" ] || continue
+    samples=$((samples + 1))
+    echo "$samples tier0=$t0 all=$all" >> /tmp/bound-samples.txt
+    [ "$t0" -le "$max0" ] || max0=$t0
+    [ "$all" -le "$maxall" ] || maxall=$all
+    echo "$j" | grep -q "\"budget_bytes_per_tick\":$per_tick_bytes[,}]" ||
+      fail "the planner's bytes per tick are not ${per_tick_bytes}: $j"
+  done
+  wait $LG || { cat /tmp/lg-bound.json; fail "loadgen (tier 0 bound)"; }
+  echo "tier 0 bound: $samples samples, tier 0 peaked at $max0 blocks (bound $bound), all blocks at $maxall"
+  [ $samples -ge 20 ] || { cat /tmp/bound-samples.txt; fail "only $samples status samples"; }
+  # Not vacuous: more blocks were live than the bound, and tier 0 was used.
+  [ $maxall -gt $bound ] || fail "the workload never held more than $bound blocks ($maxall)"
+  [ $max0 -gt 0 ] || fail "tier 0 never held a block"
+  [ $max0 -le $bound ] || { cat /tmp/bound-samples.txt; fail "tier 0 held $max0 blocks, over its budget of $budget_blocks plus one tick's $per_tick moves"; }
+  grep -q "new pages on tier 1 (nodes 1)" /tmp/cxltierd.log || fail "the pool's new pages were not steered to tier 1"
+  kill -TERM $DAEMON
+  wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
+}
+[ "$SHAPE" = cxl ] && budget_bound
 
 echo "== $SHAPE guest: nodes $(cat /sys/devices/system/node/online), node 1 CPUs: '$(cat /sys/devices/system/node/node1/cpulist 2>/dev/null)'"
 start_daemon

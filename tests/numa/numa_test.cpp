@@ -1,6 +1,8 @@
 // Topology discovery and real page migration on this machine's nodes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <numa.h>
+#include <numaif.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -489,6 +491,73 @@ TEST(Mapping, StaysMappedWhileAQueuedRangeHoldsIt) {
   queued = PageRange{};  // the move is done and dropped: now it goes
   EXPECT_EQ(msync(reinterpret_cast<void*>(address), kBytes, MS_ASYNC), -1);
   EXPECT_EQ(errno, ENOMEM);
+}
+
+// The memory policy at `address` of this process (get_mempolicy with
+// MPOL_F_ADDR): "mode nodes", e.g. "1 0" for MPOL_PREFERRED on node 0.
+std::string PolicyAt(uintptr_t address) {
+  int mode = -1;
+  unsigned long mask[16] = {};
+  if (get_mempolicy(&mode, mask, 1024, reinterpret_cast<void*>(address), MPOL_F_ADDR) != 0) {
+    return std::string("get_mempolicy: ") + std::strerror(errno);
+  }
+  std::string out = std::to_string(mode);
+  for (int n = 0; n < 1024; ++n) {
+    if (mask[n / 64] >> (n % 64) & 1) out += " " + std::to_string(n);
+  }
+  return out;
+}
+
+// PreferNodes sets the file's shared policy through the daemon's read-only
+// mapping: the client's own mapping of the same memfd (another mapping, at
+// another address, from another offset) reads the same policy, and a page it
+// faults in afterwards lands on the node.
+TEST(PreferNodes, SetsTheMemfdsSharedPolicySeenByEveryMapping) {
+  const int fd = memfd_create("cxltier-prefer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kBytes), 0);
+  auto* client = static_cast<uint8_t*>(
+      mmap(nullptr, kBytes - 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 4096));
+  ASSERT_NE(client, MAP_FAILED);
+  auto mapped = Mapping::Map(fd, kBytes);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message;
+  std::shared_ptr<const Mapping> daemon = std::move(*mapped);
+  const uintptr_t c = reinterpret_cast<uintptr_t>(client);
+  ASSERT_EQ(PolicyAt(c), std::to_string(MPOL_DEFAULT)) << "a new memfd has no policy";
+
+  const Status st = PreferNodes(*daemon, {0});
+  ASSERT_TRUE(st.ok()) << st.message;
+  const std::string preferred0 = std::to_string(MPOL_PREFERRED) + " 0";
+  EXPECT_EQ(PolicyAt(daemon->address()), preferred0);
+  EXPECT_EQ(PolicyAt(daemon->address() + kBytes - 4096), preferred0);
+  // The client's mapping starts a page into the file: its first byte is the
+  // daemon's second page, its last the daemon's last.
+  EXPECT_EQ(PolicyAt(c), preferred0);
+  EXPECT_EQ(PolicyAt(c + kBytes - 2 * 4096), preferred0);
+  // A third mapping made after the call follows it too: the policy is the file's.
+  void* late = mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(late, MAP_FAILED);
+  EXPECT_EQ(PolicyAt(reinterpret_cast<uintptr_t>(late)), preferred0);
+  munmap(late, kBytes);
+  // And a page the client faults in now is on the node.
+  std::memset(client, 0x5a, 4096);
+  void* page = client;
+  int status = -1;
+  ASSERT_EQ(numa_move_pages(0, 1, &page, nullptr, &status, 0), 0);
+  EXPECT_EQ(status, 0);
+
+  // Several nodes: MPOL_PREFERRED_MANY where the kernel has it (5.15), else
+  // MPOL_PREFERRED on the first.
+  ASSERT_TRUE(PreferNodes(*daemon, {0, 0}).ok());
+  const std::string many = PolicyAt(c);
+  EXPECT_TRUE(many == "5 0" || many == preferred0) << many;
+
+  EXPECT_FALSE(PreferNodes(*daemon, {}).ok());
+  const Status bad = PreferNodes(*daemon, {4096});
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message.find("out of range"), std::string::npos) << bad.message;
+  munmap(client, kBytes - 4096);
+  close(fd);
 }
 
 }  // namespace

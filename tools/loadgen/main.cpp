@@ -29,8 +29,9 @@ namespace {
 
 using namespace cxltier;
 
-// Sets up the pool(s), connects and registers them, pins them with --pin,
-// and starts copy mode's threads; 0, or Fail's exit code.
+// Sets up the pool(s), connects and registers them (a page pool is filled
+// after that), pins them with --pin, and starts copy mode's threads; 0, or
+// Fail's exit code.
 int SetUp(loadgen::Session& s) {
   const loadgen::Options& o = s.opt;
   if (!o.copy) {
@@ -40,6 +41,7 @@ int SetUp(loadgen::Session& s) {
   if (int rc = o.copy ? loadgen::CreateTierPools(s) : loadgen::RegisterPagePool(s); rc != 0) {
     return rc;
   }
+  if (!o.copy) loadgen::FillPagePool(s);
   if (o.pin) {
     if (int rc = o.copy ? loadgen::PinTierPools(s) : loadgen::PinPagePool(s); rc != 0) return rc;
   }

@@ -28,13 +28,16 @@ int MapPagePool(Session& s) {
   if (pool == MAP_FAILED) return Fail("cannot map a pool of " + FormatBytes(s.length));
   s.pool = pool;
   madvise(pool, s.length, MADV_NOHUGEPAGE);
-  auto* words = static_cast<uint64_t*>(pool);
+  return 0;
+}
+
+void FillPagePool(Session& s) {
+  auto* words = static_cast<uint64_t*>(s.pool);
   const uint64_t words_per_block = s.opt.block_bytes / 8;
   for (uint64_t b = 0; b < s.opt.blocks; ++b) {
     uint64_t* w = words + b * (s.stride / 8);
     for (uint64_t i = 0; i < words_per_block; ++i) w[i] = Pattern(b, i);
   }
-  return 0;
 }
 
 int RegisterPagePool(Session& s) {
