@@ -291,6 +291,10 @@ class LinuxMigrator final : public Migrator {
     // Alive() only, not Check(): Where runs on the I/O thread for every
     // admitted block, and a poll costs well under a microsecond.
     if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
+    // A memfd pool's pages that the client wrote are not in our page tables
+    // until we fault them in: without this they would all read "not present"
+    // (a failure, a shrunk file, leaves those pages so).
+    if (range.pid == 0 && range.shared) (void)Populate(range);
     std::vector<int> status(pages.size(), -1);
     for (size_t i = 0; i < pages.size(); i += kChunkPages) {
       const size_t n = std::min(kChunkPages, pages.size() - i);

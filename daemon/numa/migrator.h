@@ -136,7 +136,10 @@ class Migrator {
   // Moves the range's pages to `node` and verifies where they ended up.
   virtual MoveResult Move(const PageRange& range, int node) = 0;
   // Node of every page (negative errno for pages that are not present; every
-  // page -ESRCH when the range's process has exited). The daemon asks Where()
+  // page -ESRCH when the range's process has exited). For this process's
+  // shared ranges (a memfd pool) the pages the file has are faulted into our
+  // mapping first, as Move does: a page only the client has touched is
+  // present in the file, not here. The daemon asks Where()
   // on its I/O thread while Move() may run on the mover's: an implementation
   // must allow both at once.
   virtual std::vector<int> Where(const PageRange& range) = 0;

@@ -54,6 +54,11 @@ class Pool {
     return pinned_;
   }
   bool pinned() const { return pinned_; }
+  // Page mode: the tier a memfd pool's new pages are steered to (the file's
+  // memory policy, set by the daemon at registration), or -1: where the
+  // client's first touch puts them.
+  int new_pages_tier() const { return new_pages_tier_; }
+  void set_new_pages_tier(int tier) { new_pages_tier_ = tier; }
 
   // ---- copy mode: one pool per tier, its blocks handed out by the daemon ----
 
@@ -106,6 +111,7 @@ class Pool {
   bool dead_ = false;
   bool pinned_ = false;
   int busy_streak_ = 0;
+  int new_pages_tier_ = -1;
   int tier_ = -1;  // copy mode: the tier; -1: a page-mode pool
   int node_ = -1;
   UniqueFd tier_fd_;

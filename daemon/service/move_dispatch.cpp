@@ -28,12 +28,12 @@ Tier MoveDispatch::TierOfNode(int node) const {
   return tier < 0 ? Tier::kFast : TierAt(static_cast<unsigned>(tier));
 }
 
-Tier MoveDispatch::WhereIs(const numa::PageRange& range) const {
+Tier MoveDispatch::WhereIs(const numa::PageRange& range, Tier absent) const {
   std::map<int, size_t> count;
   for (int n : migrator_->Where(range)) {
     if (n >= 0) ++count[n];
   }
-  if (count.empty()) return Tier::kFast;  // not faulted in yet: it will be, locally
+  if (count.empty()) return absent;  // not faulted in yet: it will be, there
   const int node = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) {
                      return a.second < b.second;
                    })->first;
@@ -248,7 +248,8 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
   for (uint32_t i = 0; i < c->slots.size(); ++i) {
     const SegSlot& o = c->slots[i];
     if (!o.live || o.pool != d.job.pool || o.block != d.job.block) continue;
-    const Tier actual = WhereIs(c->pools[o.pool].Range(o.block));
+    const server::Pool& pool = c->pools[o.pool];
+    const Tier actual = WhereIs(pool.Range(o.block), NewPagesTier(pool));
     spdlog::debug("stale move: slot {} now holds {} (engine {}); kernel says {}, engine says {}", i,
                   o.key.ToString(), o.engine_slot, TierName(actual),
                   TierName(engine->state(o.engine_slot).tier));

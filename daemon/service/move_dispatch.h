@@ -32,10 +32,17 @@ class MoveDispatch {
                uint64_t rate_bytes_per_s, std::function<void(MoveDone)> on_done,
                Recorder* recorder = nullptr);
 
-  // Where the kernel has most of `range`'s pages: their tier (fast when none
-  // is faulted in yet, or on a node no tier names; a node in two tiers, as in
-  // a one-node test setup, counts in the first).
-  Tier WhereIs(const numa::PageRange& range) const;
+  // Where the kernel has most of `range`'s pages: their tier (`absent` when
+  // none exists yet: where they will be faulted; fast when on a node no tier
+  // names; a node in two tiers, as in a one-node test setup, counts in the
+  // first).
+  Tier WhereIs(const numa::PageRange& range, Tier absent = Tier::kFast) const;
+  // `absent` for a pool's blocks: the tier its new pages are steered to, else
+  // fast (first touch by the client's CPUs).
+  static Tier NewPagesTier(const server::Pool& pool) {
+    return pool.new_pages_tier() >= 0 ? TierAt(static_cast<unsigned>(pool.new_pages_tier()))
+                                      : Tier::kFast;
+  }
   Tier TierOfNode(int node) const;
   // The node a page-mode move to `to` goes to: the first of that tier's.
   // REQUIRES: `to` is one of tiers() with a node.

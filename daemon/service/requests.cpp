@@ -123,6 +123,7 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
     const numa::TierAssignment& tiers = d_.moves.tiers();
     const std::vector<int>& last = tiers.Nodes(tiers.count() - 1);
     if (Status st = numa::PreferNodes(*pool.mapping(), last); st.ok()) {
+      pool.set_new_pages_tier(static_cast<int>(tiers.count() - 1));
       steered = fmt::format(", new pages on tier {} (nodes", tiers.count() - 1);
       for (int n : last) steered += fmt::format(" {}", n);
       steered += ")";
@@ -216,7 +217,8 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
       ok.results.push_back({held, st.tier, 0});
       continue;
     }
-    const Tier where = d_.moves.WhereIs(pool.Range(e.block_index));
+    const Tier where =
+        d_.moves.WhereIs(pool.Range(e.block_index), MoveDispatch::NewPagesTier(pool));
     const engine::Slot es =
         d_.engine->Admit(EngineKey(e.key, peer.uid), where, peer.uid, c->account);
     d_.recorder.Admit(d_.EventTick(), peer.uid, d_.engine->state(es).key, where);

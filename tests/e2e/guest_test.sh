@@ -146,15 +146,19 @@ CONF
   : > /tmp/bound-samples.txt
   while kill -0 $LG 2>/dev/null; do
     j=$(status_json) || continue
-    t0=$(echo "$j" | grep -o '"tiers":\[{"blocks":[0-9]*' | grep -o '[0-9]*$')
-    all=$(echo "$j" | grep -o '"blocks":[0-9]*' | head -1 | grep -o '[0-9]*$')
+    # Keys come sorted: the first tier's blocks, and the top level's.
+    t0=$(echo "$j" | sed -n 's/.*"tiers":\[{"blocks":\([0-9]*\),"budget_bytes".*/\1/p')
+    all=$(echo "$j" | sed -n 's/^{"block_bytes":[0-9]*,"blocks":\([0-9]*\),.*/\1/p')
     [ -n "$t0" ] && [ -n "$all" ] || continue
     samples=$((samples + 1))
     echo "$samples tier0=$t0 all=$all" >> /tmp/bound-samples.txt
     [ "$t0" -le "$max0" ] || max0=$t0
     [ "$all" -le "$maxall" ] || maxall=$all
-    echo "$j" | grep -q "\"budget_bytes_per_tick\":$per_tick_bytes[,}]" ||
-      fail "the planner's bytes per tick are not ${per_tick_bytes}: $j"
+    # The engine (and its bytes per tick) exists once the first client said hello.
+    if echo "$j" | grep -q "\"block_bytes\":$b_block,"; then
+      echo "$j" | grep -q "\"budget_bytes_per_tick\":$per_tick_bytes[,}]" ||
+        fail "the planner's bytes per tick are not ${per_tick_bytes}: $j"
+    fi
   done
   wait $LG || { cat /tmp/lg-bound.json; fail "loadgen (tier 0 bound)"; }
   echo "tier 0 bound: $samples samples, tier 0 peaked at $max0 blocks (bound $bound), all blocks at $maxall"
