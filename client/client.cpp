@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -227,7 +228,29 @@ Status Client::RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_
   wire::RegisterPoolOk ok;
   if (Status st = Call(m, wire::MsgType::kRegisterPoolOk, &ok, fd); !st.ok()) return st;
   *pool_id = ok.pool_id;
+  if (m.kind == wire::PoolKind::kRange && ok.new_pages_nodes != 0) {
+    SteerNewPages(m.address, m.length, ok.new_pages_nodes);
+  }
   return Status::Ok();
+}
+
+// The daemon's answer for an address-range pool: where its new pages go
+// (the last tier), so that a block reaches tier 0 only by the daemon's
+// planner, within its budget. Policy only (flags 0): pages already written
+// stay where they are, and the daemon moves them. MPOL_PREFERRED_MANY for
+// several nodes; a kernel before 5.15 takes the lowest alone. A policy
+// belongs to the mapping: a range not (wholly) mapped now, or mapped again
+// later, is not steered (mbind fails or is undone), and its pages land where
+// first touched, as without it.
+void Client::SteerNewPages(uint64_t address, uint64_t length, uint64_t nodes) {
+  constexpr int kPreferred = 1, kPreferredMany = 5;  // MPOL_* of <linux/mempolicy.h>
+  const unsigned long mask = nodes;
+  const bool many = (nodes & (nodes - 1)) != 0;
+  long rc = syscall(SYS_mbind, address, length, many ? kPreferredMany : kPreferred, &mask, 65, 0);
+  if (rc != 0 && errno == EINVAL && many) {
+    const unsigned long lowest = nodes & -nodes;
+    (void)syscall(SYS_mbind, address, length, kPreferred, &lowest, 65, 0);
+  }
 }
 
 Status Client::RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, uint32_t blocks,

@@ -204,6 +204,12 @@ void Fields(Io& io, RegisterPool& m) {
 template <typename Io>
 void Fields(Io& io, RegisterPoolOk& m) {
   io.Field(m.pool_id);
+  uint32_t reserved = 0;
+  io.Field(reserved);
+  if constexpr (Io::kReading) {
+    if (reserved != 0) io.Fail("reserved bytes must be zero");
+  }
+  io.Field(m.new_pages_nodes);
 }
 template <typename Io>
 void Fields(Io& io, CreateTierPool& m) {

@@ -143,7 +143,17 @@ class Migrator {
   // on its I/O thread while Move() may run on the mover's: an implementation
   // must allow both at once.
   virtual std::vector<int> Where(const PageRange& range) = 0;
+  // Where() of at most `samples` pages spread evenly over the range, the
+  // first and the last among them (every page when it has no more): what the
+  // daemon asks at admission, on its I/O thread, where Where() of a whole
+  // 2 MiB block would fault in and query 512 pages. The default thins
+  // Where(); the real one touches only the sampled pages.
+  virtual std::vector<int> Sample(const PageRange& range, size_t samples);
 };
+
+// The indexes of `samples` pages spread evenly over `pages` (all of them when
+// samples >= pages; none when either is 0), ascending, first and last included.
+std::vector<size_t> SpreadPages(size_t pages, size_t samples);
 
 // The real one: move_pages(2) in chunks, then move_pages with no node list to
 // verify. For this process's shared ranges it first faults the range into

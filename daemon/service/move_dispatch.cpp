@@ -30,13 +30,15 @@ Tier MoveDispatch::TierOfNode(int node) const {
 
 Tier MoveDispatch::WhereIs(const numa::PageRange& range, Tier absent) const {
   std::map<int, size_t> count;
-  for (int n : migrator_->Where(range)) {
+  for (int n : migrator_->Sample(range, kWhereSamples)) {
     if (n >= 0) ++count[n];
   }
   if (count.empty()) return absent;  // not faulted in yet: it will be, there
   const int node = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) {
                      return a.second < b.second;
                    })->first;
+  const std::vector<int>& steered = tiers_.Nodes(TierIndex(absent));
+  if (std::find(steered.begin(), steered.end(), node) != steered.end()) return absent;
   return TierOfNode(node);
 }
 

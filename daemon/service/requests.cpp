@@ -112,16 +112,29 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
     d_.ClientWarning(peer, "pool refused: " + st.message);
     return st;
   }
-  // A memfd pool's new pages land in the last tier (which always has room):
-  // the file's shared policy, set through our mapping. A block written from
-  // now on is admitted there, and only the planner puts it in tier 0, within
-  // its budget (docs/operations.md). Each move sets its block's range to its
-  // target (numa::MakeLinuxMigrator), so a promoted block keeps faulting in
-  // tier 0. Not without page moves: no block could ever leave the last tier.
+  // A pool's new pages land in the last tier (which always has room): a
+  // memfd's shared policy, set through our mapping; an address range's,
+  // which the client library sets from our answer. A block written from now
+  // on is admitted there, and only the planner puts it in tier 0, within its
+  // budget (docs/operations.md). Each move of a memfd block sets its range's
+  // policy to its target (numa::MakeLinuxMigrator), so a promoted block keeps
+  // faulting in tier 0; a range block's pages stay where moved, and a page
+  // faulted later goes by the client's policy. Not without page moves: no
+  // block could ever leave the last tier.
   std::string steered;
+  uint64_t range_nodes = 0;
+  const numa::TierAssignment& tiers = d_.moves.tiers();
+  const std::vector<int>& last = tiers.Nodes(tiers.count() - 1);
+  if (m.kind == wire::PoolKind::kRange && d_.can_migrate) {
+    for (int n : last) {
+      if (n >= 0 && n < 64) range_nodes |= uint64_t{1} << n;
+    }
+    if (range_nodes != 0) {
+      pool.set_new_pages_tier(static_cast<int>(tiers.count() - 1));
+      steered = fmt::format(", new pages asked on tier {}", tiers.count() - 1);
+    }
+  }
   if (m.kind == wire::PoolKind::kMemfd && d_.can_migrate) {
-    const numa::TierAssignment& tiers = d_.moves.tiers();
-    const std::vector<int>& last = tiers.Nodes(tiers.count() - 1);
     if (Status st = numa::PreferNodes(*pool.mapping(), last); st.ok()) {
       pool.set_new_pages_tier(static_cast<int>(tiers.count() - 1));
       steered = fmt::format(", new pages on tier {} (nodes", tiers.count() - 1);
@@ -140,7 +153,7 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
       peer, fmt::format("client {} (uid {}): pool {} ({}, {} blocks, {}{})", c->id, peer.uid, id,
                         m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
                         FormatBytes(m.length), steered));
-  return wire::RegisterPoolOk{id};
+  return wire::RegisterPoolOk{id, range_nodes};
 }
 
 Result<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& peer,

@@ -66,7 +66,13 @@ class Client {
   // (kBadPool).
   Status RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, uint32_t blocks,
                            uint32_t* pool_id);
-  // A pool in this process's own address space.
+  // A pool in this process's own address space. The daemon answers where its
+  // new pages should go (its last tier, when it moves pages), and this sets
+  // that as the range's memory policy (mbind, MPOL_PREFERRED): a page this
+  // process faults in after it lands there, and only the daemon's planner
+  // puts the block in tier 0, within its budget. Only what is mapped now is
+  // steered: a range unmapped at registration, or mapped again later, has
+  // its pages land where first touched.
   Status RegisterRangePool(const void* address, uint64_t length, uint64_t stride, uint32_t blocks,
                            uint32_t* pool_id);
 
@@ -269,6 +275,7 @@ class Client {
   uint8_t* PlaceAddress(const Location& where) const;
   LeaseEntry* lease_row(uint32_t row) const;
   Status RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id);
+  static void SteerNewPages(uint64_t address, uint64_t length, uint64_t nodes);
   template <typename Req, typename Resp>
   Status Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd = -1,
               int* recv_fd = nullptr);

@@ -30,7 +30,8 @@ enum class HintKind : uint8_t {
 namespace cxltier::wire {
 
 inline constexpr uint32_t kMagic = 0x544c5843;  // "CXLT" as little-endian bytes
-inline constexpr uint16_t kVersion = 2;         // 2: HelloOk.tiers, tier pools on any tier, imports
+// 2: HelloOk.tiers, tier pools on any tier, imports; 3: RegisterPoolOk.new_pages_nodes
+inline constexpr uint16_t kVersion = 3;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
 // Entries of one Admit, Release or Hint at most: each costs the daemon's I/O thread
@@ -102,6 +103,11 @@ struct RegisterPool {
 
 struct RegisterPoolOk {
   uint32_t pool_id = 0;
+  // An address-range pool: the nodes (bit n: node n, nodes 0 to 63) its new
+  // pages should be faulted on, which the client library sets as the
+  // range's memory policy (mbind, MPOL_PREFERRED); 0: leave it. A memfd
+  // pool's policy the daemon sets itself, so it is always 0 for those.
+  uint64_t new_pages_nodes = 0;
 };
 
 // Copy mode: one pool per tier, and blocks move between them by copy.

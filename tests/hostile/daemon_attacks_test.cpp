@@ -496,8 +496,8 @@ TEST(HostileLog, WarningsAreRateLimitedPerClient) {
 
 TEST(HostileLog, MovesThatAlwaysFailDoNotFloodTheLog) {
   NEED_ROOT();
-  // 8 MiB of tier 0: most of the attacker's 8,192 blocks must be demoted, and
-  // every move of its pool (unmapped addresses of its own) fails.
+  // The attacker's 8,192 blocks are touched, 2,048 fit in tier 0 (8 MiB),
+  // and every move of its pool (unmapped addresses of its own) fails.
   HostileDaemon d(kFixedBlockSize + "tier0_budget = \"8MiB\"\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
   const std::string socket = d.socket();
@@ -517,7 +517,12 @@ TEST(HostileLog, MovesThatAlwaysFailDoNotFloodTheLog) {
     }
     std::vector<wire::AdmitEntry> entries;
     for (uint32_t i = 0; i < 8192; ++i) entries.push_back({EvilKey(i), i});
-    return c->Admit(pool, entries, nullptr).ok() ? 'y' : 'n';
+    std::vector<wire::AdmitResult> admitted;
+    if (!c->Admit(pool, entries, &admitted).ok()) return 'n';
+    // Blocks with no page are admitted in the last tier (where the pool's
+    // new pages go): touched, they are promoted, and each move fails.
+    for (const wire::AdmitResult& r : admitted) c->Observe(r.slot, 1.0f);
+    return 'y';
   });
   ASSERT_EQ(attacker.report(), 'y');
   // Wait until many moves have failed.

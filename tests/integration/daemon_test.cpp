@@ -1,6 +1,7 @@
 // A real cxltierd, real clients, real sockets, shared memory and syscalls.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <numaif.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -690,6 +691,44 @@ TEST(Daemon, VerificationAsksTheKernel) {
     EXPECT_EQ(node, 0);
   }
   for (uint64_t i = 0; i < pool.bytes; ++i) ASSERT_EQ(pool.base[i], static_cast<uint8_t>(i * 13));
+}
+
+// The policy mode at `address` of this process (get_mempolicy with
+// MPOL_F_ADDR), and the lowest node of its mask, as "mode node"; or why not.
+std::string PolicyAt(const void* address) {
+  int mode = -1;
+  unsigned long mask[16] = {};
+  if (get_mempolicy(&mode, mask, 1024, const_cast<void*>(address), MPOL_F_ADDR) != 0) {
+    return std::string("get_mempolicy: ") + std::strerror(errno);
+  }
+  for (int n = 0; n < 1024; ++n) {
+    if (mask[n / 64] & (1ul << (n % 64))) return std::to_string(mode) + " " + std::to_string(n);
+  }
+  return std::to_string(mode) + " -";
+}
+
+// Tier 0's budget holds from admission (issue 32): a pool's new pages are
+// steered to the last tier (here node 0, as both tiers are), a memfd's by the
+// daemon through its own mapping and an address range's by the client
+// library from the daemon's answer. Without it they land where first touched.
+TEST(Daemon, APoolsNewPagesAreSteeredToTheLastTier) {
+  DaemonProcess d("[engine]\ntier0_budget = \"16KiB\"\n");
+  auto a = Connect(d);
+  const std::string preferred_0 = std::to_string(MPOL_PREFERRED) + " 0";
+  MemfdPool pool(8);
+  uint32_t id = 0;
+  EXPECT_EQ(PolicyAt(pool.base), std::to_string(MPOL_DEFAULT) + " -");
+  ASSERT_TRUE(a->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &id).ok());
+  EXPECT_EQ(PolicyAt(pool.base), preferred_0) << "memfd pool\n" << d.Log();
+  const size_t bytes = 8 * kBlock;
+  void* range = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(range, MAP_FAILED);
+  EXPECT_EQ(PolicyAt(range), std::to_string(MPOL_DEFAULT) + " -");
+  const Status st = a->RegisterRangePool(range, bytes, kBlock, 8, &id);
+  ASSERT_TRUE(st.ok()) << st.message;
+  EXPECT_EQ(PolicyAt(range), preferred_0) << "address range pool\n" << d.Log();
+  EXPECT_EQ(PolicyAt(static_cast<char*>(range) + bytes - 1), preferred_0);
+  munmap(range, bytes);
 }
 
 // ---- hostile input ----

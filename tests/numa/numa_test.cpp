@@ -4,6 +4,7 @@
 #include <numa.h>
 #include <numaif.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -471,6 +472,48 @@ TEST(Migrator, HolesInASealedMemfdDoNotFault) {
     return res.call_errno == 0 ? "" : "move failed: " + Summarize(res);
   });
   EXPECT_EQ(out, "");
+}
+
+TEST(SpreadPages, EvenlyFirstAndLastIncluded) {
+  EXPECT_EQ(SpreadPages(512, 8), (std::vector<size_t>{0, 73, 146, 219, 292, 365, 438, 511}));
+  EXPECT_EQ(SpreadPages(3, 8), (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(SpreadPages(5, 1), (std::vector<size_t>{0}));
+  EXPECT_TRUE(SpreadPages(0, 8).empty());
+  EXPECT_TRUE(SpreadPages(8, 0).empty());
+}
+
+// What the daemon asks at admission: a memfd pool's block that the client
+// wrote, seen through the daemon's own mapping, which never touched it.
+// Sample faults in the sampled pages the file has (else every one reads "not
+// present") and no other: a hole stays a hole and costs no memory.
+TEST(Migrator, SampleSeesAMemfdsWrittenPagesAndLeavesItsHolesHoles) {
+  constexpr size_t kPages = kBytes / 4096;
+  const int fd = memfd_create("cxltier-sample", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kBytes), 0);
+  auto* client = static_cast<uint8_t*>(mmap(nullptr, kBytes, PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(client, MAP_FAILED);
+  std::memset(client, 0x5a, kBytes / 2);  // the first half; the rest are holes
+  auto mapped = Mapping::Map(fd, kBytes);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message;
+  struct stat before {};
+  ASSERT_EQ(fstat(fd, &before), 0);
+  const PageRange r{0, (*mapped)->address(), kBytes, true};
+  const std::vector<size_t> at = SpreadPages(kPages, 8);
+  const std::vector<int> nodes = MakeLinuxMigrator()->Sample(r, 8);
+  ASSERT_EQ(nodes.size(), at.size());
+  for (size_t k = 0; k < at.size(); ++k) {
+    if (at[k] < kPages / 2) {
+      EXPECT_GE(nodes[k], 0) << "written page " << at[k] << " not seen";
+    } else {
+      EXPECT_EQ(nodes[k], -ENOENT) << "page " << at[k] << " is a hole";
+    }
+  }
+  struct stat after {};
+  ASSERT_EQ(fstat(fd, &after), 0);
+  EXPECT_EQ(after.st_blocks, before.st_blocks) << "Sample allocated a hole";
+  munmap(client, kBytes);
+  close(fd);
 }
 
 TEST(Mapping, StaysMappedWhileAQueuedRangeHoldsIt) {

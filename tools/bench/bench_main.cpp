@@ -230,6 +230,15 @@ class RatioReporter : public benchmark::ConsoleReporter {
       figure(std::string("5_migrate_gib_per_s_") + how, gib, "GiB/s", base, base ? gib / base : 0,
              "-", true);
     }
+    // Where a block is at admission: 8 sampled pages against all of them.
+    for (const char* when : {"first", "again"}) {
+      const Result* s = get(std::string("BM_AdmissionWhere/sample_") + when + "/real_time");
+      const Result* w = get(std::string("BM_AdmissionWhere/where_") + when + "/real_time");
+      if (!s || !w || !s->error.empty() || !w->error.empty()) continue;
+      const double us = s->counters.at("per_block") * 1e6, base = w->counters.at("per_block") * 1e6;
+      figure(std::string("5_admission_where_us_per_block_") + when, us, "us", base, us / base, "-",
+             true);
+    }
     const Result* copy_base = get("BM_CopyMemcpyBaseline/real_time");
     const Result* copy = get("BM_CopyMove/real_time");
     if (copy && copy_base && copy->error.empty() && copy_base->error.empty()) {
