@@ -18,7 +18,7 @@ set -euo pipefail
 
 ROOT=${1:-build/llama/root}
 MIRROR=${CXLTIER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-PACKAGES="llama.cpp-tools libllama-dev python3-gguf python3-numpy g++ cmake pkg-config"
+PACKAGES="llama.cpp-tools libllama-dev python3-gguf python3-numpy g++ cmake pkg-config make libxxhash-dev"
 RECIPE="forky minbase: $PACKAGES"
 
 die() {
