@@ -65,7 +65,7 @@ struct Options {
   uint32_t prompt_tokens = 96;  // a user turn: uniform in [prompt/2, 3 prompt/2]
   uint32_t gen_tokens = 16;     // tokens generated per turn (greedy)
   uint32_t context = 2048;
-  uint32_t threads = 2;
+  uint32_t threads = 1;
   uint32_t think_ms = 0;  // the user's time between turns of the loop
   uint64_t seed = 1;
 };
@@ -642,6 +642,7 @@ int main(int argc, char** argv) {
       nullptr);
   llama_backend_init();
   llama_model_params mp = llama_model_default_params();
+  mp.progress_callback = [](float, void*) { return true; };  // no progress dots
   llama_model* model = llama_model_load_from_file(o.model_path.c_str(), mp);
   if (!model) Die("cannot load " + o.model_path);
   const llama_vocab* vocab = llama_model_get_vocab(model);

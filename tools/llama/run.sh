@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# `make llama` (issue 33; docs/llama.md): the forky root (cached), the model,
+# cxltier-llama built inside the root, then one cxltierd per mode (page,
+# copy) outside it, serving cxltier-llama over a socket in a folder
+# bind-mounted into the root. Writes $BUILD_DIR/llama/summary.json (one object
+# per mode), the page run's recorded traffic (llama-page.cxlt) and its replay
+# in cxltier-sim (replay.txt).
+#
+#   BUILD_DIR=build bash tools/llama/run.sh [cxltier-llama options...]
+#
+# Needs root (debootstrap, chroot, mount) and the host's build of cxltierd,
+# cxltierctl and cxltier-sim in $BUILD_DIR/bin (the Makefile builds them).
+set -euo pipefail
+
+TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$TOP/build}
+OUT=$BUILD_DIR/llama
+ROOT=$OUT/root
+WORK=$OUT/work  # seen inside the root as /cxltier/work
+BIN=${CXLTIER_BIN:-$BUILD_DIR/bin}  # the host build of cxltierd, cxltierctl, cxltier-sim
+JOBS=${JOBS:-1}
+TIER0=${CXLTIER_LLAMA_TIER0:-1MiB}
+
+die() {
+  echo "llama: $*" >&2
+  exit 1
+}
+log() { echo "llama: $*"; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (chroot, mount)"
+for b in cxltierd cxltierctl cxltier-sim; do
+  [ -x "$BIN/$b" ] || die "no $BIN/$b: build it first (make llama does)"
+done
+
+t0=$SECONDS
+bash "$TOP/tools/llama/root.sh" "$ROOT"
+mkdir -p "$WORK/run" "$ROOT/cxltier/src" "$ROOT/cxltier/work"
+
+mounted=()
+daemon=
+cleanup() {
+  if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true; fi
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount "${mounted[i]}" || true; done
+}
+trap cleanup EXIT
+mount_on() {  # mount_on TARGET mount-args...
+  local target=$1
+  shift
+  mount "$@" "$target"
+  mounted+=("$target")
+}
+mount_on "$ROOT/cxltier/src" --bind "$TOP"
+mount_on "$ROOT/cxltier/work" --bind "$WORK"
+mount_on "$ROOT/proc" -t proc proc
+
+in_root() { chroot "$ROOT" "$@"; }
+
+if [ ! -f "$WORK/tiny.gguf" ]; then
+  log "writing the model (tools/llama/make_model.py, its defaults)"
+  in_root python3 /cxltier/src/tools/llama/make_model.py --out /cxltier/work/tiny.gguf
+fi
+log "building cxltier-llama in the root"
+in_root cmake -S /cxltier/src/tools/llama -B /cxltier/work/obj >"$WORK/cmake.log" 2>&1 ||
+  { tail -20 "$WORK/cmake.log" >&2; die "cmake (configure) failed in the root"; }
+in_root cmake --build /cxltier/work/obj -j "$JOBS" >>"$WORK/cmake.log" 2>&1 ||
+  { grep -E -A5 'error' "$WORK/cmake.log" | head -40 >&2; die "cxltier-llama did not build"; }
+
+# Both tiers on node 0 (a one-node machine still runs every move for real);
+# a tier 0 far smaller than the KV of all sequences.
+cat >"$WORK/llama.toml" <<EOF
+[daemon]
+tick_ms = 20
+
+[engine]
+policy = "default"
+tier0_budget = "$TIER0"
+block_bytes = "32KiB"
+
+[tiers]
+fast_nodes = [0]
+slow_nodes = [0]
+EOF
+
+start_daemon() {  # start_daemon MODE
+  local sock=$WORK/run/cxltier.sock
+  rm -rf "$WORK/state-$1" "$sock"
+  "$BIN/cxltierd" --config "$WORK/llama.toml" --socket "$sock" --state-dir "$WORK/state-$1" \
+    --log-level warn >"$WORK/cxltierd-$1.log" 2>&1 &
+  daemon=$!
+  local i
+  for i in $(seq 100); do
+    [ -S "$sock" ] && return 0
+    kill -0 "$daemon" 2>/dev/null || { cat "$WORK/cxltierd-$1.log" >&2; die "cxltierd exited"; }
+    sleep 0.1
+  done
+  die "cxltierd did not listen on $sock"
+}
+stop_daemon() {
+  kill "$daemon"
+  wait "$daemon" || true
+  daemon=
+}
+
+for mode in page copy; do
+  start_daemon "$mode"
+  recorder=
+  if [ "$mode" = page ]; then
+    "$BIN/cxltierctl" --socket "$WORK/run/cxltier.sock" record --seconds 600 \
+      --out "$WORK/llama-page.cxlt" >"$WORK/record.log" 2>&1 &
+    recorder=$!
+    sleep 0.5
+  fi
+  log "cxltier-llama --mode $mode"
+  rc=0
+  in_root /cxltier/work/obj/cxltier-llama --model /cxltier/work/tiny.gguf \
+    --socket /cxltier/work/run/cxltier.sock --mode "$mode" --json "/cxltier/work/$mode.json" \
+    "$@" || rc=$?
+  if [ -n "$recorder" ]; then
+    kill -INT "$recorder"
+    wait "$recorder" || true
+    cat "$WORK/record.log"
+  fi
+  stop_daemon
+  [ "$rc" -eq 0 ] || die "cxltier-llama --mode $mode failed (exit $rc)"
+done
+
+python3 - "$WORK/page.json" "$WORK/copy.json" >"$OUT/summary.json" <<'EOF'
+import json, sys
+print(json.dumps([json.load(open(p)) for p in sys.argv[1:]], indent=2))
+EOF
+log "summary: $OUT/summary.json"
+
+if [ -s "$WORK/llama-page.cxlt" ]; then
+  log "replaying the page run's recorded traffic in cxltier-sim"
+  "$BIN/cxltier-sim" --trace "bin:$WORK/llama-page.cxlt" --block-bytes 32KiB --budget "$TIER0" \
+    --policy default,lru,lfu --hints both | tee "$OUT/replay.txt"
+fi
+log "done in $((SECONDS - t0)) s"
