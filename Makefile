@@ -1,6 +1,6 @@
 # Conveniences over scripts/ (make itself is not needed: the README uses the scripts).
 BUILD_DIR ?= build
-.PHONY: run test check build format format-check bench fuzz load compare clean
+.PHONY: run test check build format format-check bench fuzz load compare llama clean
 
 run:
 	bash scripts/run.sh
@@ -33,6 +33,14 @@ compare: build
 FUZZ_SECONDS ?= 600
 fuzz:
 	BUILD_DIR=$(abspath $(BUILD_DIR)) bash tests/fuzz/run.sh $(FUZZ_SECONDS)
+
+# cxltier-llama (docs/llama.md): the Debian forky root with llama.cpp (cached in
+# $(BUILD_DIR)/llama/root), cxltier-llama built in it, page and copy mode against
+# the host's cxltierd; build/llama/summary.json. Needs root and Debian's archive.
+llama:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD_DIR) -j $${JOBS:-1} --target cxltierd cxltierctl cxltier-sim
+	BUILD_DIR=$(abspath $(BUILD_DIR)) bash tools/llama/run.sh
 
 clean:
 	rm -rf $(BUILD_DIR) $(BUILD_DIR)-address $(BUILD_DIR)-thread $(BUILD_DIR)-fuzz

@@ -68,13 +68,15 @@ struct Options {
   uint32_t threads = 1;
   uint32_t think_ms = 0;  // the user's time between turns of the loop
   uint64_t seed = 1;
+  bool hints = true;  // --hints off: the scheduler says nothing (to see what hints are worth)
 };
 
 void Usage() {
-  std::fprintf(stderr,
-               "usage: cxltier-llama --model FILE.gguf --socket PATH [--mode page|copy]\n"
-               "  [--sequences N] [--turns N] [--prefix N] [--prompt N] [--gen N]\n"
-               "  [--context N] [--threads N] [--think-ms N] [--seed N] [--json FILE]\n");
+  std::fprintf(
+      stderr,
+      "usage: cxltier-llama --model FILE.gguf --socket PATH [--mode page|copy]\n"
+      "  [--sequences N] [--turns N] [--prefix N] [--prompt N] [--gen N]\n"
+      "  [--context N] [--threads N] [--think-ms N] [--seed N] [--hints on|off] [--json FILE]\n");
 }
 
 Options ParseOptions(int argc, char** argv) {
@@ -120,6 +122,9 @@ Options ParseOptions(int argc, char** argv) {
       o.threads = static_cast<uint32_t>(num());
     } else if (a == "--think-ms") {
       o.think_ms = static_cast<uint32_t>(num());
+    } else if (a == "--hints") {
+      if (v != "on" && v != "off") Die("--hints is on or off, not " + v);
+      o.hints = v == "on";
     } else if (a == "--seed") {
       o.seed = num();
     } else {
@@ -622,6 +627,7 @@ std::string Json(const Options& o, const Figures& f, uint64_t streams, uint64_t 
        (f.logit_rows && f.logit_rows_differing == 0 ? "true" : "false");
   s += ", \"streams\": " + std::to_string(streams);
   s += ", \"observations\": " + std::to_string(f.observations);
+  s += std::string(", \"hints_on\": ") + (o.hints ? "true" : "false");
   s += ", \"hints\": " + std::to_string(f.hints);
   s += ", \"hints_applied\": " + std::to_string(f.hints_applied);
   s += std::string(", \"hit_rate\": ") + hit;
@@ -704,6 +710,7 @@ int main(int argc, char** argv) {
   llama_memory_t mem = llama_get_memory(served);
 
   auto hint = [&](Sequence& s, HintKind kind, std::span<const BlockKey> keys) {
+    if (!o.hints) return;
     cxltier::wire::HintOk ok;
     if (Status h = client->Hint(s.group, kind, keys, &ok); !h.ok()) Die("hint: " + h.message);
     ++f.hints;

@@ -131,9 +131,17 @@ print(json.dumps([json.load(open(p)) for p in sys.argv[1:]], indent=2))
 EOF
 log "summary: $OUT/summary.json"
 
-if [ -s "$WORK/llama-page.cxlt" ]; then
-  log "replaying the page run's recorded traffic in cxltier-sim"
-  "$BIN/cxltier-sim" --trace "bin:$WORK/llama-page.cxlt" --block-bytes 32KiB --budget "$TIER0" \
-    --policy default,lru,lfu --hints both | tee "$OUT/replay.txt"
-fi
+# The recording prints two replays: with the daemon's settings, and exactly
+# as the daemon ran (its plans and moves). Run both; the first also with LRU
+# and LFU and with the hints on and off.
+[ -s "$WORK/llama-page.cxlt" ] || die "the recording is empty"
+what_if=$(grep -A1 "replay with the daemon's settings" "$WORK/record.log" | tail -1 | sed 's/^ *cxltier-sim //')
+exact=$(grep -A1 "replay exactly as the daemon ran it" "$WORK/record.log" | tail -1 | sed 's/^ *cxltier-sim //')
+[ -n "$what_if" ] && [ -n "$exact" ] || die "cxltierctl record printed no replay command"
+log "replaying the page run's recorded traffic in cxltier-sim"
+# shellcheck disable=SC2086 # the printed commands are word lists
+{
+  "$BIN/cxltier-sim" ${what_if/--policy default/--policy default,lru,lfu} --hints both
+  "$BIN/cxltier-sim" $exact
+} | tee "$OUT/replay.txt"
 log "done in $((SECONDS - t0)) s"
