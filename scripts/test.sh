@@ -95,6 +95,10 @@ systemd_guest() {
     --deb "$(ls "$BUILD_DIR"/package/cxltier_*_amd64.deb | tail -1)" && GUESTS_PASSED=$((GUESTS_PASSED + 1))
 }
 stage e2e-systemd systemd_guest
+# llama.cpp (Debian forky's, in a debootstrapped root cached in build/llama)
+# served by cxltierd in page and copy mode: bit-identical logits, every block
+# hash-checked, restores from both tiers (`make llama`; docs/llama.md).
+stage llama env BUILD_DIR="$BUILD_DIR" bash "$CXLTIER_ROOT/tools/llama/run.sh"
 log "all stages passed in $((SECONDS - t_start)) s"
 # ctest's summary plus the guests, as one plain closing line.
 sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests failed out of ([0-9]+)$/\2 \1/p' "$CTEST_LOG" |

@@ -130,6 +130,17 @@ import json, sys
 print(json.dumps([json.load(open(p)) for p in sys.argv[1:]], indent=2))
 EOF
 log "summary: $OUT/summary.json"
+# Issue 33's bar: bit-identical logits, no corrupt block, restores from every tier.
+python3 - "$OUT/summary.json" <<'EOF' || die "summary.json falls short (above)"
+import json, sys
+bad = []
+for m in json.load(open(sys.argv[1])):
+    if not m["logits_bit_identical"]: bad.append(m["mode"] + ": logits differ")
+    if m["corrupt_blocks"]: bad.append(m["mode"] + ": corrupt blocks")
+    if 0 in m["restores_from_tier"]: bad.append(m["mode"] + ": a tier served no restore")
+print("\n".join(bad) or "llama: both modes bit-identical, no corrupt block, restores from every tier")
+sys.exit(1 if bad else 0)
+EOF
 
 # The recording prints two replays: with the daemon's settings, and exactly
 # as the daemon ran (its plans and moves). Run both; the first also with LRU
