@@ -80,6 +80,9 @@ block_bytes = "32KiB"
 [tiers]
 fast_nodes = [0]
 slow_nodes = [0]
+
+[metrics]
+listen = "127.0.0.1:0"  # any free port: another daemon may hold the default
 EOF
 
 start_daemon() {  # start_daemon MODE
