@@ -39,7 +39,10 @@ mkdir -p "$WORK/run" "$ROOT/cxltier/src" "$ROOT/cxltier/work"
 mounted=()
 daemon=
 cleanup() {
-  if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true; fi
+  if [ -n "$daemon" ]; then
+    kill "$daemon" 2>/dev/null || true
+    wait "$daemon" 2>/dev/null || true
+  fi
   local i
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount "${mounted[i]}" || true; done
 }
@@ -151,7 +154,7 @@ EOF
 [ -s "$WORK/llama-page.cxlt" ] || die "the recording is empty"
 what_if=$(grep -A1 "replay with the daemon's settings" "$WORK/record.log" | tail -1 | sed 's/^ *cxltier-sim //')
 exact=$(grep -A1 "replay exactly as the daemon ran it" "$WORK/record.log" | tail -1 | sed 's/^ *cxltier-sim //')
-[ -n "$what_if" ] && [ -n "$exact" ] || die "cxltierctl record printed no replay command"
+if [ -z "$what_if" ] || [ -z "$exact" ]; then die "cxltierctl record printed no replay command"; fi
 log "replaying the page run's recorded traffic in cxltier-sim"
 # shellcheck disable=SC2086 # the printed commands are word lists
 {
