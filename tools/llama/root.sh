@@ -36,6 +36,12 @@ script=/usr/share/debootstrap/scripts/sid
 [ -f "$script" ] || die "no $script: this debootstrap cannot make forky"
 
 t0=$SECONDS
+# Never delete through a mount: run.sh bind-mounts the source tree into the
+# root, and a run killed before its cleanup leaves it there.
+if awk -v r="$(realpath -m "$ROOT")/" 'index($5 "/", r) == 1 { found = 1 } END { exit !found }' \
+  /proc/self/mountinfo; then
+  die "something is mounted under $ROOT (a killed run of tools/llama/run.sh?): umount it first"
+fi
 rm -rf "$ROOT"
 mkdir -p "$ROOT"
 log=$(dirname "$ROOT")/root.log

@@ -33,6 +33,12 @@ for b in cxltierd cxltierctl cxltier-sim; do
 done
 
 t0=$SECONDS
+# A run killed before its cleanup leaves its mounts: undo them first, since
+# root.sh may delete the root, and through a bind mount of the source tree
+# that would delete the tree (root.sh refuses a root with anything mounted).
+while read -r m; do
+  umount "$m" || die "cannot undo a stale mount under the root: $m"
+done < <(awk -v r="$(realpath -m "$ROOT")/" 'index($5 "/", r) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
 bash "$TOP/tools/llama/root.sh" "$ROOT"
 mkdir -p "$WORK/run" "$ROOT/cxltier/src" "$ROOT/cxltier/work"
 
@@ -54,6 +60,7 @@ mount_on() {  # mount_on TARGET mount-args...
   mounted+=("$target")
 }
 mount_on "$ROOT/cxltier/src" --bind "$TOP"
+mount -o remount,bind,ro "$ROOT/cxltier/src"  # the root only reads the source
 mount_on "$ROOT/cxltier/work" --bind "$WORK"
 mount_on "$ROOT/proc" -t proc proc
 
