@@ -11,7 +11,7 @@ CXLTIER_PACKAGES=(
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev libsystemd-dev
-  qemu-system-x86 busybox-static cpio ndctl daxctl python3 python3-prometheus-client systemd
+  qemu-system-x86 busybox-static cpio debootstrap ndctl daxctl python3 python3-prometheus-client systemd
   pybind11-dev python3-dev python3-numpy python3-pytest prometheus
 )
 
