@@ -35,6 +35,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cxltier/client.h"
@@ -69,6 +70,12 @@ struct Options {
   uint32_t think_ms = 0;  // the user's time between turns of the loop
   uint64_t seed = 1;
   bool hints = true;  // --hints off: the scheduler says nothing (to see what hints are worth)
+  // --trace: conversations from a Mooncake trace instead of the generator.
+  std::string trace_path;
+  uint32_t trace_requests = 0;       // read only the first N requests (0: all)
+  uint32_t trace_conversations = 8;  // the first N conversations with 2 or more turns
+  uint32_t trace_block_tokens = 16;  // tokens per 512-token hash block
+  uint32_t trace_max_blocks = 128;   // hash blocks kept per request (its first ones)
 };
 
 void Usage() {
@@ -76,7 +83,9 @@ void Usage() {
       stderr,
       "usage: cxltier-llama --model FILE.gguf --socket PATH [--mode page|copy]\n"
       "  [--sequences N] [--turns N] [--prefix N] [--prompt N] [--gen N]\n"
-      "  [--context N] [--threads N] [--think-ms N] [--seed N] [--hints on|off] [--json FILE]\n");
+      "  [--context N] [--threads N] [--think-ms N] [--seed N] [--hints on|off] [--json FILE]\n"
+      "  [--trace FILE.jsonl [--trace-requests N] [--trace-conversations N]\n"
+      "   [--trace-block-tokens N] [--trace-max-blocks N]]\n");
 }
 
 Options ParseOptions(int argc, char** argv) {
@@ -125,6 +134,16 @@ Options ParseOptions(int argc, char** argv) {
     } else if (a == "--hints") {
       if (v != "on" && v != "off") Die("--hints is on or off, not " + v);
       o.hints = v == "on";
+    } else if (a == "--trace") {
+      o.trace_path = v;
+    } else if (a == "--trace-requests") {
+      o.trace_requests = static_cast<uint32_t>(num());
+    } else if (a == "--trace-conversations") {
+      o.trace_conversations = static_cast<uint32_t>(num());
+    } else if (a == "--trace-block-tokens") {
+      o.trace_block_tokens = static_cast<uint32_t>(num());
+    } else if (a == "--trace-max-blocks") {
+      o.trace_max_blocks = static_cast<uint32_t>(num());
     } else if (a == "--seed") {
       o.seed = num();
     } else {
@@ -139,6 +158,9 @@ Options ParseOptions(int argc, char** argv) {
   if (o.mode != "page" && o.mode != "copy") Die("--mode is page or copy, not " + o.mode);
   if (o.sequences == 0 || o.turns == 0 || o.prompt_tokens < 2) {
     Die("--sequences, --turns and --prompt (at least 2) must be positive");
+  }
+  if (o.trace_conversations == 0 || o.trace_block_tokens == 0 || o.trace_max_blocks == 0) {
+    Die("--trace-conversations, --trace-block-tokens and --trace-max-blocks must be positive");
   }
   return o;
 }
@@ -444,6 +466,7 @@ struct Figures {
   uint64_t observations = 0;
   uint64_t hints = 0;
   uint64_t hints_applied = 0;
+  uint64_t trace_requests = 0;  // trace requests served as turns
 };
 
 class Pool {
@@ -540,7 +563,71 @@ class Pool {
   std::vector<uint32_t> index_of_slot_;
 };
 
+// ---- the Mooncake trace (--trace; docs/llama.md, "The trace run") ----
+
+// One line of the trace: {"timestamp": .., "input_length": .., "output_length": ..,
+// "hash_ids": [..]}, each hash id naming a 512-token block of the prompt.
+struct TraceRequest {
+  uint64_t line = 0;
+  uint64_t timestamp = 0;
+  uint64_t output_length = 0;
+  std::vector<uint64_t> hash_ids;
+};
+
+uint64_t JsonNumber(const std::string& l, const char* key, size_t* at) {
+  const size_t k = l.find(key);
+  if (k == std::string::npos) Die(std::string("trace line without ") + key + ": " + l);
+  size_t i = l.find(':', k) + 1;
+  while (i < l.size() && l[i] == ' ') ++i;
+  char* end = nullptr;
+  const uint64_t v = std::strtoull(l.c_str() + i, &end, 10);
+  if (end == l.c_str() + i) Die(std::string("trace: no number for ") + key + ": " + l);
+  if (at) *at = static_cast<size_t>(end - l.c_str());
+  return v;
+}
+
+std::vector<TraceRequest> ReadTrace(const std::string& path, uint32_t limit) {
+  std::ifstream in(path);
+  if (!in) Die("cannot read " + path);
+  std::vector<TraceRequest> out;
+  std::string l;
+  for (uint64_t n = 0; std::getline(in, l); ++n) {
+    if (l.empty()) continue;
+    if (limit && out.size() == limit) break;
+    TraceRequest r;
+    r.line = n;
+    r.timestamp = JsonNumber(l, "\"timestamp\"", nullptr);
+    r.output_length = JsonNumber(l, "\"output_length\"", nullptr);
+    size_t i = l.find('[', l.find("\"hash_ids\""));
+    if (l.find("\"hash_ids\"") == std::string::npos || i == std::string::npos) {
+      Die("trace line without hash_ids: " + l);
+    }
+    for (++i; i < l.size() && l[i] != ']';) {
+      if (l[i] == ' ' || l[i] == ',') {
+        ++i;
+        continue;
+      }
+      char* end = nullptr;
+      r.hash_ids.push_back(std::strtoull(l.c_str() + i, &end, 10));
+      if (end == l.c_str() + i) Die("trace: bad hash_ids: " + l);
+      i = static_cast<size_t>(end - l.c_str());
+    }
+    if (r.hash_ids.empty()) Die("trace: a request without hash ids: " + l);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 // ---- the loop ----
+
+// One turn of one sequence, in the order the loop runs them.
+struct Event {
+  uint32_t seq = 0;
+  std::vector<llama_token> input;  // appended to the sequence's KV
+  uint32_t gen = 0;                // tokens generated after it (greedy)
+  bool last = false;               // the sequence's last turn
+  uint64_t trace_line = 0;
+};
 
 struct Sequence {
   uint32_t group = 0;  // hint group: id + 1
@@ -567,18 +654,23 @@ llama_context* NewContext(llama_model* m, const Options& o, Scores* scores) {
   return c;
 }
 
-// Decodes `tokens` in both contexts; compares the logits bit for bit.
+// Decodes `tokens` after the sequence's `cells` in both contexts, in batches
+// of at most 512 (n_batch); compares each batch's last logits bit for bit.
 void Decode(llama_context* served, llama_context* reference, std::vector<llama_token>& tokens,
-            int n_vocab, Figures* f) {
-  llama_batch b = llama_batch_get_one(tokens.data(), static_cast<int32_t>(tokens.size()));
-  if (llama_decode(reference, b) != 0) Die("llama_decode (reference) failed");
-  b = llama_batch_get_one(tokens.data(), static_cast<int32_t>(tokens.size()));
-  if (llama_decode(served, b) != 0) Die("llama_decode failed");
-  const float* a = llama_get_logits_ith(served, -1);
-  const float* r = llama_get_logits_ith(reference, -1);
-  ++f->logit_rows;
-  if (std::memcmp(a, r, sizeof(float) * static_cast<size_t>(n_vocab)) != 0) {
-    ++f->logit_rows_differing;
+            int n_vocab, Figures* f, Scores* scores, uint32_t cells) {
+  for (size_t at = 0; at < tokens.size(); at += 512) {
+    const int32_t n = static_cast<int32_t>(std::min<size_t>(512, tokens.size() - at));
+    scores->cells = cells + static_cast<uint32_t>(at) + static_cast<uint32_t>(n);
+    llama_batch b = llama_batch_get_one(tokens.data() + at, n);
+    if (llama_decode(reference, b) != 0) Die("llama_decode (reference) failed");
+    b = llama_batch_get_one(tokens.data() + at, n);
+    if (llama_decode(served, b) != 0) Die("llama_decode failed");
+    const float* a = llama_get_logits_ith(served, -1);
+    const float* r = llama_get_logits_ith(reference, -1);
+    ++f->logit_rows;
+    if (std::memcmp(a, r, sizeof(float) * static_cast<size_t>(n_vocab)) != 0) {
+      ++f->logit_rows_differing;
+    }
   }
   f->tokens_decoded += tokens.size();
 }
@@ -613,6 +705,11 @@ std::string Json(const Options& o, const Figures& f, uint64_t streams, uint64_t 
   std::string s = "{";
   s += "\"mode\": \"" + o.mode + "\"";
   s += ", \"sequences\": " + std::to_string(o.sequences);
+  s += std::string(", \"workload\": \"") + (o.trace_path.empty() ? "generator" : "trace") + "\"";
+  if (!o.trace_path.empty()) {
+    s += ", \"trace_requests\": " + std::to_string(f.trace_requests);
+    s += ", \"trace_block_tokens\": " + std::to_string(o.trace_block_tokens);
+  }
   s += ", \"tokens_decoded\": " + std::to_string(f.tokens_decoded);
   s += ", \"turns\": " + std::to_string(f.turns);
   s += ", \"block_bytes\": " + std::to_string(block_bytes);
@@ -639,7 +736,7 @@ std::string Json(const Options& o, const Figures& f, uint64_t streams, uint64_t 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = ParseOptions(argc, argv);
+  Options o = ParseOptions(argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
   llama_log_set(
       [](ggml_log_level level, const char* text, void*) {
@@ -664,14 +761,116 @@ int main(int argc, char** argv) {
   geo.block_tokens = kBlockTokens;
   if (Status st = geo.Validate(); !st.ok()) Die("model geometry: " + st.message);
 
-  // The workload: a shared system prefix, then turns of user tokens (random
-  // bytes of the byte-fallback vocabulary) each followed by greedy generation.
-  const uint32_t per_turn_max = o.prompt_tokens * 3 / 2 + o.gen_tokens;
-  const uint64_t max_cells = uint64_t{o.prefix_tokens} + uint64_t{o.turns} * per_turn_max;
-  if (max_cells > o.context) Die("the longest sequence would not fit --context");
-  if (o.prefix_tokens + o.prompt_tokens * 3 / 2 > 512) Die("a first turn is at most 512 tokens");
-  const uint32_t blocks_per_seq = static_cast<uint32_t>(geo.blocks_for(max_cells));
-  const uint32_t capacity = blocks_per_seq * o.sequences;
+  // The workload, as a list of turns in the order the loop runs them.
+  std::vector<Event> events;
+  std::mt19937_64 rng(o.seed);
+  auto random_tokens = [&](uint32_t n) {
+    std::vector<llama_token> t(n);
+    for (auto& x : t) x = static_cast<llama_token>(4 + rng() % (n_vocab - 4));
+    return t;
+  };
+  uint64_t trace_requests = 0;
+  if (o.trace_path.empty()) {
+    // A shared system prefix, then turns of user tokens (random bytes of the
+    // byte-fallback vocabulary) each followed by greedy generation; round robin.
+    std::vector<llama_token> prefix = random_tokens(o.prefix_tokens);
+    prefix.insert(prefix.begin(), llama_vocab_bos(vocab));
+    for (uint32_t turn = 0; turn < o.turns; ++turn) {
+      for (uint32_t i = 0; i < o.sequences; ++i) {
+        Event e;
+        e.seq = i;
+        if (turn == 0) e.input = prefix;
+        const uint32_t n_user =
+            o.prompt_tokens / 2 + static_cast<uint32_t>(rng() % (o.prompt_tokens + 1));
+        const std::vector<llama_token> user = random_tokens(n_user);
+        e.input.insert(e.input.end(), user.begin(), user.end());
+        e.gen = o.gen_tokens;
+        e.last = turn + 1 == o.turns;
+        events.push_back(std::move(e));
+      }
+    }
+  } else {
+    // The Mooncake trace at small scale: a conversation is the requests
+    // sharing a first hash id (no request extends another's whole prefix),
+    // its turns in timestamp order; the first --trace-conversations such
+    // conversations with two turns or more. A hash block is
+    // --trace-block-tokens tokens drawn from a generator seeded by the hash id,
+    // so equal hash ids are equal tokens. Turn 1 is BOS and its request's
+    // blocks; a later turn appends the blocks past those it shares with the
+    // turn before (the shared ones are the KV restored from the pool). Each
+    // turn generates output_length scaled the same way (at least 1, at most --gen).
+    const std::vector<TraceRequest> trace = ReadTrace(o.trace_path, o.trace_requests);
+    std::vector<std::vector<const TraceRequest*>> groups;
+    std::unordered_map<uint64_t, size_t> group_of;
+    for (const TraceRequest& r : trace) {
+      auto [it, fresh] = group_of.try_emplace(r.hash_ids[0], groups.size());
+      if (fresh) groups.emplace_back();
+      groups[it->second].push_back(&r);
+    }
+    std::vector<std::pair<const TraceRequest*, uint32_t>> turns;  // request, sequence
+    uint32_t n_seq = 0;
+    for (auto& g : groups) {
+      if (g.size() < 2) continue;
+      if (n_seq == o.trace_conversations) break;
+      for (const TraceRequest* r : g) turns.emplace_back(r, n_seq);
+      ++n_seq;
+    }
+    if (n_seq == 0) Die("no conversation with two turns in " + o.trace_path);
+    std::stable_sort(turns.begin(), turns.end(), [](const auto& x, const auto& y) {
+      return x.first->timestamp != y.first->timestamp ? x.first->timestamp < y.first->timestamp
+                                                      : x.first->line < y.first->line;
+    });
+    auto block_tokens = [&](uint64_t hash_id) {
+      std::mt19937_64 r(o.seed * 0x9E3779B97F4A7C15ULL + hash_id);
+      std::vector<llama_token> t(o.trace_block_tokens);
+      for (auto& x : t) x = static_cast<llama_token>(4 + r() % (n_vocab - 4));
+      return t;
+    };
+    std::vector<std::vector<uint64_t>> last_blocks(n_seq);
+    std::vector<uint32_t> remaining(n_seq, 0);
+    for (const auto& t : turns) ++remaining[t.second];
+    for (const auto& [r, seq] : turns) {
+      Event e;
+      e.seq = seq;
+      e.trace_line = r->line;
+      std::vector<uint64_t> blocks(
+          r->hash_ids.begin(),
+          r->hash_ids.begin() + std::min<size_t>(r->hash_ids.size(), o.trace_max_blocks));
+      std::vector<uint64_t>& prev = last_blocks[seq];
+      size_t shared = 0;
+      while (shared < prev.size() && shared < blocks.size() && prev[shared] == blocks[shared]) {
+        ++shared;
+      }
+      if (prev.empty()) e.input.push_back(llama_vocab_bos(vocab));
+      if (shared == blocks.size()) shared = blocks.size() - 1;  // never an empty turn
+      for (size_t k = shared; k < blocks.size(); ++k) {
+        const std::vector<llama_token> t = block_tokens(blocks[k]);
+        e.input.insert(e.input.end(), t.begin(), t.end());
+      }
+      const uint64_t scaled = (r->output_length * o.trace_block_tokens + 256) / 512;
+      e.gen = static_cast<uint32_t>(std::clamp<uint64_t>(scaled, 1, std::max(1u, o.gen_tokens)));
+      e.last = --remaining[seq] == 0;
+      prev = std::move(blocks);
+      events.push_back(std::move(e));
+    }
+    o.sequences = n_seq;
+    trace_requests = turns.size();
+  }
+  std::vector<uint64_t> seq_cells(o.sequences, 0);
+  for (const Event& e : events) seq_cells[e.seq] += e.input.size() + e.gen;
+  const uint64_t max_cells = *std::max_element(seq_cells.begin(), seq_cells.end());
+  if (max_cells > o.context) {
+    if (o.trace_path.empty()) Die("the longest sequence would not fit --context");
+    o.context = static_cast<uint32_t>((max_cells + 255) / 256 * 256);  // the trace sets it
+  }
+  uint32_t capacity = 0;
+  if (o.trace_path.empty()) {  // as before the trace: room for the longest turns
+    const uint64_t per_turn_max = o.prompt_tokens * 3 / 2 + o.gen_tokens;
+    const uint64_t most = uint64_t{o.prefix_tokens} + uint64_t{o.turns} * per_turn_max;
+    capacity = static_cast<uint32_t>(geo.blocks_for(most)) * o.sequences;
+  } else {
+    for (uint64_t c : seq_cells) capacity += static_cast<uint32_t>(geo.blocks_for(c));
+  }
 
   Status st;
   auto client = Client::Connect({o.socket_path, geo, capacity, "cxltier-llama-" + o.mode}, &st);
@@ -691,16 +890,8 @@ int main(int argc, char** argv) {
     seqs[i].reference = NewContext(model, o, &quiet);
   }
 
-  std::mt19937_64 rng(o.seed);
-  auto random_tokens = [&](uint32_t n) {
-    std::vector<llama_token> t(n);
-    for (auto& x : t) x = static_cast<llama_token>(4 + rng() % (n_vocab - 4));
-    return t;
-  };
-  std::vector<llama_token> prefix = random_tokens(o.prefix_tokens);
-  prefix.insert(prefix.begin(), llama_vocab_bos(vocab));
-
   Figures f;
+  f.trace_requests = trace_requests;
   f.restores_from_tier.assign(client->tiers(), 0);
   f.restore_seconds_by_tier.assign(client->tiers(), 0.0);
   StateLayout layout;
@@ -717,13 +908,14 @@ int main(int argc, char** argv) {
     f.hints_applied += ok.applied;
   };
 
-  for (uint32_t turn = 0; turn < o.turns; ++turn) {
-    for (uint32_t i = 0; i < o.sequences; ++i) {
-      Sequence& s = seqs[i];
+  for (size_t ev = 0; ev < events.size(); ++ev) {
+    Event& e = events[ev];
+    {
+      Sequence& s = seqs[e.seq];
       // The scheduler knows who runs after this one: that sequence's blocks come back ahead.
-      const uint32_t next = (i + 1) % o.sequences;
-      if ((next != 0 || turn + 1 < o.turns) && seqs[next].cells > 0) {
-        hint(seqs[next], HintKind::kSoon, {});
+      if (ev + 1 < events.size() && events[ev + 1].seq != e.seq &&
+          seqs[events[ev + 1].seq].cells > 0) {
+        hint(seqs[events[ev + 1].seq], HintKind::kSoon, {});
       }
 
       // Restore: every block from whichever tier holds it, hash-checked.
@@ -755,20 +947,12 @@ int main(int argc, char** argv) {
       }
 
       // The turn: the user's tokens, then greedy generation.
-      std::vector<llama_token> input;
-      if (turn == 0) input = prefix;
-      const uint32_t n_user =
-          o.prompt_tokens / 2 + static_cast<uint32_t>(rng() % (o.prompt_tokens + 1));
-      const std::vector<llama_token> user = random_tokens(n_user);
-      input.insert(input.end(), user.begin(), user.end());
-      scores.cells = s.cells + static_cast<uint32_t>(input.size());
-      Decode(served, s.reference, input, n_vocab, &f);
-      s.cells = scores.cells;
-      for (uint32_t g = 0; g < o.gen_tokens; ++g) {
+      Decode(served, s.reference, e.input, n_vocab, &f, &scores, s.cells);
+      s.cells += static_cast<uint32_t>(e.input.size());
+      for (uint32_t g = 0; g < e.gen; ++g) {
         std::vector<llama_token> one{Argmax(llama_get_logits_ith(s.reference, -1), n_vocab)};
-        scores.cells = s.cells + 1;
-        Decode(served, s.reference, one, n_vocab, &f);
-        s.cells = scores.cells;
+        Decode(served, s.reference, one, n_vocab, &f, &scores, s.cells);
+        s.cells += 1;
       }
       ++f.turns;
 
@@ -822,8 +1006,7 @@ int main(int argc, char** argv) {
       llama_memory_clear(mem, true);
 
       // The user reads the answer (idle), or the conversation ended (done).
-      const bool last = turn + 1 == o.turns;
-      hint(s, last ? HintKind::kDone : HintKind::kIdle, new_keys);
+      hint(s, e.last ? HintKind::kDone : HintKind::kIdle, new_keys);
       if (o.think_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.think_ms));
     }
   }
