@@ -1,6 +1,6 @@
 # Conveniences over scripts/ (make itself is not needed: the README uses the scripts).
 BUILD_DIR ?= build
-.PHONY: run test check build format format-check bench fuzz load compare llama clean
+.PHONY: run test check build format format-check bench fuzz load compare llama llama-trace clean
 
 run:
 	bash scripts/run.sh
@@ -41,6 +41,14 @@ llama:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	cmake --build $(BUILD_DIR) -j $${JOBS:-1} --target cxltierd cxltierctl cxltier-sim
 	BUILD_DIR=$(abspath $(BUILD_DIR)) bash tools/llama/run.sh
+
+# The same run with conversations from the Mooncake sample (docs/llama.md,
+# "The trace run"): build/llama/summary-trace.json. About 170 s warm.
+llama-trace:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD_DIR) -j $${JOBS:-1} --target cxltierd cxltierctl cxltier-sim
+	BUILD_DIR=$(abspath $(BUILD_DIR)) CXLTIER_LLAMA_TAG=-trace bash tools/llama/run.sh \
+	  --trace /cxltier/src/tests/data/mooncake_synthetic_trace.jsonl
 
 clean:
 	rm -rf $(BUILD_DIR) $(BUILD_DIR)-address $(BUILD_DIR)-thread $(BUILD_DIR)-fuzz

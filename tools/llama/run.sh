@@ -8,6 +8,9 @@
 #
 #   BUILD_DIR=build bash tools/llama/run.sh [cxltier-llama options...]
 #
+# CXLTIER_LLAMA_TAG=-trace names the outputs summary-trace.json and
+# replay-trace.txt (make llama-trace: the Mooncake sample, --trace).
+#
 # Needs root (debootstrap, chroot, mount) and the host's build of cxltierd,
 # cxltierctl and cxltier-sim in $BUILD_DIR/bin (the Makefile builds them).
 set -euo pipefail
@@ -20,6 +23,8 @@ WORK=$OUT/work  # seen inside the root as /cxltier/work
 BIN=${CXLTIER_BIN:-$BUILD_DIR/bin}  # the host build of cxltierd, cxltierctl, cxltier-sim
 JOBS=${JOBS:-1}
 TIER0=${CXLTIER_LLAMA_TIER0:-1MiB}
+TAG=${CXLTIER_LLAMA_TAG:-}
+SUMMARY=$OUT/summary$TAG.json
 
 die() {
   echo "llama: $*" >&2
@@ -138,13 +143,13 @@ for mode in page copy; do
   [ "$rc" -eq 0 ] || die "cxltier-llama --mode $mode failed (exit $rc)"
 done
 
-python3 - "$WORK/page.json" "$WORK/copy.json" >"$OUT/summary.json" <<'EOF'
+python3 - "$WORK/page.json" "$WORK/copy.json" >"$SUMMARY" <<'EOF'
 import json, sys
 print(json.dumps([json.load(open(p)) for p in sys.argv[1:]], indent=2))
 EOF
-log "summary: $OUT/summary.json"
+log "summary: $SUMMARY"
 # Issue 33's bar: bit-identical logits, no corrupt block, restores from every tier.
-python3 - "$OUT/summary.json" <<'EOF' || die "summary.json falls short (above)"
+python3 - "$SUMMARY" <<'EOF' || die "summary.json falls short (above)"
 import json, sys
 bad = []
 for m in json.load(open(sys.argv[1])):
@@ -167,5 +172,5 @@ log "replaying the page run's recorded traffic in cxltier-sim"
 {
   "$BIN/cxltier-sim" ${what_if/--policy default/--policy default,lru,lfu} --hints both
   "$BIN/cxltier-sim" $exact
-} | tee "$OUT/replay.txt"
+} | tee "$OUT/replay$TAG.txt"
 log "done in $((SECONDS - t0)) s"
