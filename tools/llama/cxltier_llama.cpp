@@ -76,6 +76,7 @@ struct Options {
   uint32_t trace_conversations = 8;  // the first N conversations with 2 or more turns
   uint32_t trace_block_tokens = 16;  // tokens per 512-token hash block
   uint32_t trace_max_blocks = 128;   // hash blocks kept per request (its first ones)
+  bool trace_prefix = true;  // --trace-turns prefix: a turn keeps only the shared prefix's KV
 };
 
 void Usage() {
@@ -85,7 +86,7 @@ void Usage() {
       "  [--sequences N] [--turns N] [--prefix N] [--prompt N] [--gen N]\n"
       "  [--context N] [--threads N] [--think-ms N] [--seed N] [--hints on|off] [--json FILE]\n"
       "  [--trace FILE.jsonl [--trace-requests N] [--trace-conversations N]\n"
-      "   [--trace-block-tokens N] [--trace-max-blocks N]]\n");
+      "   [--trace-block-tokens N] [--trace-max-blocks N] [--trace-turns prefix|append]]\n");
 }
 
 Options ParseOptions(int argc, char** argv) {
@@ -142,6 +143,9 @@ Options ParseOptions(int argc, char** argv) {
       o.trace_conversations = static_cast<uint32_t>(num());
     } else if (a == "--trace-block-tokens") {
       o.trace_block_tokens = static_cast<uint32_t>(num());
+    } else if (a == "--trace-turns") {
+      if (v != "prefix" && v != "append") Die("--trace-turns is prefix or append, not " + v);
+      o.trace_prefix = v == "prefix";
     } else if (a == "--trace-max-blocks") {
       o.trace_max_blocks = static_cast<uint32_t>(num());
     } else if (a == "--seed") {
@@ -626,6 +630,7 @@ struct Event {
   std::vector<llama_token> input;  // appended to the sequence's KV
   uint32_t gen = 0;                // tokens generated after it (greedy)
   bool last = false;               // the sequence's last turn
+  uint32_t keep = UINT32_MAX;      // cells of the sequence's KV the turn keeps (the rest: dropped)
   uint64_t trace_line = 0;
 };
 
@@ -709,6 +714,7 @@ std::string Json(const Options& o, const Figures& f, uint64_t streams, uint64_t 
   if (!o.trace_path.empty()) {
     s += ", \"trace_requests\": " + std::to_string(f.trace_requests);
     s += ", \"trace_block_tokens\": " + std::to_string(o.trace_block_tokens);
+    s += std::string(", \"trace_turns\": \"") + (o.trace_prefix ? "prefix" : "append") + "\"";
   }
   s += ", \"tokens_decoded\": " + std::to_string(f.tokens_decoded);
   s += ", \"turns\": " + std::to_string(f.turns);
@@ -843,6 +849,11 @@ int main(int argc, char** argv) {
       }
       if (prev.empty()) e.input.push_back(llama_vocab_bos(vocab));
       if (shared == blocks.size()) shared = blocks.size() - 1;  // never an empty turn
+      // prefix: the KV past BOS and the shared blocks (the previous turn's
+      // tail and answer) is dropped, as the trace's request does not hold it.
+      if (!prev.empty() && o.trace_prefix) {
+        e.keep = 1 + static_cast<uint32_t>(shared) * o.trace_block_tokens;
+      }
       for (size_t k = shared; k < blocks.size(); ++k) {
         const std::vector<llama_token> t = block_tokens(blocks[k]);
         e.input.insert(e.input.end(), t.begin(), t.end());
@@ -856,8 +867,14 @@ int main(int argc, char** argv) {
     o.sequences = n_seq;
     trace_requests = turns.size();
   }
-  std::vector<uint64_t> seq_cells(o.sequences, 0);
-  for (const Event& e : events) seq_cells[e.seq] += e.input.size() + e.gen;
+  std::vector<uint64_t> seq_cells(o.sequences, 0);  // the most each sequence holds
+  {
+    std::vector<uint64_t> now(o.sequences, 0);
+    for (const Event& e : events) {
+      now[e.seq] = std::min<uint64_t>(now[e.seq], e.keep) + e.input.size() + e.gen;
+      seq_cells[e.seq] = std::max(seq_cells[e.seq], now[e.seq]);
+    }
+  }
   const uint64_t max_cells = *std::max_element(seq_cells.begin(), seq_cells.end());
   if (max_cells > o.context) {
     if (o.trace_path.empty()) Die("the longest sequence would not fit --context");
@@ -918,11 +935,20 @@ int main(int argc, char** argv) {
         hint(seqs[events[ev + 1].seq], HintKind::kSoon, {});
       }
 
-      // Restore: every block from whichever tier holds it, hash-checked.
+      // Restore: every block the turn keeps from whichever tier holds it, hash-checked.
+      if (e.keep < s.cells) {  // the reference drops the same cells
+        if (!llama_memory_seq_rm(llama_get_memory(s.reference), 0, static_cast<llama_pos>(e.keep),
+                                 -1)) {
+          Die("llama_memory_seq_rm refused to cut the reference");
+        }
+        s.cells = e.keep;
+      }
+      const uint32_t kept_cells = s.cells;
       if (s.cells > 0) {
-        std::vector<std::vector<uint8_t>> got(s.slots.size(), std::vector<uint8_t>(block.size()));
+        const size_t n_blocks = geo.blocks_for(s.cells);
+        std::vector<std::vector<uint8_t>> got(n_blocks, std::vector<uint8_t>(block.size()));
         std::vector<const uint8_t*> ptrs;
-        for (size_t b = 0; b < s.slots.size(); ++b) {
+        for (size_t b = 0; b < n_blocks; ++b) {
           const auto r0 = std::chrono::steady_clock::now();
           const Tier tier = pool.Read(s.slots[b], got[b].data());
           const uint64_t h = XXH3_64bits(got[b].data(), got[b].size());
@@ -972,7 +998,10 @@ int main(int argc, char** argv) {
         }
       }
       if (p.cells != s.cells) Die("the state holds a different number of cells than decoded");
-      const uint32_t first = static_cast<uint32_t>(s.slots.size() ? s.slots.size() - 1 : 0);
+      // From the block holding the first new cell (the last partial one, when
+      // nothing was dropped).
+      const uint32_t first = static_cast<uint32_t>(
+          s.slots.empty() ? 0 : std::min<size_t>(s.slots.size() - 1, kept_cells / kBlockTokens));
       const uint32_t blocks = static_cast<uint32_t>(geo.blocks_for(p.cells));
       std::vector<BlockKey> new_keys;
       for (uint32_t b = first; b < blocks; ++b) {
