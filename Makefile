@@ -43,7 +43,7 @@ llama:
 	BUILD_DIR=$(abspath $(BUILD_DIR)) bash tools/llama/run.sh
 
 # The same run with conversations from the Mooncake sample (docs/llama.md,
-# "The trace run"): build/llama/summary-trace.json. 130 to 170 s warm.
+# "The trace run"): build/llama/summary-trace.json. 115 to 170 s warm.
 llama-trace:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	cmake --build $(BUILD_DIR) -j $${JOBS:-1} --target cxltierd cxltierctl cxltier-sim
