@@ -287,7 +287,7 @@ class LinuxMigrator final : public Migrator {
     // Never trust the return code: ask where every page is now. The move's
     // own answer only says why a page that is not there stayed: a page the
     // call could not migrate (EBUSY, or counted in its positive return) is busy.
-    const std::vector<int> now = Where(range);
+    const std::vector<int> now = Ask(range, false);  // populated above
     for (size_t i = 0; i < now.size(); ++i) {
       const int where = now[i];
       if (where == node) {
@@ -305,25 +305,11 @@ class LinuxMigrator final : public Migrator {
     return r;
   }
 
+  // A memfd pool's pages that the client wrote are not in our page tables
+  // until we fault them in: without that they would all read "not present"
+  // (a failure, a shrunk file, leaves those pages so).
   std::vector<int> Where(const PageRange& range) override {
-    std::vector<void*> pages = PagesOf(range);
-    // Alive() only, not Check(): Where runs on the I/O thread for every
-    // admitted block, and a poll costs well under a microsecond.
-    if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
-    // A memfd pool's pages that the client wrote are not in our page tables
-    // until we fault them in: without this they would all read "not present"
-    // (a failure, a shrunk file, leaves those pages so).
-    if (range.pid == 0 && range.shared) (void)Populate(range);
-    std::vector<int> status(pages.size(), -1);
-    for (size_t i = 0; i < pages.size(); i += kChunkPages) {
-      const size_t n = std::min(kChunkPages, pages.size() - i);
-      if (numa_move_pages(range.pid, n, pages.data() + i, nullptr, status.data() + i, 0) < 0) {
-        const int e = errno;
-        for (size_t j = i; j < i + n; ++j) status[j] = -e;
-      }
-    }
-    if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
-    return status;
+    return Ask(range, range.pid == 0 && range.shared);
   }
 
   // As Where(), page by sampled page, in one move_pages call. For a memfd
@@ -370,6 +356,25 @@ class LinuxMigrator final : public Migrator {
   }
 
  private:
+  // Node of every page, faulting a memfd range in first when `populate`
+  // (Move has already done so before it asks).
+  static std::vector<int> Ask(const PageRange& range, bool populate) {
+    std::vector<void*> pages = PagesOf(range);
+    // Alive() only, not Check(): a poll costs well under a microsecond.
+    if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
+    if (populate) (void)Populate(range);
+    std::vector<int> status(pages.size(), -1);
+    for (size_t i = 0; i < pages.size(); i += kChunkPages) {
+      const size_t n = std::min(kChunkPages, pages.size() - i);
+      if (numa_move_pages(range.pid, n, pages.data() + i, nullptr, status.data() + i, 0) < 0) {
+        const int e = errno;
+        for (size_t j = i; j < i + n; ++j) status[j] = -e;
+      }
+    }
+    if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
+    return status;
+  }
+
   static void SetPolicy(const PageRange& range, int node) {
     unsigned long mask[16] = {};  // 1024 nodes
     if (node < 0 || node >= 1024) return;
