@@ -197,7 +197,10 @@ Mapping::~Mapping() { munmap(reinterpret_cast<void*>(address_), length_bytes_); 
 #define MPOL_PREFERRED_MANY 5
 #endif
 
-Status PreferNodes(const Mapping& mapping, const std::vector<int>& nodes) {
+namespace {
+
+// PreferNodes over any range of this process's address space.
+Status PreferNodesAt(uintptr_t address, size_t length, const std::vector<int>& nodes) {
   constexpr int kMaxNode = 1024;
   constexpr size_t kBits = 8 * sizeof(unsigned long);
   unsigned long mask[kMaxNode / kBits] = {};
@@ -209,16 +212,16 @@ Status PreferNodes(const Mapping& mapping, const std::vector<int>& nodes) {
     }
     mask[n / kBits] |= 1ul << (n % kBits);
   }
-  void* at = reinterpret_cast<void*>(mapping.address());
-  // Policy only (flags 0): the pages the file has stay where they are.
+  void* at = reinterpret_cast<void*>(address);
+  // Policy only (flags 0): the pages the range has stay where they are.
   int mode = nodes.size() > 1 ? MPOL_PREFERRED_MANY : MPOL_PREFERRED;
-  int rc = mbind(at, mapping.length_bytes(), mode, mask, kMaxNode, 0);
+  int rc = mbind(at, length, mode, mask, kMaxNode, 0);
   if (rc != 0 && errno == EINVAL && mode == MPOL_PREFERRED_MANY) {
     // A kernel before 5.15: the first node alone.
     unsigned long first[kMaxNode / kBits] = {};
     first[nodes.front() / kBits] = 1ul << (nodes.front() % kBits);
     mode = MPOL_PREFERRED;
-    rc = mbind(at, mapping.length_bytes(), mode, first, kMaxNode, 0);
+    rc = mbind(at, length, mode, first, kMaxNode, 0);
   }
   if (rc != 0) {
     const int e = errno;
@@ -228,6 +231,12 @@ Status PreferNodes(const Mapping& mapping, const std::vector<int>& nodes) {
                             "): " + std::strerror(e));
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status PreferNodes(const Mapping& mapping, const std::vector<int>& nodes) {
+  return PreferNodesAt(mapping.address(), mapping.length_bytes(), nodes);
 }
 
 std::vector<size_t> SpreadPages(size_t pages, size_t samples) {
@@ -375,12 +384,9 @@ class LinuxMigrator final : public Migrator {
     return status;
   }
 
+  // Policy only: the move itself is move_pages' job, and verified.
   static void SetPolicy(const PageRange& range, int node) {
-    unsigned long mask[16] = {};  // 1024 nodes
-    if (node < 0 || node >= 1024) return;
-    mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
-    // Policy only (flags 0): the move itself is move_pages' job, and verified.
-    mbind(reinterpret_cast<void*>(range.address), range.length, MPOL_PREFERRED, mask, 1024, 0);
+    (void)PreferNodesAt(range.address, range.length, {node});
   }
 };
 
