@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
@@ -567,6 +568,37 @@ class OwnEmaPolicy final : public Policy {
 // margin (a sign test, as adaptive's), and the new leader's full instance is
 // then built from the current set, its blocks admitted in touch order, so the
 // set is unchanged by the switch and the new policy evicts from there on.
+// EMA whose average is kept in the block's policy_word (a float), for the
+// second ema candidate of ShardsPolicy, which writes it (Word): it is kept
+// with the block as its score is, restored from ghosts and zeroed by reset.
+float WordFloat(uint32_t w) {
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+uint32_t FloatWord(float f) {
+  uint32_t w;
+  std::memcpy(&w, &f, sizeof w);
+  return w;
+}
+
+class WordEmaPolicy final : public HeapPolicy {
+ public:
+  WordEmaPolicy(double alpha, std::string name) : alpha_(alpha), name_(std::move(name)) {}
+  std::string Name() const override { return name_; }
+  double Score(const BlockState&, double prev, uint64_t, bool, const Touch&) const override {
+    return prev;
+  }
+  double Heat(Slot s) const override { return Key(s, Touch{}); }
+
+ private:
+  double Key(Slot s, const Touch&) const override {
+    return EmaOrderKey(WordFloat(state(s).policy_word), state(s).touch_time, alpha_);
+  }
+  double alpha_;
+  std::string name_;
+};
+
 uint64_t ShardsHash(const BlockKey& key) {
   // A fixed hash, not the engine's keyed one: the sample is the same keys in
   // every run. Its top 32 bits are compared with the threshold.
@@ -581,10 +613,11 @@ class ShardsPolicy final : public Policy {
  public:
   struct Settings {
     double rate = 0.01;       // the sampling rate at large capacities
-    uint32_t min_cap = 256;   // a miniature's capacity at least (R grows for small C)
+    uint32_t min_cap = 512;   // a miniature's capacity at least (R grows for small C)
     uint32_t epoch = 256;     // sampled touches between tests
     double decay = 0.98;      // per epoch, of the wins and losses against the leader
     double z = 3;             // the lead a switch needs, in standard deviations
+    double gain = 0.01;       // and as a share of the sampled touches (decayed alike)
   };
   ShardsPolicy(std::string name, std::vector<std::string> candidates, Settings settings)
       : name_(std::move(name)), specs_(std::move(candidates)), set_(settings) {
@@ -599,16 +632,34 @@ class ShardsPolicy final : public Policy {
     }
     score_spec_ = specs_[scorer];
     scorer_ = Make(score_spec_, true);
+    // The second ema candidate, if any, keeps its average in policy_word.
+    for (size_t k = scorer + 1; k < specs_.size(); ++k) {
+      if (specs_[k].starts_with("ema:") && specs_[k] != score_spec_) {
+        word_spec_ = specs_[k];
+        word_alpha_ = *ParseAlpha(std::string_view(word_spec_).substr(4));
+        break;
+      }
+    }
     for (const std::string& spec : specs_) {
       Mini m;
       m.policy = Make(spec, false);
       minis_.push_back(std::move(m));
     }
+    hits_.assign(minis_.size(), 0);
+    epoch_hits_.assign(minis_.size(), 0);
+    apart_.assign(minis_.size() * minis_.size(), 0);
+    epoch_apart_.assign(minis_.size() * minis_.size(), 0);
   }
   std::string Name() const override { return name_; }
   double Score(const BlockState& st, double prev_score, uint64_t prev_time, bool fresh,
                const Touch& t) const override {
     return scorer_->Score(st, prev_score, prev_time, fresh, t);
+  }
+  uint32_t Word(const BlockState& st, uint64_t prev_time, bool fresh,
+                const Touch& t) const override {
+    if (word_spec_.empty()) return st.policy_word;
+    return FloatWord(static_cast<float>(
+        EmaAfter(WordFloat(st.policy_word), prev_time, fresh, word_alpha_, t)));
   }
   void Reserve(size_t n) override {
     reserved_ = std::max(reserved_, n);
@@ -688,8 +739,6 @@ class ShardsPolicy final : public Policy {
     std::vector<uint8_t> member;     // in this miniature's set
     uint64_t seq = 0;
     uint64_t hits = 0;
-    double wins = 0, losses = 0;  // against the leader's miniature, decayed
-    uint32_t epoch_wins = 0, epoch_losses = 0;
     bool hit = false;
   };
 
@@ -699,6 +748,7 @@ class ShardsPolicy final : public Policy {
   std::unique_ptr<Policy> Make(const std::string& spec, bool full) const {
     if (spec.starts_with("ema:")) {
       const double alpha = *ParseAlpha(std::string_view(spec).substr(4));
+      if (full && spec == word_spec_) return std::make_unique<WordEmaPolicy>(alpha, spec);
       if (full && spec != score_spec_) return std::make_unique<OwnEmaPolicy>(alpha);
       return std::make_unique<EmaPolicy>(alpha, spec);
     }
@@ -790,25 +840,39 @@ class ShardsPolicy final : public Policy {
         if (persistence_ == Persistence::kReset) Forget(m.states[v]);
       }
     }
-    const bool leader_hit = minis_[leader_].hit;
-    for (Mini& m : minis_) {
-      m.epoch_wins += m.hit && !leader_hit;
-      m.epoch_losses += !m.hit && leader_hit;
+    // Hits and, for every pair, the touches one hit and the other missed.
+    const size_t n = minis_.size();
+    for (size_t k = 0; k < n; ++k) {
+      if (!minis_[k].hit) continue;
+      ++epoch_hits_[k];
+      for (size_t j = 0; j < n; ++j) epoch_apart_[k * n + j] += !minis_[j].hit;
     }
     return ++epoch_touches_ >= set_.epoch && EndEpoch();
   }
 
   bool EndEpoch() {
+    window_ = window_ * set_.decay + epoch_touches_;
     epoch_touches_ = 0;
+    const size_t n = minis_.size();
+    for (size_t k = 0; k < n; ++k) {
+      hits_[k] = hits_[k] * set_.decay + epoch_hits_[k];
+      epoch_hits_[k] = 0;
+      for (size_t j = 0; j < n; ++j) {
+        apart_[k * n + j] = apart_[k * n + j] * set_.decay + epoch_apart_[k * n + j];
+        epoch_apart_[k * n + j] = 0;
+      }
+    }
     size_t best = leader_;
     double best_lead = 0;
-    for (size_t k = 0; k < minis_.size(); ++k) {
-      Mini& m = minis_[k];
-      m.wins = m.wins * set_.decay + m.epoch_wins;
-      m.losses = m.losses * set_.decay + m.epoch_losses;
-      m.epoch_wins = m.epoch_losses = 0;
-      const double lead = m.wins - m.losses;
-      if (lead > set_.z * std::sqrt(m.wins + m.losses) && lead > best_lead) {
+    for (size_t k = 0; k < n; ++k) {
+      // A sign test: were k and the leader equally good, the difference of
+      // their hits would be about normal with variance the touches where
+      // they differ. Kept across switches: going back needs a lead as large.
+      const double lead = hits_[k] - hits_[leader_];
+      const double differ = apart_[k * n + leader_] + apart_[leader_ * n + k];
+      // Only a gain worth a switch: a switch loses the new leader's
+      // history (ARC's ghosts, W-TinyLFU's sketch).
+      if (lead > set_.z * std::sqrt(differ) && lead > set_.gain * window_ && lead > best_lead) {
         best = k;
         best_lead = lead;
       }
@@ -832,7 +896,6 @@ class ShardsPolicy final : public Policy {
     });
     leader_ = k;
     ++switches_;
-    for (Mini& m : minis_) m.wins = m.losses = 0;
     full_ = Make(specs_[k], true);
     full_->Bind(states_, capacity_, persistence_, mode_);
     full_->Reserve(std::max(reserved_, states.size()));
@@ -846,7 +909,8 @@ class ShardsPolicy final : public Policy {
   std::string name_;
   std::vector<std::string> specs_;
   Settings set_;
-  std::string score_spec_;
+  std::string score_spec_, word_spec_;  // the emas whose averages the blocks keep
+  double word_alpha_ = 0;
   std::unique_ptr<Policy> scorer_;  // only its Score is used
   std::unique_ptr<Policy> full_;    // the leader's full instance
   std::vector<Mini> minis_;
@@ -858,6 +922,11 @@ class ShardsPolicy final : public Policy {
   uint64_t switches_ = 0;
   uint64_t sampled_touches_ = 0;
   uint32_t epoch_touches_ = 0;
+  // Decayed every epoch: sampled touches, each miniature's hits, and by pair
+  // (k, j) the touches k hit and j missed; the epoch's own counts.
+  double window_ = 0;
+  std::vector<double> hits_, apart_;
+  std::vector<uint32_t> epoch_hits_, epoch_apart_;
   // The sample's keys: dense slot by key, key by dense slot, free slots, and
   // released keys kept as ghosts (oldest reclaimed first) with a stamp per slot.
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> dense_;
@@ -1190,10 +1259,14 @@ Result<std::unique_ptr<Policy>> ParseShards(std::string_view spec, std::string_v
     } else if (k == "z") {
       r = std::from_chars(v.data(), v.data() + v.size(), set.z);
       if (!(set.z >= 0 && set.z < 100)) r.ec = std::errc::invalid_argument;
+    } else if (k == "gain") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.gain);
+      if (!(set.gain >= 0 && set.gain < 1)) r.ec = std::errc::invalid_argument;
     }
     if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
       return bad("shards: bad setting '" + std::string(kv) +
-                 "' (rate=X in (0, 1], min=N, epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100))");
+                 "' (rate=X in (0, 1], min=N, epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), "
+                 "gain=X in [0, 1))");
     }
   }
   return std::make_unique<ShardsPolicy>(std::string(name), std::move(candidates), set);

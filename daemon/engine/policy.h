@@ -42,6 +42,15 @@ class Policy {
   virtual double Score(const BlockState& st, double prev_score, uint64_t prev_time, bool fresh,
                        const Touch& t) const = 0;
 
+  // The block's new policy_word after a touch, called just before Score with
+  // the same arguments (st.policy_word still the value before this touch). A
+  // second score kept with the block (restored from a ghost, zeroed by
+  // reset): shards keeps a second ema's average there. Unchanged by default.
+  virtual uint32_t Word(const BlockState& st, uint64_t /*prev_time*/, bool /*fresh*/,
+                        const Touch& /*t*/) const {
+    return st.policy_word;
+  }
+
   // A touch of `s`, which is in the set.
   virtual void OnHit(Slot s, const Touch& t) = 0;
 
@@ -110,7 +119,7 @@ inline constexpr std::string_view kAdaptivePolicy =
     "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu";
 // "shards" alone: these candidates, the first leading first (docs/policies.md, "shards").
 inline constexpr std::string_view kShardsPolicy =
-    "shards:arc+lfu+ema:0.05+lru+s3fifo+sieve+tinylfu";
+    "shards:arc+lfu+ema:0.05+ema:0.01+lru+s3fifo+sieve+tinylfu";
 
 // What a shards policy knows (docs/policies.md, "shards"), for tests and
 // status; nullopt for any other policy.
