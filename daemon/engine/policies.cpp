@@ -613,7 +613,7 @@ class ShardsPolicy final : public Policy {
  public:
   struct Settings {
     double rate = 0.01;       // the sampling rate at large capacities
-    uint32_t min_cap = 512;   // a miniature's capacity at least (R grows for small C)
+    uint32_t min_cap = 256;   // a miniature's capacity at least (R grows for small C)
     uint32_t epoch = 256;     // sampled touches between tests
     double decay = 0.98;      // per epoch, of the wins and losses against the leader
     double z = 3;             // the lead a switch needs, in standard deviations

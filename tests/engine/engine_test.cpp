@@ -847,6 +847,14 @@ const char* kAdaptiveMixes[] = {
     "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu;epoch=11;decay=0.9;z=0.5;hold=3",
 };
 
+// shards in the differential suite, with a switch out of reach (z=99): its
+// first candidate, with the miniatures running beside it (every key sampled,
+// or half), and a second ema in the blocks' policy_word.
+const char* kShardsMixes[] = {
+    "shards:lfu+arc+sieve+lru+s3fifo+tinylfu;z=99;min=2",
+    "shards:ema:0.15+lru+ema:0.01+arc+ema:0.5;z=99;rate=0.5;min=0",
+};
+
 // AdaptivePolicy::Erase once cleared a released slot's `member` and `dropped`
 // bits of every expert but not `held`, so in tick mode a block admitted into
 // the reused slot inherited the previous occupant's held bit, and an expert
@@ -910,6 +918,13 @@ std::string DifferentialName(const ::testing::TestParamInfo<Differential::ParamT
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, Differential,
                          ::testing::Combine(::testing::ValuesIn(kPolicies),
+                                            ::testing::Values(Persistence::kPersist,
+                                                              Persistence::kReset),
+                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
+                         DifferentialName);
+
+INSTANTIATE_TEST_SUITE_P(Shards, Differential,
+                         ::testing::Combine(::testing::ValuesIn(kShardsMixes),
                                             ::testing::Values(Persistence::kPersist,
                                                               Persistence::kReset),
                                             ::testing::Values(Mode::kDemand, Mode::kTick)),
@@ -1237,6 +1252,13 @@ TEST_P(DifferentialHints, SlicedWorkDoneAtOnceMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, DifferentialHints,
                          ::testing::Combine(::testing::ValuesIn(kPolicies),
+                                            ::testing::Values(Persistence::kPersist,
+                                                              Persistence::kReset),
+                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
+                         DifferentialName);
+
+INSTANTIATE_TEST_SUITE_P(Shards, DifferentialHints,
+                         ::testing::Combine(::testing::ValuesIn(kShardsMixes),
                                             ::testing::Values(Persistence::kPersist,
                                                               Persistence::kReset),
                                             ::testing::Values(Mode::kDemand, Mode::kTick)),
