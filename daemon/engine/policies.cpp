@@ -618,6 +618,7 @@ class ShardsPolicy final : public Policy {
     double decay = 0.98;      // per epoch, of the wins and losses against the leader
     double z = 3;             // the lead a switch needs, in standard deviations
     double gain = 0.01;       // and as a share of the sampled touches (decayed alike)
+    uint32_t warm = 8;        // no switch before warm x a miniature's capacity sampled touches
   };
   ShardsPolicy(std::string name, std::vector<std::string> candidates, Settings settings)
       : name_(std::move(name)), specs_(std::move(candidates)), set_(settings) {
@@ -877,6 +878,8 @@ class ShardsPolicy final : public Policy {
         best_lead = lead;
       }
     }
+    // Cold miniatures say little: every policy hits alike while the sets fill.
+    if (sampled_touches_ < uint64_t{set_.warm} * mini_cap_) return false;
     pending_ = best;
     return best != leader_;
   }
@@ -1259,6 +1262,8 @@ Result<std::unique_ptr<Policy>> ParseShards(std::string_view spec, std::string_v
     } else if (k == "z") {
       r = std::from_chars(v.data(), v.data() + v.size(), set.z);
       if (!(set.z >= 0 && set.z < 100)) r.ec = std::errc::invalid_argument;
+    } else if (k == "warm") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.warm);
     } else if (k == "gain") {
       r = std::from_chars(v.data(), v.data() + v.size(), set.gain);
       if (!(set.gain >= 0 && set.gain < 1)) r.ec = std::errc::invalid_argument;
@@ -1266,7 +1271,7 @@ Result<std::unique_ptr<Policy>> ParseShards(std::string_view spec, std::string_v
     if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
       return bad("shards: bad setting '" + std::string(kv) +
                  "' (rate=X in (0, 1], min=N, epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), "
-                 "gain=X in [0, 1))");
+                 "gain=X in [0, 1), warm=N)");
     }
   }
   return std::make_unique<ShardsPolicy>(std::string(name), std::move(candidates), set);
