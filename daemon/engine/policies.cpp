@@ -612,13 +612,13 @@ uint64_t ShardsThreshold(double rate) {
 class ShardsPolicy final : public Policy {
  public:
   struct Settings {
-    double rate = 0.01;       // the sampling rate at large capacities
-    uint32_t min_cap = 256;   // a miniature's capacity at least (R grows for small C)
-    uint32_t epoch = 256;     // sampled touches between tests
-    double decay = 0.98;      // per epoch, of the wins and losses against the leader
-    double z = 3;             // the lead a switch needs, in standard deviations
-    double gain = 0.01;       // and as a share of the sampled touches (decayed alike)
-    uint32_t warm = 8;        // no switch before warm x a miniature's capacity sampled touches
+    double rate = 0.01;      // the sampling rate at large capacities
+    uint32_t min_cap = 256;  // a miniature's capacity at least (R grows for small C)
+    uint32_t epoch = 256;    // sampled touches between tests
+    double decay = 0.98;     // per epoch, of the hits and disagreements counted
+    double z = 3;            // the lead a switch needs, in standard deviations
+    double gain = 0.01;      // and as a share of the sampled touches (decayed alike)
+    uint32_t warm = 8;       // no switch before warm x a miniature's capacity sampled touches
   };
   ShardsPolicy(std::string name, std::vector<std::string> candidates, Settings settings)
       : name_(std::move(name)), specs_(std::move(candidates)), set_(settings) {
@@ -659,8 +659,8 @@ class ShardsPolicy final : public Policy {
   uint32_t Word(const BlockState& st, uint64_t prev_time, bool fresh,
                 const Touch& t) const override {
     if (word_spec_.empty()) return st.policy_word;
-    return FloatWord(static_cast<float>(
-        EmaAfter(WordFloat(st.policy_word), prev_time, fresh, word_alpha_, t)));
+    return FloatWord(
+        static_cast<float>(EmaAfter(WordFloat(st.policy_word), prev_time, fresh, word_alpha_, t)));
   }
   void Reserve(size_t n) override {
     reserved_ = std::max(reserved_, n);
@@ -894,9 +894,8 @@ class ShardsPolicy final : public Policy {
     for (Slot x = 0; x < states.size(); ++x) {
       if (x != out && (x == in || (states[x].flags & kFlagInTarget))) set.push_back(x);
     }
-    std::sort(set.begin(), set.end(), [&states](Slot a, Slot b) {
-      return states[a].touch_seq < states[b].touch_seq;
-    });
+    std::sort(set.begin(), set.end(),
+              [&states](Slot a, Slot b) { return states[a].touch_seq < states[b].touch_seq; });
     leader_ = k;
     ++switches_;
     full_ = Make(specs_[k], true);
@@ -1290,7 +1289,8 @@ bool InShardsSample(const BlockKey& key, double rate) {
 }
 
 std::string PolicyNames() {
-  return "default, shards[:C1+C2...], adaptive[:E1+E2...], lru, lfu, ema:<alpha>, arc, s3fifo, sieve, tinylfu, min";
+  return "default, shards[:C1+C2...], adaptive[:E1+E2...], lru, lfu, ema:<alpha>, arc, s3fifo, "
+         "sieve, tinylfu, min";
 }
 
 Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {

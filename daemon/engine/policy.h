@@ -127,8 +127,8 @@ struct ShardsView {
   size_t leader = 0;  // the leading candidate, by its place in the spec
   std::string leader_name;
   uint64_t switches = 0;
-  double rate = 1;             // the sampling rate
-  size_t mini_capacity = 0;    // each miniature's capacity
+  double rate = 1;           // the sampling rate
+  size_t mini_capacity = 0;  // each miniature's capacity
   uint64_t sampled_touches = 0;
   std::vector<uint64_t> sampled_hits;  // by candidate
 };

@@ -2000,7 +2000,8 @@ TEST(Shards, WithoutASwitchItIsTheFirstCandidate) {
   for (const char* spec : {"shards:lfu+arc+sieve+lru;z=99;min=2;epoch=1",
                            "shards:ema:0.15+lru+s3fifo+tinylfu+ema:0.5;z=99;epoch=3",
                            "shards:arc+lfu+ema:0.3;z=99;rate=0.5;min=0"}) {
-    const std::string first(std::string_view(spec).substr(7, std::string_view(spec).find_first_of("+;") - 7));
+    const std::string first(
+        std::string_view(spec).substr(7, std::string_view(spec).find_first_of("+;") - 7));
     for (auto persistence : {Persistence::kPersist, Persistence::kReset}) {
       for (auto mode : {Mode::kDemand, Mode::kTick}) {
         for (int t = 0; t < 20; ++t) {
@@ -2019,8 +2020,8 @@ TEST(Shards, WithoutASwitchItIsTheFirstCandidate) {
 // alone, at the miniature's capacity, on the touches of the sampled keys only.
 TEST(Shards, SampledHitsAreTheCandidateAloneOnTheSampledKeys) {
   std::mt19937_64 rng(323232);
-  const std::vector<std::string> candidates = {"lru", "lfu", "arc", "sieve", "s3fifo",
-                                               "tinylfu", "ema:0.1"};
+  const std::vector<std::string> candidates = {"lru",    "lfu",     "arc",    "sieve",
+                                               "s3fifo", "tinylfu", "ema:0.1"};
   std::string spec = "shards:";
   for (const std::string& c : candidates) spec += (spec.back() == ':' ? "" : "+") + c;
   uint64_t total_hits = 0;
@@ -2051,9 +2052,8 @@ TEST(Shards, SampledHitsAreTheCandidateAloneOnTheSampledKeys) {
     EXPECT_EQ(view->sampled_touches, sampled_touches) << s;
     EXPECT_GT(sampled_touches, 0u);
     for (size_t k = 0; k < candidates.size(); ++k) {
-      const Outcome alone =
-          RunEngine(Options(view->mini_capacity, persistence, Mode::kDemand), candidates[k],
-                    sampled, 0);
+      const Outcome alone = RunEngine(Options(view->mini_capacity, persistence, Mode::kDemand),
+                                      candidates[k], sampled, 0);
       const uint64_t hits = std::count(alone.hits.begin(), alone.hits.end(), true);
       EXPECT_EQ(view->sampled_hits[k], hits)
           << s << " trace " << t << " " << candidates[k] << " capacity " << cap;
@@ -2142,10 +2142,10 @@ TEST(Shards, NamesAndErrors) {
   EXPECT_EQ(P("shards")->Name(), "shards");
   EXPECT_TRUE(ViewShards(*P("shards")).has_value());
   EXPECT_FALSE(ViewShards(*P("lru")).has_value());
-  for (const char* bad : {"shards:", "shards:min", "shards:adaptive", "shards:lru+default",
-                          "shards:lru;rate=0", "shards:lru;rate=2", "shards:lru;epoch=0",
-                          "shards:lru;decay=1", "shards:lru;x=1", "shards:lru+ema:2",
-                          "shards:lru;z=-1", "shards:lru/reset"}) {
+  for (const char* bad :
+       {"shards:", "shards:min", "shards:adaptive", "shards:lru+default", "shards:lru;rate=0",
+        "shards:lru;rate=2", "shards:lru;epoch=0", "shards:lru;decay=1", "shards:lru;x=1",
+        "shards:lru+ema:2", "shards:lru;z=-1", "shards:lru/reset"}) {
     const auto p = MakePolicy(bad);
     EXPECT_FALSE(p.ok()) << bad;
   }
