@@ -106,6 +106,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
       st.touch_time = ghost->touch_time;
       st.touch_count = ghost->touch_count;
       st.touch_seq = ghost->touch_seq;
+      st.policy_word = ghost->policy_word;
       st.flags |= kFlagRestored;
       ++counters_.ghost_restores;
     }
@@ -277,6 +278,7 @@ void Engine::ForgetIfReset(BlockState& v) const {
   v.score = 0;
   v.touch_count = 0;
   v.touch_time = 0;
+  v.policy_word = 0;
   v.flags &= static_cast<uint8_t>(~kFlagRestored);
 }
 
@@ -354,6 +356,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   if (st.touch_count != std::numeric_limits<uint32_t>::max()) ++st.touch_count;
   st.touch_time = t.now;
   st.touch_seq = ++seq_;
+  st.policy_word = policy_->Word(st, prev_time, fresh, t);
   st.score = policy_->Score(st, prev_score, prev_time, fresh, t);
 
   if (capacity_ == 0) {

@@ -2,10 +2,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
+#include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "engine/count_min.h"
 #include "engine/policy.h"
@@ -554,6 +558,387 @@ class OwnEmaPolicy final : public Policy {
   std::vector<Own> own_;
 };
 
+// Miniature simulations (SHARDS: Waldspurger et al., ATC'17; docs/policies.md,
+// "shards"). One full instance of the leading candidate holds the set the
+// engine sees. Every candidate also runs as a miniature: a policy of its own
+// over the keys whose fixed hash falls below a threshold (a spatial sample
+// at rate R), with dense slots, its own block states and capacity round(C x
+// R). Each sampled touch is fed to every miniature; the leader changes to the
+// candidate whose miniature leads the leader's miniature by a significant
+// margin (a sign test, as adaptive's), and the new leader's full instance is
+// then built from the current set, its blocks admitted in touch order, so the
+// set is unchanged by the switch and the new policy evicts from there on.
+// EMA whose average is kept in the block's policy_word (a float), for the
+// second ema candidate of ShardsPolicy, which writes it (Word): it is kept
+// with the block as its score is, restored from ghosts and zeroed by reset.
+float WordFloat(uint32_t w) {
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+uint32_t FloatWord(float f) {
+  uint32_t w;
+  std::memcpy(&w, &f, sizeof w);
+  return w;
+}
+
+class WordEmaPolicy final : public HeapPolicy {
+ public:
+  WordEmaPolicy(double alpha, std::string name) : alpha_(alpha), name_(std::move(name)) {}
+  std::string Name() const override { return name_; }
+  double Score(const BlockState&, double prev, uint64_t, bool, const Touch&) const override {
+    return prev;
+  }
+  double Heat(Slot s) const override { return Key(s, Touch{}); }
+
+ private:
+  double Key(Slot s, const Touch&) const override {
+    return EmaOrderKey(WordFloat(state(s).policy_word), state(s).touch_time, alpha_);
+  }
+  double alpha_;
+  std::string name_;
+};
+
+uint64_t ShardsHash(const BlockKey& key) {
+  // A fixed hash, not the engine's keyed one: the sample is the same keys in
+  // every run. Its top 32 bits are compared with the threshold.
+  return HashKey(BlockKey{key.hi ^ 0x5348415244535348ULL, key.lo}) >> 32;
+}
+uint64_t ShardsThreshold(double rate) {
+  return rate >= 1.0 ? (uint64_t{1} << 32)
+                     : static_cast<uint64_t>(rate * static_cast<double>(uint64_t{1} << 32));
+}
+
+class ShardsPolicy final : public Policy {
+ public:
+  struct Settings {
+    double rate = 0.01;      // the sampling rate at large capacities
+    uint32_t min_cap = 256;  // a miniature's capacity at least (R grows for small C)
+    uint32_t epoch = 256;    // sampled touches between tests
+    double decay = 0.98;     // per epoch, of the hits and disagreements counted
+    double z = 3;            // the lead a switch needs, in standard deviations
+    double gain = 0.01;      // and as a share of the sampled touches (decayed alike)
+    uint32_t warm = 8;       // no switch before warm x a miniature's capacity sampled touches
+  };
+  ShardsPolicy(std::string name, std::vector<std::string> candidates, Settings settings)
+      : name_(std::move(name)), specs_(std::move(candidates)), set_(settings) {
+    // The block's score is the first ema candidate's (a full ema reads it),
+    // else the first candidate's.
+    size_t scorer = 0;
+    for (size_t k = 0; k < specs_.size(); ++k) {
+      if (specs_[k].starts_with("ema:")) {
+        scorer = k;
+        break;
+      }
+    }
+    score_spec_ = specs_[scorer];
+    scorer_ = Make(score_spec_, true);
+    // The second ema candidate, if any, keeps its average in policy_word.
+    for (size_t k = scorer + 1; k < specs_.size(); ++k) {
+      if (specs_[k].starts_with("ema:") && specs_[k] != score_spec_) {
+        word_spec_ = specs_[k];
+        word_alpha_ = *ParseAlpha(std::string_view(word_spec_).substr(4));
+        break;
+      }
+    }
+    for (const std::string& spec : specs_) {
+      Mini m;
+      m.policy = Make(spec, false);
+      minis_.push_back(std::move(m));
+    }
+    hits_.assign(minis_.size(), 0);
+    epoch_hits_.assign(minis_.size(), 0);
+    apart_.assign(minis_.size() * minis_.size(), 0);
+    epoch_apart_.assign(minis_.size() * minis_.size(), 0);
+  }
+  std::string Name() const override { return name_; }
+  double Score(const BlockState& st, double prev_score, uint64_t prev_time, bool fresh,
+               const Touch& t) const override {
+    return scorer_->Score(st, prev_score, prev_time, fresh, t);
+  }
+  uint32_t Word(const BlockState& st, uint64_t prev_time, bool fresh,
+                const Touch& t) const override {
+    if (word_spec_.empty()) return st.policy_word;
+    return FloatWord(
+        static_cast<float>(EmaAfter(WordFloat(st.policy_word), prev_time, fresh, word_alpha_, t)));
+  }
+  void Reserve(size_t n) override {
+    reserved_ = std::max(reserved_, n);
+    full_->Reserve(n);
+  }
+  void Prefetch(Slot s) const override { full_->Prefetch(s); }
+  double Heat(Slot s) const override { return full_->Heat(s); }
+  uint64_t HeatEpoch() const override { return switches_; }
+  void OnResume(Slot s, uint64_t idle_for, uint64_t now) override {
+    full_->OnResume(s, idle_for, now);
+  }
+  void OnHit(Slot s, const Touch& t) override {
+    full_->OnHit(s, t);
+    if (Sampled(s) && !t.ahead && FeedMinis(s, t)) Switch(kNoSlot, kNoSlot);
+  }
+  Slot OnMiss(Slot s, const Touch& t) override {
+    const Slot victim = full_->OnMiss(s, t);
+    // The engine enters s into the set (and takes the victim out) after this
+    // returns: a new leader is built with them so.
+    if (Sampled(s) && !t.ahead && FeedMinis(s, t)) Switch(s, victim);
+    return victim;
+  }
+  void Erase(Slot s) override {
+    full_->Erase(s);
+    if (!Sampled(s)) return;
+    const auto it = dense_.find(state(s).key);
+    if (it == dense_.end()) return;
+    const uint32_t d = it->second;
+    for (Mini& m : minis_) {
+      m.policy->Erase(d);
+      if (d < m.member.size()) m.member[d] = 0;
+      BlockState& st = m.states[d];
+      if (persistence_ == Persistence::kReset) {
+        Forget(st);
+      } else {
+        st.flags |= kFlagRestored;  // as a ghost comes back
+        ++st.generation;
+      }
+    }
+    released_.push_back({d, ++stamp_[d]});
+    released_now_[d] = 1;
+    while (released_.size() > ghost_limit_) Reclaim();
+  }
+
+  ShardsView View() const {
+    ShardsView v;
+    v.leader = leader_;
+    v.leader_name = specs_[leader_];
+    v.switches = switches_;
+    v.rate = rate_;
+    v.mini_capacity = mini_cap_;
+    v.sampled_touches = sampled_touches_;
+    for (const Mini& m : minis_) v.sampled_hits.push_back(m.hits);
+    return v;
+  }
+
+ protected:
+  void OnBind() override {
+    const double c = static_cast<double>(std::max<size_t>(1, capacity_));
+    rate_ = std::min(1.0, std::max(set_.rate, set_.min_cap / c));
+    threshold_ = ShardsThreshold(rate_);
+    mini_cap_ = capacity_ == 0 ? 0
+                               : std::max<size_t>(1, static_cast<size_t>(std::llround(
+                                                         static_cast<double>(capacity_) * rate_)));
+    ghost_limit_ = std::max<size_t>(4096, static_cast<size_t>(rate_ * (1 << 20)));
+    for (Mini& m : minis_) {
+      m.policy->Bind(&m.states, mini_cap_, persistence_, Mode::kDemand);
+    }
+    full_ = Make(specs_[leader_], true);
+    full_->Bind(states_, capacity_, persistence_, mode_);
+  }
+
+ private:
+  struct Mini {
+    std::unique_ptr<Policy> policy;
+    std::vector<BlockState> states;  // by dense slot
+    std::vector<uint8_t> member;     // in this miniature's set
+    uint64_t seq = 0;
+    uint64_t hits = 0;
+    bool hit = false;
+  };
+
+  // A candidate: a full instance reads the engine's states, where only the
+  // scoring ema's score is kept, so another ema keeps its own; a miniature
+  // keeps its own states, so every ema there is an ema.
+  std::unique_ptr<Policy> Make(const std::string& spec, bool full) const {
+    if (spec.starts_with("ema:")) {
+      const double alpha = *ParseAlpha(std::string_view(spec).substr(4));
+      if (full && spec == word_spec_) return std::make_unique<WordEmaPolicy>(alpha, spec);
+      if (full && spec != score_spec_) return std::make_unique<OwnEmaPolicy>(alpha);
+      return std::make_unique<EmaPolicy>(alpha, spec);
+    }
+    return std::move(MakePolicy(spec).value());
+  }
+
+  bool Sampled(Slot s) const { return ShardsHash(state(s).key) < threshold_; }
+
+  static void Forget(BlockState& st) {
+    st.score = 0;
+    st.touch_count = 0;
+    st.touch_time = 0;
+    st.flags &= static_cast<uint8_t>(~kFlagRestored);
+  }
+
+  // The dense slot of `key`, made on its first sampled touch.
+  uint32_t Dense(const BlockKey& key) {
+    const auto [it, fresh] = dense_.try_emplace(key, 0);
+    if (!fresh) {
+      released_now_[it->second] = 0;
+      return it->second;
+    }
+    uint32_t d;
+    if (!free_.empty()) {
+      d = free_.back();
+      free_.pop_back();
+    } else {
+      d = static_cast<uint32_t>(keys_.size());
+      keys_.emplace_back();
+      stamp_.push_back(0);
+      released_now_.push_back(0);
+      for (Mini& m : minis_) {
+        m.states.emplace_back();
+        m.member.push_back(0);
+      }
+    }
+    keys_[d] = key;
+    released_now_[d] = 0;
+    for (Mini& m : minis_) {
+      const uint32_t g = m.states[d].generation + 1;
+      m.states[d] = BlockState{};
+      m.states[d].key = key;
+      m.states[d].generation = g;
+    }
+    it->second = d;
+    return d;
+  }
+
+  // The oldest released key still released leaves the sample's history.
+  void Reclaim() {
+    const auto [d, stamp] = released_.front();
+    released_.pop_front();
+    if (stamp != stamp_[d] || !released_now_[d]) return;
+    dense_.erase(keys_[d]);
+    released_now_[d] = 0;
+    free_.push_back(d);
+  }
+
+  // One sampled touch, in every miniature (demand semantics, as the engine:
+  // count, time, order and score first, then a hit or an admission).
+  // True when the leader is to change (to pending_).
+  bool FeedMinis(Slot s, const Touch& t) {
+    const uint32_t d = Dense(state(s).key);
+    ++sampled_touches_;
+    for (Mini& m : minis_) {
+      BlockState& st = m.states[d];
+      const double prev_score = st.score;
+      const uint64_t prev_time = st.touch_time;
+      const bool fresh = st.touch_count == 0;
+      if (st.touch_count != std::numeric_limits<uint32_t>::max()) ++st.touch_count;
+      st.touch_time = t.now;
+      st.touch_seq = ++m.seq;
+      st.score = m.policy->Score(st, prev_score, prev_time, fresh, t);
+      if (mini_cap_ == 0) {
+        m.hit = false;
+        continue;
+      }
+      if (m.member[d]) {
+        m.hit = true;
+        ++m.hits;
+        m.policy->OnHit(d, t);
+        continue;
+      }
+      m.hit = false;
+      const Slot v = m.policy->OnMiss(d, t);
+      m.member[d] = 1;
+      if (v != kNoSlot) {
+        m.member[v] = 0;
+        if (persistence_ == Persistence::kReset) Forget(m.states[v]);
+      }
+    }
+    // Hits and, for every pair, the touches one hit and the other missed.
+    const size_t n = minis_.size();
+    for (size_t k = 0; k < n; ++k) {
+      if (!minis_[k].hit) continue;
+      ++epoch_hits_[k];
+      for (size_t j = 0; j < n; ++j) epoch_apart_[k * n + j] += !minis_[j].hit;
+    }
+    return ++epoch_touches_ >= set_.epoch && EndEpoch();
+  }
+
+  bool EndEpoch() {
+    window_ = window_ * set_.decay + epoch_touches_;
+    epoch_touches_ = 0;
+    const size_t n = minis_.size();
+    for (size_t k = 0; k < n; ++k) {
+      hits_[k] = hits_[k] * set_.decay + epoch_hits_[k];
+      epoch_hits_[k] = 0;
+      for (size_t j = 0; j < n; ++j) {
+        apart_[k * n + j] = apart_[k * n + j] * set_.decay + epoch_apart_[k * n + j];
+        epoch_apart_[k * n + j] = 0;
+      }
+    }
+    size_t best = leader_;
+    double best_lead = 0;
+    for (size_t k = 0; k < n; ++k) {
+      // A sign test: were k and the leader equally good, the difference of
+      // their hits would be about normal with variance the touches where
+      // they differ. Kept across switches: going back needs a lead as large.
+      const double lead = hits_[k] - hits_[leader_];
+      const double differ = apart_[k * n + leader_] + apart_[leader_ * n + k];
+      // Only a gain worth a switch: a switch loses the new leader's
+      // history (ARC's ghosts, W-TinyLFU's sketch).
+      if (lead > set_.z * std::sqrt(differ) && lead > set_.gain * window_ && lead > best_lead) {
+        best = k;
+        best_lead = lead;
+      }
+    }
+    // Cold miniatures say little: every policy hits alike while the sets fill.
+    if (sampled_touches_ < uint64_t{set_.warm} * mini_cap_) return false;
+    pending_ = best;
+    return best != leader_;
+  }
+
+  // Builds the new leader's (pending_) full instance from the set: every
+  // block the engine holds in it (kFlagInTarget), plus `in`, minus `out`,
+  // admitted in touch order, so the set is the same after the switch.
+  void Switch(Slot in, Slot out) {
+    const size_t k = pending_;
+    std::vector<Slot> set;
+    const std::vector<BlockState>& states = *states_;
+    for (Slot x = 0; x < states.size(); ++x) {
+      if (x != out && (x == in || (states[x].flags & kFlagInTarget))) set.push_back(x);
+    }
+    std::sort(set.begin(), set.end(),
+              [&states](Slot a, Slot b) { return states[a].touch_seq < states[b].touch_seq; });
+    leader_ = k;
+    ++switches_;
+    full_ = Make(specs_[k], true);
+    full_->Bind(states_, capacity_, persistence_, mode_);
+    full_->Reserve(std::max(reserved_, states.size()));
+    for (Slot x : set) {
+      const BlockState& st = states[x];
+      full_->OnMiss(x, Touch{0.0, st.touch_time, kNever, true});
+    }
+  }
+
+ private:
+  std::string name_;
+  std::vector<std::string> specs_;
+  Settings set_;
+  std::string score_spec_, word_spec_;  // the emas whose averages the blocks keep
+  double word_alpha_ = 0;
+  std::unique_ptr<Policy> scorer_;  // only its Score is used
+  std::unique_ptr<Policy> full_;    // the leader's full instance
+  std::vector<Mini> minis_;
+  double rate_ = 1;
+  uint64_t threshold_ = uint64_t{1} << 32;
+  size_t mini_cap_ = 0, ghost_limit_ = 4096, reserved_ = 0;
+  size_t leader_ = 0;
+  size_t pending_ = 0;  // the leader the last test chose
+  uint64_t switches_ = 0;
+  uint64_t sampled_touches_ = 0;
+  uint32_t epoch_touches_ = 0;
+  // Decayed every epoch: sampled touches, each miniature's hits, and by pair
+  // (k, j) the touches k hit and j missed; the epoch's own counts.
+  double window_ = 0;
+  std::vector<double> hits_, apart_;
+  std::vector<uint32_t> epoch_hits_, epoch_apart_;
+  // The sample's keys: dense slot by key, key by dense slot, free slots, and
+  // released keys kept as ghosts (oldest reclaimed first) with a stamp per slot.
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> dense_;
+  std::vector<BlockKey> keys_;
+  std::vector<uint32_t> free_;
+  std::vector<uint32_t> stamp_;
+  std::vector<uint8_t> released_now_;
+  std::deque<std::pair<uint32_t, uint32_t>> released_;
+};
+
 // Follows the best of several policies (docs/policies.md, "adaptive"). Every
 // expert keeps a set of C blocks of its own, fed every touch, as if it alone
 // decided; the set the engine sees (R) follows the expert with the most hits
@@ -834,10 +1219,78 @@ Result<std::unique_ptr<Policy>> ParseAdaptive(std::string_view spec, std::string
   return MakeAdaptive(name, experts, epoch, decay, z, hold);
 }
 
+// "shards:C1+C2+...[;rate=X][;min=N][;epoch=N][;decay=X][;z=Y]", named `name`:
+// candidates lfu, lru, ema:A, arc, s3fifo, sieve, tinylfu (the first leads first).
+Result<std::unique_ptr<Policy>> ParseShards(std::string_view spec, std::string_view name) {
+  const auto bad = [](std::string why) { return Status::Fail(wire::ErrorCode::kBadPayload, why); };
+  std::string_view rest = spec.substr(7);
+  std::string_view list = rest.substr(0, rest.find(';'));
+  rest = rest.substr(list.size());
+  std::vector<std::string> candidates;
+  while (!list.empty()) {
+    const size_t plus = list.find('+');
+    const std::string_view one = list.substr(0, plus);
+    list = plus == std::string_view::npos ? std::string_view{} : list.substr(plus + 1);
+    const bool known = one == "lfu" || one == "lru" || one == "arc" || one == "s3fifo" ||
+                       one == "sieve" || one == "tinylfu" ||
+                       (one.starts_with("ema:") && ParseAlpha(one.substr(4)));
+    if (!known) return bad("shards: bad candidate '" + std::string(one) + "'");
+    candidates.emplace_back(one);
+  }
+  if (candidates.empty()) return bad("shards needs at least one candidate");
+  ShardsPolicy::Settings set;
+  while (!rest.empty()) {
+    rest.remove_prefix(1);  // ';'
+    const std::string_view kv = rest.substr(0, rest.find(';'));
+    rest = rest.substr(kv.size());
+    const size_t eq = kv.find('=');
+    const std::string_view k = kv.substr(0, eq);
+    const std::string_view v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
+    std::from_chars_result r{nullptr, std::errc::invalid_argument};
+    if (k == "rate") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.rate);
+      if (!(set.rate > 0 && set.rate <= 1)) r.ec = std::errc::invalid_argument;
+    } else if (k == "min") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.min_cap);
+    } else if (k == "epoch") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.epoch);
+      if (set.epoch == 0) r.ec = std::errc::invalid_argument;
+    } else if (k == "decay") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.decay);
+      if (!(set.decay >= 0 && set.decay < 1)) r.ec = std::errc::invalid_argument;
+    } else if (k == "z") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.z);
+      if (!(set.z >= 0 && set.z < 100)) r.ec = std::errc::invalid_argument;
+    } else if (k == "warm") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.warm);
+    } else if (k == "gain") {
+      r = std::from_chars(v.data(), v.data() + v.size(), set.gain);
+      if (!(set.gain >= 0 && set.gain < 1)) r.ec = std::errc::invalid_argument;
+    }
+    if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
+      return bad("shards: bad setting '" + std::string(kv) +
+                 "' (rate=X in (0, 1], min=N, epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), "
+                 "gain=X in [0, 1), warm=N)");
+    }
+  }
+  return std::make_unique<ShardsPolicy>(std::string(name), std::move(candidates), set);
+}
+
 }  // namespace
 
+std::optional<ShardsView> ViewShards(const Policy& policy) {
+  const auto* shards = dynamic_cast<const ShardsPolicy*>(&policy);
+  if (!shards) return std::nullopt;
+  return shards->View();
+}
+
+bool InShardsSample(const BlockKey& key, double rate) {
+  return ShardsHash(key) < ShardsThreshold(rate);
+}
+
 std::string PolicyNames() {
-  return "default, adaptive[:E1+E2...], lru, lfu, ema:<alpha>, arc, s3fifo, sieve, tinylfu, min";
+  return "default, shards[:C1+C2...], adaptive[:E1+E2...], lru, lfu, ema:<alpha>, arc, s3fifo, "
+         "sieve, tinylfu, min";
 }
 
 Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {
@@ -851,6 +1304,8 @@ Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec) {
   if (spec == "min") return std::make_unique<MinPolicy>();
   if (spec == "default") return MakePolicy(kDefaultPolicy);
   if (spec == "adaptive") return ParseAdaptive(kAdaptivePolicy, "adaptive");
+  if (spec == "shards") return ParseShards(kShardsPolicy, "shards");
+  if (spec.starts_with("shards:")) return ParseShards(spec, spec);
   if (spec.starts_with("adaptive:")) return ParseAdaptive(spec, spec);
   if (spec.starts_with("ema:")) {
     const std::optional<double> alpha = ParseAlpha(spec.substr(4));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,15 @@ class Policy {
   // `prev_time` are the values before this touch, `fresh` says it had none.
   virtual double Score(const BlockState& st, double prev_score, uint64_t prev_time, bool fresh,
                        const Touch& t) const = 0;
+
+  // The block's new policy_word after a touch, called just before Score with
+  // the same arguments (st.policy_word still the value before this touch). A
+  // second score kept with the block (restored from a ghost, zeroed by
+  // reset): shards keeps a second ema's average there. Unchanged by default.
+  virtual uint32_t Word(const BlockState& st, uint64_t /*prev_time*/, bool /*fresh*/,
+                        const Touch& /*t*/) const {
+    return st.policy_word;
+  }
 
   // A touch of `s`, which is in the set.
   virtual void OnHit(Slot s, const Touch& t) = 0;
@@ -107,9 +117,28 @@ inline constexpr std::string_view kDefaultPolicy = "adaptive";
 // "adaptive" alone: these experts (docs/policies.md, "adaptive").
 inline constexpr std::string_view kAdaptivePolicy =
     "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu";
+// "shards" alone: these candidates, the first leading first (docs/policies.md, "shards").
+inline constexpr std::string_view kShardsPolicy =
+    "shards:arc+lfu+ema:0.05+ema:0.01+lru+s3fifo+sieve+tinylfu";
+
+// What a shards policy knows (docs/policies.md, "shards"), for tests and
+// status; nullopt for any other policy.
+struct ShardsView {
+  size_t leader = 0;  // the leading candidate, by its place in the spec
+  std::string leader_name;
+  uint64_t switches = 0;
+  double rate = 1;           // the sampling rate
+  size_t mini_capacity = 0;  // each miniature's capacity
+  uint64_t sampled_touches = 0;
+  std::vector<uint64_t> sampled_hits;  // by candidate
+};
+std::optional<ShardsView> ViewShards(const Policy& policy);
+// Whether `key` is in a shards sample at `rate`: a fixed hash of the key
+// below rate x 2^32 (the same keys in every run and every daemon).
+bool InShardsSample(const BlockKey& key, double rate);
 
 // Builds a policy from its name: default, adaptive[:experts], lru, lfu,
-// ema:<alpha>, arc, s3fifo, sieve, tinylfu, min. A bad name is kBadPayload,
+// ema:<alpha>, arc, s3fifo, sieve, tinylfu, min, shards[:candidates]. A bad name is kBadPayload,
 // saying what is known.
 Result<std::unique_ptr<Policy>> MakePolicy(std::string_view spec);
 

@@ -847,6 +847,14 @@ const char* kAdaptiveMixes[] = {
     "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu;epoch=11;decay=0.9;z=0.5;hold=3",
 };
 
+// shards in the differential suite, with a switch out of reach (z=99): its
+// first candidate, with the miniatures running beside it (every key sampled,
+// or half), and a second ema in the blocks' policy_word.
+const char* kShardsMixes[] = {
+    "shards:lfu+arc+sieve+lru+s3fifo+tinylfu;z=99;min=2",
+    "shards:ema:0.15+lru+ema:0.01+arc+ema:0.5;z=99;rate=0.5;min=0",
+};
+
 // AdaptivePolicy::Erase once cleared a released slot's `member` and `dropped`
 // bits of every expert but not `held`, so in tick mode a block admitted into
 // the reused slot inherited the previous occupant's held bit, and an expert
@@ -910,6 +918,13 @@ std::string DifferentialName(const ::testing::TestParamInfo<Differential::ParamT
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, Differential,
                          ::testing::Combine(::testing::ValuesIn(kPolicies),
+                                            ::testing::Values(Persistence::kPersist,
+                                                              Persistence::kReset),
+                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
+                         DifferentialName);
+
+INSTANTIATE_TEST_SUITE_P(Shards, Differential,
+                         ::testing::Combine(::testing::ValuesIn(kShardsMixes),
                                             ::testing::Values(Persistence::kPersist,
                                                               Persistence::kReset),
                                             ::testing::Values(Mode::kDemand, Mode::kTick)),
@@ -1237,6 +1252,13 @@ TEST_P(DifferentialHints, SlicedWorkDoneAtOnceMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, DifferentialHints,
                          ::testing::Combine(::testing::ValuesIn(kPolicies),
+                                            ::testing::Values(Persistence::kPersist,
+                                                              Persistence::kReset),
+                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
+                         DifferentialName);
+
+INSTANTIATE_TEST_SUITE_P(Shards, DifferentialHints,
+                         ::testing::Combine(::testing::ValuesIn(kShardsMixes),
                                             ::testing::Values(Persistence::kPersist,
                                                               Persistence::kReset),
                                             ::testing::Values(Mode::kDemand, Mode::kTick)),
@@ -1948,6 +1970,185 @@ TEST(Engine, SetPolicyRebuildsTheSetForTheNewPolicy) {
   touch(6);
   e.PlanAndApply();
   EXPECT_EQ(e.state(slots[6]).tier, Tier::kFast);
+}
+
+// ------------------------------------------------------------ shards
+
+// With one candidate, shards is that candidate: the same events, in every mode.
+TEST(Shards, OneCandidateIsThatCandidate) {
+  std::mt19937_64 rng(32);
+  for (const char* c : {"lru", "lfu", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
+    for (auto persistence : {Persistence::kPersist, Persistence::kReset}) {
+      for (auto mode : {Mode::kDemand, Mode::kTick}) {
+        for (int t = 0; t < 20; ++t) {
+          const int universe = 2 + static_cast<int>(rng() % 40);
+          const std::vector<Op> ops = RandomTrace(rng, universe, 300, 0.03, 0.6);
+          EngineOptions o = Options(rng() % (universe + 2), persistence, mode);
+          const std::string what = std::string(c) + " trace " + std::to_string(t);
+          ExpectSame(RunEngine(o, std::string("shards:") + c, ops, 2), RunEngine(o, c, ops, 2),
+                     what);
+        }
+      }
+    }
+  }
+}
+
+// Several candidates with a switch out of reach (z=99): the first, the
+// miniatures running beside it (sampling every key or some, with releases).
+TEST(Shards, WithoutASwitchItIsTheFirstCandidate) {
+  std::mt19937_64 rng(3232);
+  for (const char* spec : {"shards:lfu+arc+sieve+lru;z=99;min=2;epoch=1",
+                           "shards:ema:0.15+lru+s3fifo+tinylfu+ema:0.5;z=99;epoch=3",
+                           "shards:arc+lfu+ema:0.3;z=99;rate=0.5;min=0"}) {
+    const std::string first(
+        std::string_view(spec).substr(7, std::string_view(spec).find_first_of("+;") - 7));
+    for (auto persistence : {Persistence::kPersist, Persistence::kReset}) {
+      for (auto mode : {Mode::kDemand, Mode::kTick}) {
+        for (int t = 0; t < 20; ++t) {
+          const int universe = 2 + static_cast<int>(rng() % 60);
+          const std::vector<Op> ops = RandomTrace(rng, universe, 400, 0.03, 0.6);
+          EngineOptions o = Options(rng() % (universe + 2), persistence, mode);
+          const std::string what = std::string(spec) + " trace " + std::to_string(t);
+          ExpectSame(RunEngine(o, spec, ops, 2), RunEngine(o, first, ops, 2), what);
+        }
+      }
+    }
+  }
+}
+
+// Each miniature's sampled hits are exactly those of that candidate run
+// alone, at the miniature's capacity, on the touches of the sampled keys only.
+TEST(Shards, SampledHitsAreTheCandidateAloneOnTheSampledKeys) {
+  std::mt19937_64 rng(323232);
+  const std::vector<std::string> candidates = {"lru",    "lfu",     "arc",    "sieve",
+                                               "s3fifo", "tinylfu", "ema:0.1"};
+  std::string spec = "shards:";
+  for (const std::string& c : candidates) spec += (spec.back() == ':' ? "" : "+") + c;
+  uint64_t total_hits = 0;
+  for (int t = 0; t < 24; ++t) {
+    const Persistence persistence = t % 2 ? Persistence::kPersist : Persistence::kReset;
+    const double rate = 0.25 * (1 + t % 3);
+    const int universe = 50 + static_cast<int>(rng() % 400);
+    const std::vector<Op> ops = RandomTrace(rng, universe, 3000, t % 4 < 2 ? 0.02 : 0, 0.6);
+    const size_t cap = 8 + rng() % 64;
+    const std::string s = spec + ";z=99;min=0;rate=" + std::to_string(rate);
+    Engine e(Options(cap, persistence, Mode::kDemand), P(s));
+    Drive(
+        ops, 0, [&](const BlockKey& k) { e.Admit(k); },
+        [&](const BlockKey& k, double obs, uint64_t now, uint64_t) {
+          return e.Touch(e.Find(k), Touch{obs, now});
+        },
+        [&](const BlockKey& k) { e.Release(e.Find(k)); }, [] {});
+    const std::optional<ShardsView> view = ViewShards(e.policy());
+    ASSERT_TRUE(view.has_value());
+    ASSERT_EQ(view->rate, rate);
+    ASSERT_EQ(view->mini_capacity, static_cast<size_t>(std::llround(cap * rate)));
+    std::vector<Op> sampled;
+    for (const Op& op : ops) {
+      if (InShardsSample(K(op.key), rate)) sampled.push_back(op);
+    }
+    const uint64_t sampled_touches = std::count_if(
+        sampled.begin(), sampled.end(), [](const Op& op) { return op.kind == Op::kTouch; });
+    EXPECT_EQ(view->sampled_touches, sampled_touches) << s;
+    EXPECT_GT(sampled_touches, 0u);
+    for (size_t k = 0; k < candidates.size(); ++k) {
+      const Outcome alone = RunEngine(Options(view->mini_capacity, persistence, Mode::kDemand),
+                                      candidates[k], sampled, 0);
+      const uint64_t hits = std::count(alone.hits.begin(), alone.hits.end(), true);
+      EXPECT_EQ(view->sampled_hits[k], hits)
+          << s << " trace " << t << " " << candidates[k] << " capacity " << cap;
+      total_hits += hits;
+    }
+  }
+  EXPECT_GT(total_hits, 1000u);
+}
+
+// Rounds of a hot set of 40 keys, each followed by a scan of 100 keys never
+// seen again, with room for 60: LFU keeps the hot set, LRU loses it to every
+// scan. From LRU, the leader must become LFU, and then hit as LFU does.
+std::vector<Op> HotSetAndScans(int rounds) {
+  std::vector<Op> ops;
+  uint64_t step = 1;
+  for (int r = 0; r < rounds; ++r) {
+    for (int h = 0; h < 40; ++h) ops.push_back(Op{Op::kTouch, h, 1, step++});
+    for (int j = 0; j < 100; ++j) ops.push_back(Op{Op::kTouch, 1000 + r * 100 + j, 1, step++});
+  }
+  return ops;
+}
+
+// Phases of 40 keys each touched 20 times, never again after: persisted LFU
+// keeps the old phase's keys (their counts are high), LRU moves on.
+std::vector<Op> PhasesOfNewKeys(int phases) {
+  std::vector<Op> ops;
+  uint64_t step = 1;
+  std::mt19937_64 rng(7);
+  for (int p = 0; p < phases; ++p) {
+    for (int i = 0; i < 20 * 40; ++i) {
+      ops.push_back(Op{Op::kTouch, p * 40 + static_cast<int>(rng() % 40), 1, step++});
+    }
+  }
+  return ops;
+}
+
+uint64_t HitsFrom(const Outcome& o, size_t from) {
+  return std::count(o.hits.begin() + static_cast<long>(from), o.hits.end(), true);
+}
+
+TEST(Shards, TheLeaderBecomesTheClearlyBestCandidate) {
+  struct Case {
+    std::string spec, best;
+    std::vector<Op> ops;
+    size_t cap;
+  };
+  const std::vector<Case> cases = {
+      {"shards:lru+lfu;rate=0.5;min=0;epoch=16", "lfu", HotSetAndScans(400), 60},
+      {"shards:lfu+lru;rate=0.5;min=0;epoch=16", "lru", PhasesOfNewKeys(60), 50},
+      // The default settings (every key sampled at this capacity).
+      {"shards:lru+lfu", "lfu", HotSetAndScans(400), 60},
+  };
+  for (const Case& c : cases) {
+    const EngineOptions o = Options(c.cap, Persistence::kPersist, Mode::kDemand);
+    Engine e(o, P(c.spec));
+    Outcome got;
+    got.hits = Drive(
+        c.ops, 0, [&](const BlockKey& k) { e.Admit(k); },
+        [&](const BlockKey& k, double obs, uint64_t now, uint64_t) {
+          const bool hit = e.Touch(e.Find(k), Touch{obs, now});
+          EXPECT_LE(e.tier_blocks(Tier::kFast), e.capacity_blocks());
+          return hit;
+        },
+        [&](const BlockKey& k) { e.Release(e.Find(k)); }, [] {});
+    const std::optional<ShardsView> view = ViewShards(e.policy());
+    ASSERT_TRUE(view.has_value());
+    EXPECT_EQ(view->leader_name, c.best) << c.spec;
+    EXPECT_GE(view->switches, 1u) << c.spec;
+    // Over the last quarter it hits as the best does alone, within 2%,
+    // and far above the one it started from.
+    const size_t from = c.ops.size() * 3 / 4;
+    const uint64_t mine = HitsFrom(got, from);
+    const uint64_t best = HitsFrom(RunEngine(o, c.best, c.ops, 0), from);
+    const std::string first(c.spec.substr(7, c.spec.find_first_of("+;") - 7));
+    const uint64_t worse = HitsFrom(RunEngine(o, first, c.ops, 0), from);
+    EXPECT_GE(static_cast<double>(mine), 0.98 * static_cast<double>(best)) << c.spec;
+    EXPECT_GT(best, worse + (c.ops.size() - from) / 10) << c.spec << ": not a clear case";
+  }
+}
+
+TEST(Shards, NamesAndErrors) {
+  for (const char* ok : {"shards", "shards:lru", "shards:ema:0.1+lru+arc",
+                         "shards:lfu+arc;rate=0.05;min=64;epoch=10;decay=0.5;z=2"}) {
+    EXPECT_TRUE(MakePolicy(ok).ok()) << ok;
+  }
+  EXPECT_EQ(P("shards")->Name(), "shards");
+  EXPECT_TRUE(ViewShards(*P("shards")).has_value());
+  EXPECT_FALSE(ViewShards(*P("lru")).has_value());
+  for (const char* bad :
+       {"shards:", "shards:min", "shards:adaptive", "shards:lru+default", "shards:lru;rate=0",
+        "shards:lru;rate=2", "shards:lru;epoch=0", "shards:lru;decay=1", "shards:lru;x=1",
+        "shards:lru+ema:2", "shards:lru;z=-1", "shards:lru/reset"}) {
+    const auto p = MakePolicy(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+  }
 }
 
 }  // namespace

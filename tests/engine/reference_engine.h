@@ -62,6 +62,13 @@ class ReferenceEngine {
     for (uint64_t bytes : o.lower_tier_budget_bytes) lower_cap_.push_back(bytes / o.block_bytes);
     std::string spec = policy == "default" ? std::string(kDefaultPolicy) : policy;
     if (spec == "adaptive") spec = std::string(kAdaptivePolicy);
+    if (spec == "shards") spec = std::string(kShardsPolicy);
+    // shards (docs/policies.md, "shards") is its first candidate until its
+    // leader changes: the model is only asked about it while it cannot
+    // (z=99 on short traces), with a first candidate whose score is the
+    // block's (an ema, or no ema among the candidates). Its miniatures and
+    // their switches are tested on their own (engine_test, Shards.*).
+    if (spec.starts_with("shards:")) spec = spec.substr(7, spec.find_first_of("+;", 7) - 7);
     if (spec.starts_with("adaptive:")) {
       adaptive_ = true;
       ParseAdaptive(spec.substr(9));

@@ -326,6 +326,8 @@ void BM_SeedScenarioTick(benchmark::State& state, std::string_view policy) {
 BENCHMARK_CAPTURE(BM_SeedScenarioTick, lfu, "lfu")->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_SeedScenarioTick, adaptive, engine::kAdaptivePolicy)
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_SeedScenarioTick, shards, engine::kShardsPolicy)
+    ->Unit(benchmark::kMicrosecond);
 // Whatever the daemon's default policy is (issue 32's targets are against lfu).
 BENCHMARK_CAPTURE(BM_SeedScenarioTick, default, engine::kDefaultPolicy)
     ->Unit(benchmark::kMicrosecond);

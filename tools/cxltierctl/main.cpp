@@ -480,7 +480,8 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
     // TinyLFU's sketch indexes keys by their hash, and the recording's keys
     // are hashed again (operations.md, "record and replay").
     const std::string policy = s.value("policy", std::string());
-    if (policy == "default" || policy == "adaptive" ||
+    // shards samples keys by their hash too (policies.md, "shards").
+    if (policy == "default" || policy == "adaptive" || policy.starts_with("shards") ||
         policy.find("tinylfu") != std::string::npos) {
       std::printf(
           "  (policy %s counts touches in a tinylfu sketch indexed by key hashes, and the "

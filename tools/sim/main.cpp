@@ -74,6 +74,8 @@ nlohmann::json ToJson(const std::string& workload, const SimResult& r) {
       {"touches", c.touches},
       {"hits", c.hits},
       {"hit_rate", r.hit_rate()},
+      {"shards_leader", r.shards_leader},
+      {"shards_switches", r.shards_switches},
       {"tier_hits", TierHits(r)},
       {"promotions", c.promotions},
       {"demotions", c.demotions},

@@ -178,6 +178,10 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.counters = e.counters();
+  if (const auto view = engine::ViewShards(e.policy())) {
+    result.shards_leader = view->leader_name;
+    result.shards_switches = view->switches;
+  }
   return result;
 }
 

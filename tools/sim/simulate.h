@@ -40,6 +40,9 @@ struct SimResult {
   uint64_t capacity_blocks = 0;
   engine::EngineCounters counters;
   double seconds = 0;  // wall time of the replay alone
+  // shards: the leader at the end and how often it changed (empty otherwise).
+  std::string shards_leader;
+  uint64_t shards_switches = 0;
 
   double hit_rate() const {
     return counters.touches ? static_cast<double>(counters.hits) / counters.touches : 0.0;
