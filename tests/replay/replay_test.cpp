@@ -6,10 +6,14 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "fit.h"
 #include "host.h"
+#include "integration/daemon_harness.h"
+#include "shell.h"
 
 namespace cxltier::replay {
 namespace {
@@ -63,6 +67,61 @@ TEST(FitToPool, KeepsTheTracesOwnReleasesAndDropsReleasesOfBlocksNotLive) {
     EXPECT_EQ(f.events[i].key, want[i].key) << i;
     EXPECT_EQ(f.events[i].kind, want[i].kind) << i;
   }
+}
+
+TEST(FitToPool, KeepsHintsAndGroupsAsTheyAre) {
+  sim::Trace t = Touches({{0, 0}, {0, 1}}, 3);
+  t.groups = {0, 7, 7};
+  t.events.push_back(sim::TraceEvent{1, 7, 1.0f, sim::EventKind::kHint});  // group 7 idle
+  t.events.push_back(sim::TraceEvent{2, 2, 1.0f, sim::EventKind::kTouch});
+  t.events.push_back(sim::TraceEvent{3, 7, 3.0f, sim::EventKind::kHint});  // group 7 done
+  const sim::Trace f = FitToPool(t, 2, nullptr);
+  EXPECT_EQ(f.groups, t.groups);
+  std::vector<std::pair<uint32_t, float>> hints;
+  for (const sim::TraceEvent& e : f.events) {
+    if (e.kind == sim::EventKind::kHint) hints.push_back({e.key, e.obs});
+  }
+  const std::vector<std::pair<uint32_t, float>> want = {{7, 1.0f}, {7, 3.0f}};
+  EXPECT_EQ(hints, want);
+  EXPECT_TRUE(f.Validate().ok()) << f.Validate().message;
+}
+
+// The tool against a real cxltierd: with --hints every hint of the trace
+// reaches the daemon (which counts them), and without it none does.
+TEST(Replay, HintsReachTheDaemonOnlyWhenAsked) {
+  testing::DaemonProcess d("[engine]\ntier0_budget = \"4MiB\"\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string attention =
+      "steps=300,sessions=4,batch=2,context_min=1024,context_max=2048,topk=8,turn_tokens=16,"
+      "pause_steps=20,user_tokens=32,turns=3,shared_prefix_blocks=2,hints=1";
+  auto run = [&](const std::string& flags) {
+    const std::string out = (d.dir() / "replay.json").string();
+    const testing::ShellResult r = testing::Shell(
+        std::string(CXLTIER_REPLAY_PATH) + " --attention " + attention +
+        " --block-bytes 64KiB --socket " + d.socket() + " " + flags + " --json " + out + " 2>&1");
+    EXPECT_EQ(r.status, 0) << r.out;
+    std::ifstream in(out);
+    return nlohmann::json::parse(in, nullptr, false);
+  };
+  auto hint_requests = [&] {
+    const testing::ShellResult r =
+        testing::Shell(std::string(CXLTIERCTL_PATH) + " --socket " + d.socket() + " status --json");
+    const nlohmann::json s = nlohmann::json::parse(r.out, nullptr, false);
+    return s.is_discarded() ? uint64_t{0} : s["hints"].value("requests", uint64_t{0});
+  };
+  const nlohmann::json quiet = run("--scores flat");
+  ASSERT_FALSE(quiet.is_discarded());
+  EXPECT_EQ(quiet["scores"], "flat");
+  EXPECT_EQ(quiet["hints_sent"], 0u);
+  EXPECT_EQ(hint_requests(), 0u);
+  const nlohmann::json hinted = run("--hints");
+  ASSERT_FALSE(hinted.is_discarded());
+  EXPECT_EQ(hinted["scores"], "trace");
+  const uint64_t sent = hinted["hints_sent"].get<uint64_t>();
+  EXPECT_GT(sent, 0u);
+  EXPECT_EQ(hinted["hint_failures"], 0u);
+  // One request per hint (a group's keys fit one message here).
+  EXPECT_EQ(hint_requests(), sent);
 }
 
 TEST(Residency, PresentPagesAreOnANodeAndMissingOnesAreUnknown) {

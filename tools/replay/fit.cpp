@@ -11,14 +11,20 @@ sim::Trace FitToPool(const sim::Trace& trace, uint32_t pool_blocks, FitStats* st
   out.name = trace.name;
   out.block_tokens = trace.block_tokens;
   out.keys = trace.keys;
+  out.groups = trace.groups;
   out.events.reserve(trace.events.size());
   // Live keys, least recently touched first; where each live key sits in it.
   std::list<uint32_t> lru;
   std::vector<std::list<uint32_t>::iterator> where(trace.keys.size(), lru.end());
   std::vector<bool> seen(trace.keys.size(), false);
   for (const sim::TraceEvent& e : trace.events) {
-    // Blocks are admitted at their first touch; hints name groups, not keys;
-    // the daemon's recorded moves are the daemon's, not the trace's.
+    // Blocks are admitted at their first touch; hints name groups, not keys,
+    // and stay as they are; the daemon's recorded moves are the daemon's, not
+    // the trace's.
+    if (e.kind == sim::EventKind::kHint) {
+      out.events.push_back(e);
+      continue;
+    }
     if (e.kind != sim::EventKind::kTouch && e.kind != sim::EventKind::kRelease) continue;
     auto& at = where[e.key];
     if (e.kind == sim::EventKind::kRelease) {

@@ -2,7 +2,8 @@
 // does: when a block must be admitted and all N are taken, the engine frees
 // its least recently touched block (a release event, at the same step). The
 // result is what every arm replays and what cxltier-sim is given, so every
-// arm and the simulator see the same admissions and releases.
+// arm and the simulator see the same admissions and releases. Hints (and
+// the keys' groups) are kept as they are; the daemon's recorded moves are not.
 #pragma once
 
 #include <cstdint>

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
       "touched bytes were (one arm of docs/comparison.md)"};
   std::string trace_spec, attention = kDefaultAttention, write_trace, block_text = "64KiB";
   std::string arm = "unnamed", access = "cpu", device, socket_path, json_path, fast_free_text = "0";
-  std::string device_io_text = "0";
+  std::string device_io_text = "0", scores = "trace";
+  bool send_hints = false;
   std::vector<int> fast_nodes = {0};
   uint32_t pool_blocks = 0, step_ms = 0, intervals = 40;
   double max_seconds = 0;
@@ -105,6 +106,13 @@ int main(int argc, char** argv) {
   app.add_option("--socket", socket_path,
                  "cxltierd's socket: register the pool, admit, observe and release through the "
                  "client library (the cxltier arms)");
+  app.add_option("--scores", scores,
+                 "with --socket: trace (each touch observed with the trace's score) or flat "
+                 "(every touch observed with 1: the daemon learns touches only)")
+      ->capture_default_str();
+  app.add_flag("--hints", send_hints,
+               "with --socket: send the trace's scheduler hints (idle, soon, done of a group, "
+               "with the group's live keys)");
   app.add_option("--daemon-pid", daemon_pid, "cxltierd's pid, for its CPU time");
   app.add_option("--step-ms", step_ms, "each step lasts at least this long")->capture_default_str();
   app.add_option("--intervals", intervals, "points of the fast-tier share over time")
@@ -130,6 +138,7 @@ int main(int argc, char** argv) {
   if (!device_io_arg || device_io % 4096 != 0 || *block % device_io != 0) {
     return Fail("--device-io must be a multiple of 4 KiB that divides --block-bytes");
   }
+  if (scores != "trace" && scores != "flat") return Fail("--scores must be trace or flat");
   if (fast_nodes.empty()) return Fail("--fast-nodes needs a node");
   if (intervals == 0) intervals = 1;
 
@@ -239,6 +248,17 @@ int main(int argc, char** argv) {
   };
   std::vector<Live> live(trace.keys.size());
   std::vector<bool> is_live(trace.keys.size(), false);
+  // Each group's keys, for hints (a hint names the group's live keys).
+  std::vector<std::vector<uint32_t>> group_keys;
+  if (send_hints) {
+    for (uint32_t k = 0; k < trace.groups.size(); ++k) {
+      const uint32_t g = trace.groups[k];
+      if (g == 0) continue;
+      if (g >= group_keys.size()) group_keys.resize(size_t{g} + 1);
+      group_keys[g].push_back(k);
+    }
+  }
+  uint64_t hints_sent = 0, hint_failures = 0;
   // Admitted and not yet touched: the touch that comes with an admission
   // (the block was just written, so it is wherever the allocator put it).
   // cxltier-sim counts that touch in no tier, so the share it compares with
@@ -367,7 +387,7 @@ int main(int argc, char** argv) {
         }
         if (client) {
           const auto t0 = Clock::now();
-          observe_failures += !client->Observe(live[e.key].slot, e.obs);
+          observe_failures += !client->Observe(live[e.key].slot, scores == "flat" ? 1.0f : e.obs);
           client_seconds += Seconds(t0);
         }
       }
@@ -376,8 +396,26 @@ int main(int argc, char** argv) {
     };
     for (size_t k = i; k < end; ++k) {
       const sim::TraceEvent& e = trace.events[k];
-      // Admitted at its first touch; hints name groups, not keys; the
-      // daemon's recorded moves are the daemon's.
+      // A hint goes to the daemon after the events before it (--hints), with
+      // the group's live keys.
+      if (e.kind == sim::EventKind::kHint) {
+        if (!send_hints || !client) continue;
+        if (Status r = flush(); !r.ok()) return Fail("daemon: " + r.message);
+        std::vector<BlockKey> keys;
+        if (e.key < group_keys.size()) {
+          for (uint32_t member : group_keys[e.key]) {
+            if (is_live[member]) keys.push_back(trace.keys[member]);
+          }
+        }
+        const auto t0 = Clock::now();
+        const Status h =
+            client->Hint(e.key, static_cast<HintKind>(static_cast<uint8_t>(e.obs)), keys);
+        client_seconds += Seconds(t0);
+        ++hints_sent;
+        hint_failures += !h.ok();
+        continue;
+      }
+      // Admitted at its first touch; the daemon's recorded moves are the daemon's.
       if (e.kind != sim::EventKind::kTouch && e.kind != sim::EventKind::kRelease) continue;
       if (e.kind == sim::EventKind::kRelease) {
         if (!is_live[e.key]) continue;
@@ -473,6 +511,9 @@ int main(int argc, char** argv) {
       {"releases", releases},
       {"corrupt_words", corrupt},
       {"observe_failures", observe_failures},
+      {"scores", scores},
+      {"hints_sent", hints_sent},
+      {"hint_failures", hint_failures},
       {"io_errors", io_errors},
       {"pool_fast_bytes_steady", steady_n ? steady_sum / steady_n : 0},
       {"kernel", kernel},
