@@ -1182,39 +1182,47 @@ Result<std::unique_ptr<Policy>> MakeAdaptive(std::string_view name, std::string_
                                           hold);
 }
 
-// "adaptive:E1+E2+...[;epoch=N][;decay=X][;z=Y][;hold=N]", named `name`.
-Result<std::unique_ptr<Policy>> ParseAdaptive(std::string_view spec, std::string_view name) {
-  const auto bad = [](std::string why) { return Status::Fail(wire::ErrorCode::kBadPayload, why); };
-  std::string_view rest = spec.substr(9);
-  std::string_view experts = rest.substr(0, rest.find(';'));
-  rest = rest.substr(experts.size());
-  uint32_t epoch = 4096, hold = 16;
-  double decay = 0.99, z = 3;
+// The settings after a policy's list, ";key=value" each: calls set(key,
+// value) for each, in order; returns the first "key=value" that set()
+// refused (an unknown key, or a value it does not take), or nullopt.
+template <typename Set>
+std::optional<std::string_view> EachSetting(std::string_view rest, Set set) {
   while (!rest.empty()) {
     rest.remove_prefix(1);  // ';'
     const std::string_view kv = rest.substr(0, rest.find(';'));
     rest = rest.substr(kv.size());
     const size_t eq = kv.find('=');
-    const std::string_view k = kv.substr(0, eq);
     const std::string_view v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
-    std::from_chars_result r{nullptr, std::errc::invalid_argument};
-    if (k == "epoch") {
-      r = std::from_chars(v.data(), v.data() + v.size(), epoch);
-      if (epoch == 0) r.ec = std::errc::invalid_argument;
-    } else if (k == "decay") {
-      r = std::from_chars(v.data(), v.data() + v.size(), decay);
-      if (!(decay >= 0 && decay < 1)) r.ec = std::errc::invalid_argument;
-    } else if (k == "hold") {
-      r = std::from_chars(v.data(), v.data() + v.size(), hold);
-      if (hold == 0) r.ec = std::errc::invalid_argument;
-    } else if (k == "z") {
-      r = std::from_chars(v.data(), v.data() + v.size(), z);
-      if (!(z >= 0 && z < 100)) r.ec = std::errc::invalid_argument;
-    }
-    if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
-      return bad("adaptive: bad setting '" + std::string(kv) +
-                 "' (epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), hold=N >= 1)");
-    }
+    if (!set(kv.substr(0, eq), v)) return kv;
+  }
+  return std::nullopt;
+}
+
+// A setting's value, all of `v`, into *out; false if it is not a number.
+template <typename T>
+bool SettingValue(std::string_view v, T* out) {
+  const std::from_chars_result r = std::from_chars(v.data(), v.data() + v.size(), *out);
+  return r.ec == std::errc() && r.ptr == v.data() + v.size();
+}
+
+// "adaptive:E1+E2+...[;epoch=N][;decay=X][;z=Y][;hold=N]", named `name`.
+Result<std::unique_ptr<Policy>> ParseAdaptive(std::string_view spec, std::string_view name) {
+  std::string_view rest = spec.substr(9);
+  std::string_view experts = rest.substr(0, rest.find(';'));
+  rest = rest.substr(experts.size());
+  uint32_t epoch = 4096, hold = 16;
+  double decay = 0.99, z = 3;
+  const auto refused = EachSetting(rest, [&](std::string_view k, std::string_view v) {
+    if (k == "epoch") return SettingValue(v, &epoch) && epoch > 0;
+    if (k == "decay") return SettingValue(v, &decay) && decay >= 0 && decay < 1;
+    if (k == "hold") return SettingValue(v, &hold) && hold > 0;
+    if (k == "z") return SettingValue(v, &z) && z >= 0 && z < 100;
+    return false;
+  });
+  if (refused) {
+    return Status::Fail(wire::ErrorCode::kBadPayload,
+                        "adaptive: bad setting '" + std::string(*refused) +
+                            "' (epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), hold=N >= 1)");
   }
   return MakeAdaptive(name, experts, epoch, decay, z, hold);
 }
@@ -1239,39 +1247,20 @@ Result<std::unique_ptr<Policy>> ParseShards(std::string_view spec, std::string_v
   }
   if (candidates.empty()) return bad("shards needs at least one candidate");
   ShardsPolicy::Settings set;
-  while (!rest.empty()) {
-    rest.remove_prefix(1);  // ';'
-    const std::string_view kv = rest.substr(0, rest.find(';'));
-    rest = rest.substr(kv.size());
-    const size_t eq = kv.find('=');
-    const std::string_view k = kv.substr(0, eq);
-    const std::string_view v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
-    std::from_chars_result r{nullptr, std::errc::invalid_argument};
-    if (k == "rate") {
-      r = std::from_chars(v.data(), v.data() + v.size(), set.rate);
-      if (!(set.rate > 0 && set.rate <= 1)) r.ec = std::errc::invalid_argument;
-    } else if (k == "min") {
-      r = std::from_chars(v.data(), v.data() + v.size(), set.min_cap);
-    } else if (k == "epoch") {
-      r = std::from_chars(v.data(), v.data() + v.size(), set.epoch);
-      if (set.epoch == 0) r.ec = std::errc::invalid_argument;
-    } else if (k == "decay") {
-      r = std::from_chars(v.data(), v.data() + v.size(), set.decay);
-      if (!(set.decay >= 0 && set.decay < 1)) r.ec = std::errc::invalid_argument;
-    } else if (k == "z") {
-      r = std::from_chars(v.data(), v.data() + v.size(), set.z);
-      if (!(set.z >= 0 && set.z < 100)) r.ec = std::errc::invalid_argument;
-    } else if (k == "warm") {
-      r = std::from_chars(v.data(), v.data() + v.size(), set.warm);
-    } else if (k == "gain") {
-      r = std::from_chars(v.data(), v.data() + v.size(), set.gain);
-      if (!(set.gain >= 0 && set.gain < 1)) r.ec = std::errc::invalid_argument;
-    }
-    if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
-      return bad("shards: bad setting '" + std::string(kv) +
-                 "' (rate=X in (0, 1], min=N, epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), "
-                 "gain=X in [0, 1), warm=N)");
-    }
+  const auto refused = EachSetting(rest, [&](std::string_view k, std::string_view v) {
+    if (k == "rate") return SettingValue(v, &set.rate) && set.rate > 0 && set.rate <= 1;
+    if (k == "min") return SettingValue(v, &set.min_cap);
+    if (k == "epoch") return SettingValue(v, &set.epoch) && set.epoch > 0;
+    if (k == "decay") return SettingValue(v, &set.decay) && set.decay >= 0 && set.decay < 1;
+    if (k == "z") return SettingValue(v, &set.z) && set.z >= 0 && set.z < 100;
+    if (k == "warm") return SettingValue(v, &set.warm);
+    if (k == "gain") return SettingValue(v, &set.gain) && set.gain >= 0 && set.gain < 1;
+    return false;
+  });
+  if (refused) {
+    return bad("shards: bad setting '" + std::string(*refused) +
+               "' (rate=X in (0, 1], min=N, epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), "
+               "gain=X in [0, 1), warm=N)");
   }
   return std::make_unique<ShardsPolicy>(std::string(name), std::move(candidates), set);
 }
