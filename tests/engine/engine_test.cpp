@@ -1339,24 +1339,27 @@ TEST(DifferentialHintsFound, ABlockInAReleasedCandidatesSlotIsNoCandidate) {
 
 // ------------------------------------------------------------ adaptive
 
-// With one expert, adaptive is that expert: the same events, in every mode.
-TEST(Adaptive, OneExpertIsThatExpert) {
-  std::mt19937_64 rng(16);
-  for (const char* expert : {"lru", "lfu", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
+// A policy made of others (adaptive's experts, shards's candidates) with one
+// member is that member: the same events on random traces, in every mode and
+// persistence.
+void ExpectOneMemberIsThatMember(const std::string& prefix, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (const char* member : {"lru", "lfu", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
     for (auto persistence : {Persistence::kPersist, Persistence::kReset}) {
       for (auto mode : {Mode::kDemand, Mode::kTick}) {
         for (int t = 0; t < 20; ++t) {
           const int universe = 2 + static_cast<int>(rng() % 40);
           const std::vector<Op> ops = RandomTrace(rng, universe, 300, 0.03, 0.6);
           EngineOptions o = Options(rng() % (universe + 2), persistence, mode);
-          const std::string what = std::string(expert) + " trace " + std::to_string(t);
-          ExpectSame(RunEngine(o, std::string("adaptive:") + expert, ops, 2),
-                     RunEngine(o, expert, ops, 2), what);
+          const std::string what = prefix + member + " trace " + std::to_string(t);
+          ExpectSame(RunEngine(o, prefix + member, ops, 2), RunEngine(o, member, ops, 2), what);
         }
       }
     }
   }
 }
+
+TEST(Adaptive, OneExpertIsThatExpert) { ExpectOneMemberIsThatMember("adaptive:", 16); }
 
 // The definition (docs/policies.md), with every expert a standalone engine of
 // its own: R evicts, of its blocks the leader does not hold, the one the
@@ -1974,24 +1977,8 @@ TEST(Engine, SetPolicyRebuildsTheSetForTheNewPolicy) {
 
 // ------------------------------------------------------------ shards
 
-// With one candidate, shards is that candidate: the same events, in every mode.
-TEST(Shards, OneCandidateIsThatCandidate) {
-  std::mt19937_64 rng(32);
-  for (const char* c : {"lru", "lfu", "ema:0.15", "arc", "s3fifo", "sieve", "tinylfu"}) {
-    for (auto persistence : {Persistence::kPersist, Persistence::kReset}) {
-      for (auto mode : {Mode::kDemand, Mode::kTick}) {
-        for (int t = 0; t < 20; ++t) {
-          const int universe = 2 + static_cast<int>(rng() % 40);
-          const std::vector<Op> ops = RandomTrace(rng, universe, 300, 0.03, 0.6);
-          EngineOptions o = Options(rng() % (universe + 2), persistence, mode);
-          const std::string what = std::string(c) + " trace " + std::to_string(t);
-          ExpectSame(RunEngine(o, std::string("shards:") + c, ops, 2), RunEngine(o, c, ops, 2),
-                     what);
-        }
-      }
-    }
-  }
-}
+// With one candidate, shards is that candidate (as adaptive with one expert).
+TEST(Shards, OneCandidateIsThatCandidate) { ExpectOneMemberIsThatMember("shards:", 32); }
 
 // Several candidates with a switch out of reach (z=99): the first, the
 // miniatures running beside it (sampling every key or some, with releases).
