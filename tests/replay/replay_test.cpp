@@ -122,6 +122,12 @@ TEST(Replay, HintsReachTheDaemonOnlyWhenAsked) {
   EXPECT_EQ(hinted["hint_failures"], 0u);
   // One request per hint (a group's keys fit one message here).
   EXPECT_EQ(hint_requests(), sent);
+  // Every step read its touched blocks, and the time is reported.
+  EXPECT_GT(hinted["steps"].get<uint64_t>(), 0u);
+  EXPECT_GT(hinted["read_s"].get<double>(), 0.0);
+  EXPECT_NEAR(hinted["read_us_per_step"].get<double>(),
+              1e6 * hinted["read_s"].get<double>() / hinted["steps"].get<double>(), 1e-6);
+  EXPECT_TRUE(hinted["cpu"].contains("kdamond_s"));
 }
 
 TEST(Residency, PresentPagesAreOnANodeAndMissingOnesAreUnknown) {

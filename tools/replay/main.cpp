@@ -236,9 +236,16 @@ int main(int argc, char** argv) {
   // ---- the replay ----
   replay::Residency where;
   const std::map<std::string, uint64_t> vm_before = replay::ReadVmstat();
+  // The kernel's tiering threads: kswapd (reclaim, which demotes) and
+  // kdamond (DAMON's, when a DAMOS scheme migrates).
   const std::vector<pid_t> kswapd = replay::FindProcesses("kswapd");
-  double kswapd_before = 0;
-  for (pid_t p : kswapd) kswapd_before += std::max(0.0, replay::ProcessCpuSeconds(p));
+  const std::vector<pid_t> kdamond = replay::FindProcesses("kdamond");
+  auto cpu_of = [](const std::vector<pid_t>& pids) {
+    double s = 0;
+    for (pid_t p : pids) s += std::max(0.0, replay::ProcessCpuSeconds(p));
+    return s;
+  };
+  const double kswapd_before = cpu_of(kswapd), kdamond_before = cpu_of(kdamond);
   const double daemon_cpu_before = daemon_pid ? replay::ProcessCpuSeconds(daemon_pid) : 0;
   rusage ru_before{};
   getrusage(RUSAGE_SELF, &ru_before);
@@ -275,6 +282,8 @@ int main(int argc, char** argv) {
   uint64_t observe_failures = 0;
   uint64_t point_pages = 0, point_fast = 0, retouch_pages = 0, retouch_fast = 0;
   double client_seconds = 0;
+  double read_seconds = 0;  // reading touched blocks (CPU loads or device writes)
+  uint64_t steps = 0;
   volatile uint64_t sink = 0;
   nlohmann::json series = nlohmann::json::array();
   const uint64_t words = *block / 8;
@@ -297,6 +306,7 @@ int main(int argc, char** argv) {
       break;
     }
     const auto step_start = Clock::now();
+    ++steps;
     const uint32_t step = trace.events[i].step;
     size_t end = i;
     while (end < trace.events.size() && trace.events[end].step == step) ++end;
@@ -369,6 +379,7 @@ int main(int argc, char** argv) {
           point_fast += c.fast;
         }
         fresh[e.key] = false;
+        const auto read_start = Clock::now();
         if (dev >= 0) {
           const off_t off = static_cast<off_t>((dev_next++ % dev_slots) * *block);
           for (uint64_t o = 0; o < *block; o += device_io) {
@@ -385,6 +396,7 @@ int main(int argc, char** argv) {
             for (uint64_t x = 0; x < words; x += 509) corrupt += w[x] != Word(trace.keys[e.key], x);
           }
         }
+        read_seconds += Seconds(read_start);
         if (client) {
           const auto t0 = Clock::now();
           observe_failures += !client->Observe(live[e.key].slot, scores == "flat" ? 1.0f : e.obs);
@@ -457,8 +469,7 @@ int main(int argc, char** argv) {
   const double seconds = Seconds(start);
   rusage ru_after{};
   getrusage(RUSAGE_SELF, &ru_after);
-  double kswapd_after = 0;
-  for (pid_t p : kswapd) kswapd_after += std::max(0.0, replay::ProcessCpuSeconds(p));
+  const double kswapd_after = cpu_of(kswapd), kdamond_after = cpu_of(kdamond);
   const double daemon_cpu_after = daemon_pid ? replay::ProcessCpuSeconds(daemon_pid) : 0;
   const std::map<std::string, uint64_t> vm_after = replay::ReadVmstat();
   auto vm = [&](const char* name) -> uint64_t {
@@ -516,11 +527,17 @@ int main(int argc, char** argv) {
       {"hint_failures", hint_failures},
       {"io_errors", io_errors},
       {"pool_fast_bytes_steady", steady_n ? steady_sum / steady_n : 0},
+      // Time reading touched blocks, in all and per step (in a guest under
+      // TCG: emulated time, comparable between arms only).
+      {"steps", steps},
+      {"read_s", read_seconds},
+      {"read_us_per_step", steps ? 1e6 * read_seconds / static_cast<double>(steps) : 0.0},
       {"kernel", kernel},
       {"cpu",
        {{"replay_user_s", RusageSeconds(ru_after.ru_utime) - RusageSeconds(ru_before.ru_utime)},
         {"replay_system_s", RusageSeconds(ru_after.ru_stime) - RusageSeconds(ru_before.ru_stime)},
         {"kswapd_s", kswapd_after - kswapd_before},
+        {"kdamond_s", kdamond_after - kdamond_before},
         {"daemon_s", daemon_pid ? daemon_cpu_after - daemon_cpu_before : 0.0},
         {"client_calls_s", client_seconds}}},
       {"series", series}};
