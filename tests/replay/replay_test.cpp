@@ -130,6 +130,46 @@ TEST(Replay, HintsReachTheDaemonOnlyWhenAsked) {
   EXPECT_TRUE(hinted["cpu"].contains("kdamond_s"));
 }
 
+// --warmup: the figures count from the end of the warm-up; a run that ends
+// before it measured nothing and fails, saying so.
+TEST(Replay, AWarmUpIsLeftOutOfTheFigures) {
+  const std::string dir = ::testing::TempDir();
+  const std::string attention =
+      "steps=160,sessions=4,batch=2,context_min=1024,context_max=2048,topk=8,turn_tokens=16,"
+      "pause_steps=20,user_tokens=32,turns=3,shared_prefix_blocks=2";
+  // Every node counted fast: an admitted block's pages exist right after
+  // its write, so all of them are on a fast node, whatever the machine.
+  std::string nodes;
+  for (int n = 0; n < 64; ++n) nodes += " " + std::to_string(n);
+  auto run = [&](const std::string& flags, int* status = nullptr) {
+    const std::string out = dir + "/replay-warmup.json";
+    std::remove(out.c_str());
+    const testing::ShellResult r =
+        testing::Shell(std::string(CXLTIER_REPLAY_PATH) + " --attention " + attention +
+                       " --block-bytes 64KiB --step-ms 5 --fast-nodes" + nodes + " " + flags +
+                       " --json " + out + " 2>&1");
+    if (status) *status = r.status;
+    std::ifstream in(out);
+    return std::make_pair(nlohmann::json::parse(in, nullptr, false), r.out);
+  };
+  const auto [whole, whole_out] = run("");
+  ASSERT_FALSE(whole.is_discarded()) << whole_out;
+  const auto [warm, warm_out] = run("--warmup 0.3");
+  ASSERT_FALSE(warm.is_discarded()) << warm_out;
+  EXPECT_LT(warm["touches"].get<uint64_t>(), whole["touches"].get<uint64_t>());
+  EXPECT_GT(warm["touches"].get<uint64_t>(), 0u);
+  EXPECT_LT(warm["steps"].get<uint64_t>(), whole["steps"].get<uint64_t>());
+  EXPECT_LE(warm["measured_s"].get<double>(), warm["seconds"].get<double>() - 0.3);
+  EXPECT_GT(warm["admitted_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(warm["admitted_fast_share"].get<double>(), 1.0);
+  // The series covers the whole run either way.
+  EXPECT_EQ(warm["series"].size(), whole["series"].size());
+  int status = 0;
+  const auto [none, none_out] = run("--warmup 1000 --seconds 0.5", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(none_out.find("before its --warmup did"), std::string::npos) << none_out;
+}
+
 TEST(Residency, PresentPagesAreOnANodeAndMissingOnesAreUnknown) {
   const long page = sysconf(_SC_PAGESIZE);
   auto* p = static_cast<char*>(

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   bool send_hints = false;
   std::vector<int> fast_nodes = {0};
   uint32_t pool_blocks = 0, step_ms = 0, intervals = 40;
-  double max_seconds = 0;
+  double max_seconds = 0, warmup_seconds = 0;
   pid_t daemon_pid = 0;
   auto* trace_opt =
       app.add_option("--trace", trace_spec, "trace file: mooncake:FILE, bin:FILE, csv:FILE");
@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
   app.add_option("--intervals", intervals, "points of the fast-tier share over time")
       ->capture_default_str();
   app.add_option("--seconds", max_seconds, "stop after this long (0: the whole trace)");
+  app.add_option("--warmup", warmup_seconds,
+                 "seconds of warm-up: the figures (shares, bytes moved, CPU, admissions) count "
+                 "from then on; the series covers the whole run");
   app.add_option("--json", json_path, "write the result here (default: stdout)");
   try {
     app.parse(argc, argv);
@@ -235,7 +238,6 @@ int main(int argc, char** argv) {
 
   // ---- the replay ----
   replay::Residency where;
-  const std::map<std::string, uint64_t> vm_before = replay::ReadVmstat();
   // The kernel's tiering threads: kswapd (reclaim, which demotes) and
   // kdamond (DAMON's, when a DAMOS scheme migrates).
   const std::vector<pid_t> kswapd = replay::FindProcesses("kswapd");
@@ -245,10 +247,22 @@ int main(int argc, char** argv) {
     for (pid_t p : pids) s += std::max(0.0, replay::ProcessCpuSeconds(p));
     return s;
   };
-  const double kswapd_before = cpu_of(kswapd), kdamond_before = cpu_of(kdamond);
-  const double daemon_cpu_before = daemon_pid ? replay::ProcessCpuSeconds(daemon_pid) : 0;
+  // What the figures count from: the end of the warm-up (its start without one).
+  std::map<std::string, uint64_t> vm_before;
+  double kswapd_before = 0, kdamond_before = 0, daemon_cpu_before = 0;
   rusage ru_before{};
-  getrusage(RUSAGE_SELF, &ru_before);
+  bool measuring = false;
+  Clock::time_point measured_from;
+  auto begin_measuring = [&] {
+    measuring = true;
+    measured_from = Clock::now();
+    vm_before = replay::ReadVmstat();
+    kswapd_before = cpu_of(kswapd);
+    kdamond_before = cpu_of(kdamond);
+    daemon_cpu_before = daemon_pid ? replay::ProcessCpuSeconds(daemon_pid) : 0;
+    getrusage(RUSAGE_SELF, &ru_before);
+    if (client) daemon_before = daemon_status();
+  };
 
   struct Live {
     uint32_t block = 0, slot = 0;
@@ -280,6 +294,9 @@ int main(int argc, char** argv) {
   uint64_t touches = 0, touched_pages = 0, fast_pages = 0, unknown_pages = 0, pagemap_pages = 0;
   uint64_t admissions = 0, releases = 0, restored = 0, corrupt = 0, io_errors = 0, dev_next = 0;
   uint64_t observe_failures = 0;
+  // Where admissions were written (the pages of each admitted block, asked
+  // of the kernel right after the write): on the fast nodes or not.
+  uint64_t admitted_pages = 0, admitted_fast = 0;
   uint64_t point_pages = 0, point_fast = 0, retouch_pages = 0, retouch_fast = 0;
   double client_seconds = 0;
   double read_seconds = 0;  // reading touched blocks (CPU loads or device writes)
@@ -300,13 +317,15 @@ int main(int argc, char** argv) {
   };
   size_t i = 0;
   bool stopped_early = false;
+  if (warmup_seconds <= 0) begin_measuring();
   while (i < trace.events.size()) {
     if (max_seconds > 0 && Seconds(start) >= max_seconds) {
       stopped_early = true;
       break;
     }
     const auto step_start = Clock::now();
-    ++steps;
+    if (!measuring && Seconds(start) >= warmup_seconds) begin_measuring();
+    steps += measuring;
     const uint32_t step = trace.events[i].step;
     size_t end = i;
     while (end < trace.events.size() && trace.events[end].step == step) ++end;
@@ -367,14 +386,18 @@ int main(int argc, char** argv) {
         uint8_t* at = pool + uint64_t{live[e.key].block} * stride;
         const replay::Residency::Count& c = counts[t];
         const uint64_t pages = c.fast + c.other + c.unknown;
-        ++touches;
-        touched_pages += pages;
-        fast_pages += c.fast;
-        unknown_pages += c.unknown;
-        pagemap_pages += c.via_pagemap;
+        if (measuring) {
+          ++touches;
+          touched_pages += pages;
+          fast_pages += c.fast;
+          unknown_pages += c.unknown;
+          pagemap_pages += c.via_pagemap;
+        }
         if (!fresh[e.key]) {
-          retouch_pages += pages;
-          retouch_fast += c.fast;
+          if (measuring) {
+            retouch_pages += pages;
+            retouch_fast += c.fast;
+          }
           point_pages += pages;
           point_fast += c.fast;
         }
@@ -396,7 +419,7 @@ int main(int argc, char** argv) {
             for (uint64_t x = 0; x < words; x += 509) corrupt += w[x] != Word(trace.keys[e.key], x);
           }
         }
-        read_seconds += Seconds(read_start);
+        if (measuring) read_seconds += Seconds(read_start);
         if (client) {
           const auto t0 = Clock::now();
           observe_failures += !client->Observe(live[e.key].slot, scores == "flat" ? 1.0f : e.obs);
@@ -449,6 +472,11 @@ int main(int argc, char** argv) {
         // Prefill (or loading a block back): the engine writes every byte.
         auto* w = reinterpret_cast<uint64_t*>(pool + uint64_t{b} * stride);
         for (uint64_t x = 0; x < words; ++x) w[x] = Word(trace.keys[e.key], x);
+        if (measuring) {
+          const replay::Residency::Count c = where.Query(w, stride, fast_nodes);
+          admitted_pages += c.fast + c.other + c.unknown;
+          admitted_fast += c.fast;
+        }
         live[e.key].block = b;
         is_live[e.key] = true;
         fresh[e.key] = true;
@@ -465,6 +493,10 @@ int main(int argc, char** argv) {
       next_point = step + per_point;
     }
     if (step_ms) std::this_thread::sleep_until(step_start + std::chrono::milliseconds(step_ms));
+  }
+  if (!measuring) {
+    return Fail("the run ended (" + std::to_string(Seconds(start)) +
+                " s) before its --warmup did: nothing was measured");
   }
   const double seconds = Seconds(start);
   rusage ru_after{};
@@ -510,6 +542,7 @@ int main(int argc, char** argv) {
       {"fast_free_target", *fast_free},
       {"locked", locked},
       {"seconds", seconds},
+      {"measured_s", Seconds(measured_from)},
       {"stopped_early", stopped_early},
       {"touches", touches},
       {"touched_bytes", touched_pages * page},
@@ -519,6 +552,9 @@ int main(int argc, char** argv) {
       {"unknown_pages", unknown_pages},
       {"pages_placed_by_pagemap", pagemap_pages},
       {"admissions", admissions},
+      {"admitted_bytes", admitted_pages * page},
+      {"admitted_fast_share", admitted_pages ? double(admitted_fast) / admitted_pages : 0.0},
+      {"warmup_s", warmup_seconds},
       {"releases", releases},
       {"corrupt_words", corrupt},
       {"observe_failures", observe_failures},
