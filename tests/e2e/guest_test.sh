@@ -11,7 +11,8 @@ mkdir -p /run/cxltierd /var/lib/cxltierd
 # it is emulated I/O (a memset there runs at 2 to 4 MiB/s against 730 MiB/s on
 # node 0 or 1, in the hmat guest). Page-mode runs use 96 blocks of 256 KiB
 # (24 MiB), copy-mode runs blocks of 64 KiB.
-BLOCK=256KiB
+BLOCK_KIB=256
+BLOCK=${BLOCK_KIB}KiB
 COPY_BLOCK=64KiB
 # Tier 0's budget (24 blocks); in the three-node hmat guest tier 1's too (the
 # CXL node, tier 2, holds the rest), so blocks of the loadgen runs sit in all three.
@@ -116,7 +117,7 @@ fi
 # moves. A daemon of its own: a slow migration rate makes one tick's moves a
 # few blocks, far fewer than the working set.
 budget_bound() {
-  b_tick_ms=50 b_rate_mib_s=16 b_budget_mib=4 b_block=262144  # $BLOCK
+  b_tick_ms=50 b_rate_mib_s=16 b_budget_mib=4 b_block=$((BLOCK_KIB * 1024))
   cat > /etc/cxltierd-bound.toml <<CONF
 [daemon]
 socket = "$SOCK"
@@ -149,7 +150,7 @@ CONF
   cxltier-loadgen --socket "$SOCK" --pool memfd --blocks 96 --block-bytes $BLOCK --steps 300 \
     --step-ms 2 --seed 7 --check-placement --json > /tmp/lg-bound.json 2>&1 &
   LG=$!
-  samples=0 max0=0 maxall=0
+  samples=0 max0=0 maxall=0 per_tick_checked=0
   : > /tmp/bound-samples.txt
   while kill -0 $LG 2>/dev/null; do
     j=$(status_json) || continue
@@ -165,11 +166,13 @@ CONF
     if echo "$j" | grep -q "\"block_bytes\":$b_block,"; then
       echo "$j" | grep -q "\"budget_bytes_per_tick\":$per_tick_bytes[,}]" ||
         fail "the planner's bytes per tick are not ${per_tick_bytes}: $j"
+      per_tick_checked=1
     fi
   done
   wait $LG || { cat /tmp/lg-bound.json; fail "loadgen (tier 0 bound)"; }
   echo "tier 0 bound: $samples samples, tier 0 peaked at $max0 blocks (bound $bound), all blocks at $maxall"
   [ $samples -ge 20 ] || { cat /tmp/bound-samples.txt; fail "only $samples status samples"; }
+  [ $per_tick_checked = 1 ] || fail "no sample had the engine's block size ($b_block): bytes per tick unchecked"
   # Not vacuous: more blocks were live than the bound, and tier 0 was used.
   [ $maxall -gt $bound ] || fail "the workload never held more than $bound blocks ($maxall)"
   [ $max0 -gt 0 ] || fail "tier 0 never held a block"

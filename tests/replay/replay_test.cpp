@@ -96,32 +96,38 @@ TEST(Replay, HintsReachTheDaemonOnlyWhenAsked) {
       "pause_steps=20,user_tokens=32,turns=3,shared_prefix_blocks=2,hints=1";
   auto run = [&](const std::string& flags) {
     const std::string out = (d.dir() / "replay.json").string();
-    const testing::ShellResult r = testing::Shell(
-        std::string(CXLTIER_REPLAY_PATH) + " --attention " + attention +
-        " --block-bytes 64KiB --socket " + d.socket() + " " + flags + " --json " + out + " 2>&1");
+    const testing::ShellResult r =
+        testing::Shell(std::string(CXLTIER_REPLAY_PATH) + " --attention " + attention +
+                       " --block-bytes 64KiB --socket '" + d.socket() + "' " + flags + " --json '" +
+                       out + "' 2>&1");
     EXPECT_EQ(r.status, 0) << r.out;
     std::ifstream in(out);
     return nlohmann::json::parse(in, nullptr, false);
   };
-  auto hint_requests = [&] {
-    const testing::ShellResult r =
-        testing::Shell(std::string(CXLTIERCTL_PATH) + " --socket " + d.socket() + " status --json");
+  // The daemon's hint counters (status --json): "requests", "unknown_keys".
+  auto hint_status = [&](const char* what) {
+    const testing::ShellResult r = testing::Shell(std::string(CXLTIERCTL_PATH) + " --socket '" +
+                                                  d.socket() + "' status --json");
     const nlohmann::json s = nlohmann::json::parse(r.out, nullptr, false);
-    return s.is_discarded() ? uint64_t{0} : s["hints"].value("requests", uint64_t{0});
+    if (s.is_discarded() || !s.contains("hints")) return ~uint64_t{0};
+    return s["hints"].value(what, ~uint64_t{0});
   };
   const nlohmann::json quiet = run("--scores flat");
   ASSERT_FALSE(quiet.is_discarded());
   EXPECT_EQ(quiet["scores"], "flat");
   EXPECT_EQ(quiet["hints_sent"], 0u);
-  EXPECT_EQ(hint_requests(), 0u);
+  EXPECT_EQ(hint_status("requests"), 0u);
   const nlohmann::json hinted = run("--hints");
   ASSERT_FALSE(hinted.is_discarded());
   EXPECT_EQ(hinted["scores"], "trace");
   const uint64_t sent = hinted["hints_sent"].get<uint64_t>();
   EXPECT_GT(sent, 0u);
   EXPECT_EQ(hinted["hint_failures"], 0u);
-  // One request per hint (a group's keys fit one message here).
-  EXPECT_EQ(hint_requests(), sent);
+  // One request per hint (a group's keys fit one message here), every key
+  // one the daemon holds: each hint named its group's live keys.
+  EXPECT_EQ(hint_status("requests"), sent);
+  EXPECT_EQ(hint_status("unknown_keys"), 0u);
+  EXPECT_GT(hint_status("applied"), 0u);  // hints about groups with blocks in them
   // Every step read its touched blocks, and the time is reported.
   EXPECT_GT(hinted["steps"].get<uint64_t>(), 0u);
   EXPECT_GT(hinted["read_s"].get<double>(), 0.0);
@@ -147,7 +153,7 @@ TEST(Replay, AWarmUpIsLeftOutOfTheFigures) {
     const testing::ShellResult r =
         testing::Shell(std::string(CXLTIER_REPLAY_PATH) + " --attention " + attention +
                        " --block-bytes 64KiB --step-ms 5 --fast-nodes" + nodes + " " + flags +
-                       " --json " + out + " 2>&1");
+                       " --json '" + out + "' 2>&1");
     if (status) *status = r.status;
     std::ifstream in(out);
     return std::make_pair(nlohmann::json::parse(in, nullptr, false), r.out);
@@ -168,6 +174,10 @@ TEST(Replay, AWarmUpIsLeftOutOfTheFigures) {
   const auto [none, none_out] = run("--warmup 1000 --seconds 0.5", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(none_out.find("before its --warmup did"), std::string::npos) << none_out;
+  // What the daemon is told needs a daemon.
+  const auto [flat, flat_out] = run("--scores flat", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(flat_out.find("need --socket"), std::string::npos) << flat_out;
 }
 
 TEST(Residency, PresentPagesAreOnANodeAndMissingOnesAreUnknown) {

@@ -50,8 +50,9 @@ def load_lines(path):
 
 
 def simulate(binary, trace, blocks, sim_block, policies):
+    # --hints off: the arms compared with these rows send no hints.
     cmd = [binary, "--trace", f"bin:{trace}", "--policy", ",".join(policies), "--persist", "persist",
-           "--budget", str(blocks * sim_block), "--json"]
+           "--budget", str(blocks * sim_block), "--hints", "off", "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         fail(f"{' '.join(cmd)} failed: {r.stderr.strip()}")

@@ -20,7 +20,10 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "attention_workload.h"
@@ -119,8 +122,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seconds", max_seconds, "stop after this long (0: the whole trace)");
   app.add_option("--warmup", warmup_seconds,
-                 "seconds of warm-up: the figures (shares, bytes moved, CPU, admissions) count "
-                 "from then on; the series covers the whole run");
+                 "seconds of warm-up: the measured figures count from its end (touches, "
+                 "shares, steps, read time, where admissions were written, the kernel's and "
+                 "the daemon's moves, CPU, client calls, the steady pool bytes); the series, "
+                 "the counts of admissions, releases, restores and hints, and every failure "
+                 "cover the whole run");
   app.add_option("--json", json_path, "write the result here (default: stdout)");
   try {
     app.parse(argc, argv);
@@ -142,6 +148,10 @@ int main(int argc, char** argv) {
     return Fail("--device-io must be a multiple of 4 KiB that divides --block-bytes");
   }
   if (scores != "trace" && scores != "flat") return Fail("--scores must be trace or flat");
+  if ((send_hints || scores != "trace") && socket_path.empty()) {
+    return Fail("--hints and --scores flat are about what the daemon is told: they need --socket");
+  }
+  if (!(warmup_seconds >= 0)) return Fail("--warmup must be 0 or more seconds");
   if (fast_nodes.empty()) return Fail("--fast-nodes needs a node");
   if (intervals == 0) intervals = 1;
 
@@ -270,13 +280,10 @@ int main(int argc, char** argv) {
   std::vector<Live> live(trace.keys.size());
   std::vector<bool> is_live(trace.keys.size(), false);
   // Each group's keys, for hints (a hint names the group's live keys).
-  std::vector<std::vector<uint32_t>> group_keys;
+  std::unordered_map<uint32_t, std::vector<uint32_t>> group_keys;
   if (send_hints) {
     for (uint32_t k = 0; k < trace.groups.size(); ++k) {
-      const uint32_t g = trace.groups[k];
-      if (g == 0) continue;
-      if (g >= group_keys.size()) group_keys.resize(size_t{g} + 1);
-      group_keys[g].push_back(k);
+      if (trace.groups[k] != 0) group_keys[trace.groups[k]].push_back(k);
     }
   }
   uint64_t hints_sent = 0, hint_failures = 0;
@@ -294,6 +301,7 @@ int main(int argc, char** argv) {
   uint64_t touches = 0, touched_pages = 0, fast_pages = 0, unknown_pages = 0, pagemap_pages = 0;
   uint64_t admissions = 0, releases = 0, restored = 0, corrupt = 0, io_errors = 0, dev_next = 0;
   uint64_t observe_failures = 0;
+  uint64_t all_touches = 0;  // warm-up included (which touches check their bytes)
   // Where admissions were written (the pages of each admitted block, asked
   // of the kernel right after the write): on the fast nodes or not.
   uint64_t admitted_pages = 0, admitted_fast = 0;
@@ -342,7 +350,7 @@ int main(int argc, char** argv) {
       if (client && !release.empty()) {
         const auto t0 = Clock::now();
         r = client->Release(release);
-        client_seconds += Seconds(t0);
+        if (measuring) client_seconds += Seconds(t0);
       }
       release.clear();
       // The engine frees the blocks' memory (the kernel forgets their pages),
@@ -360,7 +368,7 @@ int main(int argc, char** argv) {
         const auto t0 = Clock::now();
         std::vector<wire::AdmitResult> results;
         if (Status a = client->Admit(pool_id, admit, &results); !a.ok()) return a;
-        client_seconds += Seconds(t0);
+        if (measuring) client_seconds += Seconds(t0);
         if (results.size() != admit.size()) {
           return Status::Fail(wire::ErrorCode::kBadPayload,
                               "the daemon answered " + std::to_string(results.size()) +
@@ -415,7 +423,7 @@ int main(int argc, char** argv) {
           for (uint64_t x = 0; x < words; ++x) sum += w[x];
           sink = sink + sum;
           // Every 64th touch checks the bytes too (a move must never change them).
-          if (touches % 64 == 0) {
+          if (++all_touches % 64 == 0) {
             for (uint64_t x = 0; x < words; x += 509) corrupt += w[x] != Word(trace.keys[e.key], x);
           }
         }
@@ -423,7 +431,7 @@ int main(int argc, char** argv) {
         if (client) {
           const auto t0 = Clock::now();
           observe_failures += !client->Observe(live[e.key].slot, scores == "flat" ? 1.0f : e.obs);
-          client_seconds += Seconds(t0);
+          if (measuring) client_seconds += Seconds(t0);
         }
       }
       touch_events.clear();
@@ -436,16 +444,19 @@ int main(int argc, char** argv) {
       if (e.kind == sim::EventKind::kHint) {
         if (!send_hints || !client) continue;
         if (Status r = flush(); !r.ok()) return Fail("daemon: " + r.message);
+        if (e.obs != 1.0f && e.obs != 2.0f && e.obs != 3.0f) {
+          return Fail("a hint of kind " + std::to_string(e.obs) + " (1 idle, 2 soon, 3 done)");
+        }
         std::vector<BlockKey> keys;
-        if (e.key < group_keys.size()) {
-          for (uint32_t member : group_keys[e.key]) {
+        if (auto g = group_keys.find(e.key); g != group_keys.end()) {
+          for (uint32_t member : g->second) {
             if (is_live[member]) keys.push_back(trace.keys[member]);
           }
         }
         const auto t0 = Clock::now();
         const Status h =
             client->Hint(e.key, static_cast<HintKind>(static_cast<uint8_t>(e.obs)), keys);
-        client_seconds += Seconds(t0);
+        if (measuring) client_seconds += Seconds(t0);
         ++hints_sent;
         hint_failures += !h.ok();
         continue;
@@ -498,7 +509,8 @@ int main(int argc, char** argv) {
     return Fail("the run ended (" + std::to_string(Seconds(start)) +
                 " s) before its --warmup did: nothing was measured");
   }
-  const double seconds = Seconds(start);
+  const auto end = Clock::now();
+  const double seconds = std::chrono::duration<double>(end - start).count();
   rusage ru_after{};
   getrusage(RUSAGE_SELF, &ru_after);
   const double kswapd_after = cpu_of(kswapd), kdamond_after = cpu_of(kdamond);
@@ -520,9 +532,15 @@ int main(int argc, char** argv) {
   kernel["promoted_bytes"] = vm("pgpromote_success") * page;
   kernel["demoted_bytes"] = (vm("pgdemote_kswapd") + vm("pgdemote_direct")) * page;
 
-  // The steady state: the pool's bytes on the fast nodes over the second half.
+  // The steady state: the pool's bytes on the fast nodes over the second half
+  // of the points after the warm-up.
   uint64_t steady_sum = 0, steady_n = 0;
-  for (size_t p = series.size() / 2; p < series.size(); ++p) {
+  size_t measured_points = 0;
+  while (measured_points < series.size() &&
+         series[series.size() - 1 - measured_points]["t"].get<double>() >= warmup_seconds) {
+    ++measured_points;
+  }
+  for (size_t p = series.size() - (measured_points + 1) / 2; p < series.size(); ++p) {
     steady_sum += series[p]["pool_fast_bytes"].get<uint64_t>();
     ++steady_n;
   }
@@ -542,7 +560,7 @@ int main(int argc, char** argv) {
       {"fast_free_target", *fast_free},
       {"locked", locked},
       {"seconds", seconds},
-      {"measured_s", Seconds(measured_from)},
+      {"measured_s", std::chrono::duration<double>(end - measured_from).count()},
       {"stopped_early", stopped_early},
       {"touches", touches},
       {"touched_bytes", touched_pages * page},
@@ -604,10 +622,10 @@ int main(int argc, char** argv) {
     f << text;
     if (!f) return Fail("cannot write " + json_path);
   }
-  if (corrupt || io_errors || observe_failures) {
+  if (corrupt || io_errors || observe_failures || hint_failures) {
     return Fail(std::to_string(corrupt) + " corrupt words, " + std::to_string(io_errors) +
                 " failed device writes, " + std::to_string(observe_failures) +
-                " observations refused");
+                " observations refused, " + std::to_string(hint_failures) + " hints refused");
   }
   return 0;
 }
