@@ -863,6 +863,15 @@ const char* kShardsMixes[] = {
 // the tick-mode traces of the adaptive mixes release blocks too.
 constexpr bool kAdaptiveHeldClearedOnRelease = true;
 
+// The parameters of Differential and DifferentialHints: each spec of
+// `specs` with both persistences, in both modes.
+template <size_t N>
+auto InEveryMode(const char* (&specs)[N]) {
+  return ::testing::Combine(::testing::ValuesIn(specs),
+                            ::testing::Values(Persistence::kPersist, Persistence::kReset),
+                            ::testing::Values(Mode::kDemand, Mode::kTick));
+}
+
 class Differential : public ::testing::TestWithParam<std::tuple<const char*, Persistence, Mode>> {};
 
 TEST_P(Differential, EngineMatchesReferenceOnRandomTraces) {
@@ -916,26 +925,11 @@ std::string DifferentialName(const ::testing::TestParamInfo<Differential::ParamT
          (std::get<2>(info.param) == Mode::kDemand ? "_demand" : "_tick");
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPolicies, Differential,
-                         ::testing::Combine(::testing::ValuesIn(kPolicies),
-                                            ::testing::Values(Persistence::kPersist,
-                                                              Persistence::kReset),
-                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
-                         DifferentialName);
+INSTANTIATE_TEST_SUITE_P(AllPolicies, Differential, InEveryMode(kPolicies), DifferentialName);
 
-INSTANTIATE_TEST_SUITE_P(Shards, Differential,
-                         ::testing::Combine(::testing::ValuesIn(kShardsMixes),
-                                            ::testing::Values(Persistence::kPersist,
-                                                              Persistence::kReset),
-                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
-                         DifferentialName);
+INSTANTIATE_TEST_SUITE_P(Shards, Differential, InEveryMode(kShardsMixes), DifferentialName);
 
-INSTANTIATE_TEST_SUITE_P(Adaptive, Differential,
-                         ::testing::Combine(::testing::ValuesIn(kAdaptiveMixes),
-                                            ::testing::Values(Persistence::kPersist,
-                                                              Persistence::kReset),
-                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
-                         DifferentialName);
+INSTANTIATE_TEST_SUITE_P(Adaptive, Differential, InEveryMode(kAdaptiveMixes), DifferentialName);
 
 // ------------------------------------------- random differential, hints
 
@@ -1250,25 +1244,11 @@ TEST_P(DifferentialHints, SlicedWorkDoneAtOnceMatchesTheReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPolicies, DifferentialHints,
-                         ::testing::Combine(::testing::ValuesIn(kPolicies),
-                                            ::testing::Values(Persistence::kPersist,
-                                                              Persistence::kReset),
-                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
-                         DifferentialName);
+INSTANTIATE_TEST_SUITE_P(AllPolicies, DifferentialHints, InEveryMode(kPolicies), DifferentialName);
 
-INSTANTIATE_TEST_SUITE_P(Shards, DifferentialHints,
-                         ::testing::Combine(::testing::ValuesIn(kShardsMixes),
-                                            ::testing::Values(Persistence::kPersist,
-                                                              Persistence::kReset),
-                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
-                         DifferentialName);
+INSTANTIATE_TEST_SUITE_P(Shards, DifferentialHints, InEveryMode(kShardsMixes), DifferentialName);
 
-INSTANTIATE_TEST_SUITE_P(Adaptive, DifferentialHints,
-                         ::testing::Combine(::testing::ValuesIn(kAdaptiveMixes),
-                                            ::testing::Values(Persistence::kPersist,
-                                                              Persistence::kReset),
-                                            ::testing::Values(Mode::kDemand, Mode::kTick)),
+INSTANTIATE_TEST_SUITE_P(Adaptive, DifferentialHints, InEveryMode(kAdaptiveMixes),
                          DifferentialName);
 
 // Where the engine departed from the documented semantics (kEngineHintQuirks),
