@@ -86,6 +86,22 @@ TEST(FitToPool, KeepsHintsAndGroupsAsTheyAre) {
   EXPECT_TRUE(f.Validate().ok()) << f.Validate().message;
 }
 
+// One run of cxltier-replay with `args`, its JSON written to `json_path`:
+// the JSON (discarded when the run wrote none), what the tool printed, and
+// its exit status.
+struct ReplayRun {
+  nlohmann::json json;
+  std::string out;
+  int status = 0;
+};
+ReplayRun RunReplay(const std::string& args, const std::string& json_path) {
+  std::remove(json_path.c_str());
+  const testing::ShellResult r = testing::Shell(std::string(CXLTIER_REPLAY_PATH) + " " + args +
+                                                " --json '" + json_path + "' 2>&1");
+  std::ifstream in(json_path);
+  return {nlohmann::json::parse(in, nullptr, false), r.out, r.status};
+}
+
 // The tool against a real cxltierd: with --hints every hint of the trace
 // reaches the daemon (which counts them), and without it none does.
 TEST(Replay, HintsReachTheDaemonOnlyWhenAsked) {
@@ -95,14 +111,11 @@ TEST(Replay, HintsReachTheDaemonOnlyWhenAsked) {
       "steps=300,sessions=4,batch=2,context_min=1024,context_max=2048,topk=8,turn_tokens=16,"
       "pause_steps=20,user_tokens=32,turns=3,shared_prefix_blocks=2,hints=1";
   auto run = [&](const std::string& flags) {
-    const std::string out = (d.dir() / "replay.json").string();
-    const testing::ShellResult r =
-        testing::Shell(std::string(CXLTIER_REPLAY_PATH) + " --attention " + attention +
-                       " --block-bytes 64KiB --socket '" + d.socket() + "' " + flags + " --json '" +
-                       out + "' 2>&1");
+    const ReplayRun r = RunReplay(
+        "--attention " + attention + " --block-bytes 64KiB --socket '" + d.socket() + "' " + flags,
+        (d.dir() / "replay.json").string());
     EXPECT_EQ(r.status, 0) << r.out;
-    std::ifstream in(out);
-    return nlohmann::json::parse(in, nullptr, false);
+    return r.json;
   };
   // The daemon's hint counters (status --json): "requests", "unknown_keys".
   auto hint_status = [&](const char* what) {
@@ -147,21 +160,17 @@ TEST(Replay, AWarmUpIsLeftOutOfTheFigures) {
   // its write, so all of them are on a fast node, whatever the machine.
   std::string nodes;
   for (int n = 0; n < 64; ++n) nodes += " " + std::to_string(n);
-  auto run = [&](const std::string& flags, int* status = nullptr) {
-    const std::string out = dir + "/replay-warmup.json";
-    std::remove(out.c_str());
-    const testing::ShellResult r =
-        testing::Shell(std::string(CXLTIER_REPLAY_PATH) + " --attention " + attention +
-                       " --block-bytes 64KiB --step-ms 5 --fast-nodes" + nodes + " " + flags +
-                       " --json '" + out + "' 2>&1");
-    if (status) *status = r.status;
-    std::ifstream in(out);
-    return std::make_pair(nlohmann::json::parse(in, nullptr, false), r.out);
+  auto run = [&](const std::string& flags) {
+    return RunReplay("--attention " + attention + " --block-bytes 64KiB --step-ms 5 --fast-nodes" +
+                         nodes + " " + flags,
+                     dir + "/replay-warmup.json");
   };
-  const auto [whole, whole_out] = run("");
-  ASSERT_FALSE(whole.is_discarded()) << whole_out;
-  const auto [warm, warm_out] = run("--warmup 0.3");
-  ASSERT_FALSE(warm.is_discarded()) << warm_out;
+  const ReplayRun whole_run = run("");
+  const nlohmann::json& whole = whole_run.json;
+  ASSERT_FALSE(whole.is_discarded()) << whole_run.out;
+  const ReplayRun warm_run = run("--warmup 0.3");
+  const nlohmann::json& warm = warm_run.json;
+  ASSERT_FALSE(warm.is_discarded()) << warm_run.out;
   EXPECT_LT(warm["touches"].get<uint64_t>(), whole["touches"].get<uint64_t>());
   EXPECT_GT(warm["touches"].get<uint64_t>(), 0u);
   EXPECT_LT(warm["steps"].get<uint64_t>(), whole["steps"].get<uint64_t>());
@@ -170,14 +179,13 @@ TEST(Replay, AWarmUpIsLeftOutOfTheFigures) {
   EXPECT_EQ(warm["admitted_fast_share"].get<double>(), 1.0);
   // The series covers the whole run either way.
   EXPECT_EQ(warm["series"].size(), whole["series"].size());
-  int status = 0;
-  const auto [none, none_out] = run("--warmup 1000 --seconds 0.5", &status);
-  EXPECT_NE(status, 0);
-  EXPECT_NE(none_out.find("before its --warmup did"), std::string::npos) << none_out;
+  const ReplayRun none = run("--warmup 1000 --seconds 0.5");
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.out.find("before its --warmup did"), std::string::npos) << none.out;
   // What the daemon is told needs a daemon.
-  const auto [flat, flat_out] = run("--scores flat", &status);
-  EXPECT_NE(status, 0);
-  EXPECT_NE(flat_out.find("need --socket"), std::string::npos) << flat_out;
+  const ReplayRun flat = run("--scores flat");
+  EXPECT_NE(flat.status, 0);
+  EXPECT_NE(flat.out.find("need --socket"), std::string::npos) << flat.out;
 }
 
 TEST(Residency, PresentPagesAreOnANodeAndMissingOnesAreUnknown) {
