@@ -36,9 +36,9 @@ constexpr uint64_t kRegrowth = 64 * kMiB;
 // ASan stage), the hog takes an eighth: the same paths (every admit and
 // release at the protocol's largest, tables grown past their first sizes),
 // checked for memory errors and for another uid's round trips.
-constexpr uint32_t kHogBlocks = kMemoryIsMeasurable ? 1u << 20 : 1u << 17;
-constexpr uint32_t kSlots = kHogBlocks;
-constexpr uint32_t kBlocks = kHogBlocks;  // max_blocks_per_uid's default where measured
+constexpr uint32_t kBlocks =
+    kMemoryIsMeasurable ? 1u << 20 : 1u << 17;  // 1M: max_blocks_per_uid's default
+constexpr uint32_t kSlots = kBlocks;
 
 BlockKey HogKey(uint64_t i) { return BlockKey::FromSequence(669, i); }
 
@@ -50,8 +50,8 @@ struct HogShared {
 };
 
 // The attacker (as kEvil): one client of kSlots slots, a range pool of
-// kBlocks blocks (1M each where memory is measured; address space never touched), every block
-// admitted in the largest admits the protocol takes and observed, then released; then it leaves.
+// kBlocks blocks (address space never touched), every block admitted in the
+// largest admits the protocol takes and observed, then released; then it leaves.
 std::string Hog(const std::string& socket, HogShared* sh) {
   Status st;
   auto c = Client::Connect({socket, kHostileModel, kSlots, "hog"}, &st);
