@@ -224,24 +224,29 @@ Status Client::Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd,
   return wire::Decode(payload, resp);
 }
 
-Status Client::RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id) {
+Status Client::RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id,
+                            std::array<uint64_t, kMaxTiers>* tier_nodes) {
   wire::RegisterPoolOk ok;
   if (Status st = Call(m, wire::MsgType::kRegisterPoolOk, &ok, fd); !st.ok()) return st;
   *pool_id = ok.pool_id;
-  if (m.kind == wire::PoolKind::kRange && ok.new_pages_nodes != 0) {
-    SteerNewPages(m.address, m.length, ok.new_pages_nodes);
+  *tier_nodes = {};
+  if (m.kind == wire::PoolKind::kRange && tiers_ >= 1 && tiers_ <= kMaxTiers &&
+      ok.tier_nodes[tiers_ - 1] != 0) {
+    *tier_nodes = ok.tier_nodes;
+    SteerNewPages(m.address, m.length, ok.tier_nodes[tiers_ - 1]);
   }
   return Status::Ok();
 }
 
-// The daemon's answer for an address-range pool: where its new pages go
-// (the last tier), so that a block reaches tier 0 only by the daemon's
-// planner, within its budget. Policy only (flags 0): pages already written
-// stay where they are, and the daemon moves them. MPOL_PREFERRED_MANY for
-// several nodes; a kernel before 5.15 takes the lowest alone. A policy
-// belongs to the mapping: a range not (wholly) mapped now, or mapped again
-// later, is not steered (mbind fails or is undone), and its pages land where
-// first touched, as without it.
+// The daemon's answer for an address-range pool: where its new pages go,
+// the last tier for the whole range at registration, then each admitted
+// block's tier for its range (Admit), so that tier 0 holds no more than its
+// budget. Policy only (flags 0): pages already written stay where they are,
+// and the daemon moves them. MPOL_PREFERRED_MANY for several nodes; a kernel
+// before 5.15 takes the lowest alone. A policy belongs to the mapping: a
+// range not (wholly) mapped now, or mapped again later, is not steered
+// (mbind fails or is undone), and its pages land where first touched, as
+// without it.
 void Client::SteerNewPages(uint64_t address, uint64_t length, uint64_t nodes) {
   constexpr int kPreferred = 1, kPreferredMany = 5;  // MPOL_* of <linux/mempolicy.h>
   const unsigned long mask = nodes;
@@ -253,6 +258,24 @@ void Client::SteerNewPages(uint64_t address, uint64_t length, uint64_t nodes) {
   }
 }
 
+// An address range's admitted blocks: each block's pages that do not exist
+// yet go to the tier the daemon answered (tier 0 when it placed the block
+// there, within its budget). Write a block after its admission for this to
+// count; one written before was admitted where its pages already are.
+void Client::SteerAdmitted(uint32_t pool_id, std::span<const wire::AdmitEntry> entries,
+                           const std::vector<wire::AdmitResult>& results) {
+  if (pool_id >= pools_.size()) return;
+  const PoolRecord& p = pools_[pool_id];
+  if (p.reg.kind != wire::PoolKind::kRange || p.tier_nodes[0] == 0) return;
+  for (size_t i = 0; i < entries.size() && i < results.size(); ++i) {
+    const unsigned t = TierIndex(results[i].tier);
+    if (entries[i].block_index >= p.reg.blocks || t >= kMaxTiers || p.tier_nodes[t] == 0) continue;
+    const uint64_t at = uint64_t{entries[i].block_index} * p.reg.stride;
+    if (at >= p.reg.length) continue;
+    SteerNewPages(p.reg.address + at, std::min(p.reg.stride, p.reg.length - at), p.tier_nodes[t]);
+  }
+}
+
 Status Client::RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, uint32_t blocks,
                                  uint32_t* pool_id) {
   // The daemon takes only memfds that cannot shrink under its mapping. If
@@ -260,9 +283,10 @@ Status Client::RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, ui
   // says how to fix it.
   (void)fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK);
   const wire::RegisterPool m{wire::PoolKind::kMemfd, 0, length, stride, blocks};
-  if (Status st = RegisterPool(m, memfd, pool_id); !st.ok()) return st;
+  std::array<uint64_t, kMaxTiers> nodes;
+  if (Status st = RegisterPool(m, memfd, pool_id, &nodes); !st.ok()) return st;
   pools_.resize(std::max<size_t>(pools_.size(), *pool_id + 1));
-  pools_[*pool_id] = PoolRecord{m, fcntl(memfd, F_DUPFD_CLOEXEC, 0)};
+  pools_[*pool_id] = PoolRecord{m, fcntl(memfd, F_DUPFD_CLOEXEC, 0), -1, nodes};
   return Status::Ok();
 }
 
@@ -270,9 +294,10 @@ Status Client::RegisterRangePool(const void* address, uint64_t length, uint64_t 
                                  uint32_t blocks, uint32_t* pool_id) {
   const wire::RegisterPool m{wire::PoolKind::kRange, reinterpret_cast<uintptr_t>(address), length,
                              stride, blocks};
-  if (Status st = RegisterPool(m, -1, pool_id); !st.ok()) return st;
+  std::array<uint64_t, kMaxTiers> nodes;
+  if (Status st = RegisterPool(m, -1, pool_id, &nodes); !st.ok()) return st;
   pools_.resize(std::max<size_t>(pools_.size(), *pool_id + 1));
-  pools_[*pool_id] = PoolRecord{m, -1};
+  pools_[*pool_id] = PoolRecord{m, -1, -1, nodes};
   return Status::Ok();
 }
 
@@ -294,6 +319,7 @@ Status Client::Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries
       h.block = part[i].block_index;
       h.slot = ok.results[i].slot;
     }
+    SteerAdmitted(pool_id, part, ok.results);
     all.insert(all.end(), ok.results.begin(), ok.results.end());
     return Status::Ok();
   });
@@ -683,8 +709,9 @@ Status Client::Reconnect(uint64_t* restored) {
   parked_.clear();  // the old daemon's: a lease that still holds one is parked again
   for (uint32_t i = 0; i < pools_.size(); ++i) {
     uint32_t id = 0;
-    Status st = pools_[i].tier >= 0 ? ReimportTierPool(pools_[i], &id)
-                                    : RegisterPool(pools_[i].reg, pools_[i].fd, &id);
+    Status st = pools_[i].tier >= 0
+                    ? ReimportTierPool(pools_[i], &id)
+                    : RegisterPool(pools_[i].reg, pools_[i].fd, &id, &pools_[i].tier_nodes);
     if (!st.ok()) return failed(st);
     if (id != i) {
       return failed(Status::Fail(ErrorCode::kInternal, "pool ids changed on reconnect"));

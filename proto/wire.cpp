@@ -209,7 +209,7 @@ void Fields(Io& io, RegisterPoolOk& m) {
   if constexpr (Io::kReading) {
     if (reserved != 0) io.Fail("reserved bytes must be zero");
   }
-  io.Field(m.new_pages_nodes);
+  for (uint64_t& nodes : m.tier_nodes) io.Field(nodes);
 }
 template <typename Io>
 void Fields(Io& io, CreateTierPool& m) {

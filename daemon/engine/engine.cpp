@@ -123,7 +123,9 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
     if (placed == Tier::kNone) {
-      bool room = tiers_.blocks(0) < capacity_;
+      // Room counts the promotions in flight, which land in tier 0 too: what
+      // tier 0 holds never passes its budget through an admission.
+      bool room = tiers_.blocks(0) + tiers_.in(0) < capacity_;
       if (accounts_.on()) {
         accounts_.ForEach(s,
                           [&room](const Account& a) { room &= a.Projected0() < a.quota.cap[0]; });

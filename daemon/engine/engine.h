@@ -109,7 +109,8 @@ class Engine {
 
   // Admits `key` (idempotent: a known key returns its slot). With persist, a
   // ghost of the key restores its score, count and touch time. In tick mode the
-  // block is placed in tier 0 while that has room, else in tier 1; in demand mode
+  // block is placed in tier 0 while that has room (counting the promotions in
+  // flight), else in the first lower tier with room; in demand mode
   // it is placed by its first touch. `owner` is opaque to the engine: the
   // block's ghost, once released, counts against that owner's ghost share
   // (a ghost of the key is restored whoever owned it). A known key keeps its owner.

@@ -239,6 +239,8 @@ Status PreferNodes(const Mapping& mapping, const std::vector<int>& nodes) {
   return PreferNodesAt(mapping.address(), mapping.length_bytes(), nodes);
 }
 
+Status Migrator::Steer(const PageRange&, const std::vector<int>&) { return Status::Ok(); }
+
 std::vector<size_t> SpreadPages(size_t pages, size_t samples) {
   std::vector<size_t> at;
   if (pages == 0 || samples == 0) return at;
@@ -382,6 +384,11 @@ class LinuxMigrator final : public Migrator {
     }
     if (range.process && !range.process->Alive()) return std::vector<int>(pages.size(), -ESRCH);
     return status;
+  }
+
+  Status Steer(const PageRange& range, const std::vector<int>& nodes) override {
+    if (range.pid != 0 || !range.shared) return Status::Ok();
+    return PreferNodesAt(range.address, range.length, nodes);
   }
 
   // Policy only: the move itself is move_pages' job, and verified.

@@ -149,6 +149,12 @@ class Migrator {
   // 2 MiB block would fault in and query 512 pages. The default thins
   // Where(); the real one touches only the sampled pages.
   virtual std::vector<int> Sample(const PageRange& range, size_t samples);
+  // Where the range's pages that do not exist yet will be faulted: a memory
+  // policy preferring `nodes` (PreferNodes), on this process's shared ranges
+  // only (a memfd pool, through our mapping: the file's shared policy, which
+  // the client's faults follow too). Another process's range is left alone
+  // (its client library sets that policy). The default does nothing.
+  virtual Status Steer(const PageRange& range, const std::vector<int>& nodes);
 };
 
 // The indexes of `samples` pages spread evenly over `pages` (all of them when

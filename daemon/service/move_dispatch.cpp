@@ -28,18 +28,22 @@ Tier MoveDispatch::TierOfNode(int node) const {
   return tier < 0 ? Tier::kFast : TierAt(static_cast<unsigned>(tier));
 }
 
-Tier MoveDispatch::WhereIs(const numa::PageRange& range, Tier absent) const {
+Tier MoveDispatch::WhereIs(const numa::PageRange& range, Tier steered) const {
   std::map<int, size_t> count;
   for (int n : migrator_->Sample(range, kWhereSamples)) {
     if (n >= 0) ++count[n];
   }
-  if (count.empty()) return absent;  // not faulted in yet: it will be, there
+  if (count.empty()) return Tier::kNone;  // not faulted in yet
   const int node = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) {
                      return a.second < b.second;
                    })->first;
-  const std::vector<int>& steered = tiers_.Nodes(TierIndex(absent));
-  if (std::find(steered.begin(), steered.end(), node) != steered.end()) return absent;
+  const std::vector<int>& nodes = tiers_.Nodes(TierIndex(steered));
+  if (std::find(nodes.begin(), nodes.end(), node) != nodes.end()) return steered;
   return TierOfNode(node);
+}
+
+Status MoveDispatch::Steer(const numa::PageRange& range, Tier to) const {
+  return migrator_->Steer(range, tiers_.Nodes(TierIndex(to)));
 }
 
 int MoveDispatch::TargetNode(Tier to) const { return tiers_.Nodes(TierIndex(to)).front(); }
@@ -251,7 +255,15 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
     const SegSlot& o = c->slots[i];
     if (!o.live || o.pool != d.job.pool || o.block != d.job.block) continue;
     const server::Pool& pool = c->pools[o.pool];
-    const Tier actual = WhereIs(pool.Range(o.block), NewPagesTier(pool));
+    const numa::PageRange range = pool.Range(o.block);
+    Tier actual = WhereIs(range, NewPagesTier(pool));
+    if (actual == Tier::kNone) {
+      // No page yet: they go where its admission placed it, whichever
+      // policy the stale move's target left on the range.
+      actual = engine->state(o.engine_slot).tier;
+      if (actual == Tier::kNone) actual = NewPagesTier(pool);
+      (void)Steer(range, actual);
+    }
     spdlog::debug("stale move: slot {} now holds {} (engine {}); kernel says {}, engine says {}", i,
                   o.key.ToString(), o.engine_slot, TierName(actual),
                   TierName(engine->state(o.engine_slot).tier));

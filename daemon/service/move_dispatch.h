@@ -36,12 +36,15 @@ class MoveDispatch {
   // places a block that is mostly on one node, at a fraction of the cost of
   // asking for each page.
   static constexpr size_t kWhereSamples = 8;
-  // Where the kernel has most of `range`'s sampled pages: their tier (`absent` when
-  // none exists yet: where they will be faulted; fast when on a node no tier
-  // names). A node in two tiers, as in a one-node setup, counts in `absent`
-  // when that tier has it (a steered pool's block is placed as if its pages
-  // were new), else in the first.
-  Tier WhereIs(const numa::PageRange& range, Tier absent = Tier::kFast) const;
+  // Where the kernel has most of `range`'s sampled pages: their tier (fast
+  // when on a node no tier names), or kNone when none exists yet. A node in
+  // two tiers, as in a one-node setup, counts in `steered` when that tier has
+  // it (where the pool's new pages go), else in the first.
+  Tier WhereIs(const numa::PageRange& range, Tier steered = Tier::kFast) const;
+  // Sets where `range`'s pages that do not exist yet will be faulted: on
+  // tier `to`'s nodes (numa::Migrator::Steer: a memfd pool's, through our
+  // mapping; an address range's is its client library's to set).
+  Status Steer(const numa::PageRange& range, Tier to) const;
   // `absent` for a pool's blocks: the tier its new pages are steered to, else
   // fast (first touch by the client's CPUs).
   static Tier NewPagesTier(const server::Pool& pool) {

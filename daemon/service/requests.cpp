@@ -114,24 +114,30 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
   }
   // A pool's new pages land in the last tier (which always has room): a
   // memfd's shared policy, set through our mapping; an address range's,
-  // which the client library sets from our answer. A block written from now
-  // on is admitted there, and only the planner puts it in tier 0, within its
-  // budget (docs/operations.md). Each move of a memfd block sets its range's
-  // policy to its target (numa::MakeLinuxMigrator), so a promoted block keeps
-  // faulting in tier 0; a range block's pages stay where moved, and a page
-  // faulted later goes by the client's policy. Not without page moves: no
-  // block could ever leave the last tier.
+  // which the client library sets from our answer. A block admitted before
+  // its pages exist is then placed by the engine, in tier 0 while that has
+  // room under its budget, and its range steered there (OnAdmit); a block
+  // written before its admission is admitted in the last tier, and only the
+  // planner puts it in tier 0 (docs/operations.md). Each move of a memfd
+  // block sets its range's policy to its target (numa::MakeLinuxMigrator),
+  // so a promoted block keeps faulting in tier 0; a range block's pages stay
+  // where moved, and a page faulted later goes by the client's policy. Not
+  // without page moves: no block could ever leave the last tier.
   std::string steered;
-  uint64_t range_nodes = 0;
+  wire::RegisterPoolOk ok;
   const numa::TierAssignment& tiers = d_.moves.tiers();
   const std::vector<int>& last = tiers.Nodes(tiers.count() - 1);
   if (m.kind == wire::PoolKind::kRange && d_.can_migrate) {
-    for (int n : last) {
-      if (n >= 0 && n < 64) range_nodes |= uint64_t{1} << n;
+    for (unsigned t = 0; t < tiers.count() && t < ok.tier_nodes.size(); ++t) {
+      for (int n : tiers.Nodes(t)) {
+        if (n >= 0 && n < 64) ok.tier_nodes[t] |= uint64_t{1} << n;
+      }
     }
-    if (range_nodes != 0) {
+    if (ok.tier_nodes[tiers.count() - 1] != 0) {
       pool.set_new_pages_tier(static_cast<int>(tiers.count() - 1));
       steered = fmt::format(", new pages asked on tier {}", tiers.count() - 1);
+    } else {
+      ok.tier_nodes = {};  // nodes past 63: the client cannot steer them
     }
   }
   if (m.kind == wire::PoolKind::kMemfd && d_.can_migrate) {
@@ -148,12 +154,12 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
                            st.message);
     }
   }
-  const uint32_t id = d_.clients.AddPool(*c, std::move(pool));
+  ok.pool_id = d_.clients.AddPool(*c, std::move(pool));
   d_.ClientInfo(
-      peer, fmt::format("client {} (uid {}): pool {} ({}, {} blocks, {}{})", c->id, peer.uid, id,
-                        m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range", m.blocks,
-                        FormatBytes(m.length), steered));
-  return wire::RegisterPoolOk{id, range_nodes};
+      peer, fmt::format("client {} (uid {}): pool {} ({}, {} blocks, {}{})", c->id, peer.uid,
+                        ok.pool_id, m.kind == wire::PoolKind::kMemfd ? "memfd" : "address range",
+                        m.blocks, FormatBytes(m.length), steered));
+  return ok;
 }
 
 Result<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& peer,
@@ -230,10 +236,8 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
       ok.results.push_back({held, st.tier, 0});
       continue;
     }
-    const Tier where =
-        d_.moves.WhereIs(pool.Range(e.block_index), MoveDispatch::NewPagesTier(pool));
-    const engine::Slot es =
-        d_.engine->Admit(EngineKey(e.key, peer.uid), where, peer.uid, c->account);
+    const engine::Slot es = AdmitPage(*c, pool, e);
+    const Tier where = d_.engine->state(es).tier;
     d_.recorder.Admit(d_.EventTick(), peer.uid, d_.engine->state(es).key, where);
     const uint32_t seg = d_.clients.Bind(*c, es, m.pool_id, e.block_index, e.key);
     WriteBack(*d_.engine, *c, seg);
@@ -243,6 +247,36 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
     ok.results.push_back({seg, where, static_cast<uint8_t>(restored)});
   }
   return ok;
+}
+
+// Page mode: a block whose pages exist is admitted where they are (tier 0
+// may then hold more than its budget: the planner demotes the excess first).
+// One with no page yet, in a pool whose new pages are steered, the engine
+// places (tier 0 while it has room under its budget and the uid's caps,
+// counting the promotions in flight), and its pages are steered there before
+// the client writes them: a memfd's range by us, an address range's by the
+// client library from our answer's tier. Costs a few system calls per entry.
+engine::Slot Requests::AdmitPage(Client& c, const server::Pool& pool, const wire::AdmitEntry& e) {
+  const numa::PageRange range = pool.Range(e.block_index);
+  const Tier steered = MoveDispatch::NewPagesTier(pool);
+  const BlockKey key = EngineKey(e.key, c.peer.uid);
+  if (const Tier found = d_.moves.WhereIs(range, steered); found != Tier::kNone) {
+    return d_.engine->Admit(key, found, c.peer.uid, c.account);
+  }
+  if (pool.new_pages_tier() < 0) {  // not steered: first touch, by the client's CPUs
+    return d_.engine->Admit(key, steered, c.peer.uid, c.account);
+  }
+  const engine::Slot es = d_.engine->Admit(key, c.peer.uid, c.account);
+  const Tier placed = d_.engine->state(es).tier;
+  if (pool.kind() == wire::PoolKind::kMemfd) {
+    if (Status st = d_.moves.Steer(range, placed); !st.ok()) {
+      // Its pages will fault where the pool's policy says: count it there.
+      spdlog::debug("client {}: block {} of pool steered nowhere ({}): admitted in {}", c.id,
+                    e.block_index, st.message, TierName(steered));
+      d_.engine->Relocated(es, steered);
+    }
+  }
+  return es;
 }
 
 // Copy mode: the daemon places each new block (CheckCopyRoom counted the room),

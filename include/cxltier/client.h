@@ -245,6 +245,8 @@ class Client {
     wire::RegisterPool reg;
     int fd = -1;    // our duplicate, for memfd pools
     int tier = -1;  // a tier pool: its tier (tier_pools_ has the rest)
+    // An address range whose blocks we steer: each tier's nodes (RegisterPoolOk).
+    std::array<uint64_t, kMaxTiers> tier_nodes{};
   };
   struct MappedSegment {
     void* base = nullptr;
@@ -274,8 +276,13 @@ class Client {
   // The address of a place in the tier pools; nullptr when it is outside them.
   uint8_t* PlaceAddress(const Location& where) const;
   LeaseEntry* lease_row(uint32_t row) const;
-  Status RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id);
+  // Registers a page-mode pool; *tier_nodes: what SteerAdmitted steers an
+  // address range's blocks to (all 0: nothing).
+  Status RegisterPool(const wire::RegisterPool& m, int fd, uint32_t* pool_id,
+                      std::array<uint64_t, kMaxTiers>* tier_nodes);
   static void SteerNewPages(uint64_t address, uint64_t length, uint64_t nodes);
+  void SteerAdmitted(uint32_t pool_id, std::span<const wire::AdmitEntry> entries,
+                     const std::vector<wire::AdmitResult>& results);
   template <typename Req, typename Resp>
   Status Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd = -1,
               int* recv_fd = nullptr);

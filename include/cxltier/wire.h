@@ -3,6 +3,7 @@
 // and shared by the daemon and the client library.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -30,8 +31,9 @@ enum class HintKind : uint8_t {
 namespace cxltier::wire {
 
 inline constexpr uint32_t kMagic = 0x544c5843;  // "CXLT" as little-endian bytes
-// 2: HelloOk.tiers, tier pools on any tier, imports; 3: RegisterPoolOk.new_pages_nodes
-inline constexpr uint16_t kVersion = 3;
+// 2: HelloOk.tiers, tier pools on any tier, imports; 3: RegisterPoolOk.new_pages_nodes;
+// 4: RegisterPoolOk.tier_nodes (an address range's blocks steered at admission)
+inline constexpr uint16_t kVersion = 4;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
 // Entries of one Admit, Release or Hint at most: each costs the daemon's I/O thread
@@ -103,11 +105,14 @@ struct RegisterPool {
 
 struct RegisterPoolOk {
   uint32_t pool_id = 0;
-  // An address-range pool: the nodes (bit n: node n, nodes 0 to 63) its new
-  // pages should be faulted on, which the client library sets as the
-  // range's memory policy (mbind, MPOL_PREFERRED); 0: leave it. A memfd
-  // pool's policy the daemon sets itself, so it is always 0 for those.
-  uint64_t new_pages_nodes = 0;
+  // An address-range pool: for each tier (below HelloOk.tiers), the nodes
+  // (bit n: node n, nodes 0 to 63) a block there should fault its pages on.
+  // The client library sets them as memory policies (mbind, MPOL_PREFERRED):
+  // the last tier's on the whole range at registration, and each admitted
+  // block's tier's on that block's range when Admit answers. All 0: leave
+  // the policy alone. A memfd pool's the daemon sets itself, so they are
+  // always 0 for those.
+  std::array<uint64_t, kMaxTiers> tier_nodes{};
 };
 
 // Copy mode: one pool per tier, and blocks move between them by copy.

@@ -1753,7 +1753,8 @@ TEST(Engine, DaemonAdmitWherePagesAreThenDemoteTheExcess) {
   e.Touch(e.Find(K(3)), Touch{1, 1, kNever});
   e.Touch(e.Find(K(4)), Touch{1, 1, kNever});
   // Excess first: three of the untouched fast blocks go down, oldest first.
-  std::vector<Move> moves(e.Plan().begin(), e.Plan().end());
+  const auto planned = e.Plan();
+  const std::vector<Move> moves(planned.begin(), planned.end());
   ASSERT_EQ(moves.size(), 3u);
   for (const Move& m : moves) {
     EXPECT_EQ(m.to, Tier::kSlow);
@@ -1764,6 +1765,28 @@ TEST(Engine, DaemonAdmitWherePagesAreThenDemoteTheExcess) {
   for (const Move& m : moves) e.Complete(m, true);
   EXPECT_EQ(e.tier_blocks(Tier::kFast), 2u);
   EXPECT_EQ(e.counters().demotions, 3u);
+}
+
+// A block the engine places at admission (the daemon's, before its pages
+// exist) goes to tier 0 only with room there once the promotions in flight
+// land: tier 0 never holds more than its budget through an admission.
+TEST(Engine, AdmissionLeavesRoomForThePromotionsInFlight) {
+  Engine e(Options(4, Persistence::kPersist, Mode::kTick), P("lru"));
+  const Slot a = e.Admit(K(1), Tier::kSlow);
+  const Slot b = e.Admit(K(2), Tier::kSlow);
+  e.Touch(a, Touch{1, 1, kNever});
+  e.Touch(b, Touch{1, 1, kNever});
+  const auto planned = e.Plan();
+  const std::vector<Move> moves(planned.begin(), planned.end());
+  ASSERT_EQ(moves.size(), 2u);
+  for (const Move& m : moves) ASSERT_EQ(m.to, Tier::kFast);
+  // Not completed: tier 0 holds nothing yet, and two blocks are on their way.
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 0u);
+  EXPECT_EQ(e.state(e.Admit(K(3))).tier, Tier::kFast);
+  EXPECT_EQ(e.state(e.Admit(K(4))).tier, Tier::kFast);
+  EXPECT_EQ(e.state(e.Admit(K(5))).tier, Tier::kSlow);
+  for (const Move& m : moves) e.Complete(m, true);
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 4u);
 }
 
 TEST(Engine, RestoredGhostComesBackOnAdmit) {

@@ -181,9 +181,10 @@ uint64_t ShmemBytes(pid_t pid) {
 // shmem must stay flat however many moves run.
 TEST(HostilePool, ASparsePoolCostsTheDaemonNoMemory) {
   NEED_ROOT();
-  // Room in tier 0 for the whole pool: its blocks, admitted in the last tier
-  // (where a memfd pool's new pages go), are all promoted once touched.
-  HostileDaemon d("[engine]\nblock_bytes = 4096\ntier0_budget = 67108864\nhysteresis_ticks = 0\n");
+  // Room in tier 0 for half the pool: its blocks, admitted with no page
+  // anywhere, fill tier 0 and then count in the last tier; touched, half of
+  // them at a time, the halves swap tiers (moves of holes only).
+  HostileDaemon d("[engine]\nblock_bytes = 4096\ntier0_budget = 33554432\nhysteresis_ticks = 0\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
   const std::string socket = d.socket();
   GoodClient good;
@@ -212,8 +213,7 @@ TEST(HostilePool, ASparsePoolCostsTheDaemonNoMemory) {
       }
       held.insert(held.end(), part.begin(), part.end());
     }
-    // Admitted with no page anywhere, they count in the last tier; touched,
-    // half of them at a time, they are promoted (moves of holes only).
+
     if (std::string m = KeepMoving(*c, held, kMoves); !m.empty()) return m;
     struct stat sb {};
     if (fstat(fd, &sb) != 0) return "fstat";

@@ -27,7 +27,8 @@ namespace cxltier::testing {
 class DaemonProcess {
  public:
   // `extra_toml` is appended to a config with both tiers on node 0 (or the
-  // [tiers] keys `tiers`); `daemon_keys` go into its [daemon] table.
+  // [tiers] keys `tiers`); `daemon_keys` go into its [daemon] table (tick_ms
+  // 20 unless they name it).
   explicit DaemonProcess(const std::string& extra_toml = "", const std::string& dir = "",
                          const std::string& daemon_keys = "",
                          const std::string& tiers = "fast_nodes = [0]\nslow_nodes = [0]\n") {
@@ -40,8 +41,9 @@ class DaemonProcess {
     socket_ = (dir_ / "d.sock").string();
     config_ = (dir_ / "cxltierd.toml").string();
     std::ofstream(config_) << "[daemon]\nsocket = \"" << socket_ << "\"\nstate_dir = \""
-                           << (dir_ / "state").string()
-                           << "\"\ntick_ms = 20\nlog_level = \"info\"\n"
+                           << (dir_ / "state").string() << "\"\nlog_level = \"info\"\n"
+                           << (daemon_keys.find("tick_ms") == std::string::npos ? "tick_ms = 20\n"
+                                                                                : "")
                            << daemon_keys << "\n[tiers]\n"
                            << tiers << "[metrics]\nlisten = \"127.0.0.1:0\"\n"
                            << extra_toml;

@@ -45,11 +45,12 @@ struct MemfdPool {
   int fd = -1;
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
-  explicit MemfdPool(uint32_t blocks) : bytes(blocks * kBlock) {
+  // `written`: every byte written now; else the file is all holes.
+  explicit MemfdPool(uint32_t blocks, bool written = true) : bytes(blocks * kBlock) {
     fd = memfd_create("test-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
     base = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    for (uint64_t i = 0; i < bytes; ++i) base[i] = static_cast<uint8_t>(i * 13);
+    for (uint64_t i = 0; written && i < bytes; ++i) base[i] = static_cast<uint8_t>(i * 13);
   }
   ~MemfdPool() {
     munmap(base, bytes);
@@ -729,6 +730,55 @@ TEST(Daemon, APoolsNewPagesAreSteeredToTheLastTier) {
   EXPECT_EQ(PolicyAt(range), preferred_0) << "address range pool\n" << d.Log();
   EXPECT_EQ(PolicyAt(static_cast<char*>(range) + bytes - 1), preferred_0);
   munmap(range, bytes);
+}
+
+// A block admitted before its pages exist is placed by the engine: in tier
+// 0 while that has room under its budget, then in the last tier, its range
+// steered there (a memfd's by the daemon, an address range's by the client
+// library). One written before its admission is admitted where its pages
+// are: here node 0, which both tiers have, counted in the last tier, where
+// the pool's new pages go. Tier 0 never holds more than its 4 blocks. No
+// tick in the test's time: no planned move changes a tier under it.
+TEST(Daemon, BlocksAdmittedBeforeTheirPagesAreWrittenUseTier0WithinItsBudget) {
+  DaemonProcess d("[engine]\ntier0_budget = \"32KiB\"\n", "", "tick_ms = 60000\n");
+  auto a = Connect(d);
+  auto tier0_blocks = [&] { return StatusOf(d)["tiers"][0]["blocks"].get<uint64_t>(); };
+  for (const bool memfd : {true, false}) {
+    SCOPED_TRACE(memfd ? "memfd pool" : "address range pool");
+    MemfdPool file(8, false);
+    uint8_t* base = file.base;
+    uint32_t id = 0;
+    if (memfd) {
+      ASSERT_TRUE(a->RegisterMemfdPool(file.fd, file.bytes, kBlock, 8, &id).ok());
+    } else {
+      base = static_cast<uint8_t*>(
+          mmap(nullptr, file.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      ASSERT_NE(base, MAP_FAILED);
+      const Status st = a->RegisterRangePool(base, file.bytes, kBlock, 8, &id);
+      ASSERT_TRUE(st.ok()) << st.message;
+    }
+    const uint64_t k0 = memfd ? 0 : 100;
+    std::memset(base, 1, kBlock);  // block 0: written, then admitted
+    std::vector<wire::AdmitResult> res;
+    ASSERT_TRUE(a->Admit(id, std::vector<wire::AdmitEntry>{{K(k0), 0}}, &res).ok());
+    EXPECT_EQ(res.at(0).tier, Tier::kSlow);
+    std::vector<wire::AdmitEntry> fresh;
+    for (uint32_t b = 1; b <= 6; ++b) fresh.push_back({K(k0 + b), b});
+    ASSERT_TRUE(a->Admit(id, fresh, &res).ok());
+    ASSERT_EQ(res.size(), 6u);
+    for (size_t i = 0; i < res.size(); ++i) {
+      EXPECT_EQ(res[i].tier, i < 4 ? Tier::kFast : Tier::kSlow) << "block " << i + 1 << "\n"
+                                                                << d.Log();
+    }
+    for (uint32_t b = 1; b <= 6; ++b) std::memset(base + b * kBlock, 2, kBlock);
+    EXPECT_EQ(tier0_blocks(), 4u);
+    // Released, tier 0 is free for the next pool's blocks.
+    std::vector<BlockKey> keys{K(k0)};
+    for (const wire::AdmitEntry& e : fresh) keys.push_back(e.key);
+    ASSERT_TRUE(a->Release(keys).ok());
+    EXPECT_EQ(tier0_blocks(), 0u);
+    if (!memfd) munmap(base, file.bytes);
+  }
 }
 
 // ---- hostile input ----

@@ -49,8 +49,10 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(rp.blocks, 204u);
 
   EXPECT_EQ(RoundTrip(RegisterPoolOk{3}, MsgType::kRegisterPoolOk).pool_id, 3u);
-  EXPECT_EQ(RoundTrip(RegisterPoolOk{3, 1ull << 63}, MsgType::kRegisterPoolOk).new_pages_nodes,
-            1ull << 63);
+  RegisterPoolOk rpo{3};
+  rpo.tier_nodes[0] = 1;
+  rpo.tier_nodes[kMaxTiers - 1] = 1ull << 63;
+  EXPECT_EQ(RoundTrip(rpo, MsgType::kRegisterPoolOk).tier_nodes, rpo.tier_nodes);
 
   Admit a{2, {{BlockKey{1, 2}, 5}, {BlockKey{3, 4}, 6}}};
   const Admit a2 = RoundTrip(a, MsgType::kAdmit);

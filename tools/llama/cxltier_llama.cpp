@@ -530,10 +530,11 @@ class Pool {
     }
     if (next_index_ >= capacity_) Die("the pool is full");
     const uint32_t index = next_index_++;
-    std::memcpy(base_ + uint64_t{index} * stride_, bytes, block_bytes_);
+    // Admitted before it is written: its pages land where the daemon placed it.
     if (Status st = c_->Admit(pool_id_, {{{key, index}}}, &res); !st.ok()) {
       Die("admit: " + st.message);
     }
+    std::memcpy(base_ + uint64_t{index} * stride_, bytes, block_bytes_);
     const uint32_t slot = res[0].slot;
     if (index_of_slot_.size() <= slot) index_of_slot_.resize(slot + 1, UINT32_MAX);
     index_of_slot_[slot] = index;

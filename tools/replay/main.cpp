@@ -382,6 +382,18 @@ int main(int argc, char** argv) {
           restored += results[k].restored;
         }
       }
+      // Prefill (or loading a block back): the engine writes every byte, as
+      // an engine does once the block is allocated, so its pages land where
+      // the daemon placed it (or, without one, where the kernel puts them).
+      for (uint32_t key : admit_keys) {
+        auto* w = reinterpret_cast<uint64_t*>(pool + uint64_t{live[key].block} * stride);
+        for (uint64_t x = 0; x < words; ++x) w[x] = Word(trace.keys[key], x);
+        if (measuring) {
+          const replay::Residency::Count c = where.Query(w, stride, fast_nodes);
+          admitted_pages += c.fast + c.other + c.unknown;
+          admitted_fast += c.fast;
+        }
+      }
       admit.clear();
       admit_keys.clear();
       // Where the step's touched blocks are, asked of the kernel in one call
@@ -480,14 +492,6 @@ int main(int argc, char** argv) {
         if (free_blocks.empty()) return Fail("the pool is full (the fitted trace prevents that)");
         const uint32_t b = free_blocks.back();
         free_blocks.pop_back();
-        // Prefill (or loading a block back): the engine writes every byte.
-        auto* w = reinterpret_cast<uint64_t*>(pool + uint64_t{b} * stride);
-        for (uint64_t x = 0; x < words; ++x) w[x] = Word(trace.keys[e.key], x);
-        if (measuring) {
-          const replay::Residency::Count c = where.Query(w, stride, fast_nodes);
-          admitted_pages += c.fast + c.other + c.unknown;
-          admitted_fast += c.fast;
-        }
         live[e.key].block = b;
         is_live[e.key] = true;
         fresh[e.key] = true;
