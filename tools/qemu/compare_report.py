@@ -105,6 +105,17 @@ def main():
                 if arm.startswith("cxltier") and not r["admitted_fast_share"] > 0:
                     fail(f"arm {arm} ({shape}, {access}): no admission landed on node 0, "
                          f"though tier 0 had a budget of {budgets[(shape, access)]} bytes")
+                # Tier 0's budget bounds what the pool holds on node 0, from
+                # admission on: at every point of the series, within two
+                # blocks (a promotion may land just before its paired
+                # demotion leaves; the sample is not atomic with the mover).
+                if arm.startswith("cxltier"):
+                    top = max(p["pool_fast_bytes"] for p in r["series"])
+                    bound = budgets[(shape, access)] + 2 * r["block_bytes"]
+                    if top > bound:
+                        fail(f"arm {arm} ({shape}, {access}): the pool held {top} bytes on node 0, "
+                             f"over tier 0's budget of {budgets[(shape, access)]} bytes plus two "
+                             f"blocks")
                 if r.get("stopped_early"):
                     fail(f"arm {arm} ({shape}, {access}) stopped before the end of the trace")
                 # Equal capacity: every arm started with the same memory of
