@@ -4,50 +4,60 @@
 #   tools/qemu/compare.sh [--short] [--shapes "cxl numa"] [--trace SPEC] [--out DIR]
 #                         [--bin DIR] [--cache DIR]
 #
-# One trace (the attention workload, or --trace FILE) is fitted to the pool
-# and replayed by cxltier-replay in every arm, in QEMU guests: no tiering, the
-# kernel's (NUMA balancing mode 2 with demotion, at the default and at one
-# tuned setting), and cxltierd (default policy, and LRU) with the tier-0
-# budget the kernel's default arm kept; for CPU loads and for device reads
-# (O_DIRECT writes to a virtio disk). cxltier-sim gives MIN on the same trace
-# at the same capacity. Results: DIR/report.md (the tables), DIR/comparison-*.png
-# (the fast-tier share over time), DIR/*.jsonl (every figure).
-# --short is the form the README's test command runs: a small trace, to check
-# that every arm runs and its figures parse; it says nothing about who wins.
+# One trace (the attention workload with scheduler hints, or --trace FILE) is
+# fitted to the pool and replayed by cxltier-replay in every arm, in QEMU
+# guests: no tiering, the kernel's (NUMA balancing mode 2 with demotion, at
+# the default and at one tuned setting), and three cxltierd arms (touches
+# only: LRU, flat scores, no persistence; the trace's scores: the default
+# policy; and those with the trace's hints); for CPU loads and for device
+# reads (O_DIRECT writes to a virtio disk). Every arm starts with the same
+# free memory on node 0 (a quarter of the pool's bytes, above the high watermark),
+# which is cxltierd's tier-0 budget. cxltier-sim gives MIN on the same trace
+# at the same capacity. Results: DIR/report.md (the tables),
+# DIR/results.json (one record per kernel, arm, workload and repeat),
+# DIR/comparison-*.png (the fast-tier share over time), DIR/*.jsonl (every
+# figure). --short is the form the README's test command runs: a small
+# trace in the cxl guest, to check that every arm runs and the invariants
+# hold (every kernel arm demoted, every arm had the same room, tier 0 never
+# over its budget); it says nothing about who wins.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"
 CACHE="$ROOT/build/qemu-cache"
 OUT=""
-SHAPES="cxl numa"
+SHAPES=""
 TRACE=""
 SHORT=0
+WORKLOAD=
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) SHORT=1; shift ;;
     --shapes) SHAPES=$2; shift 2 ;;
     --trace) TRACE=$2; shift 2 ;;
+    --workload) WORKLOAD=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 
-# The two sizes. A locked balloon leaves FREE bytes of node 0 free above its
-# high watermark; the pool is several times that. The full run paces every
-# arm at one step per STEP_MS at least (a decode step of a serving engine):
-# the kernel's scanner and cxltierd's ticks run on wall time, so an arm that
-# ran faster would get fewer scans or ticks per step of the same work.
-BLOCK=16384
+# The two sizes. A locked balloon leaves a quarter of the pool's bytes of node 0
+# free above its high watermark (FREE, set below from the fitted trace). The
+# full run paces every arm at one step per STEP_MS at least (a decode step of
+# a serving engine): the kernel's scanner and cxltierd's ticks run on wall
+# time, so an arm that ran faster would get fewer scans or ticks per step of
+# the same work.
 if [ "$SHORT" = 1 ]; then
-  ATTENTION="steps=120,sessions=4,batch=2,context_min=4096,context_max=8192,topk=8,turn_tokens=16,pause_steps=15,user_tokens=64,turns=4,shared_prefix_blocks=8,release_on_pause=0.5"
-  FREE=$((1 << 20)) STEP_MS=0 MEMORY=768 TIMEOUT=1200
+  ATTENTION="steps=120,sessions=4,batch=2,context_min=4096,context_max=8192,topk=8,turn_tokens=16,pause_steps=15,user_tokens=64,turns=4,shared_prefix_blocks=8,release_on_pause=0.5,hints=1"
+  BLOCK=65536 STEP_MS=100 MEMORY=768 TIMEOUT=1800 ACCESS=cpu
+  SHAPES=${SHAPES:-cxl}
   OUT=${OUT:-$ROOT/build/compare-short}
 else
-  ATTENTION="steps=400,sessions=8,batch=4,context_min=4096,context_max=8192,topk=16,turn_tokens=64,pause_steps=60,user_tokens=128,turns=4,shared_prefix_blocks=16,release_on_pause=0.3"
-  FREE=$((1 << 20)) STEP_MS=50 MEMORY=1024 TIMEOUT=7200
+  ATTENTION="steps=400,sessions=8,batch=4,context_min=4096,context_max=8192,topk=16,turn_tokens=64,pause_steps=60,user_tokens=128,turns=4,shared_prefix_blocks=16,release_on_pause=0.3,hints=1"
+  BLOCK=16384 STEP_MS=50 MEMORY=1024 TIMEOUT=7200 ACCESS="cpu device"
+  SHAPES=${SHAPES:-cxl numa}
   OUT=${OUT:-$ROOT/build/compare}
 fi
 for b in cxltier-replay cxltier-sim cxltierd; do
@@ -61,6 +71,9 @@ rm -f "$OUT"/*.jsonl "$OUT"/console-*.log
 if [ -n "$TRACE" ]; then src=(--trace "$TRACE"); else src=(--attention "$ATTENTION"); fi
 "$BIN/cxltier-replay" "${src[@]}" --block-bytes $BLOCK --write-trace "$OUT/trace.bin" > "$OUT/trace.json"
 echo "compare.sh: trace $(cat "$OUT/trace.json")"
+pool_blocks=$(sed -n 's/.*"pool_blocks":\([0-9]*\).*/\1/p' "$OUT/trace.json")
+FREE=$((pool_blocks * BLOCK / 4))
+[ -n "$WORKLOAD" ] || { [ -n "$TRACE" ] && WORKLOAD=$(basename "${TRACE#*:}") || WORKLOAD=attention; }
 DISK="$CACHE/compare-disk.raw"
 rm -f "$DISK" && truncate -s 64M "$DISK"
 
@@ -71,7 +84,7 @@ for shape in $SHAPES; do
     --disk "$DISK" --timeout $TIMEOUT --append rootfstype=ramfs \
     --file "$OUT/trace.bin:/root/trace.bin" \
     --file "$ROOT/tools/qemu/compare_guest.sh:/bin/compare_guest.sh" \
-    --run "sh /bin/compare_guest.sh $shape /root/trace.bin $BLOCK $FREE $STEP_MS" \
+    --run "sh /bin/compare_guest.sh $shape /root/trace.bin $BLOCK $FREE $STEP_MS '$ACCESS'" \
     > "$OUT/console-$shape.log" 2>&1 || rc=$?
   grep -a '^COMPARE-RESULT ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/results.jsonl" || true
   grep -a '^COMPARE-BUDGET ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/budgets.jsonl" || true
@@ -83,4 +96,5 @@ for shape in $SHAPES; do
     exit 1
   fi
 done
-python3 "$ROOT/tools/qemu/compare_report.py" --out "$OUT" --bin "$BIN" --shapes "$SHAPES"
+python3 "$ROOT/tools/qemu/compare_report.py" --out "$OUT" --bin "$BIN" --shapes "$SHAPES" \
+  --access "$ACCESS" --workload "$WORKLOAD"

@@ -4,9 +4,10 @@
 # kinds, on the same fitted trace. Each arm's result is one line on the
 # console, "COMPARE-RESULT <json>".
 #
-# Usage (in the guest): compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS
+# Usage (in the guest): compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS [ACCESS]
+# ACCESS: the access kinds to run, "cpu device" unless given.
 set -e
-SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5
+SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5 ACCESS=${6:-cpu device}
 SOCK=/run/cxltierd/cxltierd.sock
 DISK=/dev/vda
 RATE_MIB_S=1024  # the daemon's default migration rate; the tuned kernel promotes no faster
@@ -38,6 +39,10 @@ fi
 # MiB on any machine, as much as the whole KV pool here (a host's hundreds of
 # GiB make them a rounding error). 4 MiB, and the low-to-high gap 1 MiB.
 echo 4096 > /proc/sys/vm/min_free_kbytes
+# Pages freed go to per-CPU lists first, where the zone's free count does not
+# see them: hundreds of KiB on a small guest, so the balloon could not set the
+# free memory every arm starts with to within 1%. Keep those lists short.
+echo 100000 > /proc/sys/vm/percpu_pagelist_high_fraction || fail "percpu_pagelist_high_fraction"
 echo "== $SHAPE guest: kernel $(uname -r), nodes $(cat /sys/devices/system/node/online)"
 for t in /sys/devices/virtual/memory_tiering/memory_tier*; do
   [ -d "$t" ] && echo "   $(basename "$t"): nodes $(cat "$t/nodelist")"
@@ -64,9 +69,31 @@ kernel_knobs() {  # numa_balancing demotion rate_limit scan_delay scan_min scan_
 }
 # The kernel's defaults in 6.1 (rate limit 65536 MB/s, scans after 1 s, every 1 to 60 s).
 KERNEL_DEFAULTS="65536 1000 1000 60000"
-defaults() { kernel_knobs 0 false $KERNEL_DEFAULTS; }
+# Demotion on in every arm: the CXL node is movable memory, so the kernel's
+# own allocations (page tables, slab) have only node 0, and with the pool
+# filling node 0's free room and nothing else to reclaim (no swap, a ramfs
+# root) they would end in the OOM killer. So reclaim may demote in every arm,
+# cxltierd's too (counted: pgdemote); only NUMA balancing's promotion differs.
+defaults() { kernel_knobs 0 true $KERNEL_DEFAULTS; }
 
-start_daemon() {  # policy budget_bytes
+# kswapd gives a node up after 16 runs that reclaim nothing (kswapd_failures,
+# MAX_RECLAIM_RETRIES): then it is not woken until some reclaim on the node
+# succeeds. An arm without demotion (no swap here, and a ramfs root) leaves
+# node 0 so, and a kernel arm after it would never demote: its allocations
+# fall back to node 1 before direct reclaim could. Reclaiming a little
+# through the root cgroup's memory.reclaim, with demotion on, succeeds (it
+# demotes) and wakes kswapd's accounting up again. Before every arm.
+mkdir -p /sys/fs/cgroup
+[ -f /sys/fs/cgroup/memory.reclaim ] || mount -t cgroup2 none /sys/fs/cgroup || fail "mount cgroup2"
+[ -f /sys/fs/cgroup/memory.reclaim ] || fail "no memory.reclaim in the root cgroup"
+revive_kswapd() {
+  was=$(cat /sys/kernel/mm/numa/demotion_enabled)
+  echo true > /sys/kernel/mm/numa/demotion_enabled
+  echo 2M > /sys/fs/cgroup/memory.reclaim 2>/dev/null || echo "   memory.reclaim: reclaimed less than 2 MiB"
+  echo "$was" > /sys/kernel/mm/numa/demotion_enabled
+}
+
+start_daemon() {  # policy budget_bytes persist
   policy_line=""
   [ "$1" != default ] && policy_line="policy = \"$1\""
   cat > /etc/cxltierd.toml <<CONF
@@ -76,6 +103,7 @@ state_dir = "/var/lib/cxltierd"
 [engine]
 $policy_line
 tier0_budget = $2
+persist = $3
 [metrics]
 enabled = false
 CONF
@@ -94,17 +122,25 @@ stop_daemon() {
 run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
   name=$1 access=$2
   shift 2
+  revive_kswapd
   echo "== arm $name, $access reads ($(date +%T))"
   out=/tmp/arm-$name-$access.json
   cxltier-replay --trace "bin:$TRACE" --block-bytes "$BLOCK" --fast-free "$ARM_FREE" \
     --access "$access" --device "$DISK" --device-io $DEVICE_IO --step-ms "$STEP_MS" --arm "$name" \
     --json "$out" "$@" ||
     fail "arm $name ($access)"
-  echo "COMPARE-RESULT {\"shape\":\"$SHAPE\",\"lower_tier\":$LOWER_TIER,\"result\":$(cat "$out")}"
+  echo "COMPARE-RESULT {\"shape\":\"$SHAPE\",\"kernel\":\"$(uname -r)\",\"lower_tier\":$LOWER_TIER,\"result\":$(cat "$out")}"
 }
 
-for access in cpu device; do
-  ARM_FREE=$FREE
+# The same landing room for every arm: the balloon leaves FREE bytes of node
+# 0 free above its high watermark at the start of each, and cxltierd's tier-0
+# budget is those bytes (in whole blocks). The kernel may also run node 0
+# down into its watermarks before kswapd demotes; cxltierd does not reclaim.
+ARM_FREE=$FREE
+budget=$((FREE / BLOCK * BLOCK))
+[ "$budget" -gt 0 ] || fail "FREE ($FREE) is less than a block"
+for access in $ACCESS; do
+  echo "COMPARE-BUDGET {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"tier0_budget\":$budget}"
   defaults
   run_arm none "$access"
   kernel_knobs 2 true $KERNEL_DEFAULTS
@@ -113,22 +149,19 @@ for access in cpu device; do
   # cxltierd may migrate (its default rate).
   kernel_knobs 2 true $RATE_MIB_S 100 100 1000
   run_arm kernel-tuned "$access"
-  # Equal capacity: cxltierd's tier-0 budget is what the kernel kept of the
-  # pool on node 0 in the second half of its default arm. The kernel kept it
-  # by running node 0 down into its watermarks (reclaim demotes from there);
-  # cxltierd does not reclaim, so its balloon leaves that budget free above
-  # the high watermark on top of FREE: every arm has FREE for everything but
-  # the pool, and the pool gets the same bytes of node 0.
-  budget=$(sed -n 's/.*"pool_fast_bytes_steady":\([0-9]*\).*/\1/p' /tmp/arm-kernel-$access.json)
-  budget=$((${budget:-0} / BLOCK * BLOCK))
-  [ "$budget" -gt 0 ] || fail "the kernel arm kept less than a block on node 0"
-  echo "COMPARE-BUDGET {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"tier0_budget\":$budget}"
   defaults
-  ARM_FREE=$((FREE + budget))
-  for policy in default lru; do
-    start_daemon $policy $budget
-    run_arm cxltier-$policy "$access" --socket "$SOCK" --daemon-pid $DAEMON
-    stop_daemon
-  done
+  # What the information buys (issue 34): (a) every touch, nothing more: LRU,
+  # one flat score per touch, no state kept across re-admissions; (b) the
+  # trace's scores and the default policy with persistence; (c) (b) and the
+  # trace's scheduler hints.
+  start_daemon lru $budget false
+  run_arm cxltier-touches "$access" --socket "$SOCK" --daemon-pid $DAEMON --scores flat
+  stop_daemon
+  start_daemon default $budget true
+  run_arm cxltier-scores "$access" --socket "$SOCK" --daemon-pid $DAEMON
+  stop_daemon
+  start_daemon default $budget true
+  run_arm cxltier-hints "$access" --socket "$SOCK" --daemon-pid $DAEMON --hints
+  stop_daemon
 done
 echo "COMPARE DONE ($SHAPE)"

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """The tables and plots of docs/comparison.md, from tools/qemu/compare.sh's output.
 
-  compare_report.py --out DIR --bin BUILD/bin [--shapes "cxl numa"]
+  compare_report.py --out DIR --bin BUILD/bin [--shapes "cxl numa"] [--workload NAME]
 
 Reads DIR/trace.json, DIR/results.jsonl (one arm per line) and
 DIR/budgets.jsonl (the tier-0 budget each shape and access kind gave
 cxltierd), runs cxltier-sim for MIN (and the daemon's policies) on DIR/trace.bin
-at that capacity, and writes DIR/report.md and DIR/comparison-SHAPE.png. Fails,
-naming what is missing, unless every arm of every shape and access kind ran
-and reported its figures.
+at that capacity, and writes DIR/report.md, DIR/results.json (one record per
+kernel, shape, access kind, arm, workload and repeat) and
+DIR/comparison-SHAPE.png. Fails, naming what is missing, unless every arm of
+every shape and access kind ran and reported its figures, and the
+comparison's invariants held: every arm started with the same free memory on
+node 0 (within 2%), every kernel arm with a lower tier to demote to demoted,
+and no cxltierd arm held more of the pool on node 0 than its budget.
 """
 import argparse
 import json
@@ -17,7 +21,7 @@ import platform
 import subprocess
 import sys
 
-ARMS = ["none", "kernel", "kernel-tuned", "cxltier-default", "cxltier-lru"]
+ARMS = ["none", "kernel", "kernel-tuned", "cxltier-touches", "cxltier-scores", "cxltier-hints"]
 ACCESS = ["cpu", "device"]
 NEEDED = ["fast_share", "fast_share_retouch", "touched_bytes", "touches", "seconds", "pool_fast_bytes_steady",
           "admitted_fast_share", "series"]
@@ -25,9 +29,9 @@ MIB = 1 << 20
 # cxltier-sim's default model (llama3-70b) stores 320 KiB a token: its budget
 # is in bytes of blocks of the trace's tokens.
 SIM_BYTES_PER_TOKEN = 320 << 10
-# The balloon settles within 256 KiB of its target; a little more for the
-# kernel's own allocations between the settling and the first touch.
-SETTLE_SLACK = 512 << 10
+# Every arm starts within 1% of the free memory it asks for (the balloon's
+# slack, cxltier-replay's Balloon::Inflate), so within 2% of each other.
+START_SLACK = 0.02
 
 
 def fail(msg):
@@ -73,16 +77,23 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--bin", required=True)
     ap.add_argument("--shapes", default="cxl numa")
+    ap.add_argument("--access", default="cpu device")
+    ap.add_argument("--workload", default="attention")
+    ap.add_argument("--repeat", type=int, default=0)
     a = ap.parse_args()
     shapes = a.shapes.split()
+    global ACCESS
+    ACCESS = a.access.split()
     with open(os.path.join(a.out, "trace.json")) as f:
         trace = json.load(f)
     results = {}
     lower_tier = {}
+    kernel = {}
     for line in load_lines(os.path.join(a.out, "results.jsonl")):
         r = line["result"]
         results[(line["shape"], r["access"], r["arm"])] = r
         lower_tier[line["shape"]] = line.get("lower_tier")
+        kernel[line["shape"]] = line.get("kernel", "?")
     budgets = {(b["shape"], b["access"]): b["tier0_budget"]
                for b in load_lines(os.path.join(a.out, "budgets.jsonl"))}
     for shape in shapes:
@@ -118,18 +129,29 @@ def main():
                              f"blocks")
                 if r.get("stopped_early"):
                     fail(f"arm {arm} ({shape}, {access}) stopped before the end of the trace")
-                # Equal capacity: every arm started with the same memory of
-                # node 0 free above its high watermark but the pool's budget.
+                # The same landing room: every arm started with the same
+                # memory of node 0 free above its high watermark.
                 want = r["fast_free_target"]
                 got = r["fast_above_high_at_start"]
-                if abs(got - want) > SETTLE_SLACK:
+                if want // r["block_bytes"] * r["block_bytes"] != budgets[(shape, access)]:
+                    fail(f"arm {arm} ({shape}, {access}): asked for {want} bytes free on node 0, "
+                         f"not tier 0's budget of {budgets[(shape, access)]}")
+                if abs(got - want) > START_SLACK * want:
                     fail(f"arm {arm} ({shape}, {access}): node 0 had {got} bytes free above its "
-                         f"high watermark at the start, not {want}")
+                         f"high watermark at the start, not {want} (within 2%)")
+                # The kernel at work: with a lower tier, every kernel arm
+                # demoted (kswapd or direct reclaim) and promoted candidates.
+                if arm.startswith("kernel") and lower_tier.get(shape):
+                    k = r["kernel"]
+                    if k["pgdemote_kswapd"] + k["pgdemote_direct"] == 0:
+                        fail(f"arm {arm} ({shape}, {access}): the kernel demoted nothing "
+                             f"(pgdemote_kswapd and pgdemote_direct 0)")
 
     trace_bin = os.path.join(a.out, "trace.bin")
     sim_bin = os.path.join(a.bin, "cxltier-sim")
     sim_block = SIM_BYTES_PER_TOKEN * trace["block_tokens"]
     md = []
+    records = []
     md.append(f"Trace: {trace['touches']:,} touches of {trace['keys']:,} blocks "
               f"({trace['admissions']:,} admissions, {trace['readmissions']:,} of them "
               f"re-admissions), pool {trace['pool_blocks']:,} blocks.")
@@ -139,7 +161,7 @@ def main():
     for shape in shapes:
         any_r = results[(shape, "cpu", "none")]
         block = any_r["block_bytes"]
-        md.append(f"### {shape} guest: pool {mib(any_r['pool_bytes'])} MiB of "
+        md.append(f"### {shape} guest (kernel {kernel[shape]}): pool {mib(any_r['pool_bytes'])} MiB of "
                   f"{block // 1024} KiB blocks; the balloon leaves node 0 "
                   f"{mib(any_r['fast_free_target'])} MiB free above its high watermark "
                   f"({mib(any_r['fast_high_watermark'])} MiB)")
@@ -152,17 +174,20 @@ def main():
         for access in ACCESS:
             budget = budgets[(shape, access)]
             blocks = budget // block
-            policy = results[(shape, access, "cxltier-default")]["daemon"].get("policy") or "lfu"
+            policy = results[(shape, access, "cxltier-scores")]["daemon"].get("policy") or "lfu"
             sim = simulate(sim_bin, trace_bin, blocks, sim_block, ["min", "lru", policy])
-            md.append(f"**{access} reads**; equal capacity: {mib(budget)} MiB ({blocks} blocks) "
-                      f"of the pool on node 0, what the kernel kept there")
+            md.append(f"**{access} reads**; the same landing room: every arm starts with "
+                      f"{mib(budget)} MiB ({blocks} blocks) of node 0 free above its high "
+                      f"watermark, cxltierd's tier-0 budget (the kernel may also use the "
+                      f"watermarks' room before kswapd demotes)")
             md.append("")
             md.append("| arm | re-touched bytes on node 0 | all touched bytes on node 0 | "
                       "admitted bytes written on node 0 | "
-                      "promoted MiB | demoted MiB | hint faults | replay CPU user / sys s | "
-                      "kswapd s | cxltierd s | client calls s | pool on node 0, 2nd half, MiB | "
+                      "promoted MiB | demoted MiB | hint faults | promotion candidates / "
+                      "successes | replay CPU user / sys s | "
+                      "kswapd s | cxltierd s | client calls s | pool on node 0, 2nd half / max, MiB | "
                       "run s |")
-            md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for arm in ARMS:
                 r = results[(shape, access, arm)]
                 k, c = r["kernel"], r["cpu"]
@@ -173,25 +198,63 @@ def main():
                 else:
                     prom, dem = k["promoted_bytes"], k["demoted_bytes"]
                     name = arm
+                records.append({
+                    "kernel": kernel[shape], "shape": shape, "access": access, "arm": arm,
+                    "workload": a.workload, "repeat": a.repeat, "seconds": r["seconds"],
+                    "measured_seconds": r.get("measured_s", r["seconds"]),
+                    "node0_free_bytes_start": r["fast_above_high_at_start"],
+                    "tier0_budget_bytes": budget,
+                    "retouched_node0_share": r["fast_share_retouch"],
+                    "touched_node0_share": r["fast_share"],
+                    "admitted_node0_share": r["admitted_fast_share"],
+                    "node0_pool_bytes_max": max(p["pool_fast_bytes"] for p in r["series"]),
+                    "promoted_bytes": prom, "demoted_bytes": dem,
+                    "pgdemote": k["pgdemote_kswapd"] + k["pgdemote_direct"],
+                    "pgpromote_candidate": k["pgpromote_candidate"],
+                    "pgpromote_success": k["pgpromote_success"],
+                    # Every CPU second of the run: the replay (the workload
+                    # and, in its system time, the kernel's hint faults and
+                    # migrations), cxltierd, kswapd and kdamond.
+                    "cpu_seconds": c["replay_user_s"] + c["replay_system_s"] + c["daemon_s"] +
+                    c["kswapd_s"] + c.get("kdamond_s", 0.0),
+                    "cpu": c,
+                    "read_us_per_step_emulated": r.get("read_us_per_step"),
+                })
                 md.append(f"| {name} | **{pct(r['fast_share_retouch'])}** | "
                           f"{pct(r['fast_share'])} | {pct(r['admitted_fast_share'])} | "
                           f"{mib(prom)} | {mib(dem)} | "
-                          f"{k['numa_hint_faults']:,} | {c['replay_user_s']:.1f} / "
+                          f"{k['numa_hint_faults']:,} | "
+                          f"{k['pgpromote_candidate']:,} / {k['pgpromote_success']:,} | "
+                          f"{c['replay_user_s']:.1f} / "
                           f"{c['replay_system_s']:.1f} | {c['kswapd_s']:.1f} | "
                           f"{c['daemon_s']:.1f} | {c['client_calls_s']:.2f} | "
-                          f"{mib(r['pool_fast_bytes_steady'])} | {r['seconds']:.0f} |")
+                          f"{mib(r['pool_fast_bytes_steady'])} / "
+                          f"{mib(records[-1]['node0_pool_bytes_max'])} | {r['seconds']:.0f} |")
             for p in ["min", "lru", policy]:
                 row = sim[p]
                 # The simulator counts an admission's first touch in no tier.
                 retouch = row["hits"] / max(1, row["touches"] - row["admits"])
+                if p == "min":
+                    records.append({
+                        "kernel": "-", "shape": shape, "access": access, "arm": "min",
+                        "workload": a.workload, "repeat": a.repeat, "seconds": 0,
+                        "simulated": True, "node0_free_bytes_start": budget,
+                        "tier0_budget_bytes": budget, "retouched_node0_share": retouch,
+                        "promoted_bytes": row["promoted_bytes"] * block // sim_block,
+                        "demoted_bytes": row["demoted_bytes"] * block // sim_block,
+                        "cpu_seconds": 0,
+                    })
                 md.append(f"| cxltier-sim {p} (demand) | {pct(retouch)} | - | - | "
                           f"{mib(row['promoted_bytes'] * block // sim_block)} | "
-                          f"{mib(row['demoted_bytes'] * block // sim_block)} | - | - | - | - | - | "
+                          f"{mib(row['demoted_bytes'] * block // sim_block)} | - | - | - | - | - | - | "
                           f"{mib(blocks * block)} | - |")
             md.append("")
         md.append(f"![fast-tier share over time, {shape} guest](img/comparison-{shape}.png)")
         md.append("")
         plot(a.out, shape, results)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(records, f, indent=1)
+        f.write("\n")
     report = "\n".join(md) + "\n"
     with open(os.path.join(a.out, "report.md"), "w") as f:
         f.write(report)

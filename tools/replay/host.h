@@ -19,9 +19,13 @@ std::map<std::string, uint64_t> ReadVmstat();
 // demotion on, demotes), summed over its zones but DMA (/proc/zoneinfo), in
 // bytes: ZONE_DMA's free pages are kept for DMA allocations by its lowmem
 // reserve, and user memory never gets them.
+// A node's zones, from /proc/zoneinfo: free pages (on the free lists and the
+// per-CPU lists) and high watermarks.
 struct ZoneMemory {
   uint64_t free = 0, high = 0;
-  uint64_t above_high = 0;  // the sum over the zones of what each has free above its own high
+  // The sum over the zones of what each has free above its own high
+  // watermark and its reserve against user pages (ZONE_DMA's protection).
+  uint64_t above_high = 0;
 };
 ZoneMemory NodeUserZones(int node);  // all 0 for a node that is not there
 
@@ -72,8 +76,9 @@ class Balloon {
   // Returns "" or what went wrong. Inflating can wake kswapd (and, with
   // demotion on, make it demote), which frees more than it took: the balloon
   // grows and shrinks until the node's free memory above the high watermark
-  // is within 256 KiB of the target and stays so for a round; an error if it
-  // has not after 50 rounds of 100 ms.
+  // is within 1% of the target (32 KiB at least) and stays so for a round;
+  // an error if it has not after 150 rounds of 100 ms (kswapd may still be
+  // demoting after the arm before).
   std::string Inflate(int node, uint64_t free_bytes);
   uint64_t bytes() const;
 
