@@ -183,7 +183,7 @@ CONF
 }
 [ "$SHAPE" = cxl ] && budget_bound
 
-echo "== $SHAPE guest: nodes $(cat /sys/devices/system/node/online), node 1 CPUs: '$(cat /sys/devices/system/node/node1/cpulist 2>/dev/null)'"
+echo "== $SHAPE guest: kernel $(uname -r), nodes $(cat /sys/devices/system/node/online), node 1 CPUs: '$(cat /sys/devices/system/node/node1/cpulist 2>/dev/null)'"
 start_daemon
 grep -q "tiers: auto" /tmp/cxltierd.log || fail "the daemon did not pick tiers itself"
 cxltierctl --socket "$SOCK" tiers | tee /tmp/tiers.txt
