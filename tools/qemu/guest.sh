@@ -156,8 +156,11 @@ INITRD="$CACHE/initrd-$SHAPE.gz"
 HALF=$((MEMORY / 2))
 CPU=max
 if [ "$KERNEL" = 6.12 ] && [ "$HAS_CXL" = 1 ]; then
-  # Needed by 6.12 for the emulated CXL device (docs/testing.md says what
-  # happens without them); 6.1 boots as before.
+  # 6.12 only (6.1 boots as before). Without pcie_ports=compat the PCIe port
+  # services claim the CXL root ports and no memdev comes up (`cxl list -M`
+  # is empty); with it but with the hypervisor CPUID bit, committing the
+  # region fails ("Failed to synchronize CPU cache state": 6.12 will not
+  # invalidate CPU caches for a region in a guest). Seen 2026-12-05.
   CPU=max,hypervisor=off
   APPEND="pcie_ports=compat $APPEND"
 fi
