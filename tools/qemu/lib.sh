@@ -40,7 +40,7 @@ fetch_kernel() {
   [ -d "$MODDIR" ] || MODDIR="$kdir/root/usr/lib/modules/$KVER"
   [ -d "$MODDIR" ] || die "no modules for $KVER in $kdir"
   [ -f "$VMLINUZ" ] || die "no kernel image in $kdir"
-  echo "guest.sh: kernel $KVER" >&2
+  echo "${0##*/}: kernel $KVER" >&2
 }
 
 # fetch_trixie_kernel CACHE: sets kpkg to the package Debian 13's
@@ -73,10 +73,10 @@ fetch_trixie_kernel() {
     kpkg=$(stanza linux-image-amd64 | sed -n 's/^Depends: \(linux-image-[0-9][^ ,]*\).*/\1/p')
     [ -n "$kpkg" ] || die "trixie's linux-image-amd64 depends on no linux-image-* package"
   else
-    kpkg=$(cd "$cache" && ls -d linux-image-6.12.*/.unpacked 2>/dev/null | sort -V | tail -n 1)
+    kpkg=$(cd "$cache" && ls -d linux-image-6.12.*/.unpacked 2>/dev/null | sort -V | tail -n 1) || true
     kpkg=${kpkg%/.unpacked}
     [ -n "$kpkg" ] || die "cannot reach $TRIXIE_MIRROR ($(cat "$idx/curl.err")) and no 6.12 kernel is cached"
-    echo "guest.sh: cannot reach $TRIXIE_MIRROR; using the cached $kpkg" >&2
+    echo "${0##*/}: cannot reach $TRIXIE_MIRROR; using the cached $kpkg" >&2
   fi
   case "$kpkg" in linux-image-6.12.*-amd64) ;; *) die "trixie's linux-image-amd64 is $kpkg, not a 6.12 kernel" ;; esac
   local kdir="$cache/$kpkg"
@@ -85,7 +85,7 @@ fetch_trixie_kernel() {
   sha=$(stanza "$kpkg" | sed -n 's/^SHA256: //p')
   [ -n "$file" ] && [ -n "$sha" ] || die "trixie's index has no Filename/SHA256 for $kpkg"
   rm -rf "$kdir" && mkdir -p "$kdir/dl"
-  echo "guest.sh: fetching $file" >&2
+  echo "${0##*/}: fetching $file" >&2
   curl -sSfL --retry 2 -o "$kdir/dl/k.deb" "$TRIXIE_MIRROR/$file" || die "cannot fetch $TRIXIE_MIRROR/$file"
   echo "$sha  $kdir/dl/k.deb" | sha256sum -c --status || die "$file: SHA256 mismatch"
   dpkg -x "$kdir/dl/k.deb" "$kdir/root"
