@@ -2,7 +2,7 @@
 # cxltier against the kernel's own tiering, on the same work (docs/comparison.md).
 #
 #   tools/qemu/compare.sh [--short] [--shapes "cxl numa"] [--trace SPEC] [--out DIR]
-#                         [--bin DIR] [--cache DIR]
+#                         [--bin DIR] [--cache DIR] [--kernel 6.1|6.12]
 #
 # One trace (the attention workload with scheduler hints, or --trace FILE) is
 # fitted to the pool and replayed by cxltier-replay in every arm, in QEMU
@@ -20,6 +20,7 @@
 # trace in the cxl guest, to check that every arm runs and the invariants
 # hold (every kernel arm demoted, every arm had the same room, tier 0 never
 # over its budget); it says nothing about who wins.
+# --kernel is guest.sh's: the guests' kernel (6.1, Debian 12's, by default).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"
@@ -29,6 +30,7 @@ SHAPES=""
 TRACE=""
 SHORT=0
 WORKLOAD=
+KERNEL=6.1
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) SHORT=1; shift ;;
@@ -38,7 +40,8 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --kernel) KERNEL=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -81,7 +84,7 @@ for shape in $SHAPES; do
   start=$SECONDS
   rc=0
   bash "$ROOT/tools/qemu/guest.sh" --shape "$shape" --memory $MEMORY --bin "$BIN" --cache "$CACHE" \
-    --disk "$DISK" --timeout $TIMEOUT --append rootfstype=ramfs \
+    --kernel "$KERNEL" --disk "$DISK" --timeout $TIMEOUT --append rootfstype=ramfs \
     --file "$OUT/trace.bin:/root/trace.bin" \
     --file "$ROOT/tools/qemu/compare_guest.sh:/bin/compare_guest.sh" \
     --run "sh /bin/compare_guest.sh $shape /root/trace.bin $BLOCK $FREE $STEP_MS '$ACCESS'" \

@@ -6,7 +6,7 @@
 #
 #   tools/qemu/guest.sh --shape numa|hmat|cxl [--run 'CMD'] [--shell] [--file SRC:DST]...
 #                       [--bin DIR] [--cache DIR] [--memory MiB] [--timeout SECONDS]
-#                       [--disk FILE] [--append 'KERNEL ARGS']
+#                       [--disk FILE] [--append 'KERNEL ARGS'] [--kernel 6.1|6.12]
 #
 # --disk gives the guest FILE as a virtio disk (/dev/vda): a device that reads
 # guest memory by DMA (cxltier-replay --access device). --append adds to the
@@ -14,9 +14,14 @@
 # cannot be reclaimed, so the kernel never demotes our binaries' pages to the
 # CXL node, from which QEMU's TCG cannot execute).
 #
-# The kernel package is fetched with `apt-get download` (the current
-# linux-image-*-amd64 that linux-image-amd64 points to) and unpacked with
-# `dpkg -x` into the cache; it is never installed on the host.
+# --kernel picks the guest's kernel: 6.1 (the default) is Debian 12's, the
+# package the host's linux-image-amd64 points to, fetched with `apt-get
+# download`; 6.12 is Debian 13 (trixie)'s, the package trixie's
+# linux-image-amd64 points to, fetched from deb.debian.org with its index
+# (signature and checksums checked; tools/qemu/lib.sh). Either is unpacked
+# with `dpkg -x` into the cache and never installed on the host. With 6.12 the
+# cxl and hmat shapes boot with pcie_ports=compat and -cpu max,hypervisor=off:
+# without them its CXL memdev and region do not come up (docs/testing.md).
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -31,6 +36,7 @@ TIMEOUT=600
 FILES=()
 DISK=""
 APPEND=""
+KERNEL=6.1
 
 die() { echo "guest.sh: $*" >&2; exit 2; }
 
@@ -46,13 +52,15 @@ while [ $# -gt 0 ]; do
     --timeout) TIMEOUT=$2; shift 2 ;;
     --disk) DISK=$2; shift 2 ;;
     --append) APPEND=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --kernel) KERNEL=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) die "unknown argument '$1'" ;;
   esac
 done
 case "$SHAPE" in numa|hmat|cxl) ;; *) die "--shape must be numa, hmat or cxl" ;; esac
 [ -n "$RUN" ] || [ "$INTERACTIVE" = 1 ] || die "give --run 'command' or --shell"
 [ -z "$DISK" ] || [ -f "$DISK" ] || die "--disk $DISK: no such file"
+case "$KERNEL" in 6.1|6.12) ;; *) die "--kernel must be 6.1 or 6.12" ;; esac
 
 need() {
   local missing=()
@@ -73,7 +81,7 @@ case "$SHAPE" in cxl|hmat) HAS_CXL=1 ;; esac
 
 # ---- the kernel, cached per version ----
 source "$ROOT/tools/qemu/lib.sh"
-fetch_kernel "$CACHE"   # sets VMLINUZ, MODDIR
+fetch_kernel "$CACHE" "$KERNEL"   # sets VMLINUZ, MODDIR, KVER
 
 # ---- the initramfs ----
 STAGE=$(mktemp -d)
@@ -112,8 +120,9 @@ fi
 [ -z "$DISK" ] || mods+=(virtio_pci virtio_blk)
 MODULES=""
 for path in $(module_paths "$MODDIR" "${mods[@]}"); do
-  cp "$path" "$STAGE/lib/modules/"
-  MODULES+=" $(basename "$path" .ko)"
+  name=$(basename "$path") && name=${name%%.ko*}
+  module_cat "$path" > "$STAGE/lib/modules/$name.ko"
+  MODULES+=" $name"
 done
 
 cat > "$STAGE/init" <<INIT
@@ -145,7 +154,18 @@ INITRD="$CACHE/initrd-$SHAPE.gz"
 
 # ---- the machine ----
 HALF=$((MEMORY / 2))
-ARGS=(-accel tcg -cpu max -smp 2 -nographic -no-reboot -m "${MEMORY}M"
+CPU=max
+if [ "$KERNEL" = 6.12 ] && [ "$HAS_CXL" = 1 ]; then
+  # 6.12 only (6.1 boots as before). Without pcie_ports=compat the PCIe port
+  # services claim the CXL root ports and no memdev comes up (`cxl list -M`
+  # is empty); with it but with the hypervisor CPUID bit, committing the
+  # region fails ("Failed to synchronize CPU cache state": 6.12 will not
+  # invalidate CPU caches for a region in a guest). Seen 2026-12-05.
+  CPU=max,hypervisor=off
+  APPEND="pcie_ports=compat $APPEND"
+fi
+echo "guest.sh: the $SHAPE guest, kernel $KVER, -cpu $CPU" >&2
+ARGS=(-accel tcg -cpu "$CPU" -smp 2 -nographic -no-reboot -m "${MEMORY}M"
       -kernel "$VMLINUZ" -initrd "$INITRD"
       -append "console=ttyS0 panic=-1 loglevel=3 memhp_default_state=offline $APPEND")
 case "$SHAPE" in
