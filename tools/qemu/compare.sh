@@ -21,6 +21,8 @@
 # hold (every kernel arm demoted, every arm had the same room, tier 0 never
 # over its budget); it says nothing about who wins.
 # --kernel is guest.sh's: the guests' kernel (6.1, Debian 12's, by default).
+# --damon adds a DAMON arm (DAMOS migrate_hot and migrate_cold) on kernels
+# that have them (6.11 and later); it does not work yet (docs/comparison.md).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"
@@ -31,6 +33,7 @@ TRACE=""
 SHORT=0
 WORKLOAD=
 KERNEL=6.1
+DAMON_ARM=
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) SHORT=1; shift ;;
@@ -41,7 +44,8 @@ while [ $# -gt 0 ]; do
     --bin) BIN=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
     --kernel) KERNEL=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --damon) DAMON_ARM=damon; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -87,10 +91,11 @@ for shape in $SHAPES; do
     --kernel "$KERNEL" --disk "$DISK" --timeout $TIMEOUT --append rootfstype=ramfs \
     --file "$OUT/trace.bin:/root/trace.bin" \
     --file "$ROOT/tools/qemu/compare_guest.sh:/bin/compare_guest.sh" \
-    --run "sh /bin/compare_guest.sh $shape /root/trace.bin $BLOCK $FREE $STEP_MS '$ACCESS'" \
+    --run "sh /bin/compare_guest.sh $shape /root/trace.bin $BLOCK $FREE $STEP_MS '$ACCESS' $DAMON_ARM" \
     > "$OUT/console-$shape.log" 2>&1 || rc=$?
   grep -a '^COMPARE-RESULT ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/results.jsonl" || true
   grep -a '^COMPARE-BUDGET ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/budgets.jsonl" || true
+  grep -a '^COMPARE-DAMON ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/damon.jsonl" || true
   grep -a '^== \|^   \|FAIL' "$OUT/console-$shape.log" || true
   echo "compare.sh: the $shape guest ran for $((SECONDS - start)) s"
   if [ $rc -ne 0 ]; then

@@ -4,10 +4,11 @@
 # kinds, on the same fitted trace. Each arm's result is one line on the
 # console, "COMPARE-RESULT <json>".
 #
-# Usage (in the guest): compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS [ACCESS]
-# ACCESS: the access kinds to run, "cpu device" unless given.
+# Usage (in the guest): compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS [ACCESS] [damon]
+# ACCESS: the access kinds to run, "cpu device" unless given; "damon" adds the
+# DAMON arm where the kernel has it (not yet working: see docs/comparison.md).
 set -e
-SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5 ACCESS=${6:-cpu device}
+SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5 ACCESS=${6:-cpu device} WANT_DAMON=${7:-}
 SOCK=/run/cxltierd/cxltierd.sock
 DISK=/dev/vda
 RATE_MIB_S=1024  # the daemon's default migration rate; the tuned kernel promotes no faster
@@ -134,6 +135,68 @@ run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
   echo "COMPARE-RESULT {\"shape\":\"$SHAPE\",\"kernel\":\"$(uname -r)\",\"lower_tier\":$LOWER_TIER,\"result\":$(cat "$out")}"
 }
 
+# DAMON-based tiering (6.11 and later: DAMOS migrate_hot and migrate_cold,
+# through sysfs as the kernel's admin guide describes): two kdamonds on
+# physical addresses, one watching node 1 that moves what is accessed to node
+# 0, one watching node 0 that moves what has not been accessed for 2 s to
+# node 1, each at most 100 MiB a second (the tuned kernel arm's order). 6.12
+# has no node-memory quota goals (those came later), so the cold scheme
+# demotes by age alone. Skipped where the kernel has no migrate_hot, and
+# unless asked for: in the first 6.12 runs neither scheme tried a region
+# (nr_tried 0 in 12 s), which is not understood yet.
+DAMON=/sys/kernel/mm/damon/admin
+node_range() {  # node: "start end" of its physical memory blocks
+  bs=$(printf '%d' "0x$(cat /sys/devices/system/memory/block_size_bytes)")
+  lo="" hi=""
+  for m in /sys/devices/system/node/node$1/memory[0-9]*; do
+    k=${m##*memory}
+    [ -z "$lo" ] || [ "$k" -lt "$lo" ] && lo=$k
+    [ -z "$hi" ] || [ "$k" -gt "$hi" ] && hi=$k
+  done
+  echo "$((lo * bs)) $(((hi + 1) * bs))"
+}
+damon_scheme() {  # kdamond watched_node action target_node nr_accesses_min nr_accesses_max age_min
+  c=$DAMON/kdamonds/$1/contexts/0
+  echo 1 > $DAMON/kdamonds/$1/contexts/nr_contexts
+  echo paddr > $c/operations
+  echo 1 > $c/targets/nr_targets
+  echo 1 > $c/targets/0/regions/nr_regions
+  set -- "$@" $(node_range $2)
+  echo "${8}" > $c/targets/0/regions/0/start
+  echo "${9}" > $c/targets/0/regions/0/end
+  echo "   kdamond $1: node $2 [$(printf '%#x' "${8}"), $(printf '%#x' "${9}")), $3 to node $4" 
+  echo 1 > $c/schemes/nr_schemes
+  sc=$c/schemes/0
+  echo "$3" > $sc/action
+  echo "$4" > $sc/target_nid
+  echo "$5" > $sc/access_pattern/nr_accesses/min
+  echo "$6" > $sc/access_pattern/nr_accesses/max
+  echo "$7" > $sc/access_pattern/age/min
+  echo $((100 << 20)) > $sc/quotas/bytes
+  echo 1000 > $sc/quotas/reset_interval_ms
+}
+HAVE_DAMON=false
+if [ "$WANT_DAMON" = damon ] && [ -f $DAMON/kdamonds/nr_kdamonds ] && [ "$LOWER_TIER" = true ]; then
+  echo 2 > $DAMON/kdamonds/nr_kdamonds
+  echo 1 > $DAMON/kdamonds/0/contexts/nr_contexts
+  echo 1 > $DAMON/kdamonds/0/contexts/0/schemes/nr_schemes
+  if echo migrate_hot > $DAMON/kdamonds/0/contexts/0/schemes/0/action 2>/dev/null; then
+    HAVE_DAMON=true
+    # Aggregation every 100 ms (the default): nr_accesses counts up to 20 of
+    # its 5 ms samples; age is in aggregation intervals.
+    damon_scheme 0 1 migrate_hot 0 1 4294967295 0
+    damon_scheme 1 0 migrate_cold 1 0 0 20
+  fi
+fi
+echo "   DAMON migrate_hot and migrate_cold: $HAVE_DAMON"
+damon_stats() {  # "hot_bytes cold_bytes" applied so far; each scheme's stats on the console
+  for k in 0 1; do
+    st=$DAMON/kdamonds/$k/contexts/0/schemes/0/stats
+    echo "   kdamond $k ($(cat $DAMON/kdamonds/$k/contexts/0/schemes/0/action)): tried $(cat $st/nr_tried) ($(cat $st/sz_tried) B), applied $(cat $st/nr_applied) ($(cat $st/sz_applied) B), quota exceeded $(cat $st/qt_exceeds)" >&2
+  done
+  echo "$(cat $DAMON/kdamonds/0/contexts/0/schemes/0/stats/sz_applied) $(cat $DAMON/kdamonds/1/contexts/0/schemes/0/stats/sz_applied)"
+}
+
 # The same landing room for every arm: the balloon leaves FREE bytes of node
 # 0 free above its high watermark at the start of each, and cxltierd's tier-0
 # budget is those bytes (in whole blocks). The kernel may also run node 0
@@ -152,6 +215,14 @@ for access in $ACCESS; do
   kernel_knobs 2 true $RATE_MIB_S 100 100 1000
   run_arm kernel-tuned "$access"
   defaults
+  if [ "$HAVE_DAMON" = true ]; then
+    for k in 0 1; do echo on > $DAMON/kdamonds/$k/state || fail "kdamond $k did not start"; done
+    run_arm damon "$access"
+    for k in 0 1; do echo update_schemes_stats > $DAMON/kdamonds/$k/state; done
+    set -- $(damon_stats)
+    for k in 0 1; do echo off > $DAMON/kdamonds/$k/state; done
+    echo "COMPARE-DAMON {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"promoted_bytes\":$1,\"demoted_bytes\":$2}"
+  fi
   # What the information buys (issue 34): (a) every touch, nothing more: LRU,
   # one flat score per touch, no state kept across re-admissions; (b) the
   # trace's scores and the default policy with persistence; (c) (b) and the

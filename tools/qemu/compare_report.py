@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 
-ARMS = ["none", "kernel", "kernel-tuned", "cxltier-touches", "cxltier-scores", "cxltier-hints"]
+ARMS = ["none", "kernel", "kernel-tuned", "damon", "cxltier-touches", "cxltier-scores", "cxltier-hints"]
 ACCESS = ["cpu", "device"]
 NEEDED = ["fast_share", "fast_share_retouch", "touched_bytes", "touches", "seconds", "pool_fast_bytes_steady",
           "admitted_fast_share", "series"]
@@ -96,11 +96,18 @@ def main():
         kernel[line["shape"]] = line.get("kernel", "?")
     budgets = {(b["shape"], b["access"]): b["tier0_budget"]
                for b in load_lines(os.path.join(a.out, "budgets.jsonl"))}
+    # DAMON's own migrations (its schemes' sz_applied), for the kernels that
+    # have its migrate_hot and migrate_cold (6.11 and later).
+    damon = {(d["shape"], d["access"]): d for d in load_lines(os.path.join(a.out, "damon.jsonl"))}
+
+    def arms(shape, access):
+        return [arm for arm in ARMS if arm != "damon" or (shape, access) in damon]
+
     for shape in shapes:
         for access in ACCESS:
             if (shape, access) not in budgets:
                 fail(f"no tier-0 budget for {shape}/{access}: the kernel arm did not finish")
-            for arm in ARMS:
+            for arm in arms(shape, access):
                 r = results.get((shape, access, arm))
                 if r is None:
                     fail(f"arm {arm} ({shape}, {access} reads) reported nothing")
@@ -146,6 +153,8 @@ def main():
                     if k["pgdemote_kswapd"] + k["pgdemote_direct"] == 0:
                         fail(f"arm {arm} ({shape}, {access}): the kernel demoted nothing "
                              f"(pgdemote_kswapd and pgdemote_direct 0)")
+                if arm == "damon" and damon[(shape, access)]["demoted_bytes"] == 0:
+                    fail(f"arm damon ({shape}, {access}): migrate_cold moved nothing")
 
     trace_bin = os.path.join(a.out, "trace.bin")
     sim_bin = os.path.join(a.bin, "cxltier-sim")
@@ -188,13 +197,17 @@ def main():
                       "kswapd s | cxltierd s | client calls s | pool on node 0, 2nd half / max, MiB | "
                       "run s |")
             md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-            for arm in ARMS:
+            for arm in arms(shape, access):
                 r = results[(shape, access, arm)]
                 k, c = r["kernel"], r["cpu"]
                 if arm.startswith("cxltier"):
                     d = r["daemon"]
                     prom, dem = d["promoted_bytes"], d["demoted_bytes"]
                     name = f"{arm} ({d.get('policy', '?')})"
+                elif arm == "damon":
+                    prom = damon[(shape, access)]["promoted_bytes"]
+                    dem = damon[(shape, access)]["demoted_bytes"]
+                    name = arm
                 else:
                     prom, dem = k["promoted_bytes"], k["demoted_bytes"]
                     name = arm
@@ -251,7 +264,7 @@ def main():
             md.append("")
         md.append(f"![fast-tier share over time, {shape} guest](img/comparison-{shape}.png)")
         md.append("")
-        plot(a.out, shape, results)
+        plot(a.out, shape, results, arms)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(records, f, indent=1)
         f.write("\n")
@@ -261,21 +274,23 @@ def main():
     print(report)
 
 
-def plot(out, shape, results):
+def plot(out, shape, results, arms):
     data = os.path.join(out, f"share-{shape}.dat")
+    index = {}
     with open(data, "w") as f:
         for access in ACCESS:
-            for arm in ARMS:
+            for arm in arms(shape, access):
+                index[(access, arm)] = len(index)
                 f.write(f"# {access} {arm}\n")
                 for p in results[(shape, access, arm)]["series"]:
                     f.write(f"{p['step']} {100 * p['share']:.2f}\n")
                 f.write("\n\n")
     png = os.path.join(out, f"comparison-{shape}.png")
     lines = []
-    for i, access in enumerate(ACCESS):
+    for access in ACCESS:
         series = ", ".join(
-            f"'{data}' index {i * len(ARMS) + j} using 1:2 with linespoints title '{arm}'"
-            for j, arm in enumerate(ARMS))
+            f"'{data}' index {index[(access, arm)]} using 1:2 with linespoints title '{arm}'"
+            for arm in arms(shape, access))
         lines.append(f"set title '{shape} guest, {access} reads: re-touched bytes found on node 0'\n"
                      f"plot {series}\n")
     script = ("set terminal pngcairo size 1400,500 noenhanced font 'sans,10'\n"
