@@ -22,7 +22,7 @@
 # over its budget); it says nothing about who wins.
 # --kernel is guest.sh's: the guests' kernel (6.1, Debian 12's, by default).
 # --damon adds a DAMON arm (DAMOS migrate_hot and migrate_cold) on kernels
-# that have them (6.11 and later); it does not work yet (docs/comparison.md).
+# that have them (6.11 and later: --kernel 6.12); one run so far.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"

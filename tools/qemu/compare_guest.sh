@@ -6,7 +6,7 @@
 #
 # Usage (in the guest): compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS [ACCESS] [damon]
 # ACCESS: the access kinds to run, "cpu device" unless given; "damon" adds the
-# DAMON arm where the kernel has it (not yet working: see docs/comparison.md).
+# DAMON arm where the kernel has it (6.11 and later).
 set -e
 SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5 ACCESS=${6:-cpu device} WANT_DAMON=${7:-}
 SOCK=/run/cxltierd/cxltierd.sock
@@ -142,7 +142,7 @@ run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
 # node 0 that moves what has not been accessed for 2 s to node 1. 6.12 has no
 # node-memory quota goals (those came later), so the cold scheme demotes by
 # age alone. Skipped where the kernel has no migrate_hot, and unless asked
-# for (compare.sh --damon): it is not yet known to work.
+# for (compare.sh --damon).
 DAMON=/sys/kernel/mm/damon/admin
 node_range() {  # node: "start end" of its physical memory blocks
   bs=$(printf '%d' "0x$(cat /sys/devices/system/memory/block_size_bytes)")
