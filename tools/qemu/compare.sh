@@ -23,6 +23,8 @@
 # --kernel is guest.sh's: the guests' kernel (6.1, Debian 12's, by default).
 # --damon adds a DAMON arm (DAMOS migrate_hot and migrate_cold) on kernels
 # that have them (6.11 and later: --kernel 6.12); one run so far.
+# --repeat N runs every guest N times (a fresh boot each), and the report
+# gives each arm's mean and range over them.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"
@@ -34,6 +36,7 @@ SHORT=0
 WORKLOAD=
 KERNEL=6.1
 DAMON_ARM=
+REPEATS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) SHORT=1; shift ;;
@@ -45,7 +48,8 @@ while [ $# -gt 0 ]; do
     --cache) CACHE=$2; shift 2 ;;
     --kernel) KERNEL=$2; shift 2 ;;
     --damon) DAMON_ARM=damon; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --repeat) REPEATS=$2; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -84,25 +88,31 @@ FREE=$((pool_blocks * BLOCK / 4))
 DISK="$CACHE/compare-disk.raw"
 rm -f "$DISK" && truncate -s 64M "$DISK"
 
+case "$REPEATS" in ''|*[!0-9]*|0) echo "compare.sh: --repeat needs a count of 1 or more" >&2; exit 2 ;; esac
+for rep in $(seq 0 $((REPEATS - 1))); do
 for shape in $SHAPES; do
   start=$SECONDS
   rc=0
+  log="$OUT/console-$shape-$rep.log"
   bash "$ROOT/tools/qemu/guest.sh" --shape "$shape" --memory $MEMORY --bin "$BIN" --cache "$CACHE" \
     --kernel "$KERNEL" --disk "$DISK" --timeout $TIMEOUT --append rootfstype=ramfs \
     --file "$OUT/trace.bin:/root/trace.bin" \
     --file "$ROOT/tools/qemu/compare_guest.sh:/bin/compare_guest.sh" \
     --run "sh /bin/compare_guest.sh $shape /root/trace.bin $BLOCK $FREE $STEP_MS '$ACCESS' $DAMON_ARM" \
-    > "$OUT/console-$shape.log" 2>&1 || rc=$?
-  grep -a '^COMPARE-RESULT ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/results.jsonl" || true
-  grep -a '^COMPARE-BUDGET ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/budgets.jsonl" || true
-  grep -a '^COMPARE-DAMON ' "$OUT/console-$shape.log" | cut -d' ' -f2- >> "$OUT/damon.jsonl" || true
-  grep -a '^== \|^   \|FAIL' "$OUT/console-$shape.log" || true
-  echo "compare.sh: the $shape guest ran for $((SECONDS - start)) s"
+    > "$log" 2>&1 || rc=$?
+  # Each line, tagged with its repeat.
+  for kind in RESULT:results BUDGET:budgets DAMON:damon; do
+    grep -a "^COMPARE-${kind%%:*} " "$log" | cut -d' ' -f2- | sed "s/^{/{\"repeat\":$rep,/" \
+      >> "$OUT/${kind#*:}.jsonl" || true
+  done
+  grep -a '^== \|^   \|FAIL' "$log" || true
+  echo "compare.sh: the $shape guest (run $((rep + 1)) of $REPEATS) ran for $((SECONDS - start)) s"
   if [ $rc -ne 0 ]; then
     echo "compare.sh: the $shape guest failed (exit $rc); console tail:" >&2
-    tail -n 30 "$OUT/console-$shape.log" >&2
+    tail -n 30 "$log" >&2
     exit 1
   fi
+done
 done
 python3 "$ROOT/tools/qemu/compare_report.py" --out "$OUT" --bin "$BIN" --shapes "$SHAPES" \
   --access "$ACCESS" --workload "$WORKLOAD"

@@ -79,7 +79,6 @@ def main():
     ap.add_argument("--shapes", default="cxl numa")
     ap.add_argument("--access", default="cpu device")
     ap.add_argument("--workload", default="attention")
-    ap.add_argument("--repeat", type=int, default=0)
     a = ap.parse_args()
     shapes = a.shapes.split()
     global ACCESS
@@ -89,28 +88,33 @@ def main():
     results = {}
     lower_tier = {}
     kernel = {}
+    # compare.sh --repeat N: each record carries its repeat (0 to N - 1).
+    repeats = set()
     for line in load_lines(os.path.join(a.out, "results.jsonl")):
         r = line["result"]
-        results[(line["shape"], r["access"], r["arm"])] = r
+        results[(line["shape"], r["access"], r["arm"], line.get("repeat", 0))] = r
+        repeats.add(line.get("repeat", 0))
         lower_tier[line["shape"]] = line.get("lower_tier")
         kernel[line["shape"]] = line.get("kernel", "?")
+    repeats = sorted(repeats) or [0]
     budgets = {(b["shape"], b["access"]): b["tier0_budget"]
                for b in load_lines(os.path.join(a.out, "budgets.jsonl"))}
     # DAMON's own migrations (its schemes' sz_applied), for the kernels that
     # have its migrate_hot and migrate_cold (6.11 and later).
-    damon = {(d["shape"], d["access"]): d for d in load_lines(os.path.join(a.out, "damon.jsonl"))}
+    damon = {(d["shape"], d["access"], d.get("repeat", 0)): d
+             for d in load_lines(os.path.join(a.out, "damon.jsonl"))}
 
     def arms(shape, access):
-        return [arm for arm in ARMS if arm != "damon" or (shape, access) in damon]
+        return [arm for arm in ARMS if arm != "damon" or (shape, access, repeats[0]) in damon]
 
     for shape in shapes:
         for access in ACCESS:
             if (shape, access) not in budgets:
                 fail(f"no tier-0 budget for {shape}/{access}: the kernel arm did not finish")
-            for arm in arms(shape, access):
-                r = results.get((shape, access, arm))
+            for arm, rp in [(arm, rp) for rp in repeats for arm in arms(shape, access)]:
+                r = results.get((shape, access, arm, rp))
                 if r is None:
-                    fail(f"arm {arm} ({shape}, {access} reads) reported nothing")
+                    fail(f"arm {arm} ({shape}, {access} reads, repeat {rp}) reported nothing")
                 missing = [k for k in NEEDED if k not in r]
                 if missing:
                     fail(f"arm {arm} ({shape}, {access}) lacks {', '.join(missing)}")
@@ -153,7 +157,7 @@ def main():
                     if k["pgdemote_kswapd"] + k["pgdemote_direct"] == 0:
                         fail(f"arm {arm} ({shape}, {access}): the kernel demoted nothing "
                              f"(pgdemote_kswapd and pgdemote_direct 0)")
-                if arm == "damon" and damon[(shape, access)]["demoted_bytes"] == 0:
+                if arm == "damon" and damon[(shape, access, rp)]["demoted_bytes"] == 0:
                     fail(f"arm damon ({shape}, {access}): migrate_cold moved nothing")
 
     trace_bin = os.path.join(a.out, "trace.bin")
@@ -168,7 +172,7 @@ def main():
               f"{os.cpu_count()} CPUs.")
     md.append("")
     for shape in shapes:
-        any_r = results[(shape, "cpu", "none")]
+        any_r = results[(shape, ACCESS[0], "none", repeats[0])]
         block = any_r["block_bytes"]
         md.append(f"### {shape} guest (kernel {kernel[shape]}): pool {mib(any_r['pool_bytes'])} MiB of "
                   f"{block // 1024} KiB blocks; the balloon leaves node 0 "
@@ -183,37 +187,38 @@ def main():
         for access in ACCESS:
             budget = budgets[(shape, access)]
             blocks = budget // block
-            policy = results[(shape, access, "cxltier-scores")]["daemon"].get("policy") or "lfu"
+            policy = results[(shape, access, "cxltier-scores", repeats[0])]["daemon"].get("policy") or "lfu"
             sim = simulate(sim_bin, trace_bin, blocks, sim_block, ["min", "lru", policy])
             md.append(f"**{access} reads**; the same landing room: every arm starts with "
                       f"{mib(budget)} MiB ({blocks} blocks) of node 0 free above its high "
                       f"watermark, cxltierd's tier-0 budget (the kernel may also use the "
                       f"watermarks' room before kswapd demotes)")
             md.append("")
-            md.append("| arm | re-touched bytes on node 0 | all touched bytes on node 0 | "
+            md.append(f"| arm | re-touched bytes on node 0 | re-touched, {len(repeats)} runs: mean "
+                      f"(min to max) | all touched bytes on node 0 | "
                       "admitted bytes written on node 0 | "
                       "promoted MiB | demoted MiB | hint faults | promotion candidates / "
                       "successes | replay CPU user / sys s | "
                       "kswapd s | cxltierd s | client calls s | pool on node 0, 2nd half / max, MiB | "
                       "run s |")
-            md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-            for arm in arms(shape, access):
-                r = results[(shape, access, arm)]
+            md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            for arm, rp in [(arm, rp) for arm in arms(shape, access) for rp in repeats]:
+                r = results[(shape, access, arm, rp)]
                 k, c = r["kernel"], r["cpu"]
                 if arm.startswith("cxltier"):
                     d = r["daemon"]
                     prom, dem = d["promoted_bytes"], d["demoted_bytes"]
                     name = f"{arm} ({d.get('policy', '?')})"
                 elif arm == "damon":
-                    prom = damon[(shape, access)]["promoted_bytes"]
-                    dem = damon[(shape, access)]["demoted_bytes"]
+                    prom = damon[(shape, access, rp)]["promoted_bytes"]
+                    dem = damon[(shape, access, rp)]["demoted_bytes"]
                     name = arm
                 else:
                     prom, dem = k["promoted_bytes"], k["demoted_bytes"]
                     name = arm
                 records.append({
                     "kernel": kernel[shape], "shape": shape, "access": access, "arm": arm,
-                    "workload": a.workload, "repeat": a.repeat, "seconds": r["seconds"],
+                    "workload": a.workload, "repeat": rp, "seconds": r["seconds"],
                     "measured_seconds": r.get("measured_s", r["seconds"]),
                     "node0_free_bytes_start": r["fast_above_high_at_start"],
                     "tier0_budget_bytes": budget,
@@ -233,7 +238,12 @@ def main():
                     "cpu": c,
                     "read_us_per_step_emulated": r.get("read_us_per_step"),
                 })
+                if rp != repeats[0]:
+                    continue  # the table's row is the first run's; the spread is all runs'
+                shares = [results[(shape, access, arm, q)]["fast_share_retouch"] for q in repeats]
                 md.append(f"| {name} | **{pct(r['fast_share_retouch'])}** | "
+                          f"{pct(sum(shares) / len(shares))} ({pct(min(shares))} to "
+                          f"{pct(max(shares))}) | "
                           f"{pct(r['fast_share'])} | {pct(r['admitted_fast_share'])} | "
                           f"{mib(prom)} | {mib(dem)} | "
                           f"{k['numa_hint_faults']:,} | "
@@ -250,14 +260,14 @@ def main():
                 if p == "min":
                     records.append({
                         "kernel": "-", "shape": shape, "access": access, "arm": "min",
-                        "workload": a.workload, "repeat": a.repeat, "seconds": 0,
+                        "workload": a.workload, "repeat": 0, "seconds": 0,
                         "simulated": True, "node0_free_bytes_start": budget,
                         "tier0_budget_bytes": budget, "retouched_node0_share": retouch,
                         "promoted_bytes": row["promoted_bytes"] * block // sim_block,
                         "demoted_bytes": row["demoted_bytes"] * block // sim_block,
                         "cpu_seconds": 0,
                     })
-                md.append(f"| cxltier-sim {p} (demand) | {pct(retouch)} | - | - | "
+                md.append(f"| cxltier-sim {p} (demand) | {pct(retouch)} | - | - | - | "
                           f"{mib(row['promoted_bytes'] * block // sim_block)} | "
                           f"{mib(row['demoted_bytes'] * block // sim_block)} | - | - | - | - | - | - | "
                           f"{mib(blocks * block)} | - |")
@@ -282,7 +292,7 @@ def plot(out, shape, results, arms):
             for arm in arms(shape, access):
                 index[(access, arm)] = len(index)
                 f.write(f"# {access} {arm}\n")
-                for p in results[(shape, access, arm)]["series"]:
+                for p in results[(shape, access, arm, 0)]["series"]:
                     f.write(f"{p['step']} {100 * p['share']:.2f}\n")
                 f.write("\n\n")
     png = os.path.join(out, f"comparison-{shape}.png")
