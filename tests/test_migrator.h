@@ -98,11 +98,8 @@ class TestMigrator : public numa::Migrator {
     return std::vector<int>(r.length / 4096, o_.where_node);
   }
 
+  // A pool block's policy: the real migrator's, when in front of one.
   Status Steer(const numa::PageRange& r, const std::vector<int>& nodes) override {
-    {
-      std::lock_guard lock(mu);
-      steered.push_back({r.address, nodes.empty() ? -1 : nodes.front()});
-    }
     return real_ ? real_->Steer(r, nodes) : Status::Ok();
   }
 
@@ -144,8 +141,6 @@ class TestMigrator : public numa::Migrator {
   // Every Move's (range address, node), in order; read under `mu`.
   std::mutex mu;
   std::vector<std::pair<uintptr_t, int>> moved;
-  // Every Steer's (range address, first node), in order; read under `mu`.
-  std::vector<std::pair<uintptr_t, int>> steered;
 
  private:
   enum class Fault { kNone, kBusy, kNoMem, kFault, kPartial };

@@ -64,6 +64,11 @@ def simulate(binary, trace, blocks, sim_block, policies):
     return {row["policy"]: row for row in json.loads(r.stdout)}
 
 
+def pool_node0_max(r):
+    # The most of the pool on node 0 at any point of an arm's series.
+    return max(p["pool_fast_bytes"] for p in r["series"])
+
+
 def pct(x):
     return f"{100 * x:.1f}%"
 
@@ -132,7 +137,7 @@ def main():
                 # blocks (a promotion may land just before its paired
                 # demotion leaves; the sample is not atomic with the mover).
                 if arm.startswith("cxltier"):
-                    top = max(p["pool_fast_bytes"] for p in r["series"])
+                    top = pool_node0_max(r)
                     bound = budgets[(shape, access)] + 2 * r["block_bytes"]
                     if top > bound:
                         fail(f"arm {arm} ({shape}, {access}): the pool held {top} bytes on node 0, "
@@ -225,7 +230,7 @@ def main():
                     "retouched_node0_share": r["fast_share_retouch"],
                     "touched_node0_share": r["fast_share"],
                     "admitted_node0_share": r["admitted_fast_share"],
-                    "node0_pool_bytes_max": max(p["pool_fast_bytes"] for p in r["series"]),
+                    "node0_pool_bytes_max": pool_node0_max(r),
                     "promoted_bytes": prom, "demoted_bytes": dem,
                     "pgdemote": k["pgdemote_kswapd"] + k["pgdemote_direct"],
                     "pgpromote_candidate": k["pgpromote_candidate"],
