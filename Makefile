@@ -25,9 +25,10 @@ load: build
 	BUILD_DIR=$(abspath $(BUILD_DIR)) bash scripts/load.sh 256 1024 60
 
 # cxltier against the kernel's own tiering in the QEMU guests (docs/comparison.md):
-# every arm, both access kinds; the report in build/compare/report.md.
+# the tuning sweep, both kernels, both workloads, three runs of the headline
+# arms (hours; resumable: run it again to go on); build/compare/results.json.
 compare: build
-	bash tools/qemu/compare.sh --bin $(abspath $(BUILD_DIR))/bin --cache $(abspath $(BUILD_DIR))/qemu-cache --out $(abspath $(BUILD_DIR))/compare
+	bash tools/qemu/compare_all.sh --bin $(abspath $(BUILD_DIR))/bin --cache $(abspath $(BUILD_DIR))/qemu-cache --out $(abspath $(BUILD_DIR))/compare
 
 # libFuzzer targets (clang), FUZZ_SECONDS each; the tests run them for 30 s.
 FUZZ_SECONDS ?= 600

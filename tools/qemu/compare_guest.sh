@@ -1,17 +1,22 @@
 #!/bin/sh
 # Runs inside the QEMU guest (busybox sh), started by tools/qemu/compare.sh:
-# every arm of the comparison with the kernel's tiering, for both access
-# kinds, on the same fitted trace. Each arm's result is one line on the
-# console, "COMPARE-RESULT <json>".
+# the arms it names of the comparison with the kernel's tiering, on the same
+# fitted trace. Each arm's result is one line on the console,
+# "COMPARE-RESULT <json>".
 #
-# Usage (in the guest): compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS [ACCESS] [damon]
-# ACCESS: the access kinds to run, "cpu device" unless given; "damon" adds the
-# DAMON arm where the kernel has it (6.11 and later).
+# Usage (in the guest):
+#   compare_guest.sh SHAPE TRACE BLOCK_BYTES FAST_FREE STEP_MS ACCESS ARMS [WARMUP_S]
+# ACCESS: the access kinds, "cpu device" for both. ARMS: the arms to run, in
+# order (compare.sh's --arms): none, kernel, kernel-tuned, kernel+KNOBS (the
+# kernel with KNOBS=k=v,... of kernel_setting below; the tuning sweep), damon
+# (where the kernel has DAMOS migrate_hot: 6.11 and later), cxltier-touches,
+# cxltier-scores, cxltier-hints. WARMUP_S: cxltier-replay's --warmup.
 set -e
-SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5 ACCESS=${6:-cpu device} WANT_DAMON=${7:-}
+SHAPE=$1 TRACE=$2 BLOCK=$3 FREE=$4 STEP_MS=$5 ACCESS=$6 ARMS=$7 WARMUP=${8:-0}
+WANT_DAMON=false
+case " $ARMS " in *" damon "*) WANT_DAMON=true ;; esac
 SOCK=/run/cxltierd/cxltierd.sock
 DISK=/dev/vda
-RATE_MIB_S=1024  # the daemon's default migration rate; the tuned kernel promotes no faster
 fail() {
   echo "COMPARE FAIL: $*"
   [ -f /tmp/cxltierd.log ] && tail -n 30 /tmp/cxltierd.log
@@ -62,22 +67,59 @@ done
 echo "   node 1 in a lower memory tier than node 0: $LOWER_TIER"
 DBG=/sys/kernel/debug/sched/numa_balancing
 [ -d "$DBG" ] || fail "no $DBG: the scan-period knobs of the tuned arm are in debugfs"
-kernel_knobs() {  # numa_balancing demotion rate_limit scan_delay scan_min scan_max
-  echo "$1" > /proc/sys/kernel/numa_balancing
-  echo "$2" > /sys/kernel/mm/numa/demotion_enabled
-  echo "$3" > /proc/sys/kernel/numa_balancing_promote_rate_limit_MBps
-  echo "$4" > $DBG/scan_delay_ms
-  echo "$5" > $DBG/scan_period_min_ms
-  echo "$6" > $DBG/scan_period_max_ms
+# The kernel's tiering knobs, as k=v,... over its defaults (the same in 6.1
+# and 6.12): mode (kernel.numa_balancing: 2 is memory tiering), rate
+# (numa_balancing_promote_rate_limit_MBps), delay, pmin, pmax (the scanner's
+# scan_delay_ms and scan_period_min/max_ms), size (scan_size_mb), hot
+# (hot_threshold_ms: a page faulting within this long of its scan is hot), wsf
+# (vm.watermark_scale_factor: the gap kswapd keeps free between the low and
+# high watermarks, room for promotions), mglru (y or n: the multi-gen LRU).
+KERNEL_DEFAULTS="mode=0,rate=65536,delay=1000,pmin=1000,pmax=60000,size=256,hot=1000,wsf=10,mglru=n"
+knob() {  # file value: a default is skipped where the kernel lacks the knob
+  if [ ! -e "$1" ]; then
+    [ "$SOFT" = 1 ] && return 0
+    fail "no $1: this kernel has no such knob"
+  fi
+  echo "$2" > "$1" || fail "cannot write $2 to $1"
 }
-# The kernel's defaults in 6.1 (rate limit 65536 MB/s, scans after 1 s, every 1 to 60 s).
-KERNEL_DEFAULTS="65536 1000 1000 60000"
+kernel_setting() {  # k=v,... applied over the defaults
+  SETTING=$1
+  SOFT=1
+  for kv in $(echo "$KERNEL_DEFAULTS,-,$1" | tr , ' '); do
+    v=${kv#*=}
+    [ "$kv" = - ] && { SOFT=0; continue; }
+    case "${kv%%=*}" in
+      mode) knob /proc/sys/kernel/numa_balancing "$v" ;;
+      rate) knob /proc/sys/kernel/numa_balancing_promote_rate_limit_MBps "$v" ;;
+      delay) knob $DBG/scan_delay_ms "$v" ;;
+      pmin) knob $DBG/scan_period_min_ms "$v" ;;
+      pmax) knob $DBG/scan_period_max_ms "$v" ;;
+      size) knob $DBG/scan_size_mb "$v" ;;
+      hot) knob $DBG/hot_threshold_ms "$v" ;;
+      wsf) knob /proc/sys/vm/watermark_scale_factor "$v" ;;
+      mglru) knob /sys/kernel/mm/lru_gen/enabled "$v" ;;
+      '') ;;
+      *) fail "unknown kernel knob '${kv%%=*}' (mode rate delay pmin pmax size hot wsf mglru)" ;;
+    esac
+  done
+  echo true > /sys/kernel/mm/numa/demotion_enabled
+  echo "   kernel knobs: numa_balancing $(cat /proc/sys/kernel/numa_balancing)," \
+    "rate $(cat /proc/sys/kernel/numa_balancing_promote_rate_limit_MBps) MB/s," \
+    "scan delay $(cat $DBG/scan_delay_ms) period $(cat $DBG/scan_period_min_ms)-$(cat $DBG/scan_period_max_ms) ms" \
+    "size $(cat $DBG/scan_size_mb) MiB, hot $(cat $DBG/hot_threshold_ms 2>/dev/null || echo -) ms," \
+    "watermark_scale_factor $(cat /proc/sys/vm/watermark_scale_factor), lru_gen $(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null || echo -)"
+}
+# kernel-tuned: compare.sh --tuned, the best setting of the sweep
+# (compare_all.sh; docs/comparison.md, "Tuning the kernel"), found on another
+# seed of the workload than the one reported; else scans ten times as often
+# as the default, promoting no faster than cxltierd migrates by default.
+KERNEL_TUNED=${KERNEL_TUNED:-mode=2,rate=1024,delay=100,pmin=100,pmax=1000}
 # Demotion on in every arm: the CXL node is movable memory, so the kernel's
 # own allocations (page tables, slab) have only node 0, and with the pool
 # filling node 0's free room and nothing else to reclaim (no swap, a ramfs
 # root) they would end in the OOM killer. So reclaim may demote in every arm,
 # cxltierd's too (counted: pgdemote); only NUMA balancing's promotion differs.
-defaults() { kernel_knobs 0 true $KERNEL_DEFAULTS; }
+defaults() { kernel_setting ""; }
 
 # kswapd gives a node up after 16 runs that reclaim nothing (kswapd_failures,
 # MAX_RECLAIM_RETRIES): then it is not woken until some reclaim on the node
@@ -130,9 +172,9 @@ run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
   out=/tmp/arm-$name-$access.json
   cxltier-replay --trace "bin:$TRACE" --block-bytes "$BLOCK" --fast-free "$ARM_FREE" \
     --access "$access" --device "$DISK" --device-io $DEVICE_IO --step-ms "$STEP_MS" --arm "$name" \
-    --json "$out" "$@" ||
+    --warmup "$WARMUP" --json "$out" "$@" ||
     fail "arm $name ($access)"
-  echo "COMPARE-RESULT {\"shape\":\"$SHAPE\",\"kernel\":\"$(uname -r)\",\"lower_tier\":$LOWER_TIER,\"result\":$(cat "$out")}"
+  echo "COMPARE-RESULT {\"shape\":\"$SHAPE\",\"kernel\":\"$(uname -r)\",\"lower_tier\":$LOWER_TIER,\"kernel_setting\":\"$SETTING\",\"result\":$(cat "$out")}"
 }
 
 # DAMON-based tiering (6.11 and later: DAMOS migrate_hot and migrate_cold,
@@ -180,7 +222,7 @@ damon_scheme() {  # kdamond watched_node action target_node nr_accesses_min nr_a
   echo 1000 > $sc/quotas/reset_interval_ms
 }
 HAVE_DAMON=false
-if [ "$WANT_DAMON" = damon ] && [ -f $DAMON/kdamonds/nr_kdamonds ] && [ "$LOWER_TIER" = true ]; then
+if [ "$WANT_DAMON" = true ] && [ -f $DAMON/kdamonds/nr_kdamonds ] && [ "$LOWER_TIER" = true ]; then
   echo 2 > $DAMON/kdamonds/nr_kdamonds
   echo 1 > $DAMON/kdamonds/0/contexts/nr_contexts
   echo 1 > $DAMON/kdamonds/0/contexts/0/schemes/nr_schemes
@@ -213,35 +255,39 @@ budget=$((FREE / BLOCK * BLOCK))
 [ "$budget" -gt 0 ] || fail "FREE ($FREE) is less than a block"
 for access in $ACCESS; do
   echo "COMPARE-BUDGET {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"tier0_budget\":$budget}"
-  defaults
-  run_arm none "$access"
-  kernel_knobs 2 true $KERNEL_DEFAULTS
-  run_arm kernel "$access"
-  # One tuned setting: scans ten times as often, and promotes no faster than
-  # cxltierd may migrate (its default rate).
-  kernel_knobs 2 true $RATE_MIB_S 100 100 1000
-  run_arm kernel-tuned "$access"
-  defaults
-  if [ "$HAVE_DAMON" = true ]; then
-    for k in 0 1; do echo on > $DAMON/kdamonds/$k/state || fail "kdamond $k did not start"; done
-    run_arm damon "$access"
-    for k in 0 1; do echo update_schemes_stats > $DAMON/kdamonds/$k/state; done
-    set -- $(damon_stats)
-    for k in 0 1; do echo off > $DAMON/kdamonds/$k/state; done
-    echo "COMPARE-DAMON {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"promoted_bytes\":$1,\"demoted_bytes\":$2}"
-  fi
-  # What the information buys (issue 34): (a) every touch, nothing more: LRU,
-  # one flat score per touch, no state kept across re-admissions; (b) the
-  # trace's scores and the default policy with persistence; (c) (b) and the
-  # trace's scheduler hints.
-  start_daemon lru $budget false
-  run_arm cxltier-touches "$access" --socket "$SOCK" --daemon-pid $DAEMON --scores flat
-  stop_daemon
-  start_daemon default $budget true
-  run_arm cxltier-scores "$access" --socket "$SOCK" --daemon-pid $DAEMON
-  stop_daemon
-  start_daemon default $budget true
-  run_arm cxltier-hints "$access" --socket "$SOCK" --daemon-pid $DAEMON --hints
-  stop_daemon
+  for arm in $ARMS; do
+    defaults
+    case "$arm" in
+      none) run_arm none "$access" ;;
+      kernel) kernel_setting mode=2; run_arm kernel "$access" ;;
+      kernel-tuned) kernel_setting "mode=2,$KERNEL_TUNED"; run_arm kernel-tuned "$access" ;;
+      kernel+*) kernel_setting "mode=2,${arm#kernel+}"; run_arm "$arm" "$access" ;;
+      damon)
+        [ "$HAVE_DAMON" = true ] || fail "arm damon: this kernel has no DAMOS migrate_hot (6.11 and later: --kernel 6.12)"
+        for k in 0 1; do echo on > $DAMON/kdamonds/$k/state || fail "kdamond $k did not start"; done
+        run_arm damon "$access"
+        for k in 0 1; do echo update_schemes_stats > $DAMON/kdamonds/$k/state; done
+        set -- $(damon_stats)
+        for k in 0 1; do echo off > $DAMON/kdamonds/$k/state; done
+        echo "COMPARE-DAMON {\"shape\":\"$SHAPE\",\"access\":\"$access\",\"promoted_bytes\":$1,\"demoted_bytes\":$2}" ;;
+      # What the information buys (issue 34): (a) every touch, nothing more:
+      # LRU, one flat score per touch, no state kept across re-admissions;
+      # (b) the trace's scores and the default policy with persistence; (c)
+      # (b) and the trace's scheduler hints.
+      cxltier-touches)
+        start_daemon lru $budget false
+        run_arm cxltier-touches "$access" --socket "$SOCK" --daemon-pid $DAEMON --scores flat
+        stop_daemon ;;
+      cxltier-scores)
+        start_daemon default $budget true
+        run_arm cxltier-scores "$access" --socket "$SOCK" --daemon-pid $DAEMON
+        stop_daemon ;;
+      cxltier-hints)
+        start_daemon default $budget true
+        run_arm cxltier-hints "$access" --socket "$SOCK" --daemon-pid $DAEMON --hints
+        stop_daemon ;;
+      *) fail "unknown arm '$arm'" ;;
+    esac
+  done
 done
 echo "COMPARE DONE ($SHAPE)"

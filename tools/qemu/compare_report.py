@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """The tables and plots of docs/comparison.md, from tools/qemu/compare.sh's output.
 
-  compare_report.py --out DIR --bin BUILD/bin [--shapes "cxl numa"] [--workload NAME]
+  compare_report.py --out DIR --bin BUILD/bin --arms "none kernel ..." [--access cpu] [--workload NAME]
 
 Reads DIR/trace.json, DIR/results.jsonl (one arm per line) and
 DIR/budgets.jsonl (the tier-0 budget each shape and access kind gave
 cxltierd), runs cxltier-sim for MIN (and the daemon's policies) on DIR/trace.bin
 at that capacity, and writes DIR/report.md, DIR/results.json (one record per
 kernel, shape, access kind, arm, workload and repeat) and
-DIR/comparison-SHAPE.png. Fails, naming what is missing, unless every arm of
-every shape and access kind ran and reported its figures, and the
+DIR/comparison-SHAPE.png. Fails, naming what is missing, unless every arm asked
+for ran (at least its first repeat) and reported its figures, and the
 comparison's invariants held: every arm started with the same free memory on
 node 0 (within 2%), every kernel arm with a lower tier to demote to demoted,
 and no cxltierd arm held more of the pool on node 0 than its budget.
@@ -21,8 +21,7 @@ import platform
 import subprocess
 import sys
 
-ARMS = ["none", "kernel", "kernel-tuned", "damon", "cxltier-touches", "cxltier-scores", "cxltier-hints"]
-ACCESS = ["cpu", "device"]
+ACCESS = ["cpu"]
 NEEDED = ["fast_share", "fast_share_retouch", "touched_bytes", "touches", "seconds", "pool_fast_bytes_steady",
           "admitted_fast_share", "series"]
 MIB = 1 << 20
@@ -69,6 +68,10 @@ def pool_node0_max(r):
     return max(p["pool_fast_bytes"] for p in r["series"])
 
 
+def fmt_ratio(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
 def pct(x):
     return f"{100 * x:.1f}%"
 
@@ -81,11 +84,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--bin", required=True)
-    ap.add_argument("--shapes", default="cxl numa")
-    ap.add_argument("--access", default="cpu device")
+    ap.add_argument("--arms", required=True)
+    ap.add_argument("--access", default="cpu")
     ap.add_argument("--workload", default="attention")
     a = ap.parse_args()
-    shapes = a.shapes.split()
+    wanted = a.arms.split()
     global ACCESS
     ACCESS = a.access.split()
     with open(os.path.join(a.out, "trace.json")) as f:
@@ -93,15 +96,17 @@ def main():
     results = {}
     lower_tier = {}
     kernel = {}
+    setting = {}
     # compare.sh --repeat N: each record carries its repeat (0 to N - 1).
-    repeats = set()
     for line in load_lines(os.path.join(a.out, "results.jsonl")):
         r = line["result"]
         results[(line["shape"], r["access"], r["arm"], line.get("repeat", 0))] = r
-        repeats.add(line.get("repeat", 0))
         lower_tier[line["shape"]] = line.get("lower_tier")
         kernel[line["shape"]] = line.get("kernel", "?")
-    repeats = sorted(repeats) or [0]
+        setting[(line["shape"], r["access"], r["arm"])] = line.get("kernel_setting", "")
+    shapes = sorted({key[0] for key in results}) or fail("no arm reported anything")
+    if len(set(kernel.values())) > 1:
+        fail(f"results of more than one kernel in {a.out}: {sorted(set(kernel.values()))}")
     budgets = {(b["shape"], b["access"]): b["tier0_budget"]
                for b in load_lines(os.path.join(a.out, "budgets.jsonl"))}
     # DAMON's own migrations (its schemes' sz_applied), for the kernels that
@@ -110,16 +115,22 @@ def main():
              for d in load_lines(os.path.join(a.out, "damon.jsonl"))}
 
     def arms(shape, access):
-        return [arm for arm in ARMS if arm != "damon" or (shape, access, repeats[0]) in damon]
+        return wanted
+
+    def runs(shape, access, arm):
+        # The repeats of an arm that ran (--repeat N: 0 to N - 1; the full
+        # run's later repeats may cover only the headline arms).
+        return sorted(k[3] for k in results if k[:3] == (shape, access, arm))
 
     for shape in shapes:
         for access in ACCESS:
             if (shape, access) not in budgets:
                 fail(f"no tier-0 budget for {shape}/{access}: the kernel arm did not finish")
-            for arm, rp in [(arm, rp) for rp in repeats for arm in arms(shape, access)]:
-                r = results.get((shape, access, arm, rp))
-                if r is None:
-                    fail(f"arm {arm} ({shape}, {access} reads, repeat {rp}) reported nothing")
+            for arm in arms(shape, access):
+                if 0 not in runs(shape, access, arm):
+                    fail(f"arm {arm} ({shape}, {access} reads) reported nothing")
+            for arm, rp in [(arm, rp) for arm in arms(shape, access) for rp in runs(shape, access, arm)]:
+                r = results[(shape, access, arm, rp)]
                 missing = [k for k in NEEDED if k not in r]
                 if missing:
                     fail(f"arm {arm} ({shape}, {access}) lacks {', '.join(missing)}")
@@ -177,7 +188,7 @@ def main():
               f"{os.cpu_count()} CPUs.")
     md.append("")
     for shape in shapes:
-        any_r = results[(shape, ACCESS[0], "none", repeats[0])]
+        any_r = results[(shape, ACCESS[0], wanted[0], 0)]
         block = any_r["block_bytes"]
         md.append(f"### {shape} guest (kernel {kernel[shape]}): pool {mib(any_r['pool_bytes'])} MiB of "
                   f"{block // 1024} KiB blocks; the balloon leaves node 0 "
@@ -192,38 +203,66 @@ def main():
         for access in ACCESS:
             budget = budgets[(shape, access)]
             blocks = budget // block
-            policy = results[(shape, access, "cxltier-scores", repeats[0])]["daemon"].get("policy") or "lfu"
-            sim = simulate(sim_bin, trace_bin, blocks, sim_block, ["min", "lru", policy])
+            # cxltier-sim's rows: MIN, LRU and the default policy the
+            # cxltier-scores arm ran (or the daemon's default).
+            policy = (results[(shape, access, "cxltier-scores", 0)]["daemon"].get("policy")
+                      if "cxltier-scores" in wanted else None) or "default"
+            sim_policies = list(dict.fromkeys(["min", "lru", policy]))
+            sim = simulate(sim_bin, trace_bin, blocks, sim_block, sim_policies)
             md.append(f"**{access} reads**; the same landing room: every arm starts with "
                       f"{mib(budget)} MiB ({blocks} blocks) of node 0 free above its high "
                       f"watermark, cxltierd's tier-0 budget (the kernel may also use the "
                       f"watermarks' room before kswapd demotes)")
             md.append("")
-            md.append(f"| arm | re-touched bytes on node 0 | re-touched, {len(repeats)} runs: mean "
-                      f"(min to max) | all touched bytes on node 0 | "
-                      "admitted bytes written on node 0 | "
-                      "promoted MiB | demoted MiB | hint faults | promotion candidates / "
-                      "successes | replay CPU user / sys s | "
-                      "kswapd s | cxltierd s | client calls s | pool on node 0, 2nd half / max, MiB | "
-                      "run s |")
-            md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-            for arm, rp in [(arm, rp) for arm in arms(shape, access) for rp in repeats]:
+            def moves(arm, rp):
+                # (promoted, demoted) by the arm's mover, and every byte
+                # migrated in the arm: the mover's and the kernel's own
+                # (reclaim demotes in every arm).
                 r = results[(shape, access, arm, rp)]
-                k, c = r["kernel"], r["cpu"]
+                k = r["kernel"]
                 if arm.startswith("cxltier"):
-                    d = r["daemon"]
-                    prom, dem = d["promoted_bytes"], d["demoted_bytes"]
-                    name = f"{arm} ({d.get('policy', '?')})"
+                    prom, dem = r["daemon"]["promoted_bytes"], r["daemon"]["demoted_bytes"]
                 elif arm == "damon":
                     prom = damon[(shape, access, rp)]["promoted_bytes"]
                     dem = damon[(shape, access, rp)]["demoted_bytes"]
-                    name = arm
                 else:
-                    prom, dem = k["promoted_bytes"], k["demoted_bytes"]
-                    name = arm
+                    return k["promoted_bytes"], k["demoted_bytes"], k["promoted_bytes"] + k["demoted_bytes"]
+                return prom, dem, prom + dem + k["promoted_bytes"] + k["demoted_bytes"]
+
+            # The cost of a node-0 hit: bytes migrated per byte of re-touched
+            # reads that an arm found on node 0 beyond the best kernel arm's.
+            kernel_arms = [arm for arm in arms(shape, access) if arm.startswith("kernel")]
+            best = max(kernel_arms, default=None,
+                       key=lambda arm: results[(shape, access, arm, 0)]["fast_share_retouch"])
+
+            def per_extra_hit(arm, rp):
+                r = results[(shape, access, arm, rp)]
+                if best is None or arm == best or "retouched_fast_bytes" not in r:
+                    return None
+                b = results[(shape, access, best, 0)]
+                extra = r["retouched_fast_bytes"] - b["retouched_fast_bytes"]
+                if extra <= 0:
+                    return None
+                return (moves(arm, rp)[2] - moves(best, 0)[2]) / extra
+
+            md.append(f"| arm | re-touched bytes on node 0 | re-touched, runs: mean "
+                      f"(min to max) | all touched bytes on node 0 | "
+                      "admitted bytes written on node 0 | "
+                      "promoted / demoted MiB (the arm's mover) | all MiB migrated | "
+                      f"migrated per extra node-0 byte vs {best or '-'} | hint faults | "
+                      "promotion candidates / successes | replay CPU user / sys s | "
+                      "kswapd s | cxltierd s | kdamond s | client calls s | "
+                      "read ms a step (emulated) | pool on node 0, 2nd half / max, MiB | run s |")
+            md.append("|" + "---|" * 18)
+            for arm, rp in [(arm, rp) for arm in arms(shape, access) for rp in runs(shape, access, arm)]:
+                r = results[(shape, access, arm, rp)]
+                k, c = r["kernel"], r["cpu"]
+                prom, dem, moved = moves(arm, rp)
+                name = f"{arm} ({r['daemon'].get('policy', '?')})" if arm.startswith("cxltier") else arm
                 records.append({
                     "kernel": kernel[shape], "shape": shape, "access": access, "arm": arm,
                     "workload": a.workload, "repeat": rp, "seconds": r["seconds"],
+                    "kernel_setting": setting[(shape, access, arm)],
                     "measured_seconds": r.get("measured_s", r["seconds"]),
                     "node0_free_bytes_start": r["fast_above_high_at_start"],
                     "tier0_budget_bytes": budget,
@@ -231,7 +270,11 @@ def main():
                     "touched_node0_share": r["fast_share"],
                     "admitted_node0_share": r["admitted_fast_share"],
                     "node0_pool_bytes_max": pool_node0_max(r),
-                    "promoted_bytes": prom, "demoted_bytes": dem,
+                    "promoted_bytes": prom, "demoted_bytes": dem, "moved_bytes": moved,
+                    "retouched_bytes": r.get("retouched_bytes"),
+                    "retouched_node0_bytes": r.get("retouched_fast_bytes"),
+                    "best_kernel_arm": best,
+                    "moved_per_extra_node0_byte": per_extra_hit(arm, rp),
                     "pgdemote": k["pgdemote_kswapd"] + k["pgdemote_direct"],
                     "pgpromote_candidate": k["pgpromote_candidate"],
                     "pgpromote_success": k["pgpromote_success"],
@@ -243,22 +286,25 @@ def main():
                     "cpu": c,
                     "read_us_per_step_emulated": r.get("read_us_per_step"),
                 })
-                if rp != repeats[0]:
+                if rp != 0:
                     continue  # the table's row is the first run's; the spread is all runs'
-                shares = [results[(shape, access, arm, q)]["fast_share_retouch"] for q in repeats]
+                shares = [results[(shape, access, arm, q)]["fast_share_retouch"]
+                          for q in runs(shape, access, arm)]
                 md.append(f"| {name} | **{pct(r['fast_share_retouch'])}** | "
-                          f"{pct(sum(shares) / len(shares))} ({pct(min(shares))} to "
+                          f"{len(shares)}: {pct(sum(shares) / len(shares))} ({pct(min(shares))} to "
                           f"{pct(max(shares))}) | "
                           f"{pct(r['fast_share'])} | {pct(r['admitted_fast_share'])} | "
-                          f"{mib(prom)} | {mib(dem)} | "
+                          f"{mib(prom)} / {mib(dem)} | {mib(moved)} | "
+                          f"{fmt_ratio(records[-1]['moved_per_extra_node0_byte'])} | "
                           f"{k['numa_hint_faults']:,} | "
                           f"{k['pgpromote_candidate']:,} / {k['pgpromote_success']:,} | "
                           f"{c['replay_user_s']:.1f} / "
                           f"{c['replay_system_s']:.1f} | {c['kswapd_s']:.1f} | "
-                          f"{c['daemon_s']:.1f} | {c['client_calls_s']:.2f} | "
+                          f"{c['daemon_s']:.1f} | {c.get('kdamond_s', 0.0):.1f} | "
+                          f"{c['client_calls_s']:.2f} | {r.get('read_us_per_step', 0) / 1000:.1f} | "
                           f"{mib(r['pool_fast_bytes_steady'])} / "
                           f"{mib(records[-1]['node0_pool_bytes_max'])} | {r['seconds']:.0f} |")
-            for p in ["min", "lru", policy]:
+            for p in sim_policies:
                 row = sim[p]
                 # The simulator counts an admission's first touch in no tier.
                 retouch = row["hits"] / max(1, row["touches"] - row["admits"])
@@ -272,9 +318,10 @@ def main():
                         "demoted_bytes": row["demoted_bytes"] * block // sim_block,
                         "cpu_seconds": 0,
                     })
+                sp = row['promoted_bytes'] * block // sim_block
+                sd = row['demoted_bytes'] * block // sim_block
                 md.append(f"| cxltier-sim {p} (demand) | {pct(retouch)} | - | - | - | "
-                          f"{mib(row['promoted_bytes'] * block // sim_block)} | "
-                          f"{mib(row['demoted_bytes'] * block // sim_block)} | - | - | - | - | - | - | "
+                          f"{mib(sp)} / {mib(sd)} | {mib(sp + sd)} | " + "- | " * 9 +
                           f"{mib(blocks * block)} | - |")
             md.append("")
         md.append(f"![fast-tier share over time, {shape} guest](img/comparison-{shape}.png)")

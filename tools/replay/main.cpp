@@ -571,6 +571,8 @@ int main(int argc, char** argv) {
       {"fast_bytes", fast_pages * page},
       {"fast_share", touched_pages ? double(fast_pages) / touched_pages : 0.0},
       {"fast_share_retouch", retouch_pages ? double(retouch_fast) / retouch_pages : 0.0},
+      {"retouched_bytes", retouch_pages * page},
+      {"retouched_fast_bytes", retouch_fast * page},
       {"unknown_pages", unknown_pages},
       {"pages_placed_by_pagemap", pagemap_pages},
       {"admissions", admissions},

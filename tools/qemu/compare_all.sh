@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The whole comparison with the kernel's tiering (docs/comparison.md): what
+# `make compare` runs. Hours on 2 cores under TCG; resumable: every stage
+# keeps its results in DIR/STAGE, and a second call runs only what is missing.
+#
+#   tools/qemu/compare_all.sh [--out DIR] [--bin DIR] [--cache DIR] [--stages "LIST"]
+#
+# Stages, in order (a stage that fails is reported at the end; the others run):
+#   sweep-6.12, sweep-6.1  the kernel's tiering knobs swept on another seed of
+#                          the attention workload (seed 2, 900 steps) than the
+#                          one reported: each kernel's best setting becomes its
+#                          kernel-tuned arm below (tune on one set, report on
+#                          another)
+#   6.12-attention         every arm on the attention workload (seed 1)
+#   6.12-mooncake          every arm on the public Mooncake sample
+#   6.12-attention-repeats two more runs of the headline arms of 6.12-attention:
+#                          kernel, kernel-tuned, damon, cxltier-touches and
+#                          cxltier-scores
+#   6.1-attention          every arm but damon (6.1 has no DAMOS migrate_hot)
+# DIR/results.json: every stage's records (the sweep's with workload
+# "attention-seed2"), with the git commit they ran on; DIR/tuned-K.txt: the
+# setting each sweep chose.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN="$ROOT/build/bin"
+CACHE="$ROOT/build/qemu-cache"
+OUT="$ROOT/build/compare"
+STAGES="sweep-6.12 6.12-attention 6.12-mooncake 6.12-attention-repeats sweep-6.1 6.1-attention"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT=$2; shift 2 ;;
+    --bin) BIN=$2; shift 2 ;;
+    --cache) CACHE=$2; shift 2 ;;
+    --stages) STAGES=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "compare_all.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+HEADLINE="kernel kernel-tuned damon cxltier-touches cxltier-scores"
+# The sweep: the kernel's defaults, and settings around the scan rate that
+# tracks a 100 ms decode step: the promotion rate limit (cxltierd's default
+# migration rate, or none), the hot threshold, the scan size, kswapd's
+# watermark gap (room for promotions) and the multi-gen LRU.
+FAST="delay=100,pmin=100,pmax=1000"
+SWEEP="kernel kernel+$FAST kernel+rate=1024,$FAST kernel+rate=1024,$FAST,hot=5000
+  kernel+rate=1024,$FAST,size=1024 kernel+rate=1024,$FAST,wsf=100
+  kernel+rate=1024,$FAST,hot=5000,size=1024,wsf=100 kernel+rate=1024,$FAST,mglru=y"
+
+FAILED=""
+compare() {  # stage, then compare.sh's arguments
+  local stage=$1
+  shift
+  echo "compare_all.sh: [$(date +%T)] stage $stage"
+  bash "$ROOT/tools/qemu/compare.sh" --resume --bin "$BIN" --cache "$CACHE" --out "$OUT/$stage" "$@" ||
+    FAILED="$FAILED $stage"
+}
+tuned() {  # kernel: the setting its sweep found best (re-touched share on node 0)
+  python3 - "$OUT/sweep-$1/results.json" <<'EOF'
+import json, sys
+recs = [r for r in json.load(open(sys.argv[1])) if r["arm"].startswith("kernel")]
+best = max(recs, key=lambda r: r["retouched_node0_share"])
+print(best["kernel_setting"])
+EOF
+}
+for stage in $STAGES; do
+  case "$stage" in
+    sweep-6.12|sweep-6.1)
+      k=${stage#sweep-}
+      compare "$stage" --kernel "$k" --attention seed=2,steps=900 --warmup 15 --arms "$(echo $SWEEP)"
+      tuned "$k" > "$OUT/tuned-$k.txt" || FAILED="$FAILED $stage" ;;
+    6.12-attention) compare "$stage" --kernel 6.12 --tuned "$(cat "$OUT/tuned-6.12.txt")" ;;
+    6.12-mooncake) compare "$stage" --kernel 6.12 --workload mooncake --tuned "$(cat "$OUT/tuned-6.12.txt")" ;;
+    6.1-attention) compare "$stage" --kernel 6.1 --tuned "$(cat "$OUT/tuned-6.1.txt")" ;;
+    6.12-attention-repeats)
+      compare 6.12-attention --kernel 6.12 --tuned "$(cat "$OUT/tuned-6.12.txt")" --repeat 3 \
+        --repeat-only "$HEADLINE" ;;
+    *) echo "compare_all.sh: unknown stage '$stage'" >&2; exit 2 ;;
+  esac
+done
+python3 - "$OUT" "$COMMIT" <<'EOF'
+import glob, json, os, sys
+out, commit = sys.argv[1], sys.argv[2]
+records = []
+for path in sorted(glob.glob(os.path.join(out, "*", "results.json"))):
+    stage = os.path.basename(os.path.dirname(path))
+    for r in json.load(open(path)):
+        if stage.startswith("sweep-"):
+            r["workload"] = r["workload"] + "-seed2"
+        r["stage"] = stage
+        records.append(r)
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(records, f, indent=1)
+    f.write("\n")
+print(f"compare_all.sh: {len(records)} records in {out}/results.json")
+EOF
+if [ -n "$FAILED" ]; then
+  echo "compare_all.sh: failed:$FAILED (each stage's console-*.log and report say why)" >&2
+  exit 1
+fi
