@@ -59,23 +59,34 @@ compare() {  # stage, then compare.sh's arguments
 tuned() {  # kernel: the setting its sweep found best (re-touched share on node 0)
   python3 - "$OUT/sweep-$1/results.json" <<'EOF'
 import json, sys
-recs = [r for r in json.load(open(sys.argv[1])) if r["arm"].startswith("kernel")]
+# Of the kernel arms that kept the comparison's invariants (demoted, started
+# with the same room), the best re-touched share on node 0.
+recs = [r for r in json.load(open(sys.argv[1]))
+        if r["arm"].startswith("kernel") and not r.get("violations")]
+if not recs:
+    sys.exit(f"{sys.argv[1]}: no kernel arm of the sweep kept the invariants")
 best = max(recs, key=lambda r: r["retouched_node0_share"])
 print(best["kernel_setting"])
 EOF
+}
+have_tuned() {  # kernel: T is its sweep's setting; false (and the stage failed) without one
+  T=$(cat "$OUT/tuned-$1.txt" 2>/dev/null || true)
+  [ -n "$T" ] && return 0
+  echo "compare_all.sh: no tuned setting for $1 (stage sweep-$1 first): skipping $stage" >&2
+  FAILED="$FAILED $stage"
+  return 1
 }
 for stage in $STAGES; do
   case "$stage" in
     sweep-6.12|sweep-6.1)
       k=${stage#sweep-}
       compare "$stage" --kernel "$k" --attention seed=2,steps=900 --warmup 15 --arms "$(echo $SWEEP)"
-      tuned "$k" > "$OUT/tuned-$k.txt" || FAILED="$FAILED $stage" ;;
-    6.12-attention) compare "$stage" --kernel 6.12 --tuned "$(cat "$OUT/tuned-6.12.txt")" ;;
-    6.12-mooncake) compare "$stage" --kernel 6.12 --workload mooncake --tuned "$(cat "$OUT/tuned-6.12.txt")" ;;
-    6.1-attention) compare "$stage" --kernel 6.1 --tuned "$(cat "$OUT/tuned-6.1.txt")" ;;
+      tuned "$k" > "$OUT/tuned-$k.txt" || { rm -f "$OUT/tuned-$k.txt"; FAILED="$FAILED $stage"; } ;;
+    6.12-attention) have_tuned 6.12 && compare "$stage" --kernel 6.12 --tuned "$T" ;;
+    6.12-mooncake) have_tuned 6.12 && compare "$stage" --kernel 6.12 --workload mooncake --tuned "$T" ;;
+    6.1-attention) have_tuned 6.1 && compare "$stage" --kernel 6.1 --tuned "$T" ;;
     6.12-attention-repeats)
-      compare 6.12-attention --kernel 6.12 --tuned "$(cat "$OUT/tuned-6.12.txt")" --repeat 3 \
-        --repeat-only "$HEADLINE" ;;
+      have_tuned 6.12 && compare 6.12-attention --kernel 6.12 --tuned "$T" --repeat 3 --repeat-only "$HEADLINE" ;;
     *) echo "compare_all.sh: unknown stage '$stage'" >&2; exit 2 ;;
   esac
 done

@@ -122,6 +122,10 @@ def main():
         # run's later repeats may cover only the headline arms).
         return sorted(k[3] for k in results if k[:3] == (shape, access, arm))
 
+    # The comparison's invariants: an arm that breaks one is still reported
+    # (its records carry the breach), and the report then exits 1.
+    violations = {}
+
     for shape in shapes:
         for access in ACCESS:
             if (shape, access) not in budgets:
@@ -131,6 +135,9 @@ def main():
                     fail(f"arm {arm} ({shape}, {access} reads) reported nothing")
             for arm, rp in [(arm, rp) for arm in arms(shape, access) for rp in runs(shape, access, arm)]:
                 r = results[(shape, access, arm, rp)]
+
+                def violate(msg, key=(shape, access, arm, rp)):
+                    violations.setdefault(key, []).append(msg + (f" (run {rp + 1})" if rp else ""))
                 missing = [k for k in NEEDED if k not in r]
                 if missing:
                     fail(f"arm {arm} ({shape}, {access}) lacks {', '.join(missing)}")
@@ -141,7 +148,7 @@ def main():
                 # Blocks admitted before they are written land in tier 0
                 # while its budget has room (the replay admits, then writes).
                 if arm.startswith("cxltier") and not r["admitted_fast_share"] > 0:
-                    fail(f"arm {arm} ({shape}, {access}): no admission landed on node 0, "
+                    violate(f"arm {arm} ({shape}, {access}): no admission landed on node 0, "
                          f"though tier 0 had a budget of {budgets[(shape, access)]} bytes")
                 # Tier 0's budget bounds what the pool holds on node 0, from
                 # admission on: at every point of the series, within two
@@ -151,30 +158,30 @@ def main():
                     top = pool_node0_max(r)
                     bound = budgets[(shape, access)] + 2 * r["block_bytes"]
                     if top > bound:
-                        fail(f"arm {arm} ({shape}, {access}): the pool held {top} bytes on node 0, "
+                        violate(f"arm {arm} ({shape}, {access}): the pool held {top} bytes on node 0, "
                              f"over tier 0's budget of {budgets[(shape, access)]} bytes plus two "
                              f"blocks")
                 if r.get("stopped_early"):
-                    fail(f"arm {arm} ({shape}, {access}) stopped before the end of the trace")
+                    violate(f"arm {arm} ({shape}, {access}) stopped before the end of the trace")
                 # The same landing room: every arm started with the same
                 # memory of node 0 free above its high watermark.
                 want = r["fast_free_target"]
                 got = r["fast_above_high_at_start"]
                 if want // r["block_bytes"] * r["block_bytes"] != budgets[(shape, access)]:
-                    fail(f"arm {arm} ({shape}, {access}): asked for {want} bytes free on node 0, "
+                    violate(f"arm {arm} ({shape}, {access}): asked for {want} bytes free on node 0, "
                          f"not tier 0's budget of {budgets[(shape, access)]}")
                 if abs(got - want) > START_SLACK * want:
-                    fail(f"arm {arm} ({shape}, {access}): node 0 had {got} bytes free above its "
+                    violate(f"arm {arm} ({shape}, {access}): node 0 had {got} bytes free above its "
                          f"high watermark at the start, not {want} (within 2%)")
                 # The kernel at work: with a lower tier, every kernel arm
                 # demoted (kswapd or direct reclaim) and promoted candidates.
                 if arm.startswith("kernel") and lower_tier.get(shape):
                     k = r["kernel"]
                     if k["pgdemote_kswapd"] + k["pgdemote_direct"] == 0:
-                        fail(f"arm {arm} ({shape}, {access}): the kernel demoted nothing "
+                        violate(f"arm {arm} ({shape}, {access}): the kernel demoted nothing "
                              f"(pgdemote_kswapd and pgdemote_direct 0)")
                 if arm == "damon" and damon[(shape, access, rp)]["demoted_bytes"] == 0:
-                    fail(f"arm damon ({shape}, {access}): migrate_cold moved nothing")
+                    violate(f"arm damon ({shape}, {access}): migrate_cold moved nothing")
 
     trace_bin = os.path.join(a.out, "trace.bin")
     sim_bin = os.path.join(a.bin, "cxltier-sim")
@@ -285,6 +292,7 @@ def main():
                     c["kswapd_s"] + c.get("kdamond_s", 0.0),
                     "cpu": c,
                     "read_us_per_step_emulated": r.get("read_us_per_step"),
+                    "violations": violations.get((shape, access, arm, rp), []),
                 })
                 if rp != 0:
                     continue  # the table's row is the first run's; the spread is all runs'
@@ -327,6 +335,12 @@ def main():
         md.append(f"![fast-tier share over time, {shape} guest](img/comparison-{shape}.png)")
         md.append("")
         plot(a.out, shape, results, arms)
+    broken = [m for msgs in violations.values() for m in msgs]
+    if broken:
+        md.append("**Invariants broken** (these arms' records carry them):")
+        md.append("")
+        md.extend(f"- {m}" for m in broken)
+        md.append("")
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(records, f, indent=1)
         f.write("\n")
@@ -334,6 +348,8 @@ def main():
     with open(os.path.join(a.out, "report.md"), "w") as f:
         f.write(report)
     print(report)
+    if broken:
+        fail(f"{len(broken)} invariant(s) broken: " + "; ".join(broken))
 
 
 def plot(out, shape, results, arms):
