@@ -188,6 +188,28 @@ TEST(Replay, AWarmUpIsLeftOutOfTheFigures) {
   EXPECT_NE(flat.out.find("need --socket"), std::string::npos) << flat.out;
 }
 
+// --step-ms paces the trace's steps, the empty ones too: a recording's idle
+// ticks between two turns last as long as they did. And a touch of a block
+// touched before counts in the re-touched bytes.
+TEST(Replay, EmptyStepsBetweenEventsArePacedToo) {
+  const std::string dir = ::testing::TempDir();
+  const std::string trace = dir + "/replay-gap.bin";
+  // Block 0 touched at steps 0, 1 and 150; block 1 at step 1 only.
+  ASSERT_TRUE(sim::SaveTrace(Touches({{0, 0}, {1, 0}, {1, 1}, {150, 0}}, 2), trace).ok());
+  std::string nodes;
+  for (int n = 0; n < 64; ++n) nodes += " " + std::to_string(n);
+  const ReplayRun r =
+      RunReplay("--trace 'bin:" + trace + "' --block-bytes 64KiB --step-ms 4 --fast-nodes" + nodes,
+                dir + "/replay-gap.json");
+  ASSERT_FALSE(r.json.is_discarded()) << r.out;
+  EXPECT_EQ(r.json["steps"], 3u);  // the steps with events
+  // Steps 0 to 150, 4 ms each at least (a lower bound: sleeps never end early).
+  EXPECT_GE(r.json["seconds"].get<double>(), 0.150 * 4);
+  EXPECT_EQ(r.json["touches"], 4u);
+  EXPECT_EQ(r.json["retouched_bytes"], 2u * 65536);       // block 0's second and third touches
+  EXPECT_EQ(r.json["retouched_fast_bytes"], 2u * 65536);  // every node counted fast
+}
+
 TEST(Residency, PresentPagesAreOnANodeAndMissingOnesAreUnknown) {
   const long page = sysconf(_SC_PAGESIZE);
   auto* p = static_cast<char*>(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cxltier against the kernel's own tiering, on the same work (docs/comparison.md).
 #
-#   tools/qemu/compare.sh [--short] [--workload attention|mooncake] [--trace SPEC]
+#   tools/qemu/compare.sh [--short] [--workload attention|mooncake|llama] [--trace SPEC]
 #                         [--attention K=V,...] [--arms "LIST"] [--tuned KNOBS]
 #                         [--kernel 6.1|6.12] [--repeat N [--repeat-only "LIST"]] [--resume]
 #                         [--access "cpu device"] [--warmup S]
@@ -23,7 +23,11 @@
 # Workloads: attention (the generated decode workload with hints; its scores
 # are the generator's attention weights, close to an oracle) or mooncake (the
 # public Mooncake sample, tests/data: touches only, no scores or hints; no
-# cxltier-hints arm), or --trace SPEC (any cxltier-replay trace).
+# cxltier-hints arm), llama (a real engine's traffic: cxltier-llama serving
+# 40 of the sample's conversations, recorded; each touch's score is the
+# attention mass llama.cpp computed, and the hints are its scheduler's;
+# replayed at its recorded pace, 20 ms a tick), or --trace SPEC (any
+# cxltier-replay trace).
 #
 # The full run (the default) boots a fresh guest for every arm and repeat,
 # so that no arm inherits another's kernel state, and appends each arm's
@@ -110,7 +114,11 @@ case "$WORKLOAD" in
     TRACE="mooncake:$ROOT/tests/data/mooncake_synthetic_trace.jsonl"
     [ "$SHORT" = 1 ] || STEP_MS=50 WARMUP_S=20
     POOL=(--pool-blocks 4096) ;;
-  *) echo "compare.sh: unknown --workload '$WORKLOAD' (attention, mooncake; or --trace SPEC)" >&2; exit 2 ;;
+  llama)
+    # 12,387 ticks of 20 ms: 248 s; every one of its 2,087 blocks stays live.
+    TRACE="bin:$ROOT/tests/data/llama_mooncake40.cxlt"
+    [ "$SHORT" = 1 ] || STEP_MS=20 ;;
+  *) echo "compare.sh: unknown --workload '$WORKLOAD' (attention, mooncake, llama; or --trace SPEC)" >&2; exit 2 ;;
 esac
 [ -n "$WORKLOAD" ] || WORKLOAD=$(basename "${TRACE#*:}")
 WARMUP=${WARMUP:-$WARMUP_S}
@@ -118,7 +126,7 @@ if [ -z "$ARMS" ]; then
   ARMS="none kernel kernel-tuned"
   [ "$KERNEL" = 6.12 ] && ARMS="$ARMS damon"
   ARMS="$ARMS cxltier-touches cxltier-scores"
-  [ "$WORKLOAD" = attention ] && ARMS="$ARMS cxltier-hints"
+  [ "$WORKLOAD" = mooncake ] || ARMS="$ARMS cxltier-hints"
 fi
 for b in cxltier-replay cxltier-sim cxltierd; do
   [ -x "$BIN/$b" ] || { echo "compare.sh: $BIN/$b not built (bash scripts/run.sh builds it)" >&2; exit 2; }

@@ -13,6 +13,8 @@
 #                          another)
 #   6.12-attention         every arm on the attention workload (seed 1)
 #   6.12-mooncake          every arm on the public Mooncake sample
+#   6.12-llama             every arm on cxltier-llama's recording (tests/data):
+#                          the scores are a real engine's attention masses
 #   6.12-attention-repeats two more runs of the headline arms of 6.12-attention:
 #                          kernel, kernel-tuned, damon, cxltier-touches and
 #                          cxltier-scores
@@ -25,7 +27,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"
 CACHE="$ROOT/build/qemu-cache"
 OUT="$ROOT/build/compare"
-STAGES="sweep-6.12 6.12-attention 6.12-mooncake 6.12-attention-repeats sweep-6.1 6.1-attention"
+STAGES="sweep-6.12 6.12-attention 6.12-mooncake 6.12-llama 6.12-attention-repeats sweep-6.1 6.1-attention"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;;
@@ -84,6 +86,7 @@ for stage in $STAGES; do
       tuned "$k" > "$OUT/tuned-$k.txt" || { rm -f "$OUT/tuned-$k.txt"; FAILED="$FAILED $stage"; } ;;
     6.12-attention) have_tuned 6.12 && compare "$stage" --kernel 6.12 --tuned "$T" ;;
     6.12-mooncake) have_tuned 6.12 && compare "$stage" --kernel 6.12 --workload mooncake --tuned "$T" ;;
+    6.12-llama) have_tuned 6.12 && compare "$stage" --kernel 6.12 --workload llama --tuned "$T" ;;
     6.1-attention) have_tuned 6.1 && compare "$stage" --kernel 6.1 --tuned "$T" ;;
     6.12-attention-repeats)
       have_tuned 6.12 && compare 6.12-attention --kernel 6.12 --tuned "$T" --repeat 3 --repeat-only "$HEADLINE" ;;

@@ -117,7 +117,10 @@ int main(int argc, char** argv) {
                "with --socket: send the trace's scheduler hints (idle, soon, done of a group, "
                "with the group's live keys)");
   app.add_option("--daemon-pid", daemon_pid, "cxltierd's pid, for its CPU time");
-  app.add_option("--step-ms", step_ms, "each step lasts at least this long")->capture_default_str();
+  app.add_option("--step-ms", step_ms,
+                 "each step lasts at least this long, and so do the steps with no event before the "
+                 "next (a recording's idle ticks)")
+      ->capture_default_str();
   app.add_option("--intervals", intervals, "points of the fast-tier share over time")
       ->capture_default_str();
   app.add_option("--seconds", max_seconds, "stop after this long (0: the whole trace)");
@@ -507,7 +510,12 @@ int main(int argc, char** argv) {
       point(step);
       next_point = step + per_point;
     }
-    if (step_ms) std::this_thread::sleep_until(step_start + std::chrono::milliseconds(step_ms));
+    if (step_ms) {
+      // A step lasts at least step_ms, and so does each step the trace
+      // leaves empty before its next event (a recording's idle ticks).
+      const uint64_t span = i < trace.events.size() ? trace.events[i].step - step : 1;
+      std::this_thread::sleep_until(step_start + std::chrono::milliseconds(step_ms * span));
+    }
   }
   if (!measuring) {
     return Fail("the run ended (" + std::to_string(Seconds(start)) +
