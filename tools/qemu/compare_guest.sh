@@ -183,8 +183,8 @@ run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
 # 0 (at most 100 MiB a second, the tuned kernel arm's order), one watching
 # node 0 that moves what has not been accessed for 2 s to node 1. 6.12 has no
 # node-memory quota goals (those came later), so the cold scheme demotes by
-# age alone. Skipped where the kernel has no migrate_hot, and unless asked
-# for (compare.sh --damon).
+# age alone. Set up only when the damon arm is asked for; that arm fails
+# where the kernel has no migrate_hot.
 DAMON=/sys/kernel/mm/damon/admin
 node_range() {  # node: "start end" of its physical memory blocks
   bs=$(printf '%d' "0x$(cat /sys/devices/system/memory/block_size_bytes)")
