@@ -105,6 +105,10 @@ else
   OUT=${OUT:-$ROOT/build/compare}
 fi
 [ -n "$EXTRA" ] && ATTENTION="$ATTENTION,$EXTRA"
+if [ "$SHORT" = 1 ] && { [ -n "$TRACE" ] || [ "$WORKLOAD" != attention ]; }; then
+  echo "compare.sh: --short replays its own small attention trace only" >&2
+  exit 2
+fi
 case "$WORKLOAD" in
   attention|'') ;;
   mooncake)
@@ -140,21 +144,34 @@ COMMIT=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)
 # blocks fitted to a pool. With --resume it must be the trace the kept
 # results came from.
 if [ -n "$TRACE" ]; then src=(--trace "$TRACE"); else src=(--attention "$ATTENTION"); fi
-"$BIN/cxltier-replay" "${src[@]}" "${POOL[@]}" --block-bytes $BLOCK --write-trace "$OUT/trace-new.bin" > "$OUT/trace.json"
-if [ "$RESUME" = 1 ] && [ -f "$OUT/trace.bin" ] && [ -s "$OUT/results.jsonl" ] &&
-   ! cmp -s "$OUT/trace.bin" "$OUT/trace-new.bin"; then
-  echo "compare.sh: --resume: $OUT holds results of another trace; use another --out or no --resume" >&2
-  exit 2
+"$BIN/cxltier-replay" "${src[@]}" "${POOL[@]}" --block-bytes $BLOCK --write-trace "$OUT/trace-new.bin" > "$OUT/trace-new.json"
+# What else the kept results depend on: a resumed run must not mix settings.
+PARAMS="kernel=$KERNEL block=$BLOCK step_ms=$STEP_MS warmup=$WARMUP access=$ACCESS memory=$MEMORY tuned=$TUNED"
+if [ "$RESUME" = 1 ] && [ -s "$OUT/results.jsonl" ]; then
+  if [ -f "$OUT/trace.bin" ] && ! cmp -s "$OUT/trace.bin" "$OUT/trace-new.bin"; then
+    echo "compare.sh: --resume: $OUT holds results of another trace; use another --out or no --resume" >&2
+    exit 2
+  fi
+  if [ -f "$OUT/params" ] && [ "$(cat "$OUT/params")" != "$PARAMS" ]; then
+    echo "compare.sh: --resume: $OUT holds results run with '$(cat "$OUT/params")', not '$PARAMS'" >&2
+    exit 2
+  fi
 fi
+echo "$PARAMS" > "$OUT/params"
 mv "$OUT/trace-new.bin" "$OUT/trace.bin"
+mv "$OUT/trace-new.json" "$OUT/trace.json"
 echo "compare.sh: $WORKLOAD trace $(cat "$OUT/trace.json")"
 pool_blocks=$(sed -n 's/.*"pool_blocks":\([0-9]*\).*/\1/p' "$OUT/trace.json")
 FREE=$((pool_blocks * BLOCK / 4))
 DISK="$CACHE/compare-disk.raw"
 [ -f "$DISK" ] || truncate -s 64M "$DISK"
 
-done_already() {  # repeat arm: whether DIR/results.jsonl holds it
-  grep -F "\"repeat\":$1," "$OUT/results.jsonl" 2>/dev/null | grep -qF "\"arm\":\"$2\""
+done_already() {  # repeat arm: whether DIR/results.jsonl holds it, for every access kind
+  local a
+  for a in $ACCESS; do
+    grep -F "\"repeat\":$1," "$OUT/results.jsonl" 2>/dev/null | grep -F "\"arm\":\"$2\"" |
+      grep -qF "\"access\":\"$a\"" || return 1
+  done
 }
 boot() {  # repeat "arms" log
   local rep=$1 arms=$2 log=$3 start=$SECONDS rc=0
@@ -164,8 +181,11 @@ boot() {  # repeat "arms" log
     --file "$ROOT/tools/qemu/compare_guest.sh:/bin/compare_guest.sh" \
     --run "KERNEL_TUNED='$TUNED' sh /bin/compare_guest.sh cxl /root/trace.bin $BLOCK $FREE $STEP_MS '$ACCESS' '$arms' $WARMUP" \
     > "$log" 2>&1 || rc=$?
-  # Each line, tagged with its repeat, appended as soon as the guest is done.
-  for kind in RESULT:results BUDGET:budgets DAMON:damon; do
+  # Each line, tagged with its repeat, appended as soon as the guest is done;
+  # in the full run only when it exited 0 (an arm torn down badly runs again
+  # on --resume).
+  if [ $rc -ne 0 ] && [ "$SHORT" = 0 ]; then kinds=""; else kinds="RESULT:results BUDGET:budgets DAMON:damon"; fi
+  for kind in $kinds; do
     grep -a "^COMPARE-${kind%%:*} " "$log" | cut -d' ' -f2- | sed "s/^{/{\"repeat\":$rep,\"commit\":\"$COMMIT\",/" \
       >> "$OUT/${kind#*:}.jsonl" || true
   done

@@ -51,11 +51,11 @@ SWEEP="kernel kernel+$FAST kernel+rate=1024,$FAST kernel+rate=1024,$FAST,hot=500
   kernel+rate=1024,$FAST,hot=5000,size=1024,wsf=100 kernel+rate=1024,$FAST,mglru=y"
 
 FAILED=""
-compare() {  # stage, then compare.sh's arguments
-  local stage=$1
+compare() {  # directory, then compare.sh's arguments ($stage is the stage's name)
+  local dir=$1
   shift
   echo "compare_all.sh: [$(date +%T)] stage $stage"
-  bash "$ROOT/tools/qemu/compare.sh" --resume --bin "$BIN" --cache "$CACHE" --out "$OUT/$stage" "$@" ||
+  bash "$ROOT/tools/qemu/compare.sh" --resume --bin "$BIN" --cache "$CACHE" --out "$OUT/$dir" "$@" ||
     FAILED="$FAILED $stage"
 }
 tuned() {  # kernel: the setting its sweep found best (re-touched share on node 0)

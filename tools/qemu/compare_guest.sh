@@ -131,6 +131,16 @@ defaults() { kernel_setting ""; }
 mkdir -p /sys/fs/cgroup
 [ -f /sys/fs/cgroup/memory.reclaim ] || mount -t cgroup2 none /sys/fs/cgroup || fail "mount cgroup2"
 [ -f /sys/fs/cgroup/memory.reclaim ] || fail "no memory.reclaim in the root cgroup"
+# Two memory cgroups: fixed, for this shell and what it starts (the replay's
+# own memory, its balloon, cxltierd), and pool, where the replay moves before
+# it maps the pool (--cgroup). DAMON's cold scheme leaves fixed's pages alone
+# (a memcg filter): mlock keeps the balloon from reclaim, not from
+# migration, and migrate_cold moved 294 MB of it to node 1 in one run,
+# freeing node 0 for the pool (2026-12-05). The replay checks at the end
+# that its balloon is all still on node 0 (balloon_off_node_bytes).
+echo +memory > /sys/fs/cgroup/cgroup.subtree_control || fail "no memory controller"
+mkdir -p /sys/fs/cgroup/fixed /sys/fs/cgroup/pool
+echo $$ > /sys/fs/cgroup/fixed/cgroup.procs || fail "cannot join /sys/fs/cgroup/fixed"
 revive_kswapd() {
   was=$(cat /sys/kernel/mm/numa/demotion_enabled)
   echo true > /sys/kernel/mm/numa/demotion_enabled
@@ -172,7 +182,7 @@ run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
   out=/tmp/arm-$name-$access.json
   cxltier-replay --trace "bin:$TRACE" --block-bytes "$BLOCK" --fast-free "$ARM_FREE" \
     --access "$access" --device "$DISK" --device-io $DEVICE_IO --step-ms "$STEP_MS" --arm "$name" \
-    --warmup "$WARMUP" --json "$out" "$@" ||
+    --warmup "$WARMUP" --cgroup /sys/fs/cgroup/pool --json "$out" "$@" ||
     fail "arm $name ($access)"
   echo "COMPARE-RESULT {\"shape\":\"$SHAPE\",\"kernel\":\"$(uname -r)\",\"lower_tier\":$LOWER_TIER,\"kernel_setting\":\"$SETTING\",\"result\":$(cat "$out")}"
 }
@@ -220,6 +230,12 @@ damon_scheme() {  # kdamond watched_node action target_node nr_accesses_min nr_a
   echo 4294967295 > $sc/access_pattern/age/max
   echo "${10}" > $sc/quotas/bytes
   echo 1000 > $sc/quotas/reset_interval_ms
+  # The fixed cgroup's pages (the balloon, the replay's own) are not the
+  # workload's: out of every scheme.
+  echo 1 > $sc/filters/nr_filters
+  echo memcg > $sc/filters/0/type
+  echo /fixed > $sc/filters/0/memcg_path
+  echo Y > $sc/filters/0/matching
 }
 HAVE_DAMON=false
 if [ "$WANT_DAMON" = true ] && [ -f $DAMON/kdamonds/nr_kdamonds ] && [ "$LOWER_TIER" = true ]; then

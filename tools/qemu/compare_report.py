@@ -97,13 +97,17 @@ def main():
     lower_tier = {}
     kernel = {}
     setting = {}
+    commit = {}
     # compare.sh --repeat N: each record carries its repeat (0 to N - 1).
     for line in load_lines(os.path.join(a.out, "results.jsonl")):
         r = line["result"]
+        r["_shape"] = line["shape"]
         results[(line["shape"], r["access"], r["arm"], line.get("repeat", 0))] = r
         lower_tier[line["shape"]] = line.get("lower_tier")
         kernel[line["shape"]] = line.get("kernel", "?")
-        setting[(line["shape"], r["access"], r["arm"])] = line.get("kernel_setting", "")
+        key = (line["shape"], r["access"], r["arm"], line.get("repeat", 0))
+        setting[key] = line.get("kernel_setting", "")
+        commit[key] = line.get("commit", "")
     shapes = sorted({key[0] for key in results}) or fail("no arm reported anything")
     if len(set(kernel.values())) > 1:
         fail(f"results of more than one kernel in {a.out}: {sorted(set(kernel.values()))}")
@@ -116,6 +120,17 @@ def main():
 
     def arms(shape, access):
         return wanted
+
+    def damon_moves(r, rp):
+        # DAMON's migrations over the measured window (the replay reads its
+        # schemes' stats at the warm-up's end and at the end), else over the
+        # whole arm (the guest's COMPARE-DAMON line, older runs).
+        schemes = r["kernel"].get("damon_schemes")
+        if schemes:
+            return (sum(x["applied_bytes"] for x in schemes if x["action"] == "migrate_hot"),
+                    sum(x["applied_bytes"] for x in schemes if x["action"] == "migrate_cold"))
+        d = damon.get((r["_shape"], r["access"], rp))
+        return (d["promoted_bytes"], d["demoted_bytes"]) if d else (None, None)
 
     def runs(shape, access, arm):
         # The repeats of an arm that ran (--repeat N: 0 to N - 1; the full
@@ -161,6 +176,9 @@ def main():
                         violate(f"arm {arm} ({shape}, {access}): the pool held {top} bytes on node 0, "
                              f"over tier 0's budget of {budgets[(shape, access)]} bytes plus two "
                              f"blocks")
+                if r.get("balloon_off_node_bytes", 0) > 0:
+                    violate(f"arm {arm} ({shape}, {access}): {r['balloon_off_node_bytes']} bytes of the "
+                            f"balloon left node 0 during the run (more room for the pool there)")
                 if r.get("stopped_early"):
                     violate(f"arm {arm} ({shape}, {access}) stopped before the end of the trace")
                 # The same landing room: every arm started with the same
@@ -180,8 +198,12 @@ def main():
                     if k["pgdemote_kswapd"] + k["pgdemote_direct"] == 0:
                         violate(f"arm {arm} ({shape}, {access}): the kernel demoted nothing "
                              f"(pgdemote_kswapd and pgdemote_direct 0)")
-                if arm == "damon" and damon[(shape, access, rp)]["demoted_bytes"] == 0:
-                    violate(f"arm damon ({shape}, {access}): migrate_cold moved nothing")
+                if arm == "damon":
+                    hot, cold = damon_moves(r, rp)
+                    if cold is None:
+                        violate(f"arm damon ({shape}, {access}): no DAMON scheme stats")
+                    elif cold == 0:
+                        violate(f"arm damon ({shape}, {access}): migrate_cold moved nothing")
 
     trace_bin = os.path.join(a.out, "trace.bin")
     sim_bin = os.path.join(a.bin, "cxltier-sim")
@@ -230,27 +252,33 @@ def main():
                 if arm.startswith("cxltier"):
                     prom, dem = r["daemon"]["promoted_bytes"], r["daemon"]["demoted_bytes"]
                 elif arm == "damon":
-                    prom = damon[(shape, access, rp)]["promoted_bytes"]
-                    dem = damon[(shape, access, rp)]["demoted_bytes"]
+                    prom, dem = damon_moves(r, rp)
+                    if prom is None:
+                        return 0, 0, None
                 else:
                     return k["promoted_bytes"], k["demoted_bytes"], k["promoted_bytes"] + k["demoted_bytes"]
                 return prom, dem, prom + dem + k["promoted_bytes"] + k["demoted_bytes"]
 
             # The cost of a node-0 hit: bytes migrated per byte of re-touched
             # reads that an arm found on node 0 beyond the best kernel arm's.
-            kernel_arms = [arm for arm in arms(shape, access) if arm.startswith("kernel")]
+            kernel_arms = [arm for arm in arms(shape, access)
+                           if arm.startswith("kernel") and not violations.get((shape, access, arm, 0))]
             best = max(kernel_arms, default=None,
                        key=lambda arm: results[(shape, access, arm, 0)]["fast_share_retouch"])
 
             def per_extra_hit(arm, rp):
+                # Each arm measures its own window (the warm-up is in
+                # seconds), so the best kernel arm's figures are scaled to
+                # this arm's re-touched bytes.
                 r = results[(shape, access, arm, rp)]
-                if best is None or arm == best or "retouched_fast_bytes" not in r:
+                if best is None or arm == best or "retouched_bytes" not in r:
                     return None
                 b = results[(shape, access, best, 0)]
-                extra = r["retouched_fast_bytes"] - b["retouched_fast_bytes"]
-                if extra <= 0:
+                extra = (r["fast_share_retouch"] - b["fast_share_retouch"]) * r["retouched_bytes"]
+                if extra <= 0 or not b["retouched_bytes"] or moves(arm, rp)[2] is None:
                     return None
-                return (moves(arm, rp)[2] - moves(best, 0)[2]) / extra
+                scale = r["retouched_bytes"] / b["retouched_bytes"]
+                return (moves(arm, rp)[2] - moves(best, 0)[2] * scale) / extra
 
             md.append(f"| arm | re-touched bytes on node 0 | re-touched, runs: mean "
                       f"(min to max) | all touched bytes on node 0 | "
@@ -269,7 +297,8 @@ def main():
                 records.append({
                     "kernel": kernel[shape], "shape": shape, "access": access, "arm": arm,
                     "workload": a.workload, "repeat": rp, "seconds": r["seconds"],
-                    "kernel_setting": setting[(shape, access, arm)],
+                    "kernel_setting": setting[(shape, access, arm, rp)],
+                    "commit": commit[(shape, access, arm, rp)],
                     "measured_seconds": r.get("measured_s", r["seconds"]),
                     "node0_free_bytes_start": r["fast_above_high_at_start"],
                     "tier0_budget_bytes": budget,
@@ -302,7 +331,7 @@ def main():
                           f"{len(shares)}: {pct(sum(shares) / len(shares))} ({pct(min(shares))} to "
                           f"{pct(max(shares))}) | "
                           f"{pct(r['fast_share'])} | {pct(r['admitted_fast_share'])} | "
-                          f"{mib(prom)} / {mib(dem)} | {mib(moved)} | "
+                          f"{mib(prom)} / {mib(dem)} | {mib(moved) if moved is not None else '-'} | "
                           f"{fmt_ratio(records[-1]['moved_per_extra_node0_byte'])} | "
                           f"{k['numa_hint_faults']:,} | "
                           f"{k['pgpromote_candidate']:,} / {k['pgpromote_success']:,} | "

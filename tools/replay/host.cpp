@@ -26,6 +26,33 @@ std::map<std::string, uint64_t> ReadVmstat() {
   return out;
 }
 
+std::vector<DamonScheme> ReadDamonSchemes() {
+  const std::string admin = "/sys/kernel/mm/damon/admin/kdamonds/";
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::string v;
+    in >> v;
+    return v;
+  };
+  std::vector<DamonScheme> out;
+  const std::string n = read(admin + "nr_kdamonds");
+  for (int k = 0; k < std::atoi(n.c_str()); ++k) {
+    const std::string kd = admin + std::to_string(k) + "/";
+    if (read(kd + "state") != "on") continue;
+    std::ofstream(kd + "state") << "update_schemes_stats";  // refreshes every scheme's stats
+    for (int c = 0; c < std::atoi(read(kd + "contexts/nr_contexts").c_str()); ++c) {
+      const std::string ctx = kd + "contexts/" + std::to_string(c) + "/schemes/";
+      for (int i = 0; i < std::atoi(read(ctx + "nr_schemes").c_str()); ++i) {
+        const std::string sc = ctx + std::to_string(i) + "/";
+        out.push_back({read(sc + "action"),
+                       std::strtoull(read(sc + "stats/sz_applied").c_str(), nullptr, 10),
+                       std::strtoull(read(sc + "stats/sz_tried").c_str(), nullptr, 10)});
+      }
+    }
+  }
+  return out;
+}
+
 ZoneMemory NodeUserZones(int node) {
   std::ifstream in("/proc/zoneinfo");
   std::string line;
@@ -208,6 +235,22 @@ std::string Balloon::Grow(int node, uint64_t bytes) {
            std::strerror(errno);
   }
   return "";
+}
+
+uint64_t Balloon::OffNodeBytes(int node) const {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<void*> pages;
+  for (const Chunk& c : chunks_) {
+    for (uint64_t off = 0; off < c.bytes; off += page)
+      pages.push_back(static_cast<char*>(c.base) + off);
+  }
+  std::vector<int> status(pages.size(), -1);
+  if (!pages.empty() && move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0) != 0) {
+    return 0;
+  }
+  uint64_t off_node = 0;
+  for (int s : status) off_node += s != node ? page : 0;
+  return off_node;
 }
 
 void Balloon::Shrink(uint64_t bytes) {

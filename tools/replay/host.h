@@ -15,6 +15,16 @@ namespace cxltier::replay {
 // /proc/vmstat, every counter (pgpromote_success, pgdemote_kswapd, numa_hint_faults...).
 std::map<std::string, uint64_t> ReadVmstat();
 
+// DAMON's schemes that are running (DAMON's sysfs admin interface): for
+// each kdamond that is on, each scheme's action and the bytes it was
+// applied to and tried on so far. Asks the kdamonds to refresh the stats
+// first (update_schemes_stats); empty where DAMON is absent or off.
+struct DamonScheme {
+  std::string action;  // "migrate_hot", "migrate_cold", ...
+  uint64_t applied_bytes = 0, tried_bytes = 0;
+};
+std::vector<DamonScheme> ReadDamonSchemes();
+
 // A node's free memory and high watermark (below it kswapd reclaims and, with
 // demotion on, demotes), summed over its zones but DMA (/proc/zoneinfo), in
 // bytes: ZONE_DMA's free pages are kept for DMA allocations by its lowmem
@@ -81,6 +91,10 @@ class Balloon {
   // demoting after the arm before).
   std::string Inflate(int node, uint64_t free_bytes);
   uint64_t bytes() const;
+  // The balloon's bytes that are not on `node` (now): mlock keeps pages from
+  // reclaim, not from migration, and a physical-address migrator (DAMOS
+  // migrate_cold) could move them and give node 0 room the arm was not given.
+  uint64_t OffNodeBytes(int node) const;
 
  private:
   std::string Grow(int node, uint64_t bytes);

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
       "touched bytes were (one arm of docs/comparison.md)"};
   std::string trace_spec, attention = kDefaultAttention, write_trace, block_text = "64KiB";
   std::string arm = "unnamed", access = "cpu", device, socket_path, json_path, fast_free_text = "0";
-  std::string device_io_text = "0", scores = "trace";
+  std::string device_io_text = "0", scores = "trace", pool_cgroup;
   bool send_hints = false;
   std::vector<int> fast_nodes = {0};
   uint32_t pool_blocks = 0, step_ms = 0, intervals = 40;
@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
                  "lock memory on the first fast node until only this much is free above its "
                  "high watermark (the same fast-tier capacity in every arm); 0: no balloon")
       ->capture_default_str();
+  app.add_option("--cgroup", pool_cgroup,
+                 "a cgroup (v2) directory to move into once the balloon is sized, before the "
+                 "pool is mapped: the pool's pages are charged there, ours and the balloon's where "
+                 "we started (so that a DAMOS memcg filter can leave those alone)");
   app.add_option("--socket", socket_path,
                  "cxltierd's socket: register the pool, admit, observe and release through the "
                  "client library (the cxltier arms)");
@@ -237,6 +241,11 @@ int main(int argc, char** argv) {
       return Fail(err);
     }
   }
+  if (!pool_cgroup.empty()) {
+    std::ofstream procs(pool_cgroup + "/cgroup.procs");
+    procs << getpid() << std::endl;
+    if (!procs) return Fail("cannot move into the cgroup " + pool_cgroup);
+  }
   const replay::ZoneMemory fast_at_start = replay::NodeUserZones(fast_nodes.front());
   const uint64_t stride = *block;
   const uint64_t length = stride * pool_blocks;
@@ -265,6 +274,7 @@ int main(int argc, char** argv) {
   };
   // What the figures count from: the end of the warm-up (its start without one).
   std::map<std::string, uint64_t> vm_before;
+  std::vector<replay::DamonScheme> damon_before;
   double kswapd_before = 0, kdamond_before = 0, daemon_cpu_before = 0;
   rusage ru_before{};
   bool measuring = false;
@@ -273,6 +283,7 @@ int main(int argc, char** argv) {
     measuring = true;
     measured_from = Clock::now();
     vm_before = replay::ReadVmstat();
+    damon_before = replay::ReadDamonSchemes();
     kswapd_before = cpu_of(kswapd);
     kdamond_before = cpu_of(kdamond);
     daemon_cpu_before = daemon_pid ? replay::ProcessCpuSeconds(daemon_pid) : 0;
@@ -543,6 +554,19 @@ int main(int argc, char** argv) {
   }
   kernel["promoted_bytes"] = vm("pgpromote_success") * page;
   kernel["demoted_bytes"] = (vm("pgdemote_kswapd") + vm("pgdemote_direct")) * page;
+  // DAMON's schemes over the same window (the kdamonds running now, in the
+  // order they were at its start).
+  const std::vector<replay::DamonScheme> damon_after = replay::ReadDamonSchemes();
+  nlohmann::json damon = nlohmann::json::array();
+  for (size_t s = 0; s < damon_after.size(); ++s) {
+    const replay::DamonScheme& a = damon_after[s];
+    const replay::DamonScheme* b =
+        s < damon_before.size() && damon_before[s].action == a.action ? &damon_before[s] : nullptr;
+    damon.push_back({{"action", a.action},
+                     {"applied_bytes", a.applied_bytes - (b ? b->applied_bytes : 0)},
+                     {"tried_bytes", a.tried_bytes - (b ? b->tried_bytes : 0)}});
+  }
+  kernel["damon_schemes"] = damon;
 
   // The steady state: the pool's bytes on the fast nodes over the second half
   // of the points after the warm-up.
@@ -566,6 +590,7 @@ int main(int argc, char** argv) {
       {"pool_bytes", length},
       {"fast_nodes", fast_nodes},
       {"balloon_bytes", balloon.bytes()},
+      {"balloon_off_node_bytes", balloon.OffNodeBytes(fast_nodes.front())},
       {"fast_free_at_start", fast_at_start.free},
       {"fast_high_watermark", fast_at_start.high},
       {"fast_above_high_at_start", fast_at_start.above_high},
