@@ -4,6 +4,7 @@
 # keeps its results in DIR/STAGE, and a second call runs only what is missing.
 #
 #   tools/qemu/compare_all.sh [--out DIR] [--bin DIR] [--cache DIR] [--stages "LIST"]
+#                             [--from RUNS]
 #
 # Stages, in order (a stage that fails is reported at the end; the others run):
 #   sweep-6.12, sweep-6.1  the kernel's tiering knobs swept on another seed of
@@ -19,6 +20,9 @@
 #                          kernel, kernel-tuned, damon, cxltier-touches and
 #                          cxltier-scores
 #   6.1-attention          every arm but damon (6.1 has no DAMOS migrate_hot)
+# --from RUNS (docs/comparison-runs: what the run that docs/comparison.md
+# reports has kept so far) seeds DIR with those results, so that the run goes
+# on where that one stopped, on another machine too; `--from ''` starts anew.
 # DIR/results.json: every stage's records (the sweep's with workload
 # "attention-seed2"), with the git commit they ran on; DIR/tuned-K.txt: the
 # setting each sweep chose.
@@ -27,6 +31,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"
 CACHE="$ROOT/build/qemu-cache"
 OUT="$ROOT/build/compare"
+FROM="$ROOT/docs/comparison-runs"
 STAGES="sweep-6.12 6.12-attention 6.12-mooncake 6.12-llama 6.12-attention-repeats sweep-6.1 6.1-attention"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,11 +39,23 @@ while [ $# -gt 0 ]; do
     --bin) BIN=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
     --stages) STAGES=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --from) FROM=$2; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "compare_all.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
+# Seed each stage that has no results here yet from RUNS.
+if [ -n "$FROM" ] && [ -d "$FROM" ]; then
+  for d in "$FROM"/*/; do
+    stage=$(basename "$d")
+    [ -s "$OUT/$stage/results.jsonl" ] && continue
+    mkdir -p "$OUT/$stage"
+    cp "$d"/*.jsonl "$d"/params "$OUT/$stage/" 2>/dev/null || true
+    echo "compare_all.sh: $stage seeded from $d"
+  done
+  cp -n "$FROM"/tuned-*.txt "$OUT/" 2>/dev/null || true
+fi
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 HEADLINE="kernel kernel-tuned damon cxltier-touches cxltier-scores"
 # The sweep: the kernel's defaults, and settings around the scan rate that
