@@ -363,7 +363,7 @@ def main():
             md.append("")
         md.append(f"![fast-tier share over time, {shape} guest](img/comparison-{shape}.png)")
         md.append("")
-        plot(a.out, shape, results, arms)
+        plot(a.out, shape, results, arms, budgets)
     broken = [m for msgs in violations.values() for m in msgs]
     if broken:
         md.append("**Invariants broken** (these arms' records carry them):")
@@ -381,29 +381,35 @@ def main():
         fail(f"{len(broken)} invariant(s) broken: " + "; ".join(broken))
 
 
-def plot(out, shape, results, arms):
+def plot(out, shape, results, arms, budgets):
+    # Per access kind, two panels: the re-touched share on node 0, and the
+    # pool's bytes on node 0 (with tier 0's budget), over the run.
     data = os.path.join(out, f"share-{shape}.dat")
     index = {}
     with open(data, "w") as f:
         for access in ACCESS:
             for arm in arms(shape, access):
                 index[(access, arm)] = len(index)
-                f.write(f"# {access} {arm}\n")
+                f.write(f"# {access} {arm}: step, re-touched % on node 0, pool MiB on node 0\n")
                 for p in results[(shape, access, arm, 0)]["series"]:
-                    f.write(f"{p['step']} {100 * p['share']:.2f}\n")
+                    f.write(f"{p['step']} {100 * p['share']:.2f} {p['pool_fast_bytes'] / MIB:.3f}\n")
                 f.write("\n\n")
     png = os.path.join(out, f"comparison-{shape}.png")
     lines = []
     for access in ACCESS:
-        series = ", ".join(
-            f"'{data}' index {index[(access, arm)]} using 1:2 with linespoints title '{arm}'"
-            for arm in arms(shape, access))
-        lines.append(f"set title '{shape} guest, {access} reads: re-touched bytes found on node 0'\n"
-                     f"plot {series}\n")
+        for col, title, ylabel, yrange in [
+                (2, "re-touched bytes found on node 0", "% of re-touched bytes", "set yrange [0:100]\n"),
+                (3, "pool bytes on node 0 (dashed: the tier-0 budget)", "MiB", "set yrange [0:*]\n")]:
+            series = ", ".join(
+                f"'{data}' index {index[(access, arm)]} using 1:{col} with linespoints title '{arm}'"
+                for arm in arms(shape, access))
+            if col == 3:
+                series += f", {budgets[(shape, access)] / MIB:.3f} with lines dashtype 2 lc 'black' title 'budget'"
+            lines.append(f"set title '{shape} guest, {access} reads: {title}'\nset ylabel '{ylabel}'\n"
+                         f"{yrange}plot {series}\n")
     script = ("set terminal pngcairo size 1400,500 noenhanced font 'sans,10'\n"
-              f"set output '{png}'\nset multiplot layout 1,2\n"
-              "set xlabel 'workload step'\nset ylabel '% of re-touched bytes on node 0'\n"
-              "set yrange [0:100]\nset key bottom right\n" + "".join(lines) + "unset multiplot\n")
+              f"set output '{png}'\nset multiplot layout 1,{2 * len(ACCESS)}\n"
+              "set xlabel 'workload step'\nset key bottom right\n" + "".join(lines) + "unset multiplot\n")
     r = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True)
     if r.returncode != 0:
         fail(f"gnuplot failed: {r.stderr.strip()}")
