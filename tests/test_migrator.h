@@ -4,6 +4,7 @@
 // syscall). Thread-safe: the daemon's mover calls it from its own thread.
 #pragma once
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -95,7 +96,7 @@ class TestMigrator : public numa::Migrator {
       ++asked_;
     }
     if (real_) return real_->Where(r);
-    return std::vector<int>(r.length / 4096, o_.where_node);
+    return std::vector<int>(r.length / 4096, where_node_.load());
   }
 
   // A pool block's policy: the real migrator's, when in front of one.
@@ -114,6 +115,8 @@ class TestMigrator : public numa::Migrator {
     holding_ = false;
     cv_.notify_all();
   }
+  // Where every page is from now on (without `real`).
+  void set_where_node(int node) { where_node_ = node; }
   void set_failing(bool on) {
     std::lock_guard lock(mu);
     failing_ = on;
@@ -157,6 +160,7 @@ class TestMigrator : public numa::Migrator {
   std::condition_variable cv_;
   bool holding_;
   bool failing_;
+  std::atomic<int> where_node_{o_.where_node};
   size_t injected_ = 0;
   int calls_total_ = 0;
   int asked_ = 0;

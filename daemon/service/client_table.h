@@ -101,6 +101,10 @@ struct Client {
   // nothing otherwise and a quota set later applies to the blocks it holds.
   uint64_t account = engine::kNoAccount;
   CopyState copy;  // copy mode: tier pools and places
+  // Page mode: the pool blocks (pool << 32 | block) whose moves came back
+  // stale since the last tick; the tick finds their holders in one scan
+  // (MoveDispatch::ResolveStale). At most the moves that were in flight.
+  std::vector<uint64_t> stale_blocks;
 };
 
 // What one uid holds, over all its connections.

@@ -95,6 +95,9 @@ void Daemon::Tick() {
   if (d.engine) {
     d.in_tick = true;
     DropGonePools();
+    // Where the blocks of stale moves are now: before the fold, as when each
+    // was resolved between ticks (the recording's tick is this one).
+    d.moves.ResolveStale(*d.engine, d.clients, d.tick);
     for (auto& [id, c] : d.clients.all()) {
       if (!c.hello || c.leaving) continue;
       d.fold.Run(c, *d.engine, d.tick);

@@ -250,29 +250,45 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
     WriteBack(*engine, *c, d.job.segment_slot);
     return;
   }
-  // Stale: whatever holds that pool block now, ask the kernel where it is.
-  for (uint32_t i = 0; i < c->slots.size(); ++i) {
-    const SegSlot& o = c->slots[i];
-    if (!o.live || o.pool != d.job.pool || o.block != d.job.block) continue;
-    const server::Pool& pool = c->pools[o.pool];
-    const numa::PageRange range = pool.Range(o.block);
-    Tier actual = WhereIs(range, NewPagesTier(pool));
-    if (actual == Tier::kNone) {
-      // No page yet: they go where its admission placed it, whichever
-      // policy the stale move's target left on the range.
-      actual = engine->state(o.engine_slot).tier;
-      if (actual == Tier::kNone) actual = NewPagesTier(pool);
-      (void)Steer(range, actual);
+  // Stale: whatever holds that pool block now is found at the next tick.
+  ++stats_.stale_moves;
+  c->stale_blocks.push_back(uint64_t{d.job.pool} << 32 | d.job.block);
+}
+
+void MoveDispatch::ResolveStale(engine::Engine& engine, ClientTable& clients, uint64_t tick) {
+  for (auto& [id, c] : clients.all()) {
+    if (c.stale_blocks.empty()) continue;
+    std::vector<uint64_t>& stale = c.stale_blocks;
+    std::sort(stale.begin(), stale.end());
+    stale.erase(std::unique(stale.begin(), stale.end()), stale.end());
+    ++stats_.stale_scans;
+    for (uint32_t i = 0; i < c.slots.size(); ++i) {
+      const SegSlot& o = c.slots[i];
+      if (!o.live || o.pool >= c.pools.size() ||
+          !std::binary_search(stale.begin(), stale.end(), uint64_t{o.pool} << 32 | o.block)) {
+        continue;
+      }
+      const server::Pool& pool = c.pools[o.pool];
+      const numa::PageRange range = pool.Range(o.block);
+      Tier actual = WhereIs(range, NewPagesTier(pool));
+      if (actual == Tier::kNone) {
+        // No page yet: they go where its admission placed it, whichever
+        // policy the stale move's target left on the range.
+        actual = engine.state(o.engine_slot).tier;
+        if (actual == Tier::kNone) actual = NewPagesTier(pool);
+        (void)Steer(range, actual);
+      }
+      spdlog::debug("stale move: slot {} now holds {} (engine {}); kernel says {}, engine says {}",
+                    i, o.key.ToString(), o.engine_slot, TierName(actual),
+                    TierName(engine.state(o.engine_slot).tier));
+      const Tier was = engine.state(o.engine_slot).tier;
+      engine.Relocated(o.engine_slot, actual);
+      if (recorder_ && engine.state(o.engine_slot).tier != was) {
+        recorder_->Relocated(tick, engine.state(o.engine_slot).key, actual);
+      }
+      WriteBack(engine, c, i);
     }
-    spdlog::debug("stale move: slot {} now holds {} (engine {}); kernel says {}, engine says {}", i,
-                  o.key.ToString(), o.engine_slot, TierName(actual),
-                  TierName(engine->state(o.engine_slot).tier));
-    const Tier was = engine->state(o.engine_slot).tier;
-    engine->Relocated(o.engine_slot, actual);
-    if (recorder_ && engine->state(o.engine_slot).tier != was) {
-      recorder_->Relocated(tick + 1, engine->state(o.engine_slot).key, actual);
-    }
-    WriteBack(*engine, *c, i);
+    stale.clear();
   }
 }
 

@@ -66,6 +66,12 @@ class MoveDispatch {
   // daemon's clock.
   void Complete(const MoveDone& d, engine::Engine* engine, ClientTable& clients, const Warn& warn,
                 uint64_t tick);
+  // Page mode: asks the kernel where the blocks of the moves that came back
+  // stale are, for whichever slots hold them now, and tells the engine. At
+  // the start of a tick, before the fold: one scan of each such client's
+  // slots, however many of its moves were stale (a client that releases
+  // blocks under moves costs a scan a tick, not a scan a move).
+  void ResolveStale(engine::Engine& engine, ClientTable& clients, uint64_t tick);
   // Copy mode's drains of every client, once a tick; write leases held past
   // `timeout_ticks` are counted as the moves they block are refused.
   void DrainPlaces(ClientTable& clients, uint64_t tick, uint64_t timeout_ticks, const Warn& warn);

@@ -100,6 +100,8 @@ nlohmann::json MigrationJson(const StatusSnapshot& s) {
           {"errors", errors},
           {"pools_pinned", m.moves.pools_pinned},
           {"moves_refused_pinned", m.moves.moves_refused_pinned},
+          {"stale_moves", m.moves.stale_moves},
+          {"stale_scans", m.moves.stale_scans},
           {"copy",
            {{"copies", m.moves.copies},
             {"copied_bytes", m.moves.copied_bytes},

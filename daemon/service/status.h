@@ -98,6 +98,11 @@ struct MoveStats {
   // their blocks not tried since.
   uint64_t pools_pinned = 0;
   uint64_t moves_refused_pinned = 0;
+  // Page moves whose block was released (or taken by another key) before
+  // they finished, and the scans of a client's slots that found the blocks'
+  // holders: one per client and tick, however many came back stale.
+  uint64_t stale_moves = 0;
+  uint64_t stale_scans = 0;
   // Copy mode.
   uint64_t copies = 0;  // verified and published
   uint64_t copied_bytes = 0;

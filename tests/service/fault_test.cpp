@@ -316,5 +316,97 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   std::filesystem::remove_all(c.state_dir);
 }
 
+// A client that releases blocks while their moves are in flight, and admits
+// other keys onto the same blocks, makes those moves come back stale. The
+// daemon finds each block's new holder and asks the kernel where its pages
+// are, at the next tick, in one scan of the client's slots however many
+// moves were stale (a scan per move let a client with many blocks stall the
+// I/O thread).
+TEST(Faults, StaleMovesCostOneScanATickAndFindTheBlocksNewHolders) {
+  auto owned = std::make_unique<test::TestMigrator>(
+      test::TestMigrator::Options{.where_node = 1, .hold_first = true});
+  test::TestMigrator* mig = owned.get();
+  boost::asio::io_context io;
+  DaemonConfig c;
+  c.tick_ms = 1000;  // Tick() is called by hand
+  c.state_dir =
+      (std::filesystem::temp_directory_path() / ("cxltier-fault-stale-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(c.state_dir);
+  c.persist = false;
+  c.tier0_budget_bytes = uint64_t{kBlocks / 2} * kSmall64KiB.block_bytes();
+  c.max_blocks_per_client = kBlocks;
+  c.migrate_rate_mib_s = 1024;
+  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow", {}},
+           std::move(owned), true);
+  ASSERT_EQ(d.Start().message, "");
+  const server::Peer peer{1, getpid(), getuid(), getgid()};
+  d.requests().OnConnect(peer);
+  int seg_fd = -1;
+  auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "stale"}, &seg_fd);
+  ASSERT_TRUE(hello.ok());
+  void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+  ASSERT_NE(seg, MAP_FAILED);
+  close(seg_fd);
+  auto* slots = reinterpret_cast<BlockState*>(static_cast<char*>(seg) + kSegmentSlotOffset);
+  auto* dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(seg) + SegmentDirtyOffset(kBlocks));
+  const uint64_t stride = kSmall64KiB.block_bytes();
+  const int memfd = memfd_create("stale-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(memfd, static_cast<off_t>(stride * kBlocks)), 0);
+  ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto pool = d.requests().OnRegisterPool(
+      peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks, stride, kBlocks},
+      server::UniqueFd(memfd));
+  ASSERT_TRUE(pool.ok());
+  const auto admit_all = [&](uint64_t seq) {
+    wire::Admit admit{0, {}};
+    for (uint32_t i = 0; i < kBlocks; ++i)
+      admit.entries.push_back({BlockKey::FromSequence(seq, i), i});
+    auto a = d.requests().OnAdmit(peer, admit);
+    EXPECT_TRUE(a.ok());
+    std::vector<uint32_t> seg_slot;
+    for (const auto& r : a->results) {
+      EXPECT_EQ(r.tier, Tier::kSlow);  // every page on node 1, as the migrator says
+      seg_slot.push_back(r.slot);
+    }
+    return seg_slot;
+  };
+  const std::vector<uint32_t> first = admit_all(11);
+  ASSERT_EQ(first.size(), kBlocks);
+  // All hot: the tick promotes half of them (tier 0's budget); the first
+  // move waits inside the migrator, the others behind it.
+  for (uint32_t i = 0; i < kBlocks; ++i) AddObservation(slots, dirty, first[i], 1.0f);
+  d.Tick();
+  ASSERT_TRUE(mig->WaitForCalls(1));
+  // Every block released under its move, and another key admitted onto it.
+  wire::Release release;
+  for (uint32_t i = 0; i < kBlocks; ++i) release.keys.push_back(BlockKey::FromSequence(11, i));
+  ASSERT_TRUE(d.requests().OnRelease(peer, release).ok());
+  const std::vector<uint32_t> second = admit_all(12);
+  ASSERT_EQ(second.size(), kBlocks);
+  // The moved blocks' pages are on node 0 now; the rest stay on node 1.
+  mig->set_where_node(0);
+  mig->Release();
+  for (int spin = 0; spin < 60000 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
+    usleep(1000);
+  }
+  io.poll();
+  io.restart();
+  const nlohmann::json m = d.StatusJson()["migrations"];
+  const uint64_t stale = m["stale_moves"].get<uint64_t>();
+  EXPECT_GE(stale, 2u) << m.dump();             // several moves, all stale
+  EXPECT_EQ(m["stale_scans"], 0u) << m.dump();  // none resolved before the tick
+  d.Tick();
+  EXPECT_EQ(d.StatusJson()["migrations"]["stale_scans"], 1u);
+  // Each block a stale move was for now holds a key of the second batch,
+  // which the daemon relocated to where the migrator says its pages are.
+  uint32_t fast = 0;
+  for (uint32_t i = 0; i < kBlocks; ++i) fast += ReadTier(&slots[second[i]]) == Tier::kFast;
+  EXPECT_EQ(fast, stale);
+  d.requests().OnDisconnect(peer);
+  d.Stop();
+  std::filesystem::remove_all(c.state_dir);
+}
+
 }  // namespace
 }  // namespace cxltier::service
