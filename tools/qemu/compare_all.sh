@@ -24,8 +24,9 @@
 # reports has kept so far) seeds DIR with those results, so that the run goes
 # on where that one stopped, on another machine too; `--from ''` starts anew.
 # DIR/results.json: every stage's records (the sweep's with workload
-# "attention-seed2"), with the git commit they ran on; DIR/tuned-K.txt: the
-# setting each sweep chose.
+# "attention-seed2"), with the git commit each arm ran; DIR/summary.md: a
+# table per stage (tools/qemu/compare_summary.py, which also takes a run
+# still going); DIR/tuned-K.txt: the setting each sweep chose.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/build/bin"
@@ -40,7 +41,7 @@ while [ $# -gt 0 ]; do
     --cache) CACHE=$2; shift 2 ;;
     --stages) STAGES=$2; shift 2 ;;
     --from) FROM=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "compare_all.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +57,6 @@ if [ -n "$FROM" ] && [ -d "$FROM" ]; then
   done
   cp -n "$FROM"/tuned-*.txt "$OUT/" 2>/dev/null || true
 fi
-COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 HEADLINE="kernel kernel-tuned damon cxltier-touches cxltier-scores"
 # The sweep: the kernel's defaults, and settings around the scan rate that
 # tracks a 100 ms decode step: the promotion rate limit (cxltierd's default
@@ -110,22 +110,8 @@ for stage in $STAGES; do
     *) echo "compare_all.sh: unknown stage '$stage'" >&2; exit 2 ;;
   esac
 done
-python3 - "$OUT" "$COMMIT" <<'EOF'
-import glob, json, os, sys
-out, commit = sys.argv[1], sys.argv[2]
-records = []
-for path in sorted(glob.glob(os.path.join(out, "*", "results.json"))):
-    stage = os.path.basename(os.path.dirname(path))
-    for r in json.load(open(path)):
-        if stage.startswith("sweep-"):
-            r["workload"] = r["workload"] + "-seed2"
-        r["stage"] = stage
-        records.append(r)
-with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(records, f, indent=1)
-    f.write("\n")
-print(f"compare_all.sh: {len(records)} records in {out}/results.json")
-EOF
+# Every stage's report and records, and the tables of docs/comparison.md.
+python3 "$ROOT/tools/qemu/compare_summary.py" --out "$OUT" --bin "$BIN"
 if [ -n "$FAILED" ]; then
   echo "compare_all.sh: failed:$FAILED (each stage's console-*.log and report say why)" >&2
   exit 1
