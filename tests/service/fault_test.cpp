@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -43,42 +44,76 @@ uint64_t Sum(const uint8_t* p, size_t n) {
   return h;
 }
 
+// A daemon's configuration for these tests: Tick() called by hand, a fresh
+// state directory named by `tag`, no periodic checkpoint, room for kBlocks
+// blocks, tier 0 holding `tier0_blocks` of them.
+DaemonConfig TestConfig(const std::string& tag, uint32_t tier0_blocks) {
+  DaemonConfig c;
+  c.tick_ms = 1000;
+  c.state_dir =
+      (std::filesystem::temp_directory_path() / (tag + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(c.state_dir);
+  c.checkpoint_interval_s = 0;
+  c.tier0_budget_bytes = uint64_t{tier0_blocks} * kSmall64KiB.block_bytes();
+  c.max_blocks_per_client = kBlocks;
+  c.migrate_rate_mib_s = 1024;
+  return c;
+}
+
+// The test's client, said hello as `name` (kBlocks slots of 64 KiB blocks):
+// its state segment's slots and dirty bits, mapped here (null on failure).
+struct ClientSegment {
+  void* base = nullptr;  // the mapping, SegmentBytes(kBlocks)
+  BlockState* slots = nullptr;
+  uint64_t* dirty = nullptr;
+};
+ClientSegment Hello(Daemon& d, const server::Peer& peer, const char* name) {
+  d.requests().OnConnect(peer);
+  int seg_fd = -1;
+  auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, name}, &seg_fd);
+  EXPECT_TRUE(hello.ok());
+  if (!hello.ok()) return {};
+  void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+  close(seg_fd);
+  EXPECT_NE(seg, MAP_FAILED);
+  if (seg == MAP_FAILED) return {};
+  return {seg, reinterpret_cast<BlockState*>(static_cast<char*>(seg) + kSegmentSlotOffset),
+          reinterpret_cast<uint64_t*>(static_cast<char*>(seg) + SegmentDirtyOffset(kBlocks))};
+}
+
+// A memfd of kBlocks 64 KiB blocks, sealed against shrinking (the daemon
+// requires it); -1 on failure.
+int SealedPoolFile(const char* name) {
+  const int memfd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd < 0 || ftruncate(memfd, static_cast<off_t>(kSmall64KiB.block_bytes() * kBlocks)) != 0 ||
+      fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    ADD_FAILURE() << "memfd: " << std::strerror(errno);
+    return -1;
+  }
+  return memfd;
+}
+
 TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
   auto owned = FaultMigrator();
   test::TestMigrator* mig = owned.get();
 
   boost::asio::io_context io;
-  DaemonConfig c;
-  c.tick_ms = 1000;  // Tick() is called by hand
-  c.state_dir =
-      (std::filesystem::temp_directory_path() / ("cxltier-fault-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(c.state_dir);
+  DaemonConfig c = TestConfig("cxltier-fault-", kBlocks / 2);
   c.persist = true;
-  c.checkpoint_interval_s = 0;
-  c.tier0_budget_bytes = uint64_t{kBlocks / 2} * kSmall64KiB.block_bytes();
-  c.max_blocks_per_client = kBlocks;
-  c.migrate_rate_mib_s = 1024;
   numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0", {}};
   Daemon d(io, c, numa::Discover(), tiers, std::move(owned), true);
   ASSERT_EQ(d.Start().message, "");
 
   const server::Peer peer{1, getpid(), getuid(), getgid()};
-  d.requests().OnConnect(peer);
-  int seg_fd = -1;
-  auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault"}, &seg_fd);
-  ASSERT_TRUE(hello.ok());
-  void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
-  ASSERT_NE(seg, MAP_FAILED);
-  close(seg_fd);
-  auto* slots = reinterpret_cast<BlockState*>(static_cast<char*>(seg) + kSegmentSlotOffset);
-  auto* dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(seg) + SegmentDirtyOffset(kBlocks));
+  const ClientSegment seg = Hello(d, peer, "fault");
+  ASSERT_NE(seg.slots, nullptr);
+  BlockState* slots = seg.slots;
+  uint64_t* dirty = seg.dirty;
 
   // A memfd pool with a known pattern, mapped here as the engine would.
   const uint64_t stride = kSmall64KiB.block_bytes();
-  const int memfd = memfd_create("fault-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  ASSERT_EQ(ftruncate(memfd, static_cast<off_t>(stride * kBlocks)), 0);
-  ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the daemon requires it
+  const int memfd = SealedPoolFile("fault-pool");
+  ASSERT_GE(memfd, 0);
   auto* kv = static_cast<uint8_t*>(
       mmap(nullptr, stride * kBlocks, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
   ASSERT_NE(kv, MAP_FAILED);
@@ -160,7 +195,7 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
 
   d.Stop();
   munmap(kv, stride * kBlocks);
-  munmap(seg, SegmentBytes(kBlocks));
+  munmap(seg.base, SegmentBytes(kBlocks));
   close(memfd);
   std::filesystem::remove_all(c.state_dir);
 }
@@ -174,17 +209,8 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   auto owned = FaultMigrator();
   test::TestMigrator* mig = owned.get();
   boost::asio::io_context io;
-  DaemonConfig c;
-  c.tick_ms = 1000;  // Tick() is called by hand
-  c.state_dir =
-      (std::filesystem::temp_directory_path() / ("cxltier-fault-rec-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(c.state_dir);
+  DaemonConfig c = TestConfig("cxltier-fault-rec-", kBlocks / 4);
   c.persist = true;
-  c.checkpoint_interval_s = 0;
-  c.tier0_budget_bytes = uint64_t{kBlocks / 4} * kSmall64KiB.block_bytes();
-  c.max_blocks_per_client = kBlocks;
-  c.migrate_rate_mib_s = 1024;
   c.max_pending_moves = 3;
   // The default's experts but tinylfu, whose sketch hashes keys: a
   // recording's keys are hashed again (record_test says more).
@@ -194,19 +220,13 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   ASSERT_EQ(d.Start().message, "");
 
   const server::Peer peer{1, getpid(), getuid(), getgid()};
-  d.requests().OnConnect(peer);
-  int seg_fd = -1;
-  auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "fault-rec"}, &seg_fd);
-  ASSERT_TRUE(hello.ok());
-  void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
-  ASSERT_NE(seg, MAP_FAILED);
-  close(seg_fd);
-  auto* slots = reinterpret_cast<BlockState*>(static_cast<char*>(seg) + kSegmentSlotOffset);
-  auto* dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(seg) + SegmentDirtyOffset(kBlocks));
+  const ClientSegment seg = Hello(d, peer, "fault-rec");
+  ASSERT_NE(seg.slots, nullptr);
+  BlockState* slots = seg.slots;
+  uint64_t* dirty = seg.dirty;
   const uint64_t stride = kSmall64KiB.block_bytes();
-  const int memfd = memfd_create("fault-rec-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  ASSERT_EQ(ftruncate(memfd, static_cast<off_t>(stride * kBlocks)), 0);
-  ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  const int memfd = SealedPoolFile("fault-rec-pool");
+  ASSERT_GE(memfd, 0);
   auto* kv = static_cast<uint8_t*>(
       mmap(nullptr, stride * kBlocks, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
   ASSERT_NE(kv, MAP_FAILED);
@@ -311,7 +331,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
 
   d.Stop();
   munmap(kv, stride * kBlocks);
-  munmap(seg, SegmentBytes(kBlocks));
+  munmap(seg.base, SegmentBytes(kBlocks));
   close(memfd);
   std::filesystem::remove_all(c.state_dir);
 }
@@ -327,33 +347,19 @@ TEST(Faults, StaleMovesCostOneScanATickAndFindTheBlocksNewHolders) {
       test::TestMigrator::Options{.where_node = 1, .hold_first = true});
   test::TestMigrator* mig = owned.get();
   boost::asio::io_context io;
-  DaemonConfig c;
-  c.tick_ms = 1000;  // Tick() is called by hand
-  c.state_dir =
-      (std::filesystem::temp_directory_path() / ("cxltier-fault-stale-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(c.state_dir);
+  DaemonConfig c = TestConfig("cxltier-fault-stale-", kBlocks / 2);
   c.persist = false;
-  c.tier0_budget_bytes = uint64_t{kBlocks / 2} * kSmall64KiB.block_bytes();
-  c.max_blocks_per_client = kBlocks;
-  c.migrate_rate_mib_s = 1024;
   Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow", {}},
            std::move(owned), true);
   ASSERT_EQ(d.Start().message, "");
   const server::Peer peer{1, getpid(), getuid(), getgid()};
-  d.requests().OnConnect(peer);
-  int seg_fd = -1;
-  auto hello = d.requests().OnHello(peer, wire::Hello{kSmall64KiB, kBlocks, "stale"}, &seg_fd);
-  ASSERT_TRUE(hello.ok());
-  void* seg = mmap(nullptr, SegmentBytes(kBlocks), PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
-  ASSERT_NE(seg, MAP_FAILED);
-  close(seg_fd);
-  auto* slots = reinterpret_cast<BlockState*>(static_cast<char*>(seg) + kSegmentSlotOffset);
-  auto* dirty = reinterpret_cast<uint64_t*>(static_cast<char*>(seg) + SegmentDirtyOffset(kBlocks));
+  const ClientSegment seg = Hello(d, peer, "stale");
+  ASSERT_NE(seg.slots, nullptr);
+  BlockState* slots = seg.slots;
+  uint64_t* dirty = seg.dirty;
   const uint64_t stride = kSmall64KiB.block_bytes();
-  const int memfd = memfd_create("stale-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  ASSERT_EQ(ftruncate(memfd, static_cast<off_t>(stride * kBlocks)), 0);
-  ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  const int memfd = SealedPoolFile("stale-pool");
+  ASSERT_GE(memfd, 0);
   auto pool = d.requests().OnRegisterPool(
       peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks, stride, kBlocks},
       server::UniqueFd(memfd));
