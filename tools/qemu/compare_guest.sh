@@ -21,6 +21,8 @@ fail() {
   echo "COMPARE FAIL: $*"
   [ -f /tmp/cxltierd.log ] && tail -n 30 /tmp/cxltierd.log
   dmesg | grep -i -A12 "invoked oom\|out of memory" | tail -n 40
+  # Each zone's free memory and watermarks when the OOM killer ran.
+  dmesg | grep -E "Node [0-9]+ (DMA|DMA32|Normal|Movable) free:" | tail -n 8
   exit 1
 }
 mkdir -p /run/cxltierd /var/lib/cxltierd

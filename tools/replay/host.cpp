@@ -238,18 +238,12 @@ std::string Balloon::Grow(int node, uint64_t bytes) {
 }
 
 uint64_t Balloon::OffNodeBytes(int node) const {
+  if (pages_.empty()) return 0;
+  std::fill(status_.begin(), status_.end(), -1);
+  if (move_pages(0, pages_.size(), pages_.data(), nullptr, status_.data(), 0) != 0) return 0;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  std::vector<void*> pages;
-  for (const Chunk& c : chunks_) {
-    for (uint64_t off = 0; off < c.bytes; off += page)
-      pages.push_back(static_cast<char*>(c.base) + off);
-  }
-  std::vector<int> status(pages.size(), -1);
-  if (!pages.empty() && move_pages(0, pages.size(), pages.data(), nullptr, status.data(), 0) != 0) {
-    return 0;
-  }
   uint64_t off_node = 0;
-  for (int s : status) off_node += s != node ? page : 0;
+  for (int s : status_) off_node += s != node ? page : 0;
   return off_node;
 }
 
@@ -267,6 +261,18 @@ void Balloon::Shrink(uint64_t bytes) {
 }
 
 std::string Balloon::Inflate(int node, uint64_t free_bytes) {
+  std::string err = Settle(node, free_bytes);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  pages_.clear();
+  for (const Chunk& c : chunks_) {
+    for (uint64_t off = 0; off < c.bytes; off += page)
+      pages_.push_back(static_cast<char*>(c.base) + off);
+  }
+  status_.assign(pages_.size(), -1);
+  return err;
+}
+
+std::string Balloon::Settle(int node, uint64_t free_bytes) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   // 1% of the target (32 KiB at least): arms compared at the same free
   // memory start within 2% of each other.

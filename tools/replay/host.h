@@ -97,6 +97,7 @@ class Balloon {
   uint64_t OffNodeBytes(int node) const;
 
  private:
+  std::string Settle(int node, uint64_t free_bytes);  // Inflate's rounds
   std::string Grow(int node, uint64_t bytes);
   void Shrink(uint64_t bytes);
   struct Chunk {
@@ -104,6 +105,11 @@ class Balloon {
     uint64_t bytes;
   };
   std::vector<Chunk> chunks_;
+  // OffNodeBytes's arrays, made when the balloon settles: at the end of an
+  // arm node 0 may be full (DAMON promotes into it down to the min
+  // watermark), and a page table for new arrays then met the OOM killer.
+  mutable std::vector<void*> pages_;
+  mutable std::vector<int> status_;
 };
 
 }  // namespace cxltier::replay
