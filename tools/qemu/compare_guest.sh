@@ -23,6 +23,8 @@ fail() {
   dmesg | grep -i -A12 "invoked oom\|out of memory" | tail -n 40
   # Each zone's free memory and watermarks when the OOM killer ran.
   dmesg | grep -E "Node [0-9]+ (DMA|DMA32|Normal|Movable) free:" | tail -n 8
+  grep -E "MemFree|Slab|SUnreclaim|KernelStack|PageTables|VmallocUsed|Percpu|Unevictable|Mlocked|AnonPages|Shmem:" /proc/meminfo
+  sort -k3 -n -r /proc/slabinfo 2>/dev/null | head -n 5
   exit 1
 }
 mkdir -p /run/cxltierd /var/lib/cxltierd
