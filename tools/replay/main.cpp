@@ -235,18 +235,43 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cxltier-replay: mlockall: %s (our own memory may be demoted)\n",
                  std::strerror(errno));
   }
-  replay::Balloon balloon;
-  if (*fast_free > 0) {
-    if (std::string err = balloon.Inflate(fast_nodes.front(), *fast_free); !err.empty()) {
-      return Fail(err);
+  // The cgroup we started in (cgroup v2: "0::/PATH"), where the balloon's
+  // pages are charged.
+  std::string home_cgroup;
+  {
+    std::ifstream self("/proc/self/cgroup");
+    for (std::string line; std::getline(self, line);) {
+      if (line.rfind("0::", 0) == 0) home_cgroup = "/sys/fs/cgroup" + line.substr(3);
     }
   }
-  if (!pool_cgroup.empty()) {
-    std::ofstream procs(pool_cgroup + "/cgroup.procs");
+  auto join = [](const std::string& dir) {
+    std::ofstream procs(dir + "/cgroup.procs");
     procs << getpid() << std::endl;
-    if (!procs) return Fail("cannot move into the cgroup " + pool_cgroup);
+    return static_cast<bool>(procs);
+  };
+  replay::Balloon balloon;
+  replay::ZoneMemory fast_at_start;
+  // Sized, then checked once we are in the pool's cgroup: others (cxltierd,
+  // the kernel) may allocate on the node meanwhile, and a cxltierd arm once
+  // started 2.8 MiB short of its room. A few rounds, the balloon grown in its
+  // own cgroup each time.
+  for (int round = 0; round < 5; ++round) {
+    if (round > 0 && !pool_cgroup.empty() && !home_cgroup.empty() && !join(home_cgroup)) {
+      return Fail("cannot move back into the cgroup " + home_cgroup);
+    }
+    if (*fast_free > 0) {
+      if (std::string err = balloon.Inflate(fast_nodes.front(), *fast_free); !err.empty()) {
+        return Fail(err);
+      }
+    }
+    if (!pool_cgroup.empty() && !join(pool_cgroup)) {
+      return Fail("cannot move into the cgroup " + pool_cgroup);
+    }
+    fast_at_start = replay::NodeUserZones(fast_nodes.front());
+    const uint64_t slack = std::max<uint64_t>(32 << 10, *fast_free / 100);
+    const uint64_t got = fast_at_start.above_high;
+    if (*fast_free == 0 || (got + slack >= *fast_free && got <= *fast_free + slack)) break;
   }
-  const replay::ZoneMemory fast_at_start = replay::NodeUserZones(fast_nodes.front());
   const uint64_t stride = *block;
   const uint64_t length = stride * pool_blocks;
   auto* pool = static_cast<uint8_t*>(
