@@ -90,8 +90,9 @@ guest() {
 stage e2e-numa guest numa
 stage e2e-hmat guest hmat
 stage e2e-cxl guest cxl
-# The comparison with the kernel's own tiering, short: every arm runs in both
-# guests and its figures parse (`make compare` is the full run).
+# The comparison with the kernel's own tiering, short: every arm runs in one
+# boot of the cxl guest, its figures parse and the comparison's invariants
+# hold (`make compare` is the full run).
 compare_short() {
   bash "$CXLTIER_ROOT/tools/qemu/compare.sh" --short --bin "$BUILD_DIR/bin" \
     --cache "$BUILD_DIR/qemu-cache" --out "$BUILD_DIR/compare-short" && GUESTS_PASSED=$((GUESTS_PASSED + 1))
