@@ -101,7 +101,6 @@ def main():
     # compare.sh --repeat N: each record carries its repeat (0 to N - 1).
     for line in load_lines(os.path.join(a.out, "results.jsonl")):
         r = line["result"]
-        r["_shape"] = line["shape"]
         results[(line["shape"], r["access"], r["arm"], line.get("repeat", 0))] = r
         lower_tier[line["shape"]] = line.get("lower_tier")
         kernel[line["shape"]] = line.get("kernel", "?")
@@ -121,15 +120,15 @@ def main():
     def arms(shape, access):
         return wanted
 
-    def damon_moves(r, rp):
+    def damon_moves(shape, access, rp):
         # DAMON's migrations over the measured window (the replay reads its
         # schemes' stats at the warm-up's end and at the end), else over the
         # whole arm (the guest's COMPARE-DAMON line, older runs).
-        schemes = r["kernel"].get("damon_schemes")
+        schemes = results[(shape, access, "damon", rp)]["kernel"].get("damon_schemes")
         if schemes:
             return (sum(x["applied_bytes"] for x in schemes if x["action"] == "migrate_hot"),
                     sum(x["applied_bytes"] for x in schemes if x["action"] == "migrate_cold"))
-        d = damon.get((r["_shape"], r["access"], rp))
+        d = damon.get((shape, access, rp))
         return (d["promoted_bytes"], d["demoted_bytes"]) if d else (None, None)
 
     def runs(shape, access, arm):
@@ -199,7 +198,7 @@ def main():
                         violate(f"arm {arm} ({shape}, {access}): the kernel demoted nothing "
                              f"(pgdemote_kswapd and pgdemote_direct 0)")
                 if arm == "damon":
-                    hot, cold = damon_moves(r, rp)
+                    hot, cold = damon_moves(shape, access, rp)
                     if cold is None:
                         violate(f"arm damon ({shape}, {access}): no DAMON scheme stats")
                     elif cold == 0:
@@ -252,7 +251,7 @@ def main():
                 if arm.startswith("cxltier"):
                     prom, dem = r["daemon"]["promoted_bytes"], r["daemon"]["demoted_bytes"]
                 elif arm == "damon":
-                    prom, dem = damon_moves(r, rp)
+                    prom, dem = damon_moves(shape, access, rp)
                     if prom is None:
                         return 0, 0, None
                 else:

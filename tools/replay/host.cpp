@@ -274,9 +274,7 @@ std::string Balloon::Inflate(int node, uint64_t free_bytes) {
 
 std::string Balloon::Settle(int node, uint64_t free_bytes) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  // 1% of the target (32 KiB at least): arms compared at the same free
-  // memory start within 2% of each other.
-  const int64_t kSlack = std::max<int64_t>(32 << 10, static_cast<int64_t>(free_bytes / 100));
+  const int64_t kSlack = static_cast<int64_t>(Slack(free_bytes));
   int64_t off = 0;
   for (int round = 0; round < 150; ++round) {
     const ZoneMemory m = NodeUserZones(node);

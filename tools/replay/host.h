@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -90,6 +91,12 @@ class Balloon {
   // an error if it has not after 150 rounds of 100 ms (kswapd may still be
   // demoting after the arm before).
   std::string Inflate(int node, uint64_t free_bytes);
+  // How far from `free_bytes` the node's free memory may settle: 1% of it,
+  // 32 KiB at least (arms compared at the same free memory start within 2%
+  // of each other).
+  static uint64_t Slack(uint64_t free_bytes) {
+    return std::max<uint64_t>(32 << 10, free_bytes / 100);
+  }
   uint64_t bytes() const;
   // The balloon's bytes that are not on `node` (now): mlock keeps pages from
   // reclaim, not from migration, and a physical-address migrator (DAMOS

@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
       return Fail("cannot move into the cgroup " + pool_cgroup);
     }
     fast_at_start = replay::NodeUserZones(fast_nodes.front());
-    const uint64_t slack = std::max<uint64_t>(32 << 10, *fast_free / 100);
+    const uint64_t slack = replay::Balloon::Slack(*fast_free);
     const uint64_t got = fast_at_start.above_high;
     if (*fast_free == 0 || (got + slack >= *fast_free && got <= *fast_free + slack)) break;
   }
