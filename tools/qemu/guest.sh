@@ -193,12 +193,11 @@ esac
 if [ "$HAS_CXL" = 1 ]; then
   # QEMU 7.2 has only a persistent memdev for cxl-type3, so: pmem region ->
   # devdax -> kmem. A second, empty root port is needed (see docs/testing.md).
-  # Fresh backing files every boot: stale namespace labels in the LSA would
-  # make the guest's namespace creation fail. An SRAT (explicit nodes) is what
+  # Fresh backing files every boot (the boot loop below removes them): stale
+  # namespace labels in the LSA would make the guest's namespace creation fail. An SRAT (explicit nodes) is what
   # lets the kernel give the CXL window a node of its own. QEMU 7.2 cannot put
   # the window in HMAT (it is no -numa node), so the guest's kernel knows no
   # latency for it; it puts kmem memory in a lower memory tier.
-  rm -f "$CACHE/cxl-mem0-$SHAPE.raw" "$CACHE/cxl-lsa0-$SHAPE.raw"
   ARGS+=(-object memory-backend-file,id=cxl-mem0,share=on,mem-path="$CACHE/cxl-mem0-$SHAPE.raw",size=512M
          -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$CACHE/cxl-lsa0-$SHAPE.raw",size=256M
          -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1
@@ -218,11 +217,21 @@ start=$SECONDS
 if [ "$INTERACTIVE" = 1 ]; then
   exec qemu-system-x86_64 "${ARGS[@]}"
 fi
-set +e
-# Line-buffered all the way: the console log and our output follow the guest
-# as it runs (a block-buffered tr held back up to 4 KiB).
-timeout --kill-after=30 "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | stdbuf -oL tr -d '\r' |
-  tee "$LOG" | sed -u -n '/CXLTIER-GUEST-START/,$p' | grep --line-buffered -v '^CXLTIER-GUEST-START'
-qemu_rc=${PIPESTATUS[0]}
-set -e
+# A kernel that panics before our init runs has run none of the guest's work:
+# boot it again, twice at most. Seen under TCG with 6.12: an int3 oops in
+# sched_clock_cpu while the boot patches its static keys, 4 s in.
+for attempt in 1 2 3; do
+  if [ "$HAS_CXL" = 1 ]; then rm -f "$CACHE/cxl-mem0-$SHAPE.raw" "$CACHE/cxl-lsa0-$SHAPE.raw"; fi
+  set +e
+  # Line-buffered all the way: the console log and our output follow the guest
+  # as it runs (a block-buffered tr held back up to 4 KiB).
+  timeout --kill-after=30 "$TIMEOUT" qemu-system-x86_64 "${ARGS[@]}" </dev/null 2>&1 | stdbuf -oL tr -d '\r' |
+    tee "$LOG" | sed -u -n '/CXLTIER-GUEST-START/,$p' | grep --line-buffered -v '^CXLTIER-GUEST-START'
+  qemu_rc=${PIPESTATUS[0]}
+  set -e
+  grep -q '^CXLTIER-GUEST-START' "$LOG" && break
+  grep -q 'Kernel panic' "$LOG" || break
+  echo "guest.sh: the $SHAPE guest's kernel panicked before init (attempt $attempt of 3):" >&2
+  grep -m 3 'Oops\|RIP:\|Kernel panic' "$LOG" >&2 || true
+done
 finish_guest "guest.sh: the $SHAPE guest (qemu exit $qemu_rc)" "$LOG" CXLTIER-GUEST-EXIT "$start"
