@@ -249,7 +249,7 @@ void Engine::MakeRoomByQuota(Slot s) {
       EvictForQuota(a.set_heat.Top().slot);
     }
   }
-  if (in_set_ < capacity_) return;
+  if (in_set_ < set_capacity_) return;
   // The set is full and the policy would pick the block to leave: unless that
   // may be a block of another owner at or under its guarantee, it does.
   if (!accounts_.GuaranteeAtStake(s)) return;

@@ -26,6 +26,9 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
     : options_(options),
       policy_(std::move(policy)),
       capacity_(options.block_bytes ? options.tier0_budget_bytes / options.block_bytes : 0),
+      set_capacity_(capacity_ - (options.mode == Mode::kTick
+                                     ? capacity_ * std::min(options.landing_percent, 50u) / 100
+                                     : 0)),
       index_(&states_, options.key_hash_seed),
       ghosts_(options.persistence == Persistence::kPersist ? options.ghost_capacity : 0,
               options.ghost_capacity_per_owner, options.key_hash_seed),
@@ -42,7 +45,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   groups_.Resize(options.expected_blocks);
   accounts_.Resize(options.expected_blocks);
   index_.Reserve(options.expected_blocks);
-  policy_->Bind(&states_, capacity_, options.persistence, options.mode);
+  policy_->Bind(&states_, set_capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
   tiers_.set_epoch(policy_->HeatEpoch());
 }
@@ -122,7 +125,8 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
   if (accounts_.on()) accounts_.Attach(s, owner);
   ++counters_.admits;
   if (options_.mode == Mode::kTick) {
-    if (placed == Tier::kNone) {
+    const bool chosen = placed == Tier::kNone;
+    if (chosen) {
       // Room counts the promotions in flight, which land in tier 0 too: what
       // tier 0 holds never passes its budget through an admission.
       bool room = tiers_.blocks(0) + tiers_.in(0) < capacity_;
@@ -134,6 +138,9 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
     }
     const bool fast = placed == Tier::kFast;
     SetTier(s, placed);
+    // Landed by the engine in a landing room: its first reads may come after
+    // the next plan, which does not demote it (Held).
+    if (fast && chosen && set_capacity_ < capacity_) retry_[s].not_before = tick_ + 2;
     if (fast) ++counters_.placed_fast;
     Log(fast ? EngineEvent::kPlaceFast : EngineEvent::kPlaceSlow, s);
     if (fast) {
@@ -398,7 +405,7 @@ bool Engine::Touch(Slot s, const engine::Touch& in) {
   // choice (but not another account's under its guarantee); `s`, on its way
   // in, no longer counts in its tier's ranking.
   Unrank(s);
-  if (in_set_ >= capacity_) {
+  if (in_set_ >= set_capacity_) {
     const Slot v = PoolBack();
     if (v != kNoSlot && !(accounts_.on() && accounts_.Guaranteed(v, s))) {
       Displace(v, &counters_.hint_displaced);
@@ -541,10 +548,12 @@ std::span<const Move> Engine::Plan() {
     }
     return demote_cursor;
   };
-  // Tier 0 over its budget (blocks admitted where their pages already were):
-  // demote outside-the-set blocks first.
+  // Tier 0 over its budget (blocks admitted where their pages already were),
+  // or into its landing room (blocks admitted since, blocks that left the
+  // set): demote outside-the-set blocks first, those queued longest first. A
+  // block that landed since the last plan is held for this one (Held).
   for (size_t after = projected - std::min(projected, tiers_.out(0));
-       after > capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
+       after > set_capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
     const Slot d = demote_cursor;
     demote_cursor = queues_.Prev(d);
     budget -= bb;
@@ -563,7 +572,7 @@ std::span<const Move> Engine::Plan() {
       p = next;
       continue;
     }
-    if (projected < capacity_) {
+    if (projected < set_capacity_) {
       if (budget < bb) break;
       budget -= bb;
       plan_move(p, Tier::kFast);
@@ -639,7 +648,7 @@ void Engine::Reserve(size_t n) {
 void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   assert(policy && options_.mode == Mode::kTick);
   policy_ = std::move(policy);
-  policy_->Bind(&states_, capacity_, options_.persistence, options_.mode);
+  policy_->Bind(&states_, set_capacity_, options_.persistence, options_.mode);
   policy_->Reserve(states_.size());
   tiers_.set_epoch(policy_->HeatEpoch());
   std::vector<Slot> live;

@@ -38,6 +38,14 @@ struct EngineOptions {
   size_t ghost_capacity_per_owner = 0;
   uint64_t migrate_bytes_per_tick = 0;  // tick mode: byte budget of one Plan(); 0 = unlimited
   uint32_t hysteresis_ticks = 0;        // tick mode: ticks a moved block stays put
+  // Tick mode: the share of tier 0's budget (percent, at most 50) kept free
+  // for new blocks, as the kernel keeps free pages between its watermarks.
+  // The policy's set is that much smaller than tier 0; Plan() demotes the
+  // blocks outside the set to keep the room; a new block lands in tier 0
+  // while any of its budget is free, so it needs no promotion and its first
+  // reads hit. Tier 0 never holds more than its budget through an admission.
+  // 0: no room kept (new blocks land only where tier 0 happens to have room).
+  uint32_t landing_percent = 0;
   // Tick mode: after a failed move the block waits retry_min_ticks before it
   // is planned again, doubling with each failure in a row up to retry_max_ticks.
   uint32_t retry_min_ticks = 1;
@@ -249,6 +257,8 @@ class Engine {
   void set_migrate_bytes_per_tick(uint64_t bytes) { options_.migrate_bytes_per_tick = bytes; }
   const Policy& policy() const { return *policy_; }
   size_t capacity_blocks() const { return capacity_; }
+  // Blocks the policy's set may hold: tier 0's capacity less its landing room.
+  size_t set_capacity_blocks() const { return set_capacity_; }
   size_t live_blocks() const { return index_.size(); }
   size_t tier_blocks(Tier t) const {
     return TierIndex(t) < tiers_.count() ? tiers_.blocks(TierIndex(t)) : 0;
@@ -367,7 +377,8 @@ class Engine {
 
   EngineOptions options_;
   std::unique_ptr<Policy> policy_;
-  size_t capacity_;
+  size_t capacity_;      // tier 0's budget in blocks
+  size_t set_capacity_;  // the policy's set: capacity_ less the landing room
   std::vector<BlockState> states_;
   std::vector<Slot> free_slots_;
   Slot next_slot_ = 0;                // slots [0, next_slot_) have been handed out at least once

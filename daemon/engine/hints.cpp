@@ -122,7 +122,7 @@ void Engine::Displace(Slot v, uint64_t* counter) {
 bool Engine::PlaceAhead(Slot s, uint32_t owner, uint64_t now) {
   if (capacity_ == 0 || (accounts_.on() && !accounts_.MayEnterSet(s))) return false;
   // An account at its cap makes room with its own coldest block.
-  if (in_set_ >= capacity_ && !(accounts_.on() && accounts_.AtSetCap(s))) {
+  if (in_set_ >= set_capacity_ && !(accounts_.on() && accounts_.AtSetCap(s))) {
     const Slot v = PoolBack();
     if (v != kNoSlot && !(accounts_.on() && accounts_.Guaranteed(v, s))) {
       Unrank(s);  // on its way in

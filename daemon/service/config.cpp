@@ -45,6 +45,7 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   e.Size("block_bytes", &c->block_bytes);
   e.Int("ghost_capacity", &c->ghost_capacity);
   e.Int("hysteresis_ticks", &c->hysteresis_ticks);
+  e.Int("landing_percent", &c->landing_percent);
   e.Finish();
   TableReader m(root, "migration", &error);
   m.Bool("enabled", &c->migrate);
@@ -115,6 +116,7 @@ Status DaemonConfig::Validate() const {
   if (tier0_budget_bytes > (uint64_t{1} << 60))
     return Invalid("tier0_budget must be at most 1 EiB");
   if (ghost_capacity > (uint64_t{1} << 32)) return Invalid("ghost_capacity must be at most 2^32");
+  if (landing_percent > 50) return Invalid("landing_percent must be between 0 and 50");
   if (migrate_rate_mib_s > (uint64_t{1} << 30)) return Invalid("rate_mib_s must be at most 2^30");
   if (max_clients == 0 || max_blocks_per_client == 0 || max_connections_per_uid == 0 ||
       max_blocks_per_uid == 0 || max_pools_per_uid == 0 || max_segment_bytes_per_uid == 0 ||
@@ -222,7 +224,8 @@ std::string ToToml(const DaemonConfig& c) {
                              {"tier0_budget", static_cast<int64_t>(c.tier0_budget_bytes)},
                              {"block_bytes", static_cast<int64_t>(c.block_bytes)},
                              {"ghost_capacity", static_cast<int64_t>(c.ghost_capacity)},
-                             {"hysteresis_ticks", c.hysteresis_ticks}}},
+                             {"hysteresis_ticks", c.hysteresis_ticks},
+                             {"landing_percent", c.landing_percent}}},
       {"migration", toml::table{{"enabled", c.migrate},
                                 {"rate_mib_s", static_cast<int64_t>(c.migrate_rate_mib_s)},
                                 {"max_pending_moves", c.max_pending_moves}}},
@@ -318,6 +321,7 @@ engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t bloc
   o.ghost_capacity_per_owner = config.max_ghosts_per_uid;
   o.migrate_bytes_per_tick = MigrateBytesPerTick(config, block_bytes);
   o.hysteresis_ticks = config.hysteresis_ticks;
+  o.landing_percent = config.landing_percent;
   return o;
 }
 

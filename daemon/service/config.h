@@ -30,6 +30,7 @@ struct DaemonConfig {
   uint64_t block_bytes = 0;                    // 0: set by the first client's model
   uint64_t ghost_capacity = 1u << 20;          // ghosts kept
   uint32_t hysteresis_ticks = 2;               // ticks a moved block stays put
+  uint32_t landing_percent = 3;  // share of tier 0 kept free for new blocks (EngineOptions)
   // [migration]
   bool migrate = true;                 // false: score and plan, never move pages
   uint64_t migrate_rate_mib_s = 1024;  // bytes moved per second, at most

@@ -126,6 +126,8 @@ Result<wire::AdminOk> Requests::StopRecording(server::UniqueFd* trace_fd) {
       {"block_bytes", block_bytes},
       {"migrate_bytes_per_tick", block_bytes ? MigrateBytesPerTick(d_.config, block_bytes) : 0},
       {"hysteresis_ticks", d_.config.hysteresis_ticks},
+      {"landing_percent",
+       d_.engine ? d_.engine->options().landing_percent : d_.config.landing_percent},
       {"ghost_capacity", d_.config.ghost_capacity},
   };
   // Whose traffic it holds, and who lost events past their share (uid

@@ -828,6 +828,7 @@ void RandomLowerTiers(std::mt19937_64& rng, int universe, EngineOptions& o) {
 std::string TiersOf(const EngineOptions& o) {
   std::string s = " tiers " + std::to_string(o.lower_tier_budget_bytes.size() + 2);
   for (uint64_t b : o.lower_tier_budget_bytes) s += " " + std::to_string(b / kBlock);
+  if (o.landing_percent > 0) s += " landing " + std::to_string(o.landing_percent) + "%";
   return s;
 }
 
@@ -896,6 +897,7 @@ TEST_P(Differential, EngineMatchesReferenceOnRandomTraces) {
     if (mode == Mode::kTick) {
       o.migrate_bytes_per_tick = (rng() % 2) ? 0 : kBlock * (1 + rng() % 4);
       o.hysteresis_ticks = static_cast<uint32_t>(rng() % 4);
+      o.landing_percent = rng() % 2 ? 0 : static_cast<uint32_t>(rng() % 51);
     }
     RandomLowerTiers(rng, universe, o);
     const std::string what = std::string(policy) + " trace " + std::to_string(t) + " universe " +
@@ -1152,6 +1154,7 @@ TEST_P(DifferentialHints, EngineMatchesReferenceOnRandomTracesWithHints) {
     if (mode == Mode::kTick) {
       o.migrate_bytes_per_tick = (rng() % 2) ? 0 : kBlock * (1 + rng() % 4);
       o.hysteresis_ticks = static_cast<uint32_t>(rng() % 4);
+      o.landing_percent = rng() % 2 ? 0 : static_cast<uint32_t>(rng() % 51);
     }
     RandomLowerTiers(rng, universe, o);
     const std::string what =
@@ -1706,6 +1709,61 @@ TEST(Modes, TickBudgetCanChangeBetweenPlans) {
   for (size_t i = 0; i < 20; ++i) {
     EXPECT_EQ(e.state(slots[i]).tier, i >= 10 ? Tier::kFast : Tier::kSlow) << i;
   }
+}
+
+// The landing room (EngineOptions::landing_percent): the set is that much
+// smaller than tier 0, new blocks land in the room without a promotion, tier 0
+// never holds more than its budget, and the next plans but one demote the
+// blocks outside the set to make the room again (a block landed since the
+// last plan waits one plan for its first reads).
+TEST(Modes, LandingRoomTakesNewBlocksWithinTheBudget) {
+  EngineOptions o = Options(20, Persistence::kPersist, Mode::kTick);
+  o.landing_percent = 20;  // 4 of tier 0's 20 blocks
+  Engine e(o, P("lru"));
+  ASSERT_EQ(e.capacity_blocks(), 20u);
+  ASSERT_EQ(e.set_capacity_blocks(), 16u);
+  uint64_t now = 1;
+  std::vector<Slot> slots;
+  auto admit_touch = [&](uint64_t i) {
+    slots.push_back(e.Admit(K(i)));
+    e.Touch(slots.back(), Touch{1, now++, kNever});
+  };
+  auto plan = [&] {
+    const std::span<const Move> planned = e.Plan();
+    const std::vector<Move> moves(planned.begin(), planned.end());
+    for (const Move& m : moves) e.Complete(m, true);
+    return moves;
+  };
+  // Twenty blocks fill tier 0 (the set keeps 16): every one landed there.
+  for (uint64_t i = 0; i < 20; ++i) admit_touch(i);
+  EXPECT_EQ(e.counters().placed_fast, 20u);
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 20u);
+  // The first plan holds the blocks that landed since the last; the next
+  // demotes the four that left the set, the least recently touched.
+  EXPECT_TRUE(plan().empty());
+  const std::vector<Move> out = plan();
+  ASSERT_EQ(out.size(), 4u);
+  for (const Move& m : out) {
+    EXPECT_EQ(m.to, Tier::kSlow);
+    EXPECT_LT(m.slot, slots[4]) << "not one of the four least recently touched";
+  }
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 16u);
+  // Four new blocks land in the room and are read at once: hits, no move.
+  const uint64_t hits = e.counters().hits;
+  for (uint64_t i = 20; i < 24; ++i) admit_touch(i);
+  EXPECT_EQ(e.counters().hits, hits + 4);
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), 20u);
+  // The room is full: a fifth lands below, and tier 0 stays within its budget.
+  admit_touch(24);
+  EXPECT_EQ(e.state(slots.back()).tier, Tier::kSlow);
+  EXPECT_LE(e.tier_blocks(Tier::kFast), e.capacity_blocks());
+  // Plans make the room again and bring the fifth up, never over the budget.
+  for (int i = 0; i < 3; ++i) {
+    plan();
+    EXPECT_LE(e.tier_blocks(Tier::kFast), e.capacity_blocks());
+  }
+  EXPECT_EQ(e.state(slots.back()).tier, Tier::kFast);
+  EXPECT_EQ(e.tier_blocks(Tier::kFast), e.set_capacity_blocks());
 }
 
 TEST(Engine, CompleteIgnoresStaleAndFailedMoves) {

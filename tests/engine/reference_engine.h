@@ -57,7 +57,10 @@ class ReferenceEngine {
 
   ReferenceEngine(const EngineOptions& o, const std::string& policy, Quirks q = {})
       : quirks(q), o_(o) {
-    cap_ = o.tier0_budget_bytes / o.block_bytes;
+    tier0_cap_ = o.tier0_budget_bytes / o.block_bytes;
+    // The set: tier 0 less its landing room (tick mode).
+    cap_ = tier0_cap_ -
+           (o.mode == Mode::kTick ? tier0_cap_ * std::min(o.landing_percent, 50u) / 100 : 0);
     tiers_ = static_cast<unsigned>(o.lower_tier_budget_bytes.size()) + 2;
     for (uint64_t bytes : o.lower_tier_budget_bytes) lower_cap_.push_back(bytes / o.block_bytes);
     std::string spec = policy == "default" ? std::string(kDefaultPolicy) : policy;
@@ -116,9 +119,11 @@ class ReferenceEngine {
     live_[key] = id;
     ++counters.admits;
     if (o_.mode == Mode::kTick) {
-      const bool room = CountTier(Tier::kFast) < cap_;
+      const bool room = CountTier(Tier::kFast) < tier0_cap_;
       const unsigned below = FirstLowerWithRoom();
       blocks_[id].tier = room ? Tier::kFast : TierAt(below);
+      // With a landing room, a block landed in tier 0 stays for the next plan.
+      if (room && cap_ < tier0_cap_) blocks_[id].hold_until = tick_ + 2;
       if (room) ++counters.placed_fast;
       Log(room ? EngineEvent::kPlaceFast : EngineEvent::kPlaceSlow, id);
       if (room) {
@@ -323,6 +328,16 @@ class ReferenceEngine {
       blocks_[id].queue = kNone;
     };
     size_t di = 0;
+    // Tier 0 over the set's size (its landing room taken): blocks outside the
+    // set leave, oldest first, until the room is back.
+    for (size_t after = projected; after > cap_; --after) {
+      while (di < demos.size() && Held(demos[di])) ++di;
+      if (di == demos.size() || budget < bb) break;
+      budget -= bb;
+      const size_t d = demos[di++];
+      if (blocks_[d].rank == 0) RankBelow(d, 1);
+      plan(d, TierAt(blocks_[d].rank));
+    }
     for (size_t p : promos) {
       if (Held(p)) continue;
       if (projected < cap_) {
@@ -403,6 +418,7 @@ class ReferenceEngine {
     unsigned rank = 0;       // outside the set: the tier it belongs in (0: not ranked)
     bool retouched = false;  // promotion candidate touched since it was queued
     uint64_t moved_tick = 0;
+    uint64_t hold_until = 0;  // landed: no move before this tick
   };
   struct Ghost {
     BlockKey key;
@@ -965,6 +981,7 @@ class ReferenceEngine {
     return n;
   }
   bool Held(size_t id) const {
+    if (tick_ < blocks_[id].hold_until) return true;
     return o_.hysteresis_ticks > 0 && blocks_[id].moved_tick != 0 &&
            tick_ - blocks_[id].moved_tick < o_.hysteresis_ticks;
   }
@@ -1255,7 +1272,8 @@ class ReferenceEngine {
   }
 
   EngineOptions o_;
-  size_t cap_;
+  size_t cap_;        // the set's size: tier 0 less its landing room
+  size_t tier0_cap_;  // tier 0's budget in blocks
   unsigned tiers_ = 2;
   std::vector<size_t> lower_cap_;  // tiers 1 .. N-2, in blocks
   double score_alpha_ = 0;         // the alpha of the ema whose value is the block's score, if any

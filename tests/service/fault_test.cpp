@@ -307,6 +307,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   sc.block_bytes = rec["block_bytes"].get<uint64_t>();
   sc.migrate_bytes_per_tick = rec["migrate_bytes_per_tick"].get<uint64_t>();
   sc.hysteresis_ticks = rec["hysteresis_ticks"].get<uint32_t>();
+  sc.landing_percent = rec["landing_percent"].get<uint32_t>();
   sc.ghost_capacity = rec["ghost_capacity"].get<size_t>();
   sc.recorded_moves = true;
   const Result<sim::SimResult> exact_run = sim::Simulate(*trace, sc, nullptr);

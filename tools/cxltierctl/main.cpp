@@ -360,9 +360,9 @@ std::string ReplayCommand(const nlohmann::json& s, const std::string& out) {
   return "cxltier-sim --trace " + ShellQuoted("bin:" + out) +
          " --mode tick --tick-steps 1 --block-bytes " + num("block_bytes") + budgets +
          " --migrate-per-tick " + num("migrate_bytes_per_tick") + " --hysteresis " +
-         num("hysteresis_ticks") + " --ghosts " + num("ghost_capacity") + " --persist " +
-         (s.value("persist", true) ? "persist" : "reset") + " --policy " +
-         ShellQuoted(s.value("policy", std::string("default")));
+         num("hysteresis_ticks") + " --landing " + num("landing_percent") + " --ghosts " +
+         num("ghost_capacity") + " --persist " + (s.value("persist", true) ? "persist" : "reset") +
+         " --policy " + ShellQuoted(s.value("policy", std::string("default")));
 }
 
 // record: start, wait (Ctrl-C ends it early), stop, and copy the trace the

@@ -95,6 +95,7 @@ nlohmann::json ToJson(const std::string& workload, const SimResult& r) {
       {"tick_steps", r.config.tick_steps},
       {"migrate_bytes_per_tick", r.config.migrate_bytes_per_tick},
       {"hysteresis_ticks", r.config.hysteresis_ticks},
+      {"landing_percent", r.config.landing_percent},
       {"seconds", r.seconds},
       {"touches_per_second", r.seconds > 0 ? c.touches / r.seconds : 0.0},
   };
@@ -209,7 +210,7 @@ int main(int argc, char** argv) {
   std::string trace_spec, workload_spec, model_name = "llama3-70b", budgets = "32GiB";
   std::string policies = "lru,lfu,ema:0.01,ema:0.15", persist = "both", mode = "demand";
   std::string migrate = "0", write_trace, plot, block_bytes_flag;
-  uint32_t tick_steps = 1, hysteresis = 0, jobs = 1;
+  uint32_t tick_steps = 1, hysteresis = 0, landing = 0, jobs = 1;
   size_t ghosts = 1u << 20;
   bool json = false;
   auto* trace_opt = app.add_option("--trace", trace_spec,
@@ -243,6 +244,12 @@ int main(int argc, char** argv) {
   app.add_option("--migrate-per-tick", migrate, "tick mode: bytes moved per tick, 0 = unlimited")
       ->capture_default_str();
   app.add_option("--hysteresis", hysteresis, "tick mode: ticks a moved block stays put")
+      ->capture_default_str();
+  app.add_option("--landing", landing,
+                 "tick mode: percent of tier 0 kept free for new blocks (the daemon's "
+                 "[engine] landing_percent, 3 by default there; 0 here, as docs/results.md's "
+                 "tick tables were run)")
+      ->check(CLI::Range(0, 50))
       ->capture_default_str();
   std::string moves = "instant";
   app.add_option("--moves", moves,
@@ -312,6 +319,7 @@ int main(int argc, char** argv) {
   }
   base.tick_steps = tick_steps;
   base.hysteresis_ticks = hysteresis;
+  base.landing_percent = landing;
   base.hint_slice_units = hint_slice;
   base.ghost_capacity = ghosts;
   if (mode == "demand") {

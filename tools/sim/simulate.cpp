@@ -49,6 +49,7 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
   o.ghost_capacity = config.ghost_capacity;
   o.migrate_bytes_per_tick = config.migrate_bytes_per_tick;
   o.hysteresis_ticks = config.hysteresis_ticks;
+  o.landing_percent = config.landing_percent;
   o.hint_slice_units = config.hint_slice_units;
   o.expected_blocks = trace.keys.size();
   const bool tick = config.mode == engine::Mode::kTick;

@@ -23,6 +23,7 @@ struct SimConfig {
   uint32_t tick_steps = 1;              // tick mode: plan every N steps of the workload clock
   uint64_t migrate_bytes_per_tick = 0;  // tick mode: 0 = unlimited
   uint32_t hysteresis_ticks = 0;        // tick mode
+  uint32_t landing_percent = 0;         // tick mode: EngineOptions::landing_percent
   size_t ghost_capacity = 1u << 20;
   bool hints = true;  // apply the trace's scheduler hints (kHint events), if it has any
   // Tick mode: units of a hint's group-wide work per Hint() call, the rest at
