@@ -21,7 +21,7 @@ constexpr uint32_t kVersionGroups = 2;  // a group number per key after the keys
 // then version 2's tables (the group table all 0 when there are no groups).
 constexpr uint32_t kVersionMoves = 3;
 constexpr uint32_t kHeaderBytes = 32;
-constexpr uint32_t kLastKind = static_cast<uint32_t>(EventKind::kRelocated);
+constexpr uint32_t kLastKind = static_cast<uint32_t>(EventKind::kPlace);
 // Refuse headers that promise more than this many records (a hostile or corrupt
 // file must not make us allocate terabytes).
 constexpr uint64_t kMaxRecords = uint64_t{1} << 32;
@@ -95,9 +95,11 @@ Status Trace::Validate() const {
         return Malformed("event " + std::to_string(i) + ": a hint's kind must be 1, 2 or 3");
       }
     } else if (e.kind == EventKind::kPlan) {
-      // Its key is the number of moves planned.
-      if (e.obs != 0.0f)
-        return Malformed("event " + std::to_string(i) + ": a plan's observation must be 0");
+      // Its key is the number of moves planned, its observation its budget
+      // in blocks (0: the recording's migrate_bytes_per_tick).
+      if (!(e.obs >= 0.0f && e.obs <= 16777216.0f && e.obs == std::floor(e.obs)))
+        return Malformed("event " + std::to_string(i) +
+                         ": a plan's budget must be a whole number of blocks, 0 to 2^24");
     } else if (e.key >= keys.size()) {
       return Malformed("event " + std::to_string(i) + ": key index out of range");
     }
@@ -105,10 +107,11 @@ Status Trace::Validate() const {
       return Malformed("event " + std::to_string(i) +
                        ": a move outcome must be 1 (done) or 0 (not done)");
     }
-    if ((e.kind == EventKind::kAdmit || e.kind == EventKind::kRelocated) &&
+    if ((e.kind == EventKind::kAdmit || e.kind == EventKind::kPlace ||
+         e.kind == EventKind::kRelocated) &&
         !(e.obs >= 0.0f && e.obs < kMaxTiers && e.obs == std::floor(e.obs))) {
       return Malformed("event " + std::to_string(i) + ": " +
-                       (e.kind == EventKind::kAdmit ? "an admit's" : "a relocation's") +
+                       (e.kind == EventKind::kRelocated ? "a relocation's" : "an admit's") +
                        " tier must be a whole number, 0 to " + std::to_string(kMaxTiers - 1));
     }
     if (!std::isfinite(e.obs) || e.obs < 0) {

@@ -19,12 +19,18 @@ namespace cxltier::sim {
 // record). A replay in tick mode places the block there (in its last tier
 // when it has fewer); demand mode, and a trace without admits, admit a block
 // at its first touch.
+// kPlace (recordings, format version 3): the block was admitted before any of
+// its pages existed, and the engine chose its tier (`obs`): a tick-mode
+// replay admits it with its own engine's choice (Engine::Admit(key), which
+// may land it in a landing room), and `--moves recorded` checks that choice
+// is the recorded one.
 // kHint: a scheduler hint about a group of blocks (engine::HintKind in `obs`:
 // 1 idle, 2 soon, 3 done); its `key` is the group's number (Trace::groups),
 // not a key index.
 // The daemon's moves, in recordings that have them (Trace::recorded_moves,
 // format version 3): kPlan, the daemon ran the engine's Plan(), which planned
-// `key` moves (a count, not a key index; `obs` 0); kOutcome, the engine was
+// `key` moves (a count, not a key index) within a budget of `obs` blocks (0:
+// the recording's migrate_bytes_per_tick; the daemon paces it); kOutcome, the engine was
 // told the outcome of the move it planned for block `key` (`obs` 1 done, 0
 // not done); kRelocated, the daemon found block `key`'s pages in tier `obs`
 // without a move of its own (Engine::Relocated). `cxltier-sim --moves
@@ -37,6 +43,7 @@ enum class EventKind : uint8_t {
   kPlan = 4,
   kOutcome = 5,
   kRelocated = 6,
+  kPlace = 7,
 };
 // Kinds 4 to 6: the daemon's moves.
 constexpr bool IsMoveEvent(EventKind k) {

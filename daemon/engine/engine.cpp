@@ -548,14 +548,25 @@ std::span<const Move> Engine::Plan() {
     }
     return demote_cursor;
   };
-  // Tier 0 over its budget (blocks admitted where their pages already were),
-  // or into its landing room (blocks admitted since, blocks that left the
-  // set): demote outside-the-set blocks first, those queued longest first. A
-  // block that landed since the last plan is held for this one (Held).
-  for (size_t after = projected - std::min(projected, tiers_.out(0));
-       after > set_capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
+  // Tier 0 over its budget (blocks admitted where their pages already were):
+  // demote outside-the-set blocks first, those queued longest first. Then,
+  // into its landing room (blocks landed and not in the set, blocks that left
+  // it), with at most half of what is left while promotions wait: the rest is
+  // theirs. A block that landed since the last plan is held for this one (Held).
+  size_t after = projected - std::min(projected, tiers_.out(0));
+  for (; after > capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
     const Slot d = demote_cursor;
     demote_cursor = queues_.Prev(d);
+    budget -= bb;
+    demote(d);
+  }
+  const bool promotions_wait =
+      queues_.Front(kRetouchedQueue) != kNoSlot || queues_.Front(kPromoteQueue) != kNoSlot;
+  for (uint64_t room = promotions_wait ? budget / 2 : budget;
+       after > set_capacity_ && next_demotable() != kNoSlot && room >= bb; --after) {
+    const Slot d = demote_cursor;
+    demote_cursor = queues_.Prev(d);
+    room -= bb;
     budget -= bb;
     demote(d);
   }
@@ -697,6 +708,9 @@ void Engine::Relocated(Slot s, Tier tier) {
   if (!IsLive(s) || (states_[s].flags & kFlagMigrating) || states_[s].tier == tier) return;
   if (TierIndex(tier) >= tiers_.count()) return;
   SetTier(s, tier);
+  // A landed block's hold and a failed move's backoff were about the tier
+  // it no longer sits in.
+  retry_[s] = Retry{};
   if (!(states_[s].flags & kFlagInTarget) && tier != Tier::kFast) {
     Rank(s, TierIndex(tier));
   } else {

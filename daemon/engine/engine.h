@@ -217,6 +217,7 @@ class Engine {
   // The caller found the block's pages in `tier` without a planned move of its
   // own (a stale move of the previous owner of the same memory landed there).
   // Records it; not counted as a migration. Ignored while a move is in flight.
+  // A block it moves loses its landing hold and its failed-move backoff.
   void Relocated(Slot slot, Tier tier);
 
   // Tick mode: replaces the policy at run time. The new policy's tier-0 set is

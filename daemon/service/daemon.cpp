@@ -108,7 +108,12 @@ void Daemon::Tick() {
     // Plan and hand the moves to the mover, unless it is still busy.
     // Page moves need a slow node and CAP_SYS_NICE; copies need neither (a
     // device-DAX tier 1 is no node at all).
-    if ((d.can_migrate || d.copy_moves) && d.moves.mover().pending() < d.config.max_pending_moves) {
+    // Plans follow the mover's pace (PlanPace), each at most the configured
+    // rate's bytes a tick and max_pending_moves moves.
+    const uint64_t bb = d.engine->options().block_bytes;
+    const uint64_t cap =
+        std::min(MigrateBytesPerTick(d.config, bb), uint64_t{d.config.max_pending_moves} * bb);
+    if ((d.can_migrate || d.copy_moves) && d.moves.ReadyToPlan(*d.engine, cap)) {
       d.moves.Dispatch(*d.engine, d.clients, d.tick, d.can_migrate);
     }
     if (d.config.persist && d.config.checkpoint_interval_s > 0 &&

@@ -58,11 +58,23 @@ void MoveDispatch::Tell(engine::Engine& engine, const engine::Move& mv, bool don
   engine.Complete(mv, done);
 }
 
+bool MoveDispatch::ReadyToPlan(engine::Engine& engine, uint64_t cap_bytes) {
+  const uint64_t bb = engine.options().block_bytes;
+  if (!pace_.Ready(mover_->pending(), std::max(cap_bytes, 2 * bb), 2 * bb)) {
+    ++stats_.plans_paced;
+    return false;
+  }
+  engine.set_migrate_bytes_per_tick(pace_.budget());
+  return true;
+}
+
 void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, uint64_t tick,
                             bool page_moves) {
   const std::span<const engine::Move> plan = engine.Plan();
+  const uint64_t bb = engine.options().block_bytes;
+  pace_.Planned(plan.size() * bb);
   if (recorder_ && recorder_->on()) {
-    recorder_->Plan(tick, plan.size());
+    recorder_->Plan(tick, plan.size(), engine.options().migrate_bytes_per_tick / bb);
     for (const engine::Move& mv : plan) recorder_->Planned(engine.state(mv.slot).key);
   }
   for (const engine::Move& mv : plan) {

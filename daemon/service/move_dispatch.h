@@ -17,6 +17,7 @@
 #include "numa/topology.h"
 #include "service/client_table.h"
 #include "service/mover.h"
+#include "service/plan_pace.h"
 #include "service/recorder.h"
 #include "service/status.h"
 
@@ -55,6 +56,10 @@ class MoveDispatch {
   // The node a page-mode move to `to` goes to: the first of that tier's.
   // REQUIRES: `to` is one of tiers() with a node.
   int TargetNode(Tier to) const;
+  // At a tick: whether the mover has finished the last plan, so that a new
+  // one may be made; sets `engine`'s budget for it (PlanPace), at most
+  // `cap_bytes`.
+  bool ReadyToPlan(engine::Engine& engine, uint64_t cap_bytes);
   // Plans (at the daemon's `tick`, after its fold) and hands every move of
   // `engine`'s plan to the mover; page-mode moves only with `page_moves`
   // (else they are not done).
@@ -101,6 +106,7 @@ class MoveDispatch {
   std::shared_ptr<numa::Migrator> migrator_;
   std::unique_ptr<Mover> mover_;
   MoveStats stats_;
+  PlanPace pace_;
   uint64_t lease_timeout_ticks_ = 300;
   Recorder* recorder_;
 };

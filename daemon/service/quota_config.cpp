@@ -180,12 +180,18 @@ Status ValidateQuotas(const DaemonConfig& c) {
     }
     if (Status st = ValidateQuota(QuotaName(u), u.quota, c.tier_nodes.size()); !st.ok()) return st;
     // Each guarantee is at most 1 EiB and the sum so far at most the budget
-    // (1 EiB): no overflow.
+    // (1 EiB): no overflow. The policy's set, where guarantees are kept, is
+    // tier 0 less its landing room.
     guaranteed += u.quota.guarantee;
-    if (guaranteed > c.tier0_budget_bytes) {
-      return Invalid("[quotas] the guarantees add up to more than tier 0's budget " +
-                     FormatBytes(c.tier0_budget_bytes) + " (at " + QuotaName(u) +
-                     "): every guarantee must fit in tier 0 at once");
+    const uint64_t set_bytes =
+        c.tier0_budget_bytes - c.tier0_budget_bytes / 100 * std::min(c.landing_percent, 50u);
+    if (guaranteed > set_bytes) {
+      return Invalid(
+          "[quotas] the guarantees add up to more than tier 0's budget less its "
+          "landing room, " +
+          FormatBytes(set_bytes) + " (at " + QuotaName(u) +
+          "): every guarantee must fit in tier 0 at once, beside the room "
+          "([engine] landing_percent) kept for new blocks");
     }
   }
   std::set<std::pair<uint32_t, std::string>> names;

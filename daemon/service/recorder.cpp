@@ -156,11 +156,13 @@ void Recorder::Hint(uint64_t tick, uint32_t uid, uint64_t group, HintKind kind) 
   ++summary_.hints;
 }
 
-void Recorder::Plan(uint64_t tick, size_t moves) {
+void Recorder::Plan(uint64_t tick, size_t moves, uint64_t budget_blocks) {
   if (!on() || !Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
-  // A plan's key is the number of moves it planned.
+  // A plan's key is the number of moves it planned, its observation its
+  // budget in blocks (whole, and exact in a float up to 2^24).
   const uint32_t n = static_cast<uint32_t>(std::min<size_t>(moves, UINT32_MAX));
-  trace_.events.push_back(sim::TraceEvent{Step(tick), n, 0.0f, sim::EventKind::kPlan});
+  const float budget = static_cast<float>(std::min<uint64_t>(budget_blocks, uint64_t{1} << 24));
+  trace_.events.push_back(sim::TraceEvent{Step(tick), n, budget, sim::EventKind::kPlan});
   ++summary_.plans;
 }
 

@@ -118,12 +118,19 @@ class Recorder {
     planned_.erase(key);  // its move, if any, is stale now
     Add(tick, uid, key, 0.0f, sim::EventKind::kRelease);
   }
-  void Admit(uint64_t tick, uint32_t uid, const BlockKey& key, Tier placed) {
-    if (on()) Add(tick, uid, key, static_cast<float>(TierIndex(placed)), sim::EventKind::kAdmit);
+  // `chosen`: the engine chose `placed` (a block with no page yet, steered
+  // there: kPlace); else its pages were found there (kAdmit).
+  void Admit(uint64_t tick, uint32_t uid, const BlockKey& key, Tier placed, bool chosen = false) {
+    if (on()) {
+      Add(tick, uid, key, static_cast<float>(TierIndex(placed)),
+          chosen ? sim::EventKind::kPlace : sim::EventKind::kAdmit);
+    }
   }
   // The daemon ran the engine's Plan() at `tick` (after the tick's fold),
   // which planned `moves` moves; Planned then names each move's block.
-  void Plan(uint64_t tick, size_t moves);
+  // `budget_blocks`: the plan's migration budget (the daemon paces it; 0:
+  // the recording's migrate_bytes_per_tick).
+  void Plan(uint64_t tick, size_t moves, uint64_t budget_blocks = 0);
   void Planned(const BlockKey& key) {
     if (on() && summary_.replay_exact) planned_.insert(key);
   }

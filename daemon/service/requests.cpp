@@ -236,9 +236,10 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
       ok.results.push_back({held, st.tier, 0});
       continue;
     }
-    const engine::Slot es = AdmitPage(*c, pool, e);
+    bool chosen = false;
+    const engine::Slot es = AdmitPage(*c, pool, e, &chosen);
     const Tier where = d_.engine->state(es).tier;
-    d_.recorder.Admit(d_.EventTick(), peer.uid, d_.engine->state(es).key, where);
+    d_.recorder.Admit(d_.EventTick(), peer.uid, d_.engine->state(es).key, where, chosen);
     const uint32_t seg = d_.clients.Bind(*c, es, m.pool_id, e.block_index, e.key);
     WriteBack(*d_.engine, *c, seg);
     const bool restored = d_.engine->state(es).flags & kFlagRestored;
@@ -256,7 +257,8 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
 // counting the promotions in flight), and its pages are steered there before
 // the client writes them: a memfd's range by us, an address range's by the
 // client library from our answer's tier. Costs a few system calls per entry.
-engine::Slot Requests::AdmitPage(Client& c, const server::Pool& pool, const wire::AdmitEntry& e) {
+engine::Slot Requests::AdmitPage(Client& c, const server::Pool& pool, const wire::AdmitEntry& e,
+                                 bool* chosen) {
   const numa::PageRange range = pool.Range(e.block_index);
   const Tier steered = MoveDispatch::NewPagesTier(pool);
   const BlockKey key = EngineKey(e.key, c.peer.uid);
@@ -268,12 +270,15 @@ engine::Slot Requests::AdmitPage(Client& c, const server::Pool& pool, const wire
   }
   const engine::Slot es = d_.engine->Admit(key, c.peer.uid, c.account);
   const Tier placed = d_.engine->state(es).tier;
+  *chosen = true;
   if (pool.kind() == wire::PoolKind::kMemfd) {
     if (Status st = d_.moves.Steer(range, placed); !st.ok()) {
-      // Its pages will fault where the pool's policy says: count it there.
+      // Its pages will fault where the pool's policy says: count it there
+      // (recorded as found there, as Relocated leaves it).
       spdlog::debug("client {}: block {} of pool steered nowhere ({}): admitted in {}", c.id,
                     e.block_index, st.message, TierName(steered));
       d_.engine->Relocated(es, steered);
+      *chosen = placed == steered;
     }
   }
   return es;

@@ -47,7 +47,10 @@ class Requests final : public server::Handler {
   // The client of `peer` once it said hello, or nullptr.
   Client* Said(const server::Peer& peer);
   // One new block of a page-mode pool into the engine, placed (requests.cpp).
-  engine::Slot AdmitPage(Client& c, const server::Pool& pool, const wire::AdmitEntry& e);
+  // *chosen: the engine placed the block (it had no page yet, and the pool's
+  // new pages are steered), for the recording.
+  engine::Slot AdmitPage(Client& c, const server::Pool& pool, const wire::AdmitEntry& e,
+                         bool* chosen);
   // An admit into a client's tier pools (copy mode), checked.
   Result<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
   // Releases a client that left, a chunk of slots per turn of the I/O thread.

@@ -102,6 +102,7 @@ nlohmann::json MigrationJson(const StatusSnapshot& s) {
           {"moves_refused_pinned", m.moves.moves_refused_pinned},
           {"stale_moves", m.moves.stale_moves},
           {"stale_scans", m.moves.stale_scans},
+          {"plans_paced", m.moves.plans_paced},
           {"copy",
            {{"copies", m.moves.copies},
             {"copied_bytes", m.moves.copied_bytes},

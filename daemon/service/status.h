@@ -103,6 +103,9 @@ struct MoveStats {
   // holders: one per client and tick, however many came back stale.
   uint64_t stale_moves = 0;
   uint64_t stale_scans = 0;
+  // Ticks that made no plan because the mover had not finished the last one
+  // (PlanPace: the plans' budget follows the mover).
+  uint64_t plans_paced = 0;
   // Copy mode.
   uint64_t copies = 0;  // verified and published
   uint64_t copied_bytes = 0;

@@ -329,10 +329,14 @@ class ReferenceEngine {
     };
     size_t di = 0;
     // Tier 0 over the set's size (its landing room taken): blocks outside the
-    // set leave, oldest first, until the room is back.
+    // set leave, oldest first, until the room is back, with at most half the
+    // tick's budget while promotions wait (tier 0 is never over its budget
+    // here: instant moves).
+    uint64_t room = promos.empty() ? budget : budget / 2;
     for (size_t after = projected; after > cap_; --after) {
       while (di < demos.size() && Held(demos[di])) ++di;
-      if (di == demos.size() || budget < bb) break;
+      if (di == demos.size() || room < bb) break;
+      room -= bb;
       budget -= bb;
       const size_t d = demos[di++];
       if (blocks_[d].rank == 0) RankBelow(d, 1);

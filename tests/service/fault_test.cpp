@@ -205,13 +205,19 @@ TEST(Faults, FailedMovesAreNeverRecordedAndBackOff) {
 // skipped (the mover has its max_pending_moves) and blocks are released and
 // admitted again, replayed with the recorded moves (cxltier-sim --moves
 // recorded): the replay's touches and hits are exactly the daemon's.
-TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
+// Records a daemon whose moves fail, then land late, and replays the
+// recording exactly. `write_first`: every page is written before its block
+// is admitted (admitted where its pages are); else the engine places each
+// new block (in its landing room, with `landing_percent`), and the client
+// writes it after.
+void RecordLateAndFailingMovesAndReplay(uint32_t landing_percent, bool write_first) {
   auto owned = FaultMigrator();
   test::TestMigrator* mig = owned.get();
   boost::asio::io_context io;
   DaemonConfig c = TestConfig("cxltier-fault-rec-", kBlocks / 4);
   c.persist = true;
   c.max_pending_moves = 3;
+  c.landing_percent = landing_percent;
   // The default's experts but tinylfu, whose sketch hashes keys: a
   // recording's keys are hashed again (record_test says more).
   c.policy = "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo";
@@ -230,7 +236,12 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   auto* kv = static_cast<uint8_t*>(
       mmap(nullptr, stride * kBlocks, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
   ASSERT_NE(kv, MAP_FAILED);
-  for (size_t i = 0; i < stride * kBlocks; ++i) kv[i] = static_cast<uint8_t>(i);
+  const auto write = [&](uint32_t block) {
+    for (size_t i = block * stride; i < (block + 1) * stride; ++i) kv[i] = static_cast<uint8_t>(i);
+  };
+  if (write_first) {
+    for (uint32_t i = 0; i < kBlocks; ++i) write(i);
+  }
   auto pool = d.requests().OnRegisterPool(
       peer, wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks, stride, kBlocks},
       server::UniqueFd(dup(memfd)));
@@ -245,6 +256,7 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
     auto a = d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(11, i), i}}});
     ASSERT_TRUE(a.ok());
     seg_slot[i] = a->results[0].slot;
+    if (!write_first) write(i);
   };
   for (uint32_t i = 0; i < kBlocks; ++i) admit(i);
   const auto deliver = [&] {
@@ -335,6 +347,16 @@ TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
   munmap(seg.base, SegmentBytes(kBlocks));
   close(memfd);
   std::filesystem::remove_all(c.state_dir);
+}
+
+TEST(Faults, ARecordingOfLateAndFailingMovesReplaysExactly) {
+  RecordLateAndFailingMovesAndReplay(0, /*write_first=*/true);
+}
+
+// Blocks the engine placed, some in its landing room (tier 0 of 4 blocks, 2
+// of them kept free) and held for a plan: the replay places them itself.
+TEST(Faults, ARecordingOfBlocksLandedInTheRoomReplaysExactly) {
+  RecordLateAndFailingMovesAndReplay(50, /*write_first=*/false);
 }
 
 // A client that releases blocks while their moves are in flight, and admits

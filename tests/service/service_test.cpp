@@ -31,6 +31,7 @@
 #include "service/fold.h"
 #include "service/hints.h"
 #include "service/mover.h"
+#include "service/plan_pace.h"
 #include "service/recorder.h"
 #include "service/status.h"
 #include "test_migrator.h"
@@ -513,6 +514,48 @@ TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
   EXPECT_EQ(e.counters().touches, kSlots);
 }
 
+// The plans' pace follows the mover: a tick that finds the last plan
+// unfinished makes none and halves the budget (once a plan); a plan the
+// mover kept up with, that used half its budget or more, doubles it; always
+// between the floor and the cap, and a lowered cap is followed at once.
+TEST(PlanPace, HalvesWhenTheMoverIsLateAndDoublesWhenItKeepsUp) {
+  PlanPace p;
+  constexpr uint64_t kFloor = 2, kCap = 64;
+  ASSERT_TRUE(p.Ready(0, kCap, kFloor));
+  EXPECT_EQ(p.budget(), kCap);  // it starts at the cap
+  p.Planned(64);
+  // The mover is still at it for three ticks: one halving, no plan.
+  EXPECT_FALSE(p.Ready(5, kCap, kFloor));
+  EXPECT_EQ(p.budget(), 32u);
+  EXPECT_FALSE(p.Ready(3, kCap, kFloor));
+  EXPECT_FALSE(p.Ready(1, kCap, kFloor));
+  EXPECT_EQ(p.budget(), 32u);
+  // Done: a plan at the halved budget (a late plan earns no doubling).
+  ASSERT_TRUE(p.Ready(0, kCap, kFloor));
+  EXPECT_EQ(p.budget(), 32u);
+  p.Planned(20);  // at least half of 32
+  // Kept up: doubled, up to the cap.
+  ASSERT_TRUE(p.Ready(0, kCap, kFloor));
+  EXPECT_EQ(p.budget(), 64u);
+  p.Planned(10);  // less than half of 64: no evidence the mover does more
+  ASSERT_TRUE(p.Ready(0, kCap, kFloor));
+  EXPECT_EQ(p.budget(), 64u);
+  // Late plans in a row go down to the floor, never below.
+  for (int i = 0; i < 10; ++i) {
+    p.Planned(p.budget());
+    EXPECT_FALSE(p.Ready(1, kCap, kFloor));
+    ASSERT_TRUE(p.Ready(0, kCap, kFloor));
+  }
+  EXPECT_EQ(p.budget(), kFloor);
+  // A lowered cap (a reload) holds at once.
+  p.Planned(kFloor);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(p.Ready(0, 16, kFloor));
+    p.Planned(p.budget());
+  }
+  EXPECT_EQ(p.budget(), 16u);
+}
+
 TEST(Config, DefaultsValidateAndFileOverrides) {
   DaemonConfig c;
   EXPECT_EQ(c.Validate().message, "");
@@ -709,7 +752,13 @@ TEST(Config, QuotaErrorsNameTheProblem) {
             "guarantee 3.00 GiB is above its tier-0 cap 2.00 GiB"},
            {"[engine]\ntier0_budget = \"4GiB\"\n[[quotas.user]]\nuid = 5\nguarantee = "
             "\"3GiB\"\n[[quotas.user]]\nuid = 6\nguarantee = \"2GiB\"\n",
-            "the guarantees add up to more than tier 0's budget 4.00 GiB (at [quotas] uid 6)"},
+            "the guarantees add up to more than tier 0's budget less its landing room, 3.88 GiB "
+            "(at [quotas] uid 6)"},
+           // Guarantees that fill tier 0 leave no landing room: refused (with
+           // landing_percent = 0 they fit).
+           {"[engine]\ntier0_budget = \"4GiB\"\n[[quotas.user]]\nuid = 5\nguarantee = "
+            "\"2GiB\"\n[[quotas.user]]\nuid = 6\nguarantee = \"2GiB\"\n",
+            "less its landing room, 3.88 GiB (at [quotas] uid 6)"},
            {"[[quotas.user]]\nuid = 5\ntier0 = 1\n[[quotas.user]]\nuid = 5\ntier0 = 2\n",
             "uid 5 has two quotas"},
            {"[[quotas.user]]\nuid = 0\ntier0 = 1\n[[quotas.user]]\nuser = \"root\"\ntier0 = 2\n",
@@ -730,6 +779,20 @@ TEST(Config, QuotaErrorsNameTheProblem) {
     const std::string err = LoadConfigText(text, "t.toml", &c).message;
     EXPECT_NE(err.find(want), std::string::npos) << text << " -> " << err;
   }
+}
+
+// Without a landing room, guarantees may fill tier 0.
+TEST(Config, GuaranteesMayFillTierZeroWithoutALandingRoom) {
+  DaemonConfig c;
+  const Status st = LoadConfigText(
+      "[engine]\ntier0_budget = \"4GiB\"\nlanding_percent = 0\n[[quotas.user]]\nuid = 5\n"
+      "guarantee = \"2GiB\"\n[[quotas.user]]\nuid = 6\nguarantee = \"2GiB\"\n",
+      "t.toml", &c);
+  EXPECT_TRUE(st.ok()) << st.message;
+  DaemonConfig bad;
+  EXPECT_NE(LoadConfigText("[engine]\nlanding_percent = 51\n", "t.toml", &bad)
+                .message.find("landing_percent must be between 0 and 50"),
+            std::string::npos);
 }
 
 TEST(Config, QuotaArgumentsOfTheAdminRequest) {

@@ -781,7 +781,7 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   const Result<Trace> gr = ReadBinary(gbin, "v3g");
   ASSERT_TRUE(gr.ok()) << gr.status().message;
   EXPECT_EQ(gr->groups, g.groups);
-  // A kind 4 to 6 in a version 1 trace, and kind 7 in version 3: unknown.
+  // A kind 4 to 7 in a version 1 trace, and kind 8 in version 3: unknown.
   const size_t first_event = 40 + 20 * t.keys.size();
   std::string v1 = bytes;
   v1[8] = 1;
@@ -790,12 +790,12 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   std::istringstream v1in(v1);
   EXPECT_NE(ReadBinary(v1in, "x").status().message.find("unknown kind 4 for a version 1 trace"),
             std::string::npos);
-  std::string seven = bytes;
-  seven[first_event + 16 * 2 + 12] = 7;
-  std::istringstream sin(seven);
-  EXPECT_NE(ReadBinary(sin, "x").status().message.find("unknown kind 7"), std::string::npos);
+  std::string eight = bytes;
+  eight[first_event + 16 * 2 + 12] = 8;
+  std::istringstream sin(eight);
+  EXPECT_NE(ReadBinary(sin, "x").status().message.find("unknown kind 8"), std::string::npos);
   // An outcome is 1 or 0; a relocation's tier a whole tier; a plan's
-  // observation 0; none of them in a trace that records no moves.
+  // budget whole blocks; none of them in a trace that records no moves.
   Trace bad = t;
   bad.events[3].obs = 0.5f;
   EXPECT_NE(bad.Validate().message.find("1 (done) or 0"), std::string::npos);
@@ -803,8 +803,8 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   bad.events[4].obs = 9.0f;
   EXPECT_NE(bad.Validate().message.find("a relocation's tier"), std::string::npos);
   bad = t;
-  bad.events[2].obs = 1.0f;
-  EXPECT_NE(bad.Validate().message.find("a plan's observation"), std::string::npos);
+  bad.events[2].obs = 1.5f;
+  EXPECT_NE(bad.Validate().message.find("a plan's budget"), std::string::npos);
   bad = t;
   bad.recorded_moves = false;
   EXPECT_NE(bad.Validate().message.find("records no moves"), std::string::npos);

@@ -110,6 +110,9 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
       // The daemon's moves, when it made them; the what-if replay plans its own.
       if (!recorded) continue;
       if (ev.kind == EventKind::kPlan) {
+        if (ev.obs > 0) {
+          e.set_migrate_bytes_per_tick(static_cast<uint64_t>(ev.obs) * o.block_bytes);
+        }
         const std::span<const engine::Move> moves = e.Plan();
         if (moves.size() != ev.key) {
           return diverged(i, "the daemon planned " + std::to_string(ev.key) +
@@ -168,6 +171,19 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
         const unsigned placed = std::min(static_cast<unsigned>(ev.obs), e.tiers() - 1);
         s = e.Admit(trace.keys[ev.key], TierAt(placed));
         admit(ev.key, s);
+      }
+      continue;
+    }
+    if (ev.kind == EventKind::kPlace) {
+      // A block the daemon's engine placed: this engine places it.
+      if (tick && s == engine::kNoSlot) {
+        s = e.Admit(trace.keys[ev.key]);
+        admit(ev.key, s);
+        if (recorded && TierIndex(e.state(s).tier) != static_cast<unsigned>(ev.obs)) {
+          return diverged(i, "the daemon placed this block in tier " +
+                                 std::to_string(static_cast<unsigned>(ev.obs)) +
+                                 ", the replay in " + std::to_string(TierIndex(e.state(s).tier)));
+        }
       }
       continue;
     }
