@@ -308,6 +308,11 @@ uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes) {
                             (config.migrate_rate_mib_s << 20) / 1000 * config.tick_ms);
 }
 
+uint64_t PlanCapBytes(const DaemonConfig& config, uint64_t block_bytes) {
+  return std::min(MigrateBytesPerTick(config, block_bytes),
+                  std::max<uint64_t>(2, config.max_pending_moves) * block_bytes);
+}
+
 engine::EngineOptions EngineOptionsFor(const DaemonConfig& config, uint64_t block_bytes,
                                        std::vector<uint64_t> lower_tier_budgets) {
   engine::EngineOptions o;

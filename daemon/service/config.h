@@ -113,6 +113,9 @@ uint64_t TierBudgetBytes(const DaemonConfig& config, size_t tier, size_t tiers,
 // one block would never swap anything.
 // Start-up and reload both use it, so a reload's tick and rate reach the planner.
 uint64_t MigrateBytesPerTick(const DaemonConfig& config, uint64_t block_bytes);
+// The cap of a plan's budget (PlanPace): MigrateBytesPerTick, and at most
+// max_pending_moves blocks (two at least).
+uint64_t PlanCapBytes(const DaemonConfig& config, uint64_t block_bytes);
 // The daemon's engine for blocks of `block_bytes`: tick mode, the budgets,
 // ghost capacities and hysteresis of `config`; `lower_tier_budgets`: those of
 // tiers 1 .. N-2 on a host with N > 2 tiers (TierBudgetBytes), empty with two.

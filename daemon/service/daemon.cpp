@@ -110,10 +110,8 @@ void Daemon::Tick() {
     // device-DAX tier 1 is no node at all).
     // Plans follow the mover's pace (PlanPace), each at most the configured
     // rate's bytes a tick and max_pending_moves moves.
-    const uint64_t bb = d.engine->options().block_bytes;
-    const uint64_t cap =
-        std::min(MigrateBytesPerTick(d.config, bb), uint64_t{d.config.max_pending_moves} * bb);
-    if ((d.can_migrate || d.copy_moves) && d.moves.ReadyToPlan(*d.engine, cap)) {
+    if ((d.can_migrate || d.copy_moves) &&
+        d.moves.ReadyToPlan(*d.engine, PlanCapBytes(d.config, d.engine->options().block_bytes))) {
       d.moves.Dispatch(*d.engine, d.clients, d.tick, d.can_migrate);
     }
     if (d.config.persist && d.config.checkpoint_interval_s > 0 &&

@@ -209,6 +209,8 @@ StatusSnapshot Snapshot(const Shared& d) {
   m.demoted_bytes = c.demoted_bytes;
   m.pending = d.moves.mover().pending();
   m.budget_bytes_per_tick = d.engine ? d.engine->options().migrate_bytes_per_tick : 0;
+  m.max_budget_bytes_per_tick =
+      d.engine ? PlanCapBytes(d.config, d.engine->options().block_bytes) : 0;
   m.moves = d.moves.stats();
   for (const auto& [id, cl] : d.clients.all()) {
     m.places_draining += cl.copy.draining.size();

@@ -93,6 +93,7 @@ nlohmann::json MigrationJson(const StatusSnapshot& s) {
           {"failed", m.moves.failed},
           {"pending", m.pending},
           {"budget_bytes_per_tick", m.budget_bytes_per_tick},
+          {"max_budget_bytes_per_tick", m.max_budget_bytes_per_tick},
           {"pages_verified", m.moves.pages_verified},
           {"pages_absent", m.moves.pages_absent},
           {"pages_busy", m.moves.pages_busy},

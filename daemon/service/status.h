@@ -124,7 +124,8 @@ struct MigrationStatus {
   uint64_t promoted_bytes = 0;
   uint64_t demoted_bytes = 0;
   uint64_t pending = 0;  // queued or running in the mover
-  uint64_t budget_bytes_per_tick = 0;
+  uint64_t budget_bytes_per_tick = 0;      // the next plan's (PlanPace)
+  uint64_t max_budget_bytes_per_tick = 0;  // its cap: PlanCapBytes
   MoveStats moves;
   uint64_t places_draining = 0;  // copy mode: old places waiting for readers
   // Copy mode: ticks the oldest of them has waited for its read lease to go

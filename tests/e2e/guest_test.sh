@@ -176,8 +176,12 @@ CONF
     [ "$all" -le "$maxall" ] || maxall=$all
     # The engine (and its bytes per tick) exists once the first client said hello.
     if echo "$j" | grep -q "\"block_bytes\":$b_block,"; then
-      echo "$j" | grep -q "\"budget_bytes_per_tick\":$per_tick_bytes[,}]" ||
-        fail "the planner's bytes per tick are not ${per_tick_bytes}: $j"
+      # The pace (PlanPace) keeps each plan's budget at or below this cap.
+      echo "$j" | grep -q "\"max_budget_bytes_per_tick\":$per_tick_bytes[,}]" ||
+        fail "the planner's bytes per tick are not at most ${per_tick_bytes}: $j"
+      now=$(echo "$j" | sed -n 's/.*"budget_bytes_per_tick":\([0-9]*\).*/\1/p')
+      [ -n "$now" ] && [ "$now" -le $per_tick_bytes ] ||
+        fail "the paced budget ($now) is over its cap ${per_tick_bytes}: $j"
       per_tick_checked=1
     fi
   done
