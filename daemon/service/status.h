@@ -123,7 +123,7 @@ struct MigrationStatus {
   uint64_t demotions = 0;
   uint64_t promoted_bytes = 0;
   uint64_t demoted_bytes = 0;
-  uint64_t pending = 0;  // queued or running in the mover
+  uint64_t pending = 0;                    // queued or running in the mover
   uint64_t budget_bytes_per_tick = 0;      // the next plan's (PlanPace)
   uint64_t max_budget_bytes_per_tick = 0;  // its cap: PlanCapBytes
   MoveStats moves;
