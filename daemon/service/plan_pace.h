@@ -18,7 +18,9 @@ class PlanPace {
   // At a tick, with `pending` jobs at the mover: whether to plan now. `cap`:
   // the configured budget of a tick; `floor`: two blocks. REQUIRES floor <= cap.
   bool Ready(size_t pending, uint64_t cap, uint64_t floor) {
-    if (budget_ == 0 || budget_ > cap) budget_ = cap;  // start at the cap; follow a lowered one
+    // Start at the cap; follow a lowered cap, and a raised floor (a new
+    // block size: a budget under one block would plan nothing, ever).
+    budget_ = std::clamp(budget_ == 0 ? cap : budget_, floor, cap);
     if (pending > 0) {
       if (!late_) budget_ = std::max(floor, budget_ / 2);
       late_ = true;

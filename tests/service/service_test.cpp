@@ -554,6 +554,17 @@ TEST(PlanPace, HalvesWhenTheMoverIsLateAndDoublesWhenItKeepsUp) {
     p.Planned(p.budget());
   }
   EXPECT_EQ(p.budget(), 16u);
+  // A larger block size raises the floor: the budget follows it (under one
+  // block, a plan could move nothing, and so never grow; seen in the cxl
+  // guest after the engine was rebuilt for another block size).
+  for (int i = 0; i < 10; ++i) {
+    p.Planned(0);
+    EXPECT_FALSE(p.Ready(1, 64, 2));
+    ASSERT_TRUE(p.Ready(0, 64, 2));
+  }
+  EXPECT_EQ(p.budget(), 2u);
+  ASSERT_TRUE(p.Ready(0, 64, 8));
+  EXPECT_EQ(p.budget(), 8u);
 }
 
 TEST(Config, DefaultsValidateAndFileOverrides) {
