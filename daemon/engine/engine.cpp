@@ -554,22 +554,21 @@ std::span<const Move> Engine::Plan() {
   // it), with at most half of what is left while promotions wait: the rest is
   // theirs. A block that landed since the last plan is held for this one (Held).
   size_t after = projected - std::min(projected, tiers_.out(0));
-  for (; after > capacity_ && next_demotable() != kNoSlot && budget >= bb; --after) {
-    const Slot d = demote_cursor;
-    demote_cursor = queues_.Prev(d);
-    budget -= bb;
-    demote(d);
-  }
+  // Demotes outside-the-set blocks while tier 0 (once they left) is over
+  // `down_to`, spending at most `allowance` of the budget.
+  auto demote_outside_set = [&](size_t down_to, uint64_t allowance) {
+    for (; after > down_to && next_demotable() != kNoSlot && allowance >= bb; --after) {
+      const Slot d = demote_cursor;
+      demote_cursor = queues_.Prev(d);
+      allowance -= bb;
+      budget -= bb;
+      demote(d);
+    }
+  };
+  demote_outside_set(capacity_, budget);
   const bool promotions_wait =
       queues_.Front(kRetouchedQueue) != kNoSlot || queues_.Front(kPromoteQueue) != kNoSlot;
-  for (uint64_t room = promotions_wait ? budget / 2 : budget;
-       after > set_capacity_ && next_demotable() != kNoSlot && room >= bb; --after) {
-    const Slot d = demote_cursor;
-    demote_cursor = queues_.Prev(d);
-    room -= bb;
-    budget -= bb;
-    demote(d);
-  }
+  demote_outside_set(set_capacity_, promotions_wait ? budget / 2 : budget);
   // Promotions: the blocks touched again while queued, then the others, each
   // from its queue's head (most recently touched or queued first).
   Slot p = queues_.Front(kRetouchedQueue);
