@@ -7,7 +7,8 @@ online policy's, or within a margin of it.
 
 Rows: the attention workload (per seed) at 8, 16, 32, 64 and 128 GiB; every
 parameter row of docs/results.md at 32 GiB; tick mode at 32 GiB; the Mooncake
-sample at 8 GiB to 2 TiB (one trace, no seeds), and each --trace at the same.
+sample at 8 GiB to 2 TiB (one trace, no seeds), the excerpt of the Mooncake arXiv
+trace (tests/data/README.md) and each --trace at the same.
 With --shares the attention, Mooncake and --trace rows use 1, 5, 10, 25 and
 50% of each trace's distinct blocks instead. "Other online policies" are
 lru, lfu, ema:0.01, ema:0.15, arc, s3fifo, sieve and tinylfu, each with persist
@@ -57,6 +58,9 @@ def main():
     ap.add_argument("--margin", type=float, default=0.5, help="points")
     ap.add_argument("--mooncake", default=os.path.join(
         os.path.dirname(__file__), "..", "..", "tests", "data", "mooncake_synthetic_trace.jsonl"))
+    ap.add_argument("--excerpt", default=os.path.join(
+        os.path.dirname(__file__), "..", "..", "tests", "data", "mooncake_arxiv_excerpt.jsonl"),
+        help="the second public trace (tests/data/README.md); '' leaves it out")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", help="also write every row to this file")
     ap.add_argument("--raw", help="also write every simulation's result to this file")
@@ -80,6 +84,9 @@ def main():
         jobs.append((f"attention tick seed={seed}", ["--workload", f"attention:seed={seed}"],
                      ["32GiB"], TICK))
     jobs.append(("mooncake", ["--trace", "mooncake:" + args.mooncake], trace_budgets, []))
+    if args.excerpt:
+        jobs.append(("mooncake arxiv excerpt", ["--trace", "mooncake:" + args.excerpt],
+                     trace_budgets, []))
     for spec in args.trace:
         jobs.append((os.path.basename(spec), ["--trace", spec], trace_budgets, []))
 
