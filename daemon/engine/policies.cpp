@@ -1,5 +1,6 @@
 // The eviction policies. Exact definitions: docs/policies.md.
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -144,14 +145,35 @@ class LfuPolicy final : public Policy {
   size_t members_ = 0;
 };
 
-// An EMA after one touch: the value at `prev_time` decayed to now, plus this
-// touch's share. A previous touch ahead of now decays nothing (Elapsed is 0),
-// not (1-alpha)^(~2^64) = 0.
-double EmaAfter(double prev, uint64_t prev_time, bool fresh, double alpha, const Touch& t) {
-  const double decayed =
-      fresh ? 0.0 : prev * std::pow(1.0 - alpha, static_cast<double>(Elapsed(t.now, prev_time)));
-  return decayed + alpha * t.obs;
-}
+// An EMA's arithmetic for one alpha, with what does not change per touch
+// computed once: (1 - alpha)^k for the elapsed times k below kTable (each
+// entry is the very std::pow the touch would call, so the results are the
+// same to the bit), and log(1 - alpha) for the ordering key.
+class EmaMath {
+ public:
+  explicit EmaMath(double alpha) : alpha_(alpha), log_keep_(std::log1p(-alpha)) {
+    for (size_t k = 0; k < kTable; ++k) keep_[k] = std::pow(1.0 - alpha, static_cast<double>(k));
+  }
+  double alpha() const { return alpha_; }
+  // The EMA after one touch: the value at `prev_time` decayed to now, plus
+  // this touch's share. A previous touch ahead of now decays nothing
+  // (Elapsed is 0), not (1-alpha)^(~2^64) = 0.
+  double After(double prev, uint64_t prev_time, bool fresh, const Touch& t) const {
+    if (fresh) return 0.0 + alpha_ * t.obs;
+    const uint64_t dt = Elapsed(t.now, prev_time);
+    const double keep = dt < kTable ? keep_[dt] : std::pow(1.0 - alpha_, static_cast<double>(dt));
+    return prev * keep + alpha_ * t.obs;
+  }
+  // EmaOrderKey, with log(1 - alpha) computed once.
+  double OrderKey(double score, uint64_t time) const {
+    return std::log(score) - static_cast<double>(time) * log_keep_;
+  }
+
+ private:
+  static constexpr size_t kTable = 512;
+  double alpha_, log_keep_;
+  std::array<double, kTable> keep_;
+};
 
 // The alpha of "ema:<alpha>" (the text after "ema:"), if it is one: strictly
 // between 0 and 1.
@@ -167,21 +189,19 @@ std::optional<double> ParseAlpha(std::string_view text) {
 // Score = exponential moving average of observations on the workload clock.
 class EmaPolicy final : public HeapPolicy {
  public:
-  explicit EmaPolicy(double alpha, std::string name) : alpha_(alpha), name_(std::move(name)) {}
+  explicit EmaPolicy(double alpha, std::string name) : ema_(alpha), name_(std::move(name)) {}
   std::string Name() const override { return name_; }
   double Score(const BlockState&, double prev_score, uint64_t prev_time, bool fresh,
                const Touch& t) const override {
-    return EmaAfter(prev_score, prev_time, fresh, alpha_, t);
+    return ema_.After(prev_score, prev_time, fresh, t);
   }
-  double Heat(Slot s) const override {
-    return EmaOrderKey(state(s).score, state(s).touch_time, alpha_);
-  }
+  double Heat(Slot s) const override { return ema_.OrderKey(state(s).score, state(s).touch_time); }
 
  private:
   double Key(Slot s, const Touch&) const override {
-    return EmaOrderKey(state(s).score, state(s).touch_time, alpha_);
+    return ema_.OrderKey(state(s).score, state(s).touch_time);
   }
-  double alpha_;
+  EmaMath ema_;
   std::string name_;
 };
 
@@ -507,8 +527,8 @@ class TinyLfuPolicy final : public Policy {
 // kept while the block stays (in either tier), lost when it is released.
 class OwnEmaPolicy final : public Policy {
  public:
-  explicit OwnEmaPolicy(double alpha) : alpha_(alpha) {}
-  std::string Name() const override { return "ema:" + std::to_string(alpha_); }
+  explicit OwnEmaPolicy(double alpha) : ema_(alpha) {}
+  std::string Name() const override { return "ema:" + std::to_string(ema_.alpha()); }
   double Score(const BlockState&, double prev, uint64_t, bool, const Touch&) const override {
     return prev;
   }
@@ -549,11 +569,11 @@ class OwnEmaPolicy final : public Policy {
     // A new occupant of the slot, or a block the engine reset (its count
     // restarted on this touch; a placement ahead is no touch): no history.
     const bool fresh = o.generation != st.generation || (st.touch_count <= 1 && !t.ahead);
-    o = Own{EmaAfter(o.score, o.time, fresh, alpha_, t), t.now, st.generation};
+    o = Own{ema_.After(o.score, o.time, fresh, t), t.now, st.generation};
   }
-  double Key(Slot s) const { return EmaOrderKey(own_[s].score, own_[s].time, alpha_); }
+  double Key(Slot s) const { return ema_.OrderKey(own_[s].score, own_[s].time); }
 
-  double alpha_;
+  EmaMath ema_;
   SlotHeap heap_;
   std::vector<Own> own_;
 };
@@ -584,7 +604,7 @@ uint32_t FloatWord(float f) {
 
 class WordEmaPolicy final : public HeapPolicy {
  public:
-  WordEmaPolicy(double alpha, std::string name) : alpha_(alpha), name_(std::move(name)) {}
+  WordEmaPolicy(double alpha, std::string name) : ema_(alpha), name_(std::move(name)) {}
   std::string Name() const override { return name_; }
   double Score(const BlockState&, double prev, uint64_t, bool, const Touch&) const override {
     return prev;
@@ -593,9 +613,9 @@ class WordEmaPolicy final : public HeapPolicy {
 
  private:
   double Key(Slot s, const Touch&) const override {
-    return EmaOrderKey(WordFloat(state(s).policy_word), state(s).touch_time, alpha_);
+    return ema_.OrderKey(WordFloat(state(s).policy_word), state(s).touch_time);
   }
-  double alpha_;
+  EmaMath ema_;
   std::string name_;
 };
 
@@ -637,7 +657,7 @@ class ShardsPolicy final : public Policy {
     for (size_t k = scorer + 1; k < specs_.size(); ++k) {
       if (specs_[k].starts_with("ema:") && specs_[k] != score_spec_) {
         word_spec_ = specs_[k];
-        word_alpha_ = *ParseAlpha(std::string_view(word_spec_).substr(4));
+        word_ema_.emplace(*ParseAlpha(std::string_view(word_spec_).substr(4)));
         break;
       }
     }
@@ -660,7 +680,7 @@ class ShardsPolicy final : public Policy {
                 const Touch& t) const override {
     if (word_spec_.empty()) return st.policy_word;
     return FloatWord(
-        static_cast<float>(EmaAfter(WordFloat(st.policy_word), prev_time, fresh, word_alpha_, t)));
+        static_cast<float>(word_ema_->After(WordFloat(st.policy_word), prev_time, fresh, t)));
   }
   void Reserve(size_t n) override {
     reserved_ = std::max(reserved_, n);
@@ -912,9 +932,9 @@ class ShardsPolicy final : public Policy {
   std::vector<std::string> specs_;
   Settings set_;
   std::string score_spec_, word_spec_;  // the emas whose averages the blocks keep
-  double word_alpha_ = 0;
-  std::unique_ptr<Policy> scorer_;  // only its Score is used
-  std::unique_ptr<Policy> full_;    // the leader's full instance
+  std::optional<EmaMath> word_ema_;     // word_spec_'s
+  std::unique_ptr<Policy> scorer_;      // only its Score is used
+  std::unique_ptr<Policy> full_;        // the leader's full instance
   std::vector<Mini> minis_;
   double rate_ = 1;
   uint64_t threshold_ = uint64_t{1} << 32;
