@@ -19,9 +19,18 @@
 
 namespace cxltier::engine {
 
-double EmaOrderKey(double score, uint64_t time, double alpha) {
+namespace {
+
+// EmaOrderKey with log(1 - alpha) given: the one place the key is computed.
+double EmaOrderKeyWith(double score, uint64_t time, double log_keep) {
   // score <= 0 gives -inf: such blocks order by touch_seq alone.
-  return std::log(score) - static_cast<double>(time) * std::log1p(-alpha);
+  return std::log(score) - static_cast<double>(time) * log_keep;
+}
+
+}  // namespace
+
+double EmaOrderKey(double score, uint64_t time, double alpha) {
+  return EmaOrderKeyWith(score, time, std::log1p(-alpha));
 }
 
 namespace {
@@ -159,6 +168,8 @@ class EmaMath {
   // this touch's share. A previous touch ahead of now decays nothing
   // (Elapsed is 0), not (1-alpha)^(~2^64) = 0.
   double After(double prev, uint64_t prev_time, bool fresh, const Touch& t) const {
+    // 0.0 + x, not x: as the decayed part of a fresh one (0.0) plus this
+    // touch's share always was, -0.0 included.
     if (fresh) return 0.0 + alpha_ * t.obs;
     const uint64_t dt = Elapsed(t.now, prev_time);
     const double keep = dt < kTable ? keep_[dt] : std::pow(1.0 - alpha_, static_cast<double>(dt));
@@ -166,7 +177,7 @@ class EmaMath {
   }
   // EmaOrderKey, with log(1 - alpha) computed once.
   double OrderKey(double score, uint64_t time) const {
-    return std::log(score) - static_cast<double>(time) * log_keep_;
+    return EmaOrderKeyWith(score, time, log_keep_);
   }
 
  private:
