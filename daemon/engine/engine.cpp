@@ -45,6 +45,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Policy> policy)
   groups_.Resize(options.expected_blocks);
   accounts_.Resize(options.expected_blocks);
   index_.Reserve(options.expected_blocks);
+  policy_->SetKeySeed(options.key_hash_seed);
   policy_->Bind(&states_, set_capacity_, options.persistence, options.mode);
   policy_->Reserve(options.expected_blocks);
   tiers_.set_epoch(policy_->HeatEpoch());
@@ -658,6 +659,7 @@ void Engine::Reserve(size_t n) {
 void Engine::SetPolicy(std::unique_ptr<Policy> policy) {
   assert(policy && options_.mode == Mode::kTick);
   policy_ = std::move(policy);
+  policy_->SetKeySeed(options_.key_hash_seed);
   policy_->Bind(&states_, set_capacity_, options_.persistence, options_.mode);
   policy_->Reserve(states_.size());
   tiers_.set_epoch(policy_->HeatEpoch());

@@ -630,10 +630,22 @@ class WordEmaPolicy final : public HeapPolicy {
   std::string name_;
 };
 
-uint64_t ShardsHash(const BlockKey& key) {
-  // A fixed hash, not the engine's keyed one: the sample is the same keys in
-  // every run. Its top 32 bits are compared with the threshold.
-  return HashKey(BlockKey{key.hi ^ 0x5348415244535348ULL, key.lo}) >> 32;
+// The sample's hash, keyed by the engine's secret (Policy::SetKeySeed): a
+// client that cannot know the secret cannot choose keys that are sampled, nor
+// keys that collide in the sample's index. With seed 0 (the simulator's) the
+// sample is the same keys in every run. Its top 32 bits are compared with the
+// threshold.
+struct ShardsKeyHash {
+  uint64_t hi = 0x5348415244535348ULL, lo = 0;
+  ShardsKeyHash() = default;
+  explicit ShardsKeyHash(uint64_t seed)
+      : hi(0x5348415244535348ULL ^ seed), lo(seed * 0x9e3779b97f4a7c15ULL) {}
+  size_t operator()(const BlockKey& key) const {
+    return HashKey(BlockKey{key.hi ^ hi, key.lo ^ lo});
+  }
+};
+uint64_t ShardsHash(const BlockKey& key, const ShardsKeyHash& hash = ShardsKeyHash()) {
+  return uint64_t{hash(key)} >> 32;
 }
 uint64_t ShardsThreshold(double rate) {
   return rate >= 1.0 ? (uint64_t{1} << 32)
@@ -650,6 +662,10 @@ class ShardsPolicy final : public Policy {
     double z = 3;            // the lead a switch needs, in standard deviations
     double gain = 0.01;      // and as a share of the sampled touches (decayed alike)
     uint32_t warm = 8;       // no switch before warm x a miniature's capacity sampled touches
+    // Keys in the sample at most, live or released: each costs every
+    // miniature a state, whatever the traffic (a new key past it takes a
+    // released key's place, or stays out of the sample while none is).
+    uint32_t keys = 65536;
   };
   ShardsPolicy(std::string name, std::vector<std::string> candidates, Settings settings)
       : name_(std::move(name)), specs_(std::move(candidates)), set_(settings) {
@@ -744,6 +760,7 @@ class ShardsPolicy final : public Policy {
     v.rate = rate_;
     v.mini_capacity = mini_cap_;
     v.sampled_touches = sampled_touches_;
+    v.sampled_keys = dense_.size();
     for (const Mini& m : minis_) v.sampled_hits.push_back(m.hits);
     return v;
   }
@@ -757,6 +774,8 @@ class ShardsPolicy final : public Policy {
                                : std::max<size_t>(1, static_cast<size_t>(std::llround(
                                                          static_cast<double>(capacity_) * rate_)));
     ghost_limit_ = std::max<size_t>(4096, static_cast<size_t>(rate_ * (1 << 20)));
+    hash_ = ShardsKeyHash(key_seed_);
+    dense_ = decltype(dense_)(0, hash_);
     for (Mini& m : minis_) {
       m.policy->Bind(&m.states, mini_cap_, persistence_, Mode::kDemand);
     }
@@ -787,7 +806,7 @@ class ShardsPolicy final : public Policy {
     return std::move(MakePolicy(spec).value());
   }
 
-  bool Sampled(Slot s) const { return ShardsHash(state(s).key) < threshold_; }
+  bool Sampled(Slot s) const { return ShardsHash(state(s).key, hash_) < threshold_; }
 
   static void Forget(BlockState& st) {
     st.score = 0;
@@ -796,13 +815,17 @@ class ShardsPolicy final : public Policy {
     st.flags &= static_cast<uint8_t>(~kFlagRestored);
   }
 
-  // The dense slot of `key`, made on its first sampled touch.
+  // The dense slot of `key`, made on its first sampled touch; kNoDense when
+  // the sample holds `keys` keys, none of them released.
+  static constexpr uint32_t kNoDense = UINT32_MAX;
   uint32_t Dense(const BlockKey& key) {
-    const auto [it, fresh] = dense_.try_emplace(key, 0);
-    if (!fresh) {
-      released_now_[it->second] = 0;
-      return it->second;
+    if (const auto found = dense_.find(key); found != dense_.end()) {
+      released_now_[found->second] = 0;
+      return found->second;
     }
+    while (dense_.size() >= set_.keys && !released_.empty()) Reclaim();
+    if (dense_.size() >= set_.keys) return kNoDense;
+    const auto it = dense_.try_emplace(key, 0).first;
     uint32_t d;
     if (!free_.empty()) {
       d = free_.back();
@@ -844,6 +867,7 @@ class ShardsPolicy final : public Policy {
   // True when the leader is to change (to pending_).
   bool FeedMinis(Slot s, const Touch& t) {
     const uint32_t d = Dense(state(s).key);
+    if (d == kNoDense) return false;
     ++sampled_touches_;
     for (Mini& m : minis_) {
       BlockState& st = m.states[d];
@@ -962,7 +986,8 @@ class ShardsPolicy final : public Policy {
   std::vector<uint32_t> epoch_hits_, epoch_apart_;
   // The sample's keys: dense slot by key, key by dense slot, free slots, and
   // released keys kept as ghosts (oldest reclaimed first) with a stamp per slot.
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> dense_;
+  ShardsKeyHash hash_;
+  std::unordered_map<BlockKey, uint32_t, ShardsKeyHash> dense_;
   std::vector<BlockKey> keys_;
   std::vector<uint32_t> free_;
   std::vector<uint32_t> stamp_;
@@ -1286,12 +1311,13 @@ Result<std::unique_ptr<Policy>> ParseShards(std::string_view spec, std::string_v
     if (k == "z") return SettingValue(v, &set.z) && set.z >= 0 && set.z < 100;
     if (k == "warm") return SettingValue(v, &set.warm);
     if (k == "gain") return SettingValue(v, &set.gain) && set.gain >= 0 && set.gain < 1;
+    if (k == "keys") return SettingValue(v, &set.keys) && set.keys > 0;
     return false;
   });
   if (refused) {
     return bad("shards: bad setting '" + std::string(*refused) +
                "' (rate=X in (0, 1], min=N, epoch=N >= 1, decay=X in [0, 1), z=Y in [0, 100), "
-               "gain=X in [0, 1), warm=N)");
+               "gain=X in [0, 1), warm=N, keys=N >= 1)");
   }
   return std::make_unique<ShardsPolicy>(std::string(name), std::move(candidates), set);
 }

@@ -26,6 +26,11 @@ class Policy {
   // The policy's name as given to MakePolicy ("lfu", "ema:0.01", ...).
   virtual std::string Name() const = 0;
 
+  // The secret that keys the policy's own hashes of block keys (shards'
+  // sample), EngineOptions::key_hash_seed; call before Bind. 0, the
+  // simulator's, gives the same hashes in every run.
+  void SetKeySeed(uint64_t seed) { key_seed_ = seed; }
+
   // Called once by the engine before any other call. `states` outlives the policy.
   void Bind(const std::vector<BlockState>* states, size_t capacity, Persistence persistence,
             Mode mode = Mode::kDemand) {
@@ -107,19 +112,20 @@ class Policy {
   const std::vector<BlockState>* states_ = nullptr;
   std::vector<uint32_t> back_from_ghost_;  // the generation BackFromGhost last said yes to
   size_t capacity_ = 0;
+  uint64_t key_seed_ = 0;
   Persistence persistence_ = Persistence::kPersist;
   Mode mode_ = Mode::kDemand;  // how the engine realises the set (only adaptive asks)
 };
 
-// The policy "default" stands for the daemon's default, whatever it is
-// (docs/policies.md, "default and adaptive", says why it is this one).
-inline constexpr std::string_view kDefaultPolicy = "adaptive";
 // "adaptive" alone: these experts (docs/policies.md, "adaptive").
 inline constexpr std::string_view kAdaptivePolicy =
     "adaptive:sieve+arc+ema:0.05+ema:0.01+lru+s3fifo+tinylfu";
 // "shards" alone: these candidates, the first leading first (docs/policies.md, "shards").
 inline constexpr std::string_view kShardsPolicy =
     "shards:arc+lfu+ema:0.05+ema:0.01+lru+s3fifo+sieve+tinylfu";
+// The policy "default" stands for the daemon's default, whatever it is
+// (docs/policies.md, "The default", says why it is this one).
+inline constexpr std::string_view kDefaultPolicy = kShardsPolicy;
 
 // What a shards policy knows (docs/policies.md, "shards"), for tests and
 // status; nullopt for any other policy.
@@ -130,11 +136,14 @@ struct ShardsView {
   double rate = 1;           // the sampling rate
   size_t mini_capacity = 0;  // each miniature's capacity
   uint64_t sampled_touches = 0;
+  size_t sampled_keys = 0;             // keys in the sample, live or released (at most its `keys`)
   std::vector<uint64_t> sampled_hits;  // by candidate
 };
 std::optional<ShardsView> ViewShards(const Policy& policy);
-// Whether `key` is in a shards sample at `rate`: a fixed hash of the key
-// below rate x 2^32 (the same keys in every run and every daemon).
+// Whether `key` is in a shards sample at `rate` with key seed 0 (the
+// simulator's): a hash of the key below rate x 2^32. The daemon keys the
+// hash with its secret (Policy::SetKeySeed), so a client cannot choose keys
+// that are sampled.
 bool InShardsSample(const BlockKey& key, double rate);
 
 // Builds a policy from its name: default, adaptive[:experts], lru, lfu,

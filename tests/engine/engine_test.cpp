@@ -2111,6 +2111,59 @@ TEST(Shards, SampledHitsAreTheCandidateAloneOnTheSampledKeys) {
   EXPECT_GT(total_hits, 1000u);
 }
 
+// The sample holds at most `keys` keys, live or released, whatever the
+// traffic (each costs every miniature a state): with every key sampled (min
+// above the capacity), 1,000 live keys leave 100 in it, and the others'
+// touches are not fed to the miniatures; released keys make room for new ones.
+TEST(Shards, TheSampleHoldsAtMostItsKeys) {
+  Engine e(Options(10, Persistence::kPersist, Mode::kDemand),
+           P("shards:lru+lfu;z=99;min=100000;keys=100"));
+  uint64_t now = 1;
+  const auto touch_new = [&](int k) {
+    e.Admit(K(k));
+    e.Touch(e.Find(K(k)), Touch{1, now++});
+  };
+  for (int k = 0; k < 1000; ++k) touch_new(k);
+  std::optional<ShardsView> v = ViewShards(e.policy());
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->rate, 1.0);
+  EXPECT_EQ(v->sampled_keys, 100u);
+  EXPECT_EQ(v->sampled_touches, 100u);
+  e.Touch(e.Find(K(5)), Touch{1, now++});    // in the sample
+  e.Touch(e.Find(K(500)), Touch{1, now++});  // left out
+  EXPECT_EQ(ViewShards(e.policy())->sampled_touches, 101u);
+  for (int k = 0; k < 50; ++k) e.Release(e.Find(K(k)));
+  for (int k = 1000; k < 1100; ++k) touch_new(k);  // 50 take the released keys' places
+  v = ViewShards(e.policy());
+  EXPECT_EQ(v->sampled_keys, 100u);
+  EXPECT_EQ(v->sampled_touches, 151u);
+}
+
+// The daemon keys the sample's hash with its secret (EngineOptions::
+// key_hash_seed): keys chosen to be sampled under seed 0, the simulator's and
+// public, are sampled at about the rate under another seed.
+TEST(Shards, TheSampleIsKeyedByTheEnginesSecret) {
+  std::vector<int> chosen;
+  for (int k = 0; chosen.size() < 2000; ++k) {
+    if (InShardsSample(K(k), 0.05)) chosen.push_back(k);
+  }
+  const auto sampled_touches = [&](uint64_t seed) {
+    EngineOptions o = Options(4000, Persistence::kPersist, Mode::kDemand);
+    o.key_hash_seed = seed;
+    Engine e(o, P("shards:lru+lfu;z=99;min=0;rate=0.05"));
+    uint64_t now = 1;
+    for (int k : chosen) {
+      e.Admit(K(k));
+      e.Touch(e.Find(K(k)), Touch{1, now++});
+    }
+    return ViewShards(e.policy())->sampled_touches;
+  };
+  EXPECT_EQ(sampled_touches(0), 2000u);
+  const uint64_t keyed = sampled_touches(0x1234567890abcdefULL);
+  EXPECT_GT(keyed, 20u);  // 5% of 2,000 is 100 (standard deviation about 10)
+  EXPECT_LT(keyed, 300u);
+}
+
 // Rounds of a hot set of 40 keys, each followed by a scan of 100 keys never
 // seen again, with room for 60: LFU keeps the hot set, LRU loses it to every
 // scan. From LRU, the leader must become LFU, and then hit as LFU does.

@@ -74,7 +74,8 @@ nlohmann::json StatusOf(const DaemonProcess& d, const std::string& what = "statu
 }
 
 TEST(Daemon, ObservationsMoveScoresAndStateSurvivesReleaseAndRestart) {
-  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");
+  // LFU, whose score is the touch count (the default's is an EMA).
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\npolicy = \"lfu\"\n");
   MemfdPool pool(16);
   auto a = Connect(d, "a");
   ASSERT_TRUE(a);

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -110,12 +111,15 @@ BENCHMARK_CAPTURE(BM_Replay, mooncake_tinylfu, std::string("mooncake"), std::str
     ->Unit(benchmark::kMillisecond);
 
 // Collects every run so the summary can set figures next to their baselines.
+// With --benchmark_repetitions=N a figure is the median of its N runs (best
+// with --benchmark_enable_random_interleaving=true on a shared machine).
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   RatioReporter() : ConsoleReporter(isatty(1) ? OO_ColorTabular : OO_Tabular) {}
 
   struct Result {
-    double seconds = 0;  // real time per iteration
+    double seconds = 0;        // real time per iteration: the median of `runs`
+    std::vector<double> runs;  // each repetition's
     std::map<std::string, double> counters;
     std::string error;
   };
@@ -129,7 +133,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
         out.error = r.error_message;
         continue;
       }
-      out.seconds = r.iterations ? r.real_accumulated_time / static_cast<double>(r.iterations) : 0;
+      out.runs.push_back(r.iterations ? r.real_accumulated_time / static_cast<double>(r.iterations)
+                                      : 0);
+      std::vector<double> sorted = out.runs;
+      std::sort(sorted.begin(), sorted.end());
+      const size_t n = sorted.size();
+      out.seconds = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
       for (const auto& [k, c] : r.counters) out.counters[k] = c.value;
     }
   }

@@ -91,8 +91,9 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
                std::to_string(trace.events[i].step) + "): " + what +
                ". The replay no longer follows the recording: --moves recorded needs the daemon's "
                "policy and settings (the command cxltierctl record prints), a recording begun "
-               "before the traffic it replays, and a policy that does not hash keys (tinylfu and "
-               "the default adaptive, whose experts include it, may part from the daemon); "
+               "before the traffic it replays, and a policy that does not hash keys (tinylfu, "
+               "adaptive, whose experts include it, and the default shards, which samples keys by "
+               "a hash, may part from the daemon); "
                "--moves instant replays any of them");
   };
   const auto start = std::chrono::steady_clock::now();
