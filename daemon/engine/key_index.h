@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
+#include "engine/keyed_hash.h"
 #include "engine/types.h"
 
 namespace cxltier::engine {
@@ -28,7 +29,7 @@ class BasicKeyIndex {
   // cannot choose keys whose homes collide and make every probe walk one
   // long cluster (docs/security.md, "Hostile clients"); 0 in the simulator.
   explicit BasicKeyIndex(const std::vector<Item>* items, uint64_t seed = 0)
-      : items_(items), seed_hi_(seed), seed_lo_(seed * 0x9e3779b97f4a7c15ULL) {
+      : items_(items), seed_(seed) {
     table_.resize(16);
   }
   BasicKeyIndex(const BasicKeyIndex&) = delete;
@@ -112,9 +113,7 @@ class BasicKeyIndex {
 
   // Past 2^32 entries the homes would crowd the table's first 2^32; slots
   // are 32 bits, so a table never holds that many.
-  uint32_t Hash(const BlockKey& key) const {
-    return static_cast<uint32_t>(HashKey(BlockKey{key.hi ^ seed_hi_, key.lo ^ seed_lo_}));
-  }
+  uint32_t Hash(const BlockKey& key) const { return static_cast<uint32_t>(KeyedHash(key, seed_)); }
   bool Is(const Entry& e, uint32_t h, const BlockKey& key) const {
     return e.hash == h && (*items_)[e.slot].key == key;
   }
@@ -136,7 +135,7 @@ class BasicKeyIndex {
   }
 
   const std::vector<Item>* items_;
-  uint64_t seed_hi_, seed_lo_;
+  uint64_t seed_;
   std::vector<Entry> table_;
   size_t size_ = 0;
 };

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "engine/count_min.h"
+#include "engine/keyed_hash.h"
 #include "engine/policy.h"
 #include "engine/slot_heap.h"
 #include "engine/slot_list.h"
@@ -630,22 +631,20 @@ class WordEmaPolicy final : public HeapPolicy {
   std::string name_;
 };
 
-// The sample's hash, keyed by the engine's secret (Policy::SetKeySeed): a
-// client that cannot know the secret cannot choose keys that are sampled, nor
-// keys that collide in the sample's index. With seed 0 (the simulator's) the
-// sample is the same keys in every run. Its top 32 bits are compared with the
-// threshold.
+// The sample's hash, keyed by the engine's secret (Policy::SetKeySeed,
+// KeyedHash): a client that cannot know the secret cannot choose keys that
+// are sampled, nor keys that collide in the sample's index. With seed 0 (the
+// simulator's) the sample is the same keys in every run. Its top 32 bits are
+// compared with the threshold.
 struct ShardsKeyHash {
-  uint64_t hi = 0x5348415244535348ULL, lo = 0;
-  ShardsKeyHash() = default;
-  explicit ShardsKeyHash(uint64_t seed)
-      : hi(0x5348415244535348ULL ^ seed), lo(seed * 0x9e3779b97f4a7c15ULL) {}
-  size_t operator()(const BlockKey& key) const {
-    return HashKey(BlockKey{key.hi ^ hi, key.lo ^ lo});
+  uint64_t seed = 0;
+  uint64_t operator()(const BlockKey& key) const {
+    return seed == 0 ? HashKey(BlockKey{key.hi ^ 0x5348415244535348ULL, key.lo})
+                     : KeyedHash(key, seed ^ 0x5348415244535348ULL);
   }
 };
 uint64_t ShardsHash(const BlockKey& key, const ShardsKeyHash& hash = ShardsKeyHash()) {
-  return uint64_t{hash(key)} >> 32;
+  return hash(key) >> 32;
 }
 uint64_t ShardsThreshold(double rate) {
   return rate >= 1.0 ? (uint64_t{1} << 32)
@@ -774,12 +773,14 @@ class ShardsPolicy final : public Policy {
                                : std::max<size_t>(1, static_cast<size_t>(std::llround(
                                                          static_cast<double>(capacity_) * rate_)));
     ghost_limit_ = std::max<size_t>(4096, static_cast<size_t>(rate_ * (1 << 20)));
-    hash_ = ShardsKeyHash(key_seed_);
+    hash_ = ShardsKeyHash{key_seed_};
     dense_ = decltype(dense_)(0, hash_);
     for (Mini& m : minis_) {
+      m.policy->SetKeySeed(key_seed_);
       m.policy->Bind(&m.states, mini_cap_, persistence_, Mode::kDemand);
     }
     full_ = Make(specs_[leader_], true);
+    full_->SetKeySeed(key_seed_);
     full_->Bind(states_, capacity_, persistence_, mode_);
   }
 
@@ -954,6 +955,7 @@ class ShardsPolicy final : public Policy {
     leader_ = k;
     ++switches_;
     full_ = Make(specs_[k], true);
+    full_->SetKeySeed(key_seed_);
     full_->Bind(states_, capacity_, persistence_, mode_);
     full_->Reserve(std::max(reserved_, states.size()));
     for (Slot x : set) {
@@ -1069,6 +1071,7 @@ class AdaptivePolicy final : public Policy {
  protected:
   void OnBind() override {
     for (Expert& e : experts_) {
+      e.policy->SetKeySeed(key_seed_);  // a shards expert's sample
       e.policy->Bind(states_, capacity_, e.reset ? Persistence::kReset : persistence_);
     }
   }

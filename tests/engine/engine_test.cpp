@@ -18,6 +18,7 @@
 #include "engine/count_min.h"
 #include "engine/engine.h"
 #include "engine/key_index.h"
+#include "engine/keyed_hash.h"
 #include "engine/slot_heap.h"
 #include "engine/slot_list.h"
 #include "reference_engine.h"
@@ -178,6 +179,29 @@ TEST(KeyIndex, AMillionKeysCostAtMost32BytesEach) {
   EXPECT_LE(index.bytes(), 32u * n);
   for (Slot s = 0; s < n; s += 4097) ASSERT_EQ(index.Find(states[s].key), s);
   EXPECT_EQ(index.Find(BlockKey::FromSequence(670, 1)), kNoSlot);
+}
+
+// Keys that differ only in the top 6 bits of both halves: 4,096 keys with
+// at most 64 hashes when a secret is XORed into the key before HashKey (the
+// index's hash until KeyedHash), whatever the secret: multiplying and adding
+// carry a change of top bits only upwards. KeyedHash spreads them.
+TEST(KeyIndex, ASeedSpreadsKeysThatCollideUnderAnyXoredSecret) {
+  const Slot n = 4096;
+  const uint64_t seed = 0x243f6a8885a308d3ULL;
+  std::vector<BlockState> states(n);
+  std::set<uint64_t> xored, keyed_hashes;
+  for (Slot s = 0; s < n; ++s) {
+    states[s].key = BlockKey{0x1234 ^ (uint64_t{s >> 6} << 58), 0x5678 ^ (uint64_t{s & 63} << 58)};
+    const BlockKey& k = states[s].key;
+    xored.insert(HashKey(BlockKey{k.hi ^ seed, k.lo ^ seed * 0x9e3779b97f4a7c15ULL}));
+    keyed_hashes.insert(KeyedHash(k, seed));
+  }
+  EXPECT_LE(xored.size(), 64u);  // the attack works on a key XORed with a secret
+  EXPECT_EQ(keyed_hashes.size(), n);
+  KeyIndex keyed(&states, seed);
+  for (Slot s = 0; s < n; ++s) ASSERT_EQ(keyed.Insert(states[s].key, s), s);
+  EXPECT_LT(keyed.LongestRun(), 64u);  // as random keys at half load
+  for (Slot s = 0; s < n; s += 97) EXPECT_EQ(keyed.Find(states[s].key), s);
 }
 
 // Keys a client chose to collide (tests/colliding_keys.h). Unkeyed, they
