@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cxltier/block.h"
+#include "engine/keyed_hash.h"
 
 namespace cxltier::engine {
 
@@ -17,15 +18,18 @@ class CountMinSketch {
   static constexpr uint8_t kMaxCount = 15;
 
   // `width` is rounded up to a power of two (at least 16). After `sample_size`
-  // increments every counter is halved; 0 disables aging.
-  CountMinSketch(size_t width, uint64_t sample_size) : sample_size_(sample_size) {
+  // increments every counter is halved; 0 disables aging. `seed` keys the
+  // hash of the keys (KeyedHash): with a secret one, a client cannot choose
+  // keys that share every counter with another's.
+  CountMinSketch(size_t width, uint64_t sample_size, uint64_t seed = 0)
+      : sample_size_(sample_size), seed_(seed) {
     width_ = 16;
     while (width_ < width) width_ *= 2;
     counters_.assign(width_ * kRows, 0);
   }
 
   void Increment(const BlockKey& key) {
-    const uint64_t h = HashKey(key);
+    const uint64_t h = KeyedHash(key, seed_);
     for (int r = 0; r < kRows; ++r) {
       uint8_t& c = counters_[Index(h, r)];
       if (c < kMaxCount) ++c;
@@ -34,7 +38,7 @@ class CountMinSketch {
   }
 
   uint8_t Estimate(const BlockKey& key) const {
-    const uint64_t h = HashKey(key);
+    const uint64_t h = KeyedHash(key, seed_);
     uint8_t m = kMaxCount;
     for (int r = 0; r < kRows; ++r) m = std::min(m, counters_[Index(h, r)]);
     return m;
@@ -60,6 +64,7 @@ class CountMinSketch {
 
   size_t width_;
   uint64_t sample_size_;
+  uint64_t seed_ = 0;
   uint64_t additions_ = 0;
   uint64_t agings_ = 0;
   std::vector<uint8_t> counters_;

@@ -515,7 +515,7 @@ class TinyLfuPolicy final : public Policy {
     const size_t main = capacity_ > window_cap_ ? capacity_ - window_cap_ : 0;
     protected_cap_ = main * 8 / 10;
     sketch_ = std::make_unique<CountMinSketch>(std::max<size_t>(16, capacity_),
-                                               10 * std::max<size_t>(1, capacity_));
+                                               10 * std::max<size_t>(1, capacity_), key_seed_);
   }
 
  private:

@@ -292,6 +292,33 @@ TEST(CountMinSketch, NeverUnderestimatesAndIsExactWithoutCollisions) {
   for (auto [k, c] : exact2) EXPECT_GE(narrow.Estimate(K(k)), c);
 }
 
+// Two keys with one HashKey (the top-bit family of the KeyIndex test above)
+// share every counter of an unkeyed sketch, so touching one raises the
+// other's estimate; a client could so lift its keys over another's or push
+// another's up. A keyed sketch (the daemon's TinyLFU) keeps them apart.
+TEST(CountMinSketch, ASeedKeepsKeysWithOneHashApart) {
+  const BlockKey a{0x1234, 0x5678};
+  BlockKey b{};
+  for (uint64_t u = 0; u < 64 && b.IsZero(); ++u) {
+    for (uint64_t v = 1; v < 64; ++v) {
+      const BlockKey k{a.hi ^ (u << 58), a.lo ^ (v << 58)};
+      if (HashKey(k) == HashKey(a)) {
+        b = k;
+        break;
+      }
+    }
+  }
+  ASSERT_FALSE(b.IsZero());  // the family holds such a pair
+  CountMinSketch unkeyed(1024, 0), keyed(1024, 0, 0x243f6a8885a308d3ULL);
+  for (int i = 0; i < 15; ++i) {
+    unkeyed.Increment(a);
+    keyed.Increment(a);
+  }
+  EXPECT_EQ(unkeyed.Estimate(b), 15);
+  EXPECT_EQ(keyed.Estimate(a), 15);
+  EXPECT_EQ(keyed.Estimate(b), 0);
+}
+
 TEST(CountMinSketch, AgingHalvesCounts) {
   CountMinSketch s(1 << 12, 20);
   for (int i = 0; i < 12; ++i) s.Increment(K(1));
