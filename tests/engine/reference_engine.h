@@ -862,7 +862,7 @@ class ReferenceEngine {
     std::optional<size_t> hand_;
   };
 
-  // ---- adaptive (docs/policies.md, "default and adaptive") ----
+  // ---- adaptive (docs/policies.md, "adaptive") ----
 
   // "E1+E2+...[;epoch=N][;decay=X][;z=Y][;hold=N]".
   void ParseAdaptive(const std::string& spec) {
