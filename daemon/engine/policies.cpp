@@ -639,8 +639,8 @@ class WordEmaPolicy final : public HeapPolicy {
 struct ShardsKeyHash {
   uint64_t seed = 0;
   uint64_t operator()(const BlockKey& key) const {
-    return seed == 0 ? HashKey(BlockKey{key.hi ^ 0x5348415244535348ULL, key.lo})
-                     : KeyedHash(key, seed ^ 0x5348415244535348ULL);
+    // Salted, so that the sample is not the key index's low hashes.
+    return KeyedHash(BlockKey{key.hi ^ 0x5348415244535348ULL, key.lo}, seed);
   }
 };
 uint64_t ShardsHash(const BlockKey& key, const ShardsKeyHash& hash = ShardsKeyHash()) {
@@ -779,9 +779,7 @@ class ShardsPolicy final : public Policy {
       m.policy->SetKeySeed(key_seed_);
       m.policy->Bind(&m.states, mini_cap_, persistence_, Mode::kDemand);
     }
-    full_ = Make(specs_[leader_], true);
-    full_->SetKeySeed(key_seed_);
-    full_->Bind(states_, capacity_, persistence_, mode_);
+    BindFull(leader_);
   }
 
  private:
@@ -805,6 +803,13 @@ class ShardsPolicy final : public Policy {
       return std::make_unique<EmaPolicy>(alpha, spec);
     }
     return std::move(MakePolicy(spec).value());
+  }
+
+  // The full instance of candidate k, bound to the engine's states.
+  void BindFull(size_t k) {
+    full_ = Make(specs_[k], true);
+    full_->SetKeySeed(key_seed_);
+    full_->Bind(states_, capacity_, persistence_, mode_);
   }
 
   bool Sampled(Slot s) const { return ShardsHash(state(s).key, hash_) < threshold_; }
@@ -954,9 +959,7 @@ class ShardsPolicy final : public Policy {
               [&states](Slot a, Slot b) { return states[a].touch_seq < states[b].touch_seq; });
     leader_ = k;
     ++switches_;
-    full_ = Make(specs_[k], true);
-    full_->SetKeySeed(key_seed_);
-    full_->Bind(states_, capacity_, persistence_, mode_);
+    BindFull(k);
     full_->Reserve(std::max(reserved_, states.size()));
     for (Slot x : set) {
       const BlockState& st = states[x];
