@@ -125,13 +125,13 @@ KERNEL_TUNED=${KERNEL_TUNED:-mode=2,rate=1024,delay=100,pmin=100,pmax=1000}
 # cxltierd's too (counted: pgdemote); only NUMA balancing's promotion differs.
 defaults() { kernel_setting ""; }
 
-# kswapd gives a node up after 16 runs that reclaim nothing (kswapd_failures,
-# MAX_RECLAIM_RETRIES): then it is not woken until some reclaim on the node
-# succeeds. An arm without demotion (no swap here, and a ramfs root) leaves
-# node 0 so, and a kernel arm after it would never demote: its allocations
-# fall back to node 1 before direct reclaim could. Reclaiming a little
-# through the root cgroup's memory.reclaim, with demotion on, succeeds (it
-# demotes) and wakes kswapd's accounting up again. Before every arm.
+# kswapd gives a node up after 16 runs that reclaim nothing (kswapd_failures)
+# and is not woken again until some reclaim there succeeds; here (no swap, a
+# ramfs root, the balloon locked) sizing the balloon can do that. Asking the
+# root cgroup to reclaim before an arm did not help: node 0 had nothing to
+# reclaim then, and it failed in every arm. cxltier-replay revives kswapd at
+# the end of the warm-up instead, through the pool's cgroup, whose pages are on
+# node 0 by then, and records it ("kswapd" in its result).
 mkdir -p /sys/fs/cgroup
 [ -f /sys/fs/cgroup/memory.reclaim ] || mount -t cgroup2 none /sys/fs/cgroup || fail "mount cgroup2"
 [ -f /sys/fs/cgroup/memory.reclaim ] || fail "no memory.reclaim in the root cgroup"
@@ -145,12 +145,6 @@ mkdir -p /sys/fs/cgroup
 echo +memory > /sys/fs/cgroup/cgroup.subtree_control || fail "no memory controller"
 mkdir -p /sys/fs/cgroup/fixed /sys/fs/cgroup/pool
 echo $$ > /sys/fs/cgroup/fixed/cgroup.procs || fail "cannot join /sys/fs/cgroup/fixed"
-revive_kswapd() {
-  was=$(cat /sys/kernel/mm/numa/demotion_enabled)
-  echo true > /sys/kernel/mm/numa/demotion_enabled
-  echo 2M > /sys/fs/cgroup/memory.reclaim 2>/dev/null || echo "   memory.reclaim: reclaimed less than 2 MiB"
-  echo "$was" > /sys/kernel/mm/numa/demotion_enabled
-}
 
 start_daemon() {  # policy budget_bytes persist
   policy_line=""
@@ -181,7 +175,6 @@ stop_daemon() {
 run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
   name=$1 access=$2
   shift 2
-  revive_kswapd
   echo "== arm $name, $access reads ($(date +%T))"
   out=/tmp/arm-$name-$access.json
   cxltier-replay --trace "bin:$TRACE" --block-bytes "$BLOCK" --fast-free "$ARM_FREE" \

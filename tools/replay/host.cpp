@@ -84,6 +84,7 @@ ZoneMemory NodeUserZones(int node) {
     }
     unsigned long long v = 0;
     if (!ours) continue;
+    if (std::sscanf(line.c_str(), " node_unreclaimable: %llu", &v) == 1) m.unreclaimable = v != 0;
     if (std::sscanf(line.c_str(), " pages free %llu", &v) == 1) zone_free += v * page;
     if (std::sscanf(line.c_str(), " high %llu", &v) == 1) zone_high = v * page;
     if (std::sscanf(line.c_str(), " count: %llu", &v) == 1) zone_free += v * page;
@@ -98,6 +99,18 @@ ZoneMemory NodeUserZones(int node) {
   }
   end_zone();
   return m;
+}
+
+std::string ReclaimFromCgroup(const std::string& cgroup_dir, uint64_t bytes) {
+  const std::string path = cgroup_dir + "/memory.reclaim";
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return path + ": " + std::strerror(errno);
+  const std::string amount = std::to_string(bytes);
+  const ssize_t n = write(fd, amount.data(), amount.size());
+  const int err = errno;
+  close(fd);
+  if (n < 0) return path + ": " + std::strerror(err);
+  return "";
 }
 
 double ProcessCpuSeconds(pid_t pid) {

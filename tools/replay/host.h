@@ -26,10 +26,6 @@ struct DamonScheme {
 };
 std::vector<DamonScheme> ReadDamonSchemes();
 
-// A node's free memory and high watermark (below it kswapd reclaims and, with
-// demotion on, demotes), summed over its zones but DMA (/proc/zoneinfo), in
-// bytes: ZONE_DMA's free pages are kept for DMA allocations by its lowmem
-// reserve, and user memory never gets them.
 // A node's zones, from /proc/zoneinfo: free pages (on the free lists and the
 // per-CPU lists) and high watermarks.
 struct ZoneMemory {
@@ -37,8 +33,18 @@ struct ZoneMemory {
   // The sum over the zones of what each has free above its own high
   // watermark and its reserve against user pages (ZONE_DMA's protection).
   uint64_t above_high = 0;
+  // kswapd has given the node up ("node_unreclaimable"): 16 of its runs in a
+  // row reclaimed nothing (kswapd_failures), and until some reclaim on the
+  // node succeeds it is not woken, so nothing is demoted from the node.
+  bool unreclaimable = false;
 };
 ZoneMemory NodeUserZones(int node);  // all 0 for a node that is not there
+
+// Asks a cgroup (v2) to reclaim `bytes` of its memory (memory.reclaim); with
+// demotion on, reclaim demotes. A reclaim that frees anything on a node that
+// kswapd has given up revives kswapd there. Returns "" or what went wrong
+// (EAGAIN: it reclaimed less than asked).
+std::string ReclaimFromCgroup(const std::string& cgroup_dir, uint64_t bytes);
 
 // utime + stime of a process, in seconds (/proc/PID/stat); -1 when it is gone.
 double ProcessCpuSeconds(pid_t pid);

@@ -49,6 +49,11 @@ double Seconds(Clock::time_point since) {
 
 double RusageSeconds(const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; }
 
+// What the end of the warm-up asks the pool's cgroup to reclaim when kswapd
+// has given node 0 up: 32 pages, the least one reclaim pass takes
+// (SWAP_CLUSTER_MAX).
+constexpr uint64_t kReviveBytes = 128 << 10;
+
 // The bytes of an admitted block: a function of its key, so a block read back
 // after any number of moves can be checked.
 uint64_t Word(const BlockKey& key, uint64_t i) {
@@ -304,7 +309,31 @@ int main(int argc, char** argv) {
   rusage ru_before{};
   bool measuring = false;
   Clock::time_point measured_from;
+  // kswapd gives a node up after 16 runs in a row that reclaim nothing, and
+  // is then not woken again until some reclaim there succeeds. Sizing the
+  // balloon can do that: node 0 then holds only locked memory and a ramfs
+  // root, with nothing to reclaim or demote. A kernel arm with kswapd given up
+  // never demotes: promotion finds node 0 at its watermarks, and new pages
+  // fall back to node 1 before any allocation reclaims (two of three runs of
+  // the tuned kernel on the llama workload, 2026-12-06). So at the end of the
+  // warm-up, in every arm, if node 0 is marked unreclaimable, the pool's
+  // cgroup is asked to reclaim a little (its pages on node 0 are there by
+  // then, and reclaim demotes them), which revives kswapd; before the
+  // counters are read, so what that demotes is not counted as the arm's.
+  bool unreclaimable_at_start = false, revived = false, unreclaimable_after = false;
+  std::string revive_error;
+  auto revive_kswapd = [&] {
+    unreclaimable_at_start = replay::NodeUserZones(fast_nodes.front()).unreclaimable;
+    if (!unreclaimable_at_start || pool_cgroup.empty()) return;
+    revive_error = replay::ReclaimFromCgroup(pool_cgroup, kReviveBytes);
+    unreclaimable_after = replay::NodeUserZones(fast_nodes.front()).unreclaimable;
+    revived = !unreclaimable_after;
+    std::fprintf(stderr, "cxltier-replay: kswapd had given node %d up; reclaimed %s from %s: %s\n",
+                 fast_nodes.front(), FormatBytes(kReviveBytes).c_str(), pool_cgroup.c_str(),
+                 revived ? "revived" : ("still given up " + revive_error).c_str());
+  };
   auto begin_measuring = [&] {
+    revive_kswapd();
     measuring = true;
     measured_from = Clock::now();
     vm_before = replay::ReadVmstat();
@@ -358,11 +387,14 @@ int main(int argc, char** argv) {
   uint32_t next_point = first_step + per_point;
   auto point = [&](uint32_t step) {
     const replay::Residency::Count pool_now = where.Query(pool, length, fast_nodes);
+    const replay::ZoneMemory fast_now = replay::NodeUserZones(fast_nodes.front());
     series.push_back({{"t", Seconds(start)},
                       {"step", step},
                       {"share", point_pages ? double(point_fast) / point_pages : 0.0},
                       {"pool_fast_bytes", pool_now.fast * page},
-                      {"pool_other_bytes", pool_now.other * page}});
+                      {"pool_other_bytes", pool_now.other * page},
+                      {"fast_free_bytes", fast_now.free},
+                      {"kswapd_gave_up", fast_now.unreclaimable}});
     point_pages = point_fast = 0;
   };
   size_t i = 0;
@@ -621,6 +653,11 @@ int main(int argc, char** argv) {
       {"fast_above_high_at_start", fast_at_start.above_high},
       {"fast_free_target", *fast_free},
       {"locked", locked},
+      {"kswapd",
+       {{"gave_up_at_start", unreclaimable_at_start},
+        {"revived", revived},
+        {"revive_error", revive_error},
+        {"gave_up_at_end", replay::NodeUserZones(fast_nodes.front()).unreclaimable}}},
       {"seconds", seconds},
       {"measured_s", std::chrono::duration<double>(end - measured_from).count()},
       {"stopped_early", stopped_early},
