@@ -17,9 +17,13 @@
 #   6.12-llama             every arm on cxltier-llama's recording (tests/data):
 #                          the scores are a real engine's attention masses
 #   6.12-attention-repeats two more runs of the headline arms of 6.12-attention:
-#                          kernel, kernel-tuned, damon, cxltier-touches and
+#                          kernel-tuned, damon, cxltier-touches and
 #                          cxltier-scores
-#   6.1-attention          every arm but damon (6.1 has no DAMOS migrate_hot)
+#   6.12-llama-repeats     the same for 6.12-llama
+#   6.1-attention          every arm but damon (6.1 has no DAMOS migrate_hot),
+#                          the headline arms three times
+#   6.1-mooncake           every arm but damon on the Mooncake sample, once
+#                          (cxltierd's 6.12 guest oopsed on this workload)
 # --from RUNS (docs/comparison-runs: what the run that docs/comparison.md
 # reports has kept so far) seeds DIR with those results, so that the run goes
 # on where that one stopped, on another machine too; `--from ''` starts anew.
@@ -33,7 +37,7 @@ BIN="$ROOT/build/bin"
 CACHE="$ROOT/build/qemu-cache"
 OUT="$ROOT/build/compare"
 FROM="$ROOT/docs/comparison-runs"
-STAGES="sweep-6.12 6.12-attention 6.12-mooncake 6.12-llama 6.12-attention-repeats sweep-6.1 6.1-attention"
+STAGES="sweep-6.12 6.12-attention 6.12-mooncake 6.12-llama 6.12-attention-repeats 6.12-llama-repeats sweep-6.1 6.1-attention 6.1-mooncake"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;;
@@ -41,7 +45,7 @@ while [ $# -gt 0 ]; do
     --cache) CACHE=$2; shift 2 ;;
     --stages) STAGES=$2; shift 2 ;;
     --from) FROM=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "compare_all.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -57,7 +61,9 @@ if [ -n "$FROM" ] && [ -d "$FROM" ]; then
   done
   cp -n "$FROM"/tuned-*.txt "$OUT/" 2>/dev/null || true
 fi
-HEADLINE="kernel kernel-tuned damon cxltier-touches cxltier-scores"
+# The headline arms (run three times): the best kernel arm, DAMON, and
+# cxltierd told touches only (a) and given the trace's scores (b).
+HEADLINE="kernel-tuned damon cxltier-touches cxltier-scores"
 # The sweep: the kernel's defaults, and settings around the scan rate that
 # tracks a 100 ms decode step: the promotion rate limit (cxltierd's default
 # migration rate, or none), the hot threshold, the scan size, kswapd's
@@ -104,9 +110,13 @@ for stage in $STAGES; do
     6.12-attention) have_tuned 6.12 && compare "$stage" --kernel 6.12 --tuned "$T" ;;
     6.12-mooncake) have_tuned 6.12 && compare "$stage" --kernel 6.12 --workload mooncake --tuned "$T" ;;
     6.12-llama) have_tuned 6.12 && compare "$stage" --kernel 6.12 --workload llama --tuned "$T" ;;
-    6.1-attention) have_tuned 6.1 && compare "$stage" --kernel 6.1 --tuned "$T" ;;
+    6.1-attention)
+      have_tuned 6.1 && compare "$stage" --kernel 6.1 --tuned "$T" --repeat 3 --repeat-only "$HEADLINE" ;;
+    6.1-mooncake) have_tuned 6.1 && compare "$stage" --kernel 6.1 --workload mooncake --tuned "$T" ;;
     6.12-attention-repeats)
       have_tuned 6.12 && compare 6.12-attention --kernel 6.12 --tuned "$T" --repeat 3 --repeat-only "$HEADLINE" ;;
+    6.12-llama-repeats)
+      have_tuned 6.12 && compare 6.12-llama --kernel 6.12 --workload llama --tuned "$T" --repeat 3 --repeat-only "$HEADLINE" ;;
     *) echo "compare_all.sh: unknown stage '$stage'" >&2; exit 2 ;;
   esac
 done

@@ -313,6 +313,11 @@ def main():
                     "pgdemote": k["pgdemote_kswapd"] + k["pgdemote_direct"],
                     "pgpromote_candidate": k["pgpromote_candidate"],
                     "pgpromote_success": k["pgpromote_success"],
+                    # kswapd had given node 0 up by the end of the warm-up
+                    # and the replay revived it (cxltier-replay, "kswapd");
+                    # null in runs from before the replay checked.
+                    "kswapd_revived": r.get("kswapd", {}).get("revived"),
+                    "kswapd_gave_up_at_end": r.get("kswapd", {}).get("gave_up_at_end"),
                     # Every CPU second of the run: the replay (the workload
                     # and, in its system time, the kernel's hint faults and
                     # migrations), cxltierd, kswapd and kdamond.
