@@ -170,6 +170,9 @@ CONF
 stop_daemon() {
   kill -TERM $DAEMON
   wait $DAEMON || fail "cxltierd did not exit 0"
+  # What went wrong in the daemon, if anything (a mover that stalled, moves
+  # that failed): its warnings and errors, the last 30, on the console.
+  grep -E '^[0-9-]+ [0-9:.]+ (warning|error|critical) ' /tmp/cxltierd.log | tail -n 30 | sed 's/^/   cxltierd: /' || true
 }
 
 run_arm() {  # name access [replay flags...]; ARM_FREE: its --fast-free
