@@ -314,8 +314,9 @@ int main(int argc, char** argv) {
   // balloon can do that: node 0 then holds only locked memory and a ramfs
   // root, with nothing to reclaim or demote. A kernel arm with kswapd given up
   // never demotes: promotion finds node 0 at its watermarks, and new pages
-  // fall back to node 1 before any allocation reclaims (two of three runs of
-  // the tuned kernel on the llama workload, 2026-12-06). So at the end of the
+  // fall back to node 1 before any allocation reclaims. (Two of three runs of
+  // the tuned kernel on the llama workload, 2026-12-05, never demoted, kswapd
+  // idle; whether it had given up was not recorded then.) So at the end of the
   // warm-up, in every arm, if node 0 is marked unreclaimable, the pool's
   // cgroup is asked to reclaim a little (its pages on node 0 are there by
   // then, and reclaim demotes them), which revives kswapd; before the
