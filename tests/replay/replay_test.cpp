@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "fit.h"
 #include "host.h"
@@ -252,6 +253,63 @@ TEST(Host, VmstatCpuTimeAndFreeMemoryAreRead) {
   EXPECT_GT(z.high, 0u);
   EXPECT_LE(z.above_high, z.free);
   EXPECT_EQ(NodeUserZones(4000).free, 0u);  // no such node
+}
+
+// /proc/zoneinfo's shape (6.12, trimmed): what each zone of the node has
+// free (its free lists and per-CPU lists) above its high watermark and its
+// reserve, and whether kswapd has given the node up. Another node's zones,
+// and its state, are not counted.
+TEST(Host, ZoneinfoIsReadPerNodeWithItsReserveAndKswapdsState) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::istringstream text(
+      "Node 0, zone      DMA\n"
+      "  per-node stats\n"
+      "      nr_inactive_anon 10\n"
+      "  pages free     3000\n"
+      "        boost    0\n"
+      "        min      10\n"
+      "        low      12\n"
+      "        high     14\n"
+      "        promo    16\n"
+      "        protection: (0, 900, 1000, 1000, 1000)\n"
+      "  pagesets\n"
+      "    cpu: 0\n"
+      "              count: 6\n"
+      "  node_unreclaimable:  1\n"
+      "  start_pfn:           1\n"
+      "Node 0, zone    DMA32\n"
+      "  pages free     500\n"
+      "        min      400\n"
+      "        low      450\n"
+      "        high     480\n"
+      "        protection: (0, 0, 0, 0, 0)\n"
+      "  pagesets\n"
+      "    cpu: 0\n"
+      "              count: 30\n"
+      "    cpu: 1\n"
+      "              count: 20\n"
+      "  node_unreclaimable:  1\n"
+      "Node 1, zone  Movable\n"
+      "  pages free     99999\n"
+      "        high     100\n"
+      "  node_unreclaimable:  0\n");
+  const ZoneMemory z = ParseZoneinfo(text, 0);
+  EXPECT_EQ(z.free, (3000 + 6 + 500 + 30 + 20) * page);
+  EXPECT_EQ(z.high, (14 + 480) * page);
+  // DMA keeps its high watermark and its largest protection (1000); DMA32
+  // has 550 free against a high of 480.
+  EXPECT_EQ(z.above_high, ((3006 - 14 - 1000) + (550 - 480)) * page);
+  EXPECT_TRUE(z.unreclaimable);
+
+  std::istringstream again(text.str());
+  const ZoneMemory other = ParseZoneinfo(again, 1);
+  EXPECT_EQ(other.free, 99999 * page);
+  EXPECT_FALSE(other.unreclaimable);
+}
+
+TEST(Host, AReclaimFromACgroupThatIsNotThereSaysWhy) {
+  const std::string err = ReclaimFromCgroup("/sys/fs/cgroup/no-such-cgroup-here", 128 << 10);
+  EXPECT_NE(err.find("no-such-cgroup-here/memory.reclaim"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -55,6 +55,10 @@ std::vector<DamonScheme> ReadDamonSchemes() {
 
 ZoneMemory NodeUserZones(int node) {
   std::ifstream in("/proc/zoneinfo");
+  return ParseZoneinfo(in, node);
+}
+
+ZoneMemory ParseZoneinfo(std::istream& in, int node) {
   std::string line;
   bool ours = false;
   ZoneMemory m;

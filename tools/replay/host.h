@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,6 +40,8 @@ struct ZoneMemory {
   bool unreclaimable = false;
 };
 ZoneMemory NodeUserZones(int node);  // all 0 for a node that is not there
+// The same from text in /proc/zoneinfo's format.
+ZoneMemory ParseZoneinfo(std::istream& zoneinfo, int node);
 
 // Asks a cgroup (v2) to reclaim `bytes` of its memory (memory.reclaim); with
 // demotion on, reclaim demotes. A reclaim that frees anything on a node that
