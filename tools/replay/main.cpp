@@ -321,14 +321,13 @@ int main(int argc, char** argv) {
   // cgroup is asked to reclaim a little (its pages on node 0 are there by
   // then, and reclaim demotes them), which revives kswapd; before the
   // counters are read, so what that demotes is not counted as the arm's.
-  bool unreclaimable_at_start = false, revived = false, unreclaimable_after = false;
+  bool unreclaimable_at_start = false, revived = false;
   std::string revive_error;
   auto revive_kswapd = [&] {
     unreclaimable_at_start = replay::NodeUserZones(fast_nodes.front()).unreclaimable;
     if (!unreclaimable_at_start || pool_cgroup.empty()) return;
     revive_error = replay::ReclaimFromCgroup(pool_cgroup, kReviveBytes);
-    unreclaimable_after = replay::NodeUserZones(fast_nodes.front()).unreclaimable;
-    revived = !unreclaimable_after;
+    revived = !replay::NodeUserZones(fast_nodes.front()).unreclaimable;
     std::fprintf(stderr, "cxltier-replay: kswapd had given node %d up; reclaimed %s from %s: %s\n",
                  fast_nodes.front(), FormatBytes(kReviveBytes).c_str(), pool_cgroup.c_str(),
                  revived ? "revived" : ("still given up " + revive_error).c_str());
