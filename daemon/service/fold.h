@@ -20,8 +20,8 @@ namespace cxltier::service {
 
 // More observations than this for one block in one tick is not a real client.
 inline constexpr uint64_t kMaxTouchesPerTick = 1u << 20;
-// Every this many ticks the fold reads every live slot, not only the dirty
-// ones: the bound on how long a dirty-bit race can leave totals unfolded.
+// Every this many ticks the fold reads every live slot's totals, not only the
+// dirty ones': the bound on how long a dirty-bit race can leave totals unfolded.
 inline constexpr uint64_t kFullFoldTicks = 10;
 
 // A socket Report: each plausible observation is kept on its slot until the
@@ -38,7 +38,8 @@ class Fold {
   explicit Fold(Recorder* recorder = nullptr) : recorder_(recorder) {}
 
   // Folds what `c` observed into `engine` as touches at `tick`: the dirty
-  // slots, or every live slot when `tick` is a multiple of kFullFoldTicks.
+  // slots, and when `tick` is a multiple of kFullFoldTicks every live slot
+  // whose totals moved without a dirty bit.
   void Run(Client& c, engine::Engine& engine, uint64_t tick);
 
   // What RunPending did.
