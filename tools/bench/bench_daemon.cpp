@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <malloc.h>
+#include <algorithm>
+#include <bit>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cxltier/segment.h"
@@ -166,6 +169,55 @@ void BM_TickBaseline(benchmark::State& state) {
   state.counters["blocks"] = static_cast<double>(n);
 }
 BENCHMARK(BM_TickBaseline)->Arg(8192)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+
+// The floor under any fold of `percent` touched blocks that keeps its own
+// copy of each block's state: the dirty bitmap's scan, and for each marked
+// slot a read of the client's totals against what was folded last, an
+// update of the daemon's 64-byte state and the write of it back into the
+// client's slot. No policy, no planner, no bookkeeping: what BM_Tick could
+// cost if all of that were free. The same touched slots as BM_Tick.
+void BM_TickFloor(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  const uint32_t percent = static_cast<uint32_t>(state.range(1));
+  std::vector<BlockState> client(n), daemon(n);
+  std::vector<uint64_t> seen(n, 0);
+  std::vector<uint64_t> dirty(SegmentDirtyWords(n));
+  std::mt19937 rng(7);
+  const uint32_t touched = std::max<uint32_t>(1, n / 100 * percent);
+  uint64_t tick = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (uint32_t i = 0; i < touched; ++i) {
+      AddObservation(client.data(), dirty.data(), percent == 100 ? i : rng() % n, 0.5f);
+    }
+    ++tick;
+    state.ResumeTiming();
+    for (uint32_t w = 0; w < dirty.size(); ++w) {
+      uint64_t bits = std::exchange(dirty[w], 0);
+      while (bits) {
+        const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
+        bits &= bits - 1;
+        BlockState& c = client[i];
+        const uint64_t now = (uint64_t{c.client_touches} << 32) | c.client_mass_q16;
+        if (now == seen[i]) continue;
+        seen[i] = now;
+        BlockState& d = daemon[i];
+        d.touch_count += 1;
+        d.touch_time = tick;
+        d.score = d.score * 0.5 + 1.0;
+        c.score = d.score;
+        c.touch_time = d.touch_time;
+        c.touch_count = d.touch_count;
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["blocks"] = n;
+  state.counters["touched_percent"] = percent;
+}
+BENCHMARK(BM_TickFloor)
+    ->ArgsProduct({{8192, 65536, 1 << 20}, {1, 10, 100}})
+    ->Unit(benchmark::kMicrosecond);
 
 // Fold + plan with `percent` of the blocks touched since the last tick; the
 // tier-0 budget holds half the blocks, so touched blocks keep moving.

@@ -201,6 +201,22 @@ class RatioReporter : public benchmark::ConsoleReporter {
                        : true);
       }
     }
+    // Issue 32's 1M-block targets hold for the default as for LFU; the floor
+    // (BM_TickFloor: a fold with its own copy of each state and nothing else)
+    // says how much of a read of the table any such tick needs.
+    if (const Result* base = get("BM_TickBaseline/1048576"); base && base->seconds > 0) {
+      for (const char* pct : {"1", "10", "100"}) {
+        if (const Result* t = get(std::string("BM_Tick/default/1048576/") + pct)) {
+          const double r = t->seconds / base->seconds;
+          figure(std::string("3_tick_default_us_1048576_blocks_") + pct + "pct", t->seconds * 1e6,
+                 "us", base->seconds * 1e6, r, "<= 3x", r <= 3.0);
+        }
+        if (const Result* f = get(std::string("BM_TickFloor/1048576/") + pct)) {
+          figure(std::string("3_tick_floor_us_1048576_blocks_") + pct + "pct", f->seconds * 1e6,
+                 "us", base->seconds * 1e6, f->seconds / base->seconds, "-", true);
+        }
+      }
+    }
     // The seeds' scenario with the default policy, next to LFU's in the same
     // run (issue 32's targets: at most 1.5x its tick, 1.2x its bytes).
     const Result* lfu = get("BM_SeedScenarioTick/lfu");
