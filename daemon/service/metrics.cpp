@@ -103,6 +103,16 @@ std::string MetricsExposition(const StatusSnapshot& s) {
   }
   x.Metric("cxltier_block_bytes", "gauge", "Bytes of one KV block.",
            static_cast<double>(s.block_bytes));
+  if (s.shards) {
+    // Which candidate of the default policy ranks the blocks (an info-style
+    // series: 1 for the leader), and how often that changed.
+    x.Family("cxltier_policy_leader", "gauge",
+             "The shards policy's leading candidate, which ranks the blocks (value 1).");
+    x.Sample("cxltier_policy_leader", 1, fmt::format("leader=\"{}\"", s.shards->leader));
+    x.Metric("cxltier_policy_switches_total", "counter",
+             "Times the shards policy changed its leading candidate.",
+             static_cast<double>(s.shards->switches));
+  }
   x.Metric("cxltier_touches_total", "counter", "Block touches folded (one per block per tick).",
            static_cast<double>(s.touches));
   x.Metric("cxltier_hits_total", "counter", "Touches of blocks that were in tier 0.",

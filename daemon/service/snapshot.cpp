@@ -4,6 +4,8 @@
 
 #include "service/snapshot.h"
 
+#include "engine/policy.h"
+
 namespace cxltier::service {
 
 namespace {
@@ -171,6 +173,12 @@ StatusSnapshot Snapshot(const Shared& d) {
   s.ghosts_loaded_at_start = d.restored_from_checkpoint;
   s.ghost_restores = c.ghost_restores;
   s.policy = d.config.policy;
+  if (d.engine) {
+    if (const auto v = engine::ViewShards(d.engine->policy())) {
+      s.shards = ShardsStatus{v->leader_name, v->switches, v->rate, v->sampled_touches,
+                              v->sampled_keys};
+    }
+  }
   s.persist = d.config.persist;
   s.block_bytes = d.engine ? d.engine->options().block_bytes : 0;
   s.per_uid_metrics = d.config.metrics_per_uid;

@@ -186,6 +186,14 @@ nlohmann::json QuotasToJson(const QuotaStatus& q, uint64_t block_bytes) {
 nlohmann::json StatusToJson(const StatusSnapshot& s) {
   const server::ServerCounters& sc = s.server;
   const MemoryStatus& m = s.memory;
+  nlohmann::json shards = nullptr;
+  if (s.shards) {
+    shards = {{"leader", s.shards->leader},
+              {"switches", s.shards->switches},
+              {"rate", s.shards->rate},
+              {"sampled_touches", s.shards->sampled_touches},
+              {"sampled_keys", s.shards->sampled_keys}};
+  }
   return {
       {"clients", s.clients},
       {"connections", s.connections},
@@ -194,6 +202,7 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
       {"ghosts_loaded_at_start", s.ghosts_loaded_at_start},
       {"ghost_restores", s.ghost_restores},
       {"policy", s.policy},
+      {"shards", shards},
       {"persist", s.persist},
       {"block_bytes", s.block_bytes},
       {"ticks", s.ticks},

@@ -180,6 +180,16 @@ struct QuotaStatus {
   void KeepOnly(uid_t uid);
 };
 
+// The default policy's choice (shards: docs/policies.md, "shards"): which
+// candidate ranks the blocks now, and what its choice rests on.
+struct ShardsStatus {
+  std::string leader;  // the candidate's name, as in the policy's spec
+  uint64_t switches = 0;
+  double rate = 0;                // the share of keys sampled
+  uint64_t sampled_touches = 0;   // since the policy was made
+  uint64_t sampled_keys = 0;      // keys in the sample, live or released
+};
+
 struct StatusSnapshot {
   bool per_uid_metrics = false;  // [metrics] per_uid: the cxltier_user_* series
   uint64_t clients = 0;          // said hello and still connected
@@ -191,6 +201,7 @@ struct StatusSnapshot {
   uint64_t ghosts_loaded_at_start = 0;
   uint64_t ghost_restores = 0;
   std::string policy;
+  std::optional<ShardsStatus> shards;  // when the policy is shards
   bool persist = false;
   uint64_t block_bytes = 0;  // 0: no engine yet (no block size known)
   uint64_t ticks = 0;

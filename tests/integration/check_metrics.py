@@ -36,6 +36,8 @@ want = {
     "cxltier_lease_oldest_wait_seconds": "gauge", "cxltier_lease_timeout_seconds": "gauge",
     "cxltier_lease_timeouts": "counter", "cxltier_migration_enabled": "gauge",
     "cxltier_quota_evictions": "counter",
+    # The daemon under test runs the default policy, shards.
+    "cxltier_policy_leader": "gauge", "cxltier_policy_switches": "counter",
 }
 user_families = {
     "cxltier_user_tier_bytes": "gauge", "cxltier_user_tier_cap_bytes": "gauge",

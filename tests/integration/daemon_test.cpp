@@ -652,9 +652,19 @@ TEST(Daemon, CxltierctlTopConfigPolicyReload) {
   EXPECT_NE(r.out.find("hottest blocks"), std::string::npos) << r.out;
   r = testing::Shell(ctl + "config show");
   EXPECT_NE(r.out.find("[engine]"), std::string::npos) << r.out;
+  // The default (shards) says which candidate leads: its first, before any
+  // switch (two blocks are far from its warm-up).
+  auto st = StatusOf(d);
+  EXPECT_EQ(st["shards"]["leader"], "arc") << st.dump();
+  EXPECT_EQ(st["shards"]["switches"], 0);
+  EXPECT_TRUE(st["shards"]["sampled_touches"].is_number_unsigned()) << st.dump();
+  EXPECT_GT(st["shards"]["rate"].get<double>(), 0.0);
+  r = testing::Shell(ctl + "status");
+  EXPECT_NE(r.out.find("shards: leader arc, 0 switches"), std::string::npos) << r.out;
   r = testing::Shell(ctl + "policy set ema:0.5");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(StatusOf(d)["policy"], "ema:0.5");
+  EXPECT_TRUE(StatusOf(d)["shards"].is_null());
   r = testing::Shell(ctl + "policy set bogus 2>&1");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("bogus"), std::string::npos) << r.out;

@@ -1627,6 +1627,7 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
   s.migrations.enabled = true;
   s.migrations.oldest_drain_ticks = 8;  // 2 s at 250 ms
   s.hints = {12, 3, 10, 40, 35, 30};
+  s.shards = ShardsStatus{"ema:0.05", 4, 0.01, 7000, 60};
 
   EXPECT_EQ(SystemdStatusLine(s),
             "3 clients, 40 blocks, hit rate 87.5%, tier 0 25 blocks, 6 moves failed");
@@ -1655,6 +1656,11 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
   EXPECT_EQ(j["tick_seconds"]["overruns"], 2);
   EXPECT_EQ(j["lease_timeout_s"], 30);
   EXPECT_DOUBLE_EQ(j["migrations"]["copy"]["oldest_lease_wait_s"].get<double>(), 2.0);
+  EXPECT_EQ(j["shards"]["leader"], "ema:0.05");
+  EXPECT_EQ(j["shards"]["switches"], 4);
+  EXPECT_DOUBLE_EQ(j["shards"]["rate"].get<double>(), 0.01);
+  EXPECT_EQ(j["shards"]["sampled_touches"], 7000);
+  EXPECT_EQ(j["shards"]["sampled_keys"], 60);
 
   const std::string m = MetricsExposition(s);
   for (const char* line :
@@ -1666,7 +1672,8 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
         "cxltier_tick_duration_seconds_count 9\n", "process_resident_memory_bytes 12345678\n",
         "cxltier_hint_requests_total 12\n", "cxltier_hints_total 10\n",
         "cxltier_hint_prefetched_blocks_total 40\n", "cxltier_hint_displaced_blocks_total 35\n",
-        "cxltier_hint_prefetch_hits_total 30\n"}) {
+        "cxltier_hint_prefetch_hits_total 30\n",
+        "cxltier_policy_leader{leader=\"ema:0.05\"} 1\n", "cxltier_policy_switches_total 4\n"}) {
     EXPECT_NE(m.find(line), std::string::npos) << line << "\n" << m;
   }
   // The series the alert rules of deploy/prometheus read.

@@ -146,6 +146,12 @@ void PrintReadable(const std::string& what, const nlohmann::json& j) {
                 j["ghosts"].get<unsigned long long>(), j["policy"].get<std::string>().c_str(),
                 j["persist"].get<bool>() ? "persist" : "reset",
                 j["tick_ms"].get<unsigned long long>());
+    if (const auto sh = j.find("shards"); sh != j.end() && sh->is_object()) {
+      std::printf("shards: leader %s, %llu switches, %llu sampled touches (rate %g)\n",
+                  (*sh)["leader"].get<std::string>().c_str(),
+                  (*sh)["switches"].get<unsigned long long>(),
+                  (*sh)["sampled_touches"].get<unsigned long long>(), (*sh)["rate"].get<double>());
+    }
     std::printf("touches %llu, hits %llu (%.1f%%)\n", j["touches"].get<unsigned long long>(),
                 j["hits"].get<unsigned long long>(), 100.0 * j["hit_rate"].get<double>());
     for (const auto& t : j["tiers"]) std::printf("%s\n", TierText(t).c_str());
