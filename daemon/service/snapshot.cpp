@@ -175,8 +175,8 @@ StatusSnapshot Snapshot(const Shared& d) {
   s.policy = d.config.policy;
   if (d.engine) {
     if (const auto v = engine::ViewShards(d.engine->policy())) {
-      s.shards = ShardsStatus{v->leader_name, v->switches, v->rate, v->sampled_touches,
-                              v->sampled_keys};
+      s.shards =
+          ShardsStatus{v->leader_name, v->switches, v->rate, v->sampled_touches, v->sampled_keys};
     }
   }
   s.persist = d.config.persist;

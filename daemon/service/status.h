@@ -185,9 +185,9 @@ struct QuotaStatus {
 struct ShardsStatus {
   std::string leader;  // the candidate's name, as in the policy's spec
   uint64_t switches = 0;
-  double rate = 0;                // the share of keys sampled
-  uint64_t sampled_touches = 0;   // since the policy was made
-  uint64_t sampled_keys = 0;      // keys in the sample, live or released
+  double rate = 0;               // the share of keys sampled
+  uint64_t sampled_touches = 0;  // since the policy was made
+  uint64_t sampled_keys = 0;     // keys in the sample, live or released
 };
 
 struct StatusSnapshot {
