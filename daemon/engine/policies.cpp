@@ -959,6 +959,7 @@ class ShardsPolicy final : public Policy {
       Slot slot;
     };
     std::vector<Member> set;
+    set.reserve(capacity_ + 1);
     const std::vector<BlockState>& states = *states_;
     for (Slot x = 0; x < states.size(); ++x) {
       if (x != out && (x == in || (states[x].flags & kFlagInTarget))) {

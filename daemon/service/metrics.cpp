@@ -106,9 +106,9 @@ std::string MetricsExposition(const StatusSnapshot& s) {
   if (s.shards) {
     // Which candidate of the default policy ranks the blocks (an info-style
     // series: 1 for the leader), and how often that changed.
-    x.Family("cxltier_policy_leader", "gauge",
+    x.Family("cxltier_policy_leader_info", "gauge",
              "The shards policy's leading candidate, which ranks the blocks (value 1).");
-    x.Sample("cxltier_policy_leader", 1, fmt::format("leader=\"{}\"", s.shards->leader));
+    x.Sample("cxltier_policy_leader_info", 1, fmt::format("leader=\"{}\"", s.shards->leader));
     x.Metric("cxltier_policy_switches_total", "counter",
              "Times the shards policy changed its leading candidate.",
              static_cast<double>(s.shards->switches));

@@ -158,6 +158,9 @@ HogRun RunHog(HostileDaemon& d, ProbeShared* probe, HogShared* hog) {
 // all of them), or 10x quiet. With
 // 16,384-block admits the p99 was 4 to 5x the holding p99 (141 and 172 ms
 // against 31 and 36); with 1,024, 1.7x (21 and 22 ms against 12 and 13).
+// Since the full fold reads only totals (2026-12-06) holding costs less
+// (2.1 to 2.5 ms) and admitting 5.9 to 6.9 ms, so the bound is also at
+// least 20 ms.
 TEST(HostileMemory, OneUidAtItsLimitsStaysWithinTheStatedBoundAndLeavesLittle) {
   NEED_ROOT();
   HostileDaemon d("[engine]\nblock_bytes = 4096\n");
@@ -222,7 +225,11 @@ TEST(HostileMemory, OneUidAtItsLimitsStaysWithinTheStatedBoundAndLeavesLittle) {
               static_cast<long long>(probe->Percentile(2, 90)));
   EXPECT_EQ(probe->failures.load(), 0);
   EXPECT_GE(busy_trips, 100);
-  EXPECT_LE(busy, std::max(10 * quiet, 3 * holding))
+  // 20 ms: about 3x what 1,024-entry admits cost here once the full fold
+  // became cheap (5.9 to 6.9 ms, with holding at 2.1 to 2.5 ms: 3 x holding
+  // alone left no margin), and several times below what a larger limit costs
+  // (16,384-entry admits: 141 and 172 ms before, see above).
+  EXPECT_LE(busy, std::max({10 * quiet, 3 * holding, int64_t{20000}}))
       << "another uid's p99 while one uid admitted " << kBlocks << " blocks";
   if (kMemoryIsMeasurable) {
     EXPECT_LE(first.peak - before, kPerUidBound) << "the daemon's memory for one uid at its limits";

@@ -37,7 +37,7 @@ want = {
     "cxltier_lease_timeouts": "counter", "cxltier_migration_enabled": "gauge",
     "cxltier_quota_evictions": "counter",
     # The daemon under test runs the default policy, shards.
-    "cxltier_policy_leader": "gauge", "cxltier_policy_switches": "counter",
+    "cxltier_policy_leader_info": "gauge", "cxltier_policy_switches": "counter",
 }
 user_families = {
     "cxltier_user_tier_bytes": "gauge", "cxltier_user_tier_cap_bytes": "gauge",
@@ -81,6 +81,11 @@ for tier in ("0", "1") if per_uid else ():
                 if s.labels.get("tier") == tier) if "cxltier_user_tier_bytes" in families else -1
     if users != value("cxltier_tier_bytes", tier=tier):
         failed.append("tier %s: users' bytes %s, the tier's %s" % (tier, users, value("cxltier_tier_bytes", tier=tier)))
+# The default policy follows one of its candidates: one sample, value 1.
+leaders = families["cxltier_policy_leader_info"].samples if "cxltier_policy_leader_info" in families else []
+candidates = ("arc", "lfu", "ema:0.05", "ema:0.01", "lru", "s3fifo", "sieve", "tinylfu")
+if len(leaders) != 1 or leaders[0].value != 1 or leaders[0].labels.get("leader") not in candidates:
+    failed.append("cxltier_policy_leader_info: %s" % [(x.labels, x.value) for x in leaders])
 for path, method, code in (("/nothing", "GET", 404), ("/metrics", "POST", 405)):
     try:
         urllib.request.urlopen(urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None), timeout=10)

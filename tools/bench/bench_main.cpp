@@ -154,7 +154,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
                        double baseline, double ratio, const std::string& target, bool met) {
       j[key] = {{"value", value}, {"unit", unit},     {"baseline", baseline},
                 {"ratio", ratio}, {"target", target}, {"met", met}};
-      std::printf("  %-34s %12.4g %-10s baseline %12.4g  ratio %8.3f  target %-14s %s\n",
+      std::printf("  %-40s %12.4g %-10s baseline %12.4g  ratio %8.3f  target %-14s %s\n",
                   key.c_str(), value, unit.c_str(), baseline, ratio, target.c_str(),
                   met ? "met" : "MISSED");
     };
