@@ -50,9 +50,9 @@ namespace {
 // dirty-bit race). It reads the segment's lines and the fold states in
 // order and nothing else, so a full fold costs about one read of the table;
 // folding every live slot (the prefetches of every engine line) took LFU's
-// average tick at 1M slots, 1% touched, from 4.1 to 6.2 ms. A slot it leaves out is one FoldSlot would leave
-// as it is: its totals have not moved, and a slot with socket reports has
-// its socket dirty bit.
+// average tick at 1M slots, 1% touched, from 4.1 to 6.2 ms. A slot it leaves out is one FoldSlot
+// would leave as it is: its totals have not moved, and a slot with socket reports has its socket
+// dirty bit.
 uint64_t MovedTotals(Client& c, uint32_t w, uint32_t n) {
   uint64_t moved = 0;
   const uint32_t end = std::min(n, (w + 1) * 64);

@@ -1672,7 +1672,8 @@ TEST(Status, JsonMetricsAndStatusLineRenderOneSnapshot) {
         "cxltier_tick_duration_seconds_count 9\n", "process_resident_memory_bytes 12345678\n",
         "cxltier_hint_requests_total 12\n", "cxltier_hints_total 10\n",
         "cxltier_hint_prefetched_blocks_total 40\n", "cxltier_hint_displaced_blocks_total 35\n",
-        "cxltier_hint_prefetch_hits_total 30\n", "cxltier_policy_leader_info{leader=\"ema:0.05\"} 1\n",
+        "cxltier_hint_prefetch_hits_total 30\n",
+        "cxltier_policy_leader_info{leader=\"ema:0.05\"} 1\n",
         "cxltier_policy_switches_total 4\n"}) {
     EXPECT_NE(m.find(line), std::string::npos) << line << "\n" << m;
   }
