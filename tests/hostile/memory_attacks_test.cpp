@@ -228,8 +228,11 @@ TEST(HostileMemory, OneUidAtItsLimitsStaysWithinTheStatedBoundAndLeavesLittle) {
   // 20 ms: about 3x what 1,024-entry admits cost here once the full fold
   // became cheap (5.9 to 6.9 ms, with holding at 2.1 to 2.5 ms: 3 x holding
   // alone left no margin), and several times below what a larger limit costs
-  // (16,384-entry admits: 141 and 172 ms before, see above).
-  EXPECT_LE(busy, std::max({10 * quiet, 3 * holding, int64_t{20000}}))
+  // (16,384-entry admits: 53.7 ms now, 141 and 172 ms before, see above).
+  // ASan makes the daemon's work about 4x slower (quiet p99 0.47 against
+  // 0.07 to 0.13 ms; admitting 21.5 ms with an eighth of the blocks): 80 ms.
+  constexpr int64_t kAdmittingUs = kMemoryIsMeasurable ? 20000 : 80000;
+  EXPECT_LE(busy, std::max({10 * quiet, 3 * holding, kAdmittingUs}))
       << "another uid's p99 while one uid admitted " << kBlocks << " blocks";
   if (kMemoryIsMeasurable) {
     EXPECT_LE(first.peak - before, kPerUidBound) << "the daemon's memory for one uid at its limits";
