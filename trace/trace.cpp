@@ -21,7 +21,7 @@ constexpr uint32_t kVersionGroups = 2;  // a group number per key after the keys
 // then version 2's tables (the group table all 0 when there are no groups).
 constexpr uint32_t kVersionMoves = 3;
 constexpr uint32_t kHeaderBytes = 32;
-constexpr uint32_t kLastKind = static_cast<uint32_t>(EventKind::kPlace);
+constexpr uint32_t kLastKind = static_cast<uint32_t>(EventKind::kHeld);
 // Refuse headers that promise more than this many records (a hostile or corrupt
 // file must not make us allocate terabytes).
 constexpr uint64_t kMaxRecords = uint64_t{1} << 32;
@@ -93,6 +93,11 @@ Status Trace::Validate() const {
       if (e.key == 0) return Malformed("event " + std::to_string(i) + ": a hint names group 0");
       if (e.obs != 1.0f && e.obs != 2.0f && e.obs != 3.0f) {
         return Malformed("event " + std::to_string(i) + ": a hint's kind must be 1, 2 or 3");
+      }
+    } else if (e.kind == EventKind::kHeld) {
+      // Its key is a count of blocks, its observation 0.
+      if (e.obs != 0.0f) {
+        return Malformed("event " + std::to_string(i) + ": a held count's observation must be 0");
       }
     } else if (e.kind == EventKind::kPlan) {
       // Its key is the number of moves planned, its observation its budget

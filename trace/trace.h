@@ -34,7 +34,10 @@ namespace cxltier::sim {
 // told the outcome of the move it planned for block `key` (`obs` 1 done, 0
 // not done); kRelocated, the daemon found block `key`'s pages in tier `obs`
 // without a move of its own (Engine::Relocated). `cxltier-sim --moves
-// recorded` replays them; every other replay skips them.
+// recorded` replays them; every other replay skips them. kHeld (format
+// version 3, with the moves): from here on `key` blocks' worth of released
+// blocks' pages (a count, not a key index) sit in tier 0 with no block of
+// the engine holding them (Engine::set_held_blocks); a move event too.
 enum class EventKind : uint8_t {
   kTouch = 0,
   kRelease = 1,
@@ -44,10 +47,12 @@ enum class EventKind : uint8_t {
   kOutcome = 5,
   kRelocated = 6,
   kPlace = 7,
+  kHeld = 8,
 };
-// Kinds 4 to 6: the daemon's moves.
+// Kinds 4 to 6 and 8: the daemon's moves.
 constexpr bool IsMoveEvent(EventKind k) {
-  return k == EventKind::kPlan || k == EventKind::kOutcome || k == EventKind::kRelocated;
+  return k == EventKind::kPlan || k == EventKind::kOutcome || k == EventKind::kRelocated ||
+         k == EventKind::kHeld;
 }
 
 // One event. 16 bytes, the same as a record of the binary format.

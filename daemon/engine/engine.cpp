@@ -128,9 +128,10 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
   if (options_.mode == Mode::kTick) {
     const bool chosen = placed == Tier::kNone;
     if (chosen) {
-      // Room counts the promotions in flight, which land in tier 0 too: what
-      // tier 0 holds never passes its budget through an admission.
-      bool room = tiers_.blocks(0) + tiers_.in(0) < capacity_;
+      // Room counts the promotions in flight, which land in tier 0 too, and
+      // the pages no block holds there: what tier 0 holds never passes its
+      // budget through an admission.
+      bool room = tiers_.blocks(0) + tiers_.in(0) + held_ < capacity_;
       if (accounts_.on()) {
         accounts_.ForEach(s,
                           [&room](const Account& a) { room &= a.Projected0() < a.quota.cap[0]; });
@@ -571,7 +572,8 @@ std::span<const Move> Engine::Plan() {
       queues_.Front(kRetouchedQueue) != kNoSlot || queues_.Front(kPromoteQueue) != kNoSlot;
   demote_outside_set(set_capacity_, promotions_wait ? budget / 2 : budget);
   // Promotions: the blocks touched again while queued, then the others, each
-  // from its queue's head (most recently touched or queued first).
+  // from its queue's head (most recently touched or queued first), while
+  // tier 0 has room for them beside the pages no block holds (held_).
   Slot p = queues_.Front(kRetouchedQueue);
   if (p == kNoSlot) p = queues_.Front(kPromoteQueue);
   while (p != kNoSlot) {
@@ -583,7 +585,7 @@ std::span<const Move> Engine::Plan() {
       p = next;
       continue;
     }
-    if (projected < set_capacity_) {
+    if (projected + held_ < set_capacity_) {
       if (budget < bb) break;
       budget -= bb;
       plan_move(p, Tier::kFast);

@@ -256,6 +256,13 @@ class Engine {
   // Tick mode: the byte budget of the next Plan() calls (0 = unlimited). The
   // daemon's reload changes its tick and migration rate, so the budget too.
   void set_migrate_bytes_per_tick(uint64_t bytes) { options_.migrate_bytes_per_tick = bytes; }
+  // Tick mode, for the daemon: tier-0 blocks' worth of pages that no block
+  // holds (released blocks' pages, still in tier 0 until the daemon moves
+  // them down or a new block is admitted on them). They count as tier 0's
+  // in the room of admissions and of promotions, never in its excess: Plan()
+  // does not demote blocks for them (the daemon moves them itself, first).
+  void set_held_blocks(size_t blocks) { held_ = blocks; }
+  size_t held_blocks() const { return held_; }
   const Policy& policy() const { return *policy_; }
   size_t capacity_blocks() const { return capacity_; }
   // Blocks the policy's set may hold: tier 0's capacity less its landing room.
@@ -272,6 +279,10 @@ class Engine {
   // sits there, or will once Plan() moves it); 0 for a block in the set or
   // not ranked yet (admitted into tier 0 and not demoted since).
   unsigned rank(Slot s) const { return slot_hints_[s].rank; }
+  // The tier a live block's move in flight goes to; kNone when none is.
+  Tier moving_to(Slot s) const {
+    return (states_[s].flags & kFlagMigrating) ? TierAt(slot_hints_[s].moving_to) : Tier::kNone;
+  }
   const GhostStore& ghosts() const { return ghosts_; }
 
   // Attach a log that receives every EngineEvent (nullptr detaches).
@@ -380,6 +391,7 @@ class Engine {
   std::unique_ptr<Policy> policy_;
   size_t capacity_;      // tier 0's budget in blocks
   size_t set_capacity_;  // the policy's set: capacity_ less the landing room
+  size_t held_ = 0;      // set_held_blocks()
   std::vector<BlockState> states_;
   std::vector<Slot> free_slots_;
   Slot next_slot_ = 0;                // slots [0, next_slot_) have been handed out at least once

@@ -141,6 +141,7 @@ void Daemon::DropGonePools() {
         ++released;
       }
       pool.MarkDead();
+      d.moves.ForgetReleased(*d.engine, c.peer.session_id, p, d.tick);
       d.ClientWarning(c.peer, fmt::format("client {}: the process that registered pool {} has "
                                           "exited; pool dropped, its {} blocks became ghosts",
                                           c.id, p, released));

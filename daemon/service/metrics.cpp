@@ -153,6 +153,13 @@ std::string MetricsExposition(const StatusSnapshot& s) {
   x.Metric("cxltier_pools_pinned", "gauge",
            "Page-mode pools whose pages move_pages found all busy (pinned): use copy mode.",
            static_cast<double>(m.moves.pools_pinned));
+  x.Metric("cxltier_released_held_blocks", "gauge",
+           "Page mode: blocks' worth of released blocks' pages counted in tier 0 until moved "
+           "down or reused.",
+           static_cast<double>(m.moves.released_held));
+  x.Metric("cxltier_released_moved_total", "counter",
+           "Page mode: released blocks' pages moved down out of tier 0 (done or not).",
+           static_cast<double>(m.moves.released_moved));
   x.Metric("cxltier_copies_total", "counter", "Copy mode: blocks copied, verified and published.",
            static_cast<double>(m.moves.copies));
   x.Metric("cxltier_copied_bytes_total", "counter", "Copy mode: bytes of the copies published.",

@@ -68,11 +68,114 @@ bool MoveDispatch::ReadyToPlan(engine::Engine& engine, uint64_t cap_bytes) {
   return true;
 }
 
+void MoveDispatch::SyncHeld(engine::Engine& engine, uint64_t tick) {
+  if (engine.held_blocks() == released_.size()) return;
+  engine.set_held_blocks(released_.size());
+  stats_.released_held = released_.size();
+  if (recorder_) recorder_->Held(tick, released_.size());
+}
+
+void MoveDispatch::Releasing(engine::Engine& engine, const Client& c, uint32_t seg, uint64_t tick) {
+  const SegSlot& s = c.slots[seg];
+  const server::Pool& pool = c.pools[s.pool];
+  // Steered below tier 0: the pool's new pages are the ones the budget
+  // bounds (a pinned pool's pages could not be moved down anyway).
+  if (pool.is_tier() || pool.dead() || pool.pinned() || pool.new_pages_tier() <= 0) return;
+  const Tier where = engine.state(s.engine_slot).tier;
+  if (where != Tier::kFast && engine.moving_to(s.engine_slot) != Tier::kFast) return;
+  released_.Add({c.peer.session_id, s.pool, s.block}, pool.blocks());
+  SyncHeld(engine, tick);
+}
+
+void MoveDispatch::Reusing(engine::Engine& engine, const Client& c, uint32_t pool, uint32_t block,
+                           uint64_t tick) {
+  if (released_.empty() || !released_.Take({c.peer.session_id, pool, block})) return;
+  ++stats_.released_reused;
+  SyncHeld(engine, tick);
+}
+
+void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session, uint64_t tick) {
+  if (released_.empty()) return;
+  released_.DropSession(session);
+  SyncHeld(engine, tick);
+}
+
+void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool,
+                                  uint64_t tick) {
+  if (released_.empty()) return;
+  released_.DropPool(session, pool);
+  SyncHeld(engine, tick);
+}
+
+uint64_t MoveDispatch::DispatchReleased(engine::Engine& engine, ClientTable& clients,
+                                        uint64_t budget, uint64_t tick) {
+  const uint64_t bb = engine.options().block_bytes;
+  if (released_.empty() || budget < bb) return 0;
+  uint64_t handed = 0;
+  for (const ReleasedPages::Block& b :
+       released_.Next(budget == UINT64_MAX ? SIZE_MAX : budget / bb)) {
+    const Client* c = clients.Find(b.session);
+    const server::Pool* pool = c && b.pool < c->pools.size() ? &c->pools[b.pool] : nullptr;
+    if (!pool || pool->dead() || pool->new_pages_tier() <= 0) {
+      released_.Done(b);  // nothing of ours to move any more
+      continue;
+    }
+    const Tier to = TierAt(static_cast<unsigned>(pool->new_pages_tier()));
+    MoveJob job{engine::Move{engine::kNoSlot, 0, Tier::kFast, to},
+                pool->Range(b.block),
+                std::nullopt,
+                TargetNode(to),
+                b.session,
+                0,
+                b.pool,
+                b.block};
+    job.released = true;
+    ++stats_.in_flight;
+    handed += bb;
+    mover_->Submit(std::move(job));
+  }
+  SyncHeld(engine, tick);
+  return handed;
+}
+
+void MoveDispatch::CompleteReleased(const MoveDone& d, engine::Engine* engine, ClientTable& clients,
+                                    uint64_t tick) {
+  const bool done = d.result.done();
+  ++stats_.released_moved;
+  stats_.released_failed += !done;
+  spdlog::debug("released pages of client session {} pool {} block {} to node {}: {}",
+                d.job.session, d.job.pool, d.job.block, d.job.node, numa::Summarize(d.result));
+  if (released_.Done({d.job.session, d.job.pool, d.job.block})) {
+    if (engine) SyncHeld(*engine, tick + 1);
+    return;
+  }
+  // A block was admitted on them while they moved: where they are now is
+  // the kernel's to say, at the next tick.
+  if (Client* c = clients.Find(d.job.session)) {
+    c->stale_blocks.push_back(uint64_t{d.job.pool} << 32 | d.job.block);
+  }
+  if (engine) SyncHeld(*engine, tick + 1);  // released again since: held again
+}
+
 void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, uint64_t tick,
                             bool page_moves) {
-  const std::span<const engine::Move> plan = engine.Plan();
   const uint64_t bb = engine.options().block_bytes;
-  pace_.Planned(plan.size() * bb);
+  // Released blocks' pages still in tier 0 go down first, before any
+  // promotion: the plan gets what is left of the budget (none left: no plan).
+  uint64_t handed = 0;
+  if (page_moves && !released_.empty()) {
+    const uint64_t budget = engine.options().migrate_bytes_per_tick
+                                ? engine.options().migrate_bytes_per_tick
+                                : UINT64_MAX;
+    handed = DispatchReleased(engine, clients, budget, tick);
+    if (handed && budget - handed < bb) {
+      pace_.Planned(handed);
+      return;
+    }
+    if (handed && budget != UINT64_MAX) engine.set_migrate_bytes_per_tick(budget - handed);
+  }
+  const std::span<const engine::Move> plan = engine.Plan();
+  pace_.Planned(handed + plan.size() * bb);
   if (recorder_ && recorder_->on()) {
     recorder_->Plan(tick, plan.size(), engine.options().migrate_bytes_per_tick / bb);
     for (const engine::Move& mv : plan) recorder_->Planned(engine.state(mv.slot).key);
@@ -227,6 +330,7 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
                             const Warn& warn, uint64_t tick) {
   --stats_.in_flight;
   if (d.job.copy) return CompleteCopy(d, engine, clients.Find(d.job.session), warn, tick);
+  if (d.job.released) return CompleteReleased(d, engine, clients, tick);
   const bool done = d.result.done();
   stats_.pages_verified += d.result.verified;
   stats_.pages_absent += d.result.absent;

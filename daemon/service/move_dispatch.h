@@ -19,6 +19,7 @@
 #include "service/mover.h"
 #include "service/plan_pace.h"
 #include "service/recorder.h"
+#include "service/released_pages.h"
 #include "service/status.h"
 
 namespace cxltier::service {
@@ -77,6 +78,20 @@ class MoveDispatch {
   // slots, however many of its moves were stale (a client that releases
   // blocks under moves costs a scan a tick, not a scan a move).
   void ResolveStale(engine::Engine& engine, ClientTable& clients, uint64_t tick);
+  // Page mode: client `c`'s block at segment slot `seg` is being released
+  // (call before Engine::Release). When its pages are in tier 0 or on their
+  // way there, in a pool whose new pages go below tier 0, they stay counted
+  // there (the engine's held blocks) until a block is admitted on them
+  // (Reusing) or the next plans have moved them down (ReleasedPages).
+  void Releasing(engine::Engine& engine, const Client& c, uint32_t seg, uint64_t tick);
+  // A block is being admitted on pool block (`pool`, `block`) of `c`: call
+  // before asking where its pages are, so that they count as its alone.
+  void Reusing(engine::Engine& engine, const Client& c, uint32_t pool, uint32_t block,
+               uint64_t tick);
+  // Session `session` left, or its pool `pool` was dropped: the pages its
+  // released blocks left are no longer counted.
+  void ForgetReleased(engine::Engine& engine, uint64_t session, uint64_t tick);
+  void ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool, uint64_t tick);
   // Copy mode's drains of every client, once a tick; write leases held past
   // `timeout_ticks` are counted as the moves they block are refused.
   void DrainPlaces(ClientTable& clients, uint64_t tick, uint64_t timeout_ticks, const Warn& warn);
@@ -98,6 +113,14 @@ class MoveDispatch {
                     uint64_t tick);
   void CompleteCopy(const MoveDone& d, engine::Engine* engine, Client* c, const Warn& warn,
                     uint64_t tick);
+  // Page mode: hands the next held released pages to the mover, at most
+  // `budget` bytes of them. Returns the bytes handed.
+  uint64_t DispatchReleased(engine::Engine& engine, ClientTable& clients, uint64_t budget,
+                            uint64_t tick);
+  void CompleteReleased(const MoveDone& d, engine::Engine* engine, ClientTable& clients,
+                        uint64_t tick);
+  // The engine (and a recording) learn how many blocks' worth are held.
+  void SyncHeld(engine::Engine& engine, uint64_t tick);
   // Page mode: a move whose present pages were all busy marks its pool pinned.
   void NotePinned(const MoveDone& d, Client& c, const Warn& warn);
 
@@ -107,6 +130,7 @@ class MoveDispatch {
   std::unique_ptr<Mover> mover_;
   MoveStats stats_;
   PlanPace pace_;
+  ReleasedPages released_;
   uint64_t lease_timeout_ticks_ = 300;
   Recorder* recorder_;
 };

@@ -48,6 +48,9 @@ struct MoveJob {
   uint32_t segment_slot = 0;
   uint32_t pool = 0;
   uint32_t block = 0;
+  // Not a block's move but a released block's pages moved down
+  // (ReleasedPages; `move.slot` is kNoSlot).
+  bool released = false;
 
   uint64_t bytes() const { return copy ? copy->bytes : range.length; }
 };

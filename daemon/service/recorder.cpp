@@ -25,6 +25,20 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   max_events_ = max_events;
   max_bytes_ = max_bytes;
   state_ = State::kOn;
+  if (held_ != 0) {
+    const uint32_t held = held_;
+    held_ = 0;
+    Held(tick, held);
+  }
+}
+
+void Recorder::Held(uint64_t tick, size_t blocks) {
+  const uint32_t n = static_cast<uint32_t>(std::min<size_t>(blocks, UINT32_MAX));
+  if (n == held_) return;
+  held_ = n;
+  if (!on() || !Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
+  // Its key is the count (not a key index), as a plan's is.
+  trace_.events.push_back(sim::TraceEvent{Step(tick), n, 0.0f, sim::EventKind::kHeld});
 }
 
 bool Recorder::Fits(uint64_t events, uint64_t keys, uint64_t groups, bool grouped) const {

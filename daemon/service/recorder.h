@@ -18,7 +18,9 @@
 // mover finished it, maybe ticks later, or at once when dispatch refused
 // it), and each relocation the daemon told the engine of. An outcome is
 // recorded only for a move planned during the recording and only while it
-// is the block's current move (the engine ignores the others).
+// is the block's current move (the engine ignores the others). And each
+// change of the blocks' worth of released pages the engine counts in tier 0
+// (Held), which the room of its placements depends on.
 //
 // The budget (events and bytes) is split per uid, so that one uid's traffic
 // can neither end an admin's recording nor push out another uid's events
@@ -146,6 +148,10 @@ class Recorder {
       ++summary_.relocations;
     }
   }
+  // The engine's held blocks (Engine::set_held_blocks: released blocks'
+  // pages still in tier 0) became `blocks` at `tick`. Told whether a
+  // recording is on or not: one begun while some are held starts with them.
+  void Held(uint64_t tick, size_t blocks);
   // Once per tick, after the fold: stops the recording when its time is up.
   void EndTick(uint64_t tick) {
     if (on() && tick >= stop_tick_) Stop(tick);
@@ -203,6 +209,7 @@ class Recorder {
   // and have no outcome yet: as many as moves in flight, so not counted
   // against the caps.
   std::unordered_set<BlockKey, BlockKeyHash> planned_;
+  uint32_t held_ = 0;                 // Held()'s last count
   std::map<uint32_t, Share> shares_;  // per uid
 };
 

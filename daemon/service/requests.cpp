@@ -41,6 +41,8 @@ void Requests::OnDisconnect(const server::Peer& peer) {
   Client* c = d_.clients.Find(peer.session_id);
   if (!c || c->leaving) return;
   d_.clients.MarkLeaving(*c);
+  // Its released blocks' pages are its own again (its blocks keep their places).
+  if (d_.engine) d_.moves.ForgetReleased(*d_.engine, peer.session_id, d_.EventTick());
   // Operator tools (status, top) say no hello: their comings and goings are
   // not news.
   if (c->hello) {
@@ -227,7 +229,6 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
     return st;
   }
   if (c->pools[m.pool_id].is_tier()) return AdmitCopy(*c, m);
-  const server::Pool& pool = c->pools[m.pool_id];
   wire::AdmitOk ok;
   ok.results.reserve(m.entries.size());
   for (const wire::AdmitEntry& e : m.entries) {
@@ -237,7 +238,7 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
       continue;
     }
     bool chosen = false;
-    const engine::Slot es = AdmitPage(*c, pool, e, &chosen);
+    const engine::Slot es = AdmitPage(*c, m.pool_id, e, &chosen);
     const Tier where = d_.engine->state(es).tier;
     d_.recorder.Admit(d_.EventTick(), peer.uid, d_.engine->state(es).key, where, chosen);
     const uint32_t seg = d_.clients.Bind(*c, es, m.pool_id, e.block_index, e.key);
@@ -257,11 +258,14 @@ Result<wire::AdmitOk> Requests::OnAdmit(const server::Peer& peer, const wire::Ad
 // counting the promotions in flight), and its pages are steered there before
 // the client writes them: a memfd's range by us, an address range's by the
 // client library from our answer's tier. Costs a few system calls per entry.
-engine::Slot Requests::AdmitPage(Client& c, const server::Pool& pool, const wire::AdmitEntry& e,
+engine::Slot Requests::AdmitPage(Client& c, uint32_t pool_id, const wire::AdmitEntry& e,
                                  bool* chosen) {
+  const server::Pool& pool = c.pools[pool_id];
   const numa::PageRange range = pool.Range(e.block_index);
   const Tier steered = MoveDispatch::NewPagesTier(pool);
   const BlockKey key = EngineKey(e.key, c.peer.uid);
+  // Pages a released block left in tier 0 count as this block's from now.
+  d_.moves.Reusing(*d_.engine, c, pool_id, e.block_index, d_.EventTick());
   if (const Tier found = d_.moves.WhereIs(range, steered); found != Tier::kNone) {
     return d_.engine->Admit(key, found, c.peer.uid, c.account);
   }

@@ -49,8 +49,7 @@ class Requests final : public server::Handler {
   // One new block of a page-mode pool into the engine, placed (requests.cpp).
   // *chosen: the engine placed the block (it had no page yet, and the pool's
   // new pages are steered), for the recording.
-  engine::Slot AdmitPage(Client& c, const server::Pool& pool, const wire::AdmitEntry& e,
-                         bool* chosen);
+  engine::Slot AdmitPage(Client& c, uint32_t pool_id, const wire::AdmitEntry& e, bool* chosen);
   // An admit into a client's tier pools (copy mode), checked.
   Result<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
   // Releases a client that left, a chunk of slots per turn of the I/O thread.

@@ -97,6 +97,8 @@ void Shared::ReleaseSlot(Client& c, uint32_t seg) {
                                       seg));
   }
   recorder.Release(EventTick(), c.peer.uid, st.key);
+  // Pages it leaves in tier 0 stay counted there until moved down or reused.
+  if (!keep_place) moves.Releasing(*engine, c, seg, EventTick());
   engine->Release(s.engine_slot);
   clients.Unbind(c, seg);
 }

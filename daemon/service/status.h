@@ -103,6 +103,13 @@ struct MoveStats {
   // holders: one per client and tick, however many came back stale.
   uint64_t stale_moves = 0;
   uint64_t stale_scans = 0;
+  // Page mode: released blocks' pages held in tier 0 (ReleasedPages) now,
+  // those moved down (the move done, or not: then counted failed too), and
+  // those a new block was admitted on before they were moved.
+  uint64_t released_held = 0;
+  uint64_t released_moved = 0;
+  uint64_t released_failed = 0;
+  uint64_t released_reused = 0;
   // Ticks that made no plan because the mover had not finished the last one
   // (PlanPace: the plans' budget follows the mover).
   uint64_t plans_paced = 0;

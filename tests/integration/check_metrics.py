@@ -36,6 +36,7 @@ want = {
     "cxltier_lease_oldest_wait_seconds": "gauge", "cxltier_lease_timeout_seconds": "gauge",
     "cxltier_lease_timeouts": "counter", "cxltier_migration_enabled": "gauge",
     "cxltier_quota_evictions": "counter",
+    "cxltier_released_held_blocks": "gauge", "cxltier_released_moved": "counter",
     # The daemon under test runs the default policy, shards.
     "cxltier_policy_leader_info": "gauge", "cxltier_policy_switches": "counter",
 }

@@ -748,14 +748,21 @@ TEST(Daemon, APoolsNewPagesAreSteeredToTheLastTier) {
 // steered there (a memfd's by the daemon, an address range's by the client
 // library). One written before its admission is admitted where its pages
 // are: here node 0, which both tiers have, counted in the last tier, where
-// the pool's new pages go. Tier 0 never holds more than its 4 blocks. No
-// tick in the test's time: no planned move changes a tier under it.
+// the pool's new pages go. Tier 0 never holds more than its 4 blocks. A
+// block released from tier 0 leaves its pages there: they stay counted in
+// tier 0 until moved down (the next plans' first moves) or until a block is
+// admitted on them, which takes their place; a new block finds no room
+// meanwhile. No tick in the test's time: no planned move changes a tier
+// under it, and nothing moves the released pages down.
 TEST(Daemon, BlocksAdmittedBeforeTheirPagesAreWrittenUseTier0WithinItsBudget) {
   DaemonProcess d("[engine]\ntier0_budget = \"32KiB\"\n", "", "tick_ms = 60000\n");
-  auto a = Connect(d);
   auto tier0_blocks = [&] { return StatusOf(d)["tiers"][0]["blocks"].get<uint64_t>(); };
+  auto held = [&] {
+    return StatusOf(d)["migrations"]["released_pages"]["held_blocks"].get<uint64_t>();
+  };
   for (const bool memfd : {true, false}) {
     SCOPED_TRACE(memfd ? "memfd pool" : "address range pool");
+    auto a = Connect(d);  // its released blocks' pages are forgotten when it leaves
     MemfdPool file(8, false);
     uint8_t* base = file.base;
     uint32_t id = 0;
@@ -783,11 +790,29 @@ TEST(Daemon, BlocksAdmittedBeforeTheirPagesAreWrittenUseTier0WithinItsBudget) {
     }
     for (uint32_t b = 1; b <= 6; ++b) std::memset(base + b * kBlock, 2, kBlock);
     EXPECT_EQ(tier0_blocks(), 4u);
-    // Released, tier 0 is free for the next pool's blocks.
+    EXPECT_EQ(held(), 0u);
+    // Released: tier 0's 4 blocks left their pages there, still counted.
     std::vector<BlockKey> keys{K(k0)};
     for (const wire::AdmitEntry& e : fresh) keys.push_back(e.key);
     ASSERT_TRUE(a->Release(keys).ok());
     EXPECT_EQ(tier0_blocks(), 0u);
+    EXPECT_EQ(held(), 4u) << d.Log();
+    ASSERT_TRUE(a->Admit(id, std::vector<wire::AdmitEntry>{{K(k0 + 7), 7}}, &res).ok());
+    EXPECT_EQ(res.at(0).tier, Tier::kSlow) << "a new block found room beside the held pages";
+    // Blocks admitted on those pages take their place (found on node 0,
+    // which here is the last tier's too).
+    std::vector<wire::AdmitEntry> reused;
+    for (uint32_t b = 1; b <= 4; ++b) reused.push_back({K(k0 + 10 + b), b});
+    ASSERT_TRUE(a->Admit(id, reused, &res).ok());
+    EXPECT_EQ(held(), 0u);
+    // Block 7 has no page yet: released from the last tier, admitted again,
+    // it finds tier 0's room.
+    ASSERT_TRUE(a->Release(std::vector<BlockKey>{K(k0 + 7)}).ok());
+    ASSERT_TRUE(a->Admit(id, std::vector<wire::AdmitEntry>{{K(k0 + 8), 7}}, &res).ok());
+    EXPECT_EQ(res.at(0).tier, Tier::kFast);
+    EXPECT_EQ(tier0_blocks(), 1u);
+    a.reset();  // its blocks go (keeping their places: nothing held)
+    ASSERT_TRUE(WaitFor([&] { return tier0_blocks() == 0 && held() == 0; })) << d.Log();
     if (!memfd) munmap(base, file.bytes);
   }
 }

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "cxltier/segment.h"
@@ -274,12 +275,16 @@ void RecordLateAndFailingMovesAndReplay(uint32_t landing_percent, bool write_fir
       AddObservation(slots, dirty, seg_slot[(tick / 15 * 4 + k) % kBlocks], 1.0f);
     }
     AddObservation(slots, dirty, seg_slot[tick % kBlocks], 0.5f);
-    if (tick % 20 == 10) {  // a block leaves (its move may be in flight) and comes back
-      const uint32_t i = (tick / 15 * 4) % kBlocks;
-      auto r = d.requests().OnRelease(peer, wire::Release{{BlockKey::FromSequence(11, i)}});
+    // A hot block leaves (its move may be in flight) and comes back: at
+    // once, or two ticks later, its pages counted in tier 0 meanwhile
+    // (recorded, as the plans' room depends on it) unless moved down.
+    const uint32_t leaving = (tick / 15 * 4) % kBlocks;
+    if (tick % 20 == 10 || tick % 20 == 15) {
+      auto r = d.requests().OnRelease(peer, wire::Release{{BlockKey::FromSequence(11, leaving)}});
       ASSERT_TRUE(r.ok());
-      admit(i);
+      if (tick % 20 == 10) admit(leaving);
     }
+    if (tick % 20 == 17) admit(leaving);
     d.Tick();
     if (tick % 3 == 2) deliver();
   }
@@ -432,6 +437,120 @@ TEST(Faults, StaleMovesCostOneScanATickAndFindTheBlocksNewHolders) {
   uint32_t fast = 0;
   for (uint32_t i = 0; i < kBlocks; ++i) fast += ReadTier(&slots[second[i]]) == Tier::kFast;
   EXPECT_EQ(fast, stale);
+  d.requests().OnDisconnect(peer);
+  d.Stop();
+  std::filesystem::remove_all(c.state_dir);
+}
+
+// Tier 0's bound from admission (issue 32): a block released from tier 0
+// leaves its pages there (they are the client's, which may admit a new
+// block on them at once). They stay counted in tier 0 until the next plan
+// moves them down, its first moves, or a block is admitted on them, which
+// takes their place; a new block finds no room meanwhile, and no promotion
+// does. A block admitted on pages while they move is found by the kernel's
+// word at the next tick, as a stale move's block is.
+TEST(Faults, ReleasedPagesStayCountedInTier0UntilMovedDownFirst) {
+  // Where says "no page" (-1): the engine places each new block. Both tiers
+  // are node 0 (so that the pool's new pages can be steered on any host):
+  // the moves tell released pages from promotions by their blocks.
+  auto owned = std::make_unique<test::TestMigrator>(
+      test::TestMigrator::Options{.where_node = -1, .hold_first = true});
+  test::TestMigrator* mig = owned.get();
+  boost::asio::io_context io;
+  DaemonConfig c = TestConfig("cxltier-fault-released-", 4);
+  c.persist = false;
+  Daemon d(io, c, numa::Discover(),
+           numa::TierAssignment{{0}, {0}, "test: both tiers on node 0", {}}, std::move(owned),
+           true);
+  ASSERT_EQ(d.Start().message, "");
+  const server::Peer peer{1, getpid(), getuid(), getgid()};
+  const ClientSegment seg = Hello(d, peer, "released");
+  ASSERT_NE(seg.slots, nullptr);
+  const uint64_t stride = kSmall64KiB.block_bytes();
+  const int memfd = SealedPoolFile("released-pool");
+  ASSERT_GE(memfd, 0);
+  ASSERT_TRUE(d.requests()
+                  .OnRegisterPool(peer,
+                                  wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks,
+                                                     stride, kBlocks},
+                                  server::UniqueFd(memfd))
+                  .ok());
+  const auto admit = [&](uint64_t seq, uint32_t from, uint32_t n) {
+    wire::Admit a{0, {}};
+    for (uint32_t i = from; i < from + n; ++i)
+      a.entries.push_back({BlockKey::FromSequence(seq, i), i});
+    auto r = d.requests().OnAdmit(peer, a);
+    EXPECT_TRUE(r.ok()) << r.status().message;
+    return r.ok() ? r->results : std::vector<wire::AdmitResult>{};
+  };
+  const auto release = [&](uint64_t seq, uint32_t from, uint32_t n) {
+    wire::Release r;
+    for (uint32_t i = from; i < from + n; ++i) r.keys.push_back(BlockKey::FromSequence(seq, i));
+    EXPECT_TRUE(d.requests().OnRelease(peer, r).ok());
+  };
+  const auto released = [&](const char* what) {
+    return d.StatusJson()["migrations"]["released_pages"][what].get<uint64_t>();
+  };
+  const auto tier0 = [&] { return d.StatusJson()["tiers"][0]["blocks"].get<uint64_t>(); };
+  const auto settle = [&] {
+    for (int spin = 0; spin < 60000 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
+      usleep(1000);
+    }
+    io.poll();
+    io.restart();
+  };
+  const auto moved = [&] {
+    std::lock_guard lock(mig->mu);
+    return mig->moved;
+  };
+
+  // Blocks 0..7 with no page yet: 0..3 placed in tier 0 (its budget), the rest below.
+  const std::vector<wire::AdmitResult> first = admit(1, 0, 8);
+  ASSERT_EQ(first.size(), 8u);
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(first[i].tier, i < 4 ? Tier::kFast : Tier::kSlow);
+  release(1, 0, 4);
+  EXPECT_EQ(tier0(), 0u);
+  EXPECT_EQ(released("held_blocks"), 4u);
+  EXPECT_EQ(admit(2, 8, 1).at(0).tier, Tier::kSlow) << "a new block found room beside them";
+  // Hot blocks below wait: the plan moves the released pages down first (the
+  // first Move waits inside the migrator until Release, the rest queued).
+  for (uint32_t i = 4; i < 8; ++i) AddObservation(seg.slots, seg.dirty, first[i].slot, 1.0f);
+  d.Tick();
+  ASSERT_TRUE(mig->WaitForCalls(1));
+  // A block admitted on the first released block's pages takes their place.
+  const std::vector<wire::AdmitResult> reused = admit(3, 0, 1);
+  ASSERT_EQ(reused.size(), 1u);
+  EXPECT_EQ(reused[0].tier, Tier::kFast);
+  EXPECT_EQ(released("held_blocks"), 3u);
+  EXPECT_EQ(released("reused"), 1u);
+  EXPECT_EQ(tier0(), 1u);
+  mig->Release();
+  settle();
+  const auto down = moved();
+  ASSERT_EQ(down.size(), 4u) << "no promotion while the released pages held tier 0";
+  // Pool blocks by address: block 0's is the lowest moved (it was released).
+  uintptr_t base = UINTPTR_MAX;
+  for (const auto& [address, node] : down) base = std::min(base, address);
+  const auto block_of = [&](uintptr_t address) { return (address - base) / stride; };
+  std::set<uintptr_t> blocks;
+  for (const auto& [address, node] : down) blocks.insert(block_of(address));
+  EXPECT_EQ(blocks, (std::set<uintptr_t>{0, 1, 2, 3})) << "one move for each released block";
+  EXPECT_EQ(released("held_blocks"), 0u);
+  EXPECT_EQ(released("moved"), 4u);
+  EXPECT_EQ(released("failed"), 0u);
+  // The block admitted on moving pages: where they landed (node 0, the
+  // last tier's too), at the next tick.
+  mig->set_where_node(0);
+  d.Tick();
+  EXPECT_EQ(ReadTier(&seg.slots[reused[0].slot]), Tier::kSlow);
+  settle();
+  // Now tier 0 has room: the hot blocks are promoted, after the pages went down.
+  const auto all = moved();
+  ASSERT_GT(all.size(), 4u) << d.StatusJson().dump();
+  for (size_t i = 4; i < all.size(); ++i) {
+    EXPECT_GE(block_of(all[i].first), 4u) << "move " << i << ": a promotion of a hot block";
+  }
+  EXPECT_LE(tier0(), 4u);
   d.requests().OnDisconnect(peer);
   d.Stop();
   std::filesystem::remove_all(c.state_dir);

@@ -33,6 +33,7 @@
 #include "service/mover.h"
 #include "service/plan_pace.h"
 #include "service/recorder.h"
+#include "service/released_pages.h"
 #include "service/status.h"
 #include "test_migrator.h"
 
@@ -1293,6 +1294,70 @@ TEST(CheckpointWriter, WritesCheckpointsThatLoad) {
 // first move waits until Release().
 test::TestMigrator::Options Slow(bool hold_first = false) {
   return {.hold_first = hold_first, .delay = std::chrono::milliseconds(2)};
+}
+
+// The released pages' states: held once however often released, moved
+// once, and a block admitted on pages while they move takes them (their
+// move's return says so); released again meanwhile, they are held anew and
+// moved again. A client or pool that goes takes its share with it.
+TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
+  using B = ReleasedPages::Block;
+  const auto blocks = [](const std::vector<B>& v) {
+    std::vector<uint32_t> out;
+    for (const B& b : v) out.push_back(b.block);
+    return out;
+  };
+  ReleasedPages r;
+  r.Add({1, 0, 5}, 8);
+  r.Add({1, 0, 5}, 8);
+  r.Add({1, 0, 9}, 8);  // past the pool's blocks: not a block of it
+  EXPECT_EQ(r.size(), 1u);
+  r.Add({1, 0, 6}, 8);
+  EXPECT_TRUE(r.Take({1, 0, 6}));  // admitted on before any move
+  EXPECT_FALSE(r.Take({1, 0, 6}));
+  EXPECT_EQ(r.size(), 1u);
+  EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{5}));
+  EXPECT_TRUE(r.Next(10).empty());  // 5 is moving, 6 was taken
+  EXPECT_TRUE(r.Done({1, 0, 5}));
+  EXPECT_TRUE(r.empty());
+  // Admitted on while moving, released again, admitted on again.
+  r.Add({1, 0, 2}, 8);
+  ASSERT_EQ(blocks(r.Next(1)), (std::vector<uint32_t>{2}));
+  EXPECT_TRUE(r.Take({1, 0, 2}));
+  EXPECT_EQ(r.size(), 0u);
+  r.Add({1, 0, 2}, 8);
+  EXPECT_EQ(r.size(), 1u);
+  EXPECT_TRUE(r.Next(1).empty()) << "its move is still out";
+  EXPECT_FALSE(r.Done({1, 0, 2})) << "a block was admitted on it while it moved";
+  EXPECT_EQ(r.size(), 1u);
+  EXPECT_EQ(blocks(r.Next(1)), (std::vector<uint32_t>{2})) << "held anew: moved again";
+  EXPECT_TRUE(r.Done({1, 0, 2}));
+  r.Add({1, 0, 3}, 8);
+  ASSERT_EQ(r.Next(1).size(), 1u);
+  EXPECT_TRUE(r.Take({1, 0, 3}));
+  EXPECT_FALSE(r.Done({1, 0, 3}));
+  EXPECT_TRUE(r.empty());
+  // Oldest first, across clients and pools; a pool or client that goes
+  // takes its own.
+  r.Add({2, 0, 1}, 4);
+  r.Add({1, 1, 0}, 4);
+  r.Add({1, 0, 7}, 8);
+  r.Add({2, 1, 3}, 4);
+  EXPECT_EQ(r.size(), 4u);
+  r.DropPool(1, 1);
+  EXPECT_EQ(r.size(), 3u);
+  const std::vector<B> next = r.Next(2);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[0].session, 2u);
+  EXPECT_EQ(next[0].block, 1u);
+  EXPECT_EQ(next[1].session, 1u);
+  EXPECT_EQ(next[1].block, 7u);
+  r.DropSession(2);
+  EXPECT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r.Done({2, 0, 1})) << "its client left";
+  EXPECT_TRUE(r.Done({1, 0, 7}));
+  EXPECT_TRUE(r.empty());
+  EXPECT_TRUE(r.Next(10).empty());
 }
 
 TEST(MoveDispatch, ThreeTiersMapNodesBothWays) {

@@ -747,7 +747,7 @@ TEST(RecordedMoves, ADivergingReplayIsAClearError) {
 }
 
 // Version 3 of the binary format: the clock of step 0 after the header, the
-// group table (zeros without groups), kinds 4 to 6. Older versions may not
+// group table (zeros without groups), kinds 4 to 6 and 8. Older versions may not
 // carry those kinds, CSV refuses to drop them, a bad outcome or relocation
 // is refused.
 TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
@@ -756,7 +756,8 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   t.first_tick = 0x123456789abULL;
   t.events.insert(t.events.begin() + 2, {{0, 2, 0.0f, EventKind::kPlan},
                                          {1, 1, 1.0f, EventKind::kOutcome},
-                                         {1, 0, 1.0f, EventKind::kRelocated}});
+                                         {1, 0, 1.0f, EventKind::kRelocated},
+                                         {1, 2, 0.0f, EventKind::kHeld}});
   ASSERT_EQ(t.Validate().message, "");
   std::stringstream bin;
   ASSERT_EQ(WriteBinary(t, bin).message, "");
@@ -781,7 +782,7 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   const Result<Trace> gr = ReadBinary(gbin, "v3g");
   ASSERT_TRUE(gr.ok()) << gr.status().message;
   EXPECT_EQ(gr->groups, g.groups);
-  // A kind 4 to 7 in a version 1 trace, and kind 8 in version 3: unknown.
+  // A kind 4 to 8 in a version 1 trace, and kind 9 in version 3: unknown.
   const size_t first_event = 40 + 20 * t.keys.size();
   std::string v1 = bytes;
   v1[8] = 1;
@@ -791,9 +792,9 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   EXPECT_NE(ReadBinary(v1in, "x").status().message.find("unknown kind 4 for a version 1 trace"),
             std::string::npos);
   std::string eight = bytes;
-  eight[first_event + 16 * 2 + 12] = 8;
+  eight[first_event + 16 * 2 + 12] = 9;
   std::istringstream sin(eight);
-  EXPECT_NE(ReadBinary(sin, "x").status().message.find("unknown kind 8"), std::string::npos);
+  EXPECT_NE(ReadBinary(sin, "x").status().message.find("unknown kind 9"), std::string::npos);
   // An outcome is 1 or 0; a relocation's tier a whole tier; a plan's
   // budget whole blocks; none of them in a trace that records no moves.
   Trace bad = t;
@@ -805,6 +806,9 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   bad = t;
   bad.events[2].obs = 1.5f;
   EXPECT_NE(bad.Validate().message.find("a plan's budget"), std::string::npos);
+  bad = t;
+  bad.events[5].obs = 1.0f;
+  EXPECT_NE(bad.Validate().message.find("a held count's observation"), std::string::npos);
   bad = t;
   bad.recorded_moves = false;
   EXPECT_NE(bad.Validate().message.find("records no moves"), std::string::npos);

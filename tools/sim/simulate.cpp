@@ -127,6 +127,8 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
         }
         e.Complete(m, ev.obs == 1.0f);
         m.slot = engine::kNoSlot;
+      } else if (ev.kind == EventKind::kHeld) {
+        e.set_held_blocks(ev.key);
       } else {  // kRelocated
         if (slot_of[ev.key] == engine::kNoSlot) {
           return diverged(i, "the daemon relocated a block the replay does not hold");
