@@ -194,6 +194,15 @@ CONF
   [ $max0 -gt 0 ] || fail "tier 0 never held a block"
   [ $max0 -le $bound ] || { cat /tmp/bound-samples.txt; fail "tier 0 held $max0 blocks, over its budget of $budget_blocks plus one tick's $per_tick moves"; }
   grep -q "new pages on tier 1 (nodes 1)" /tmp/cxltierd.log || fail "the pool's new pages were not steered to tier 1"
+  # Blocks released from tier 0 left their pages there: counted until a new
+  # block took them (reused) or they were moved down (moved). The loadgen
+  # releases and reuses pool blocks, so some were.
+  rp=$(status_json | sed -n 's/.*"released_pages":{\([^}]*\)}.*/\1/p')
+  echo "released blocks' pages: $rp"
+  reused=$(echo "$rp" | sed -n 's/.*"reused":\([0-9]*\).*/\1/p')
+  moved=$(echo "$rp" | sed -n 's/.*"moved":\([0-9]*\).*/\1/p')
+  [ -n "$reused" ] && [ -n "$moved" ] && [ $((reused + moved)) -gt 0 ] ||
+    fail "no released block's pages were reused or moved down: $rp"
   kill -TERM $DAEMON
   wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
 }
