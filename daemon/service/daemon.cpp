@@ -134,14 +134,15 @@ void Daemon::DropGonePools() {
     for (uint32_t p = 0; p < c.pools.size(); ++p) {
       server::Pool& pool = c.pools[p];
       if (pool.dead() || !pool.ProcessGone()) continue;
+      // Dead first: its blocks' pages are no longer ours to count or move.
+      pool.MarkDead();
+      d.moves.ForgetReleased(*d.engine, c.peer.session_id, p);
       uint64_t released = 0;
       for (uint32_t i = 0; i < c.slots.size(); ++i) {
         if (!c.slots[i].live || c.slots[i].pool != p) continue;
         d.ReleaseSlot(c, i);
         ++released;
       }
-      pool.MarkDead();
-      d.moves.ForgetReleased(*d.engine, c.peer.session_id, p, d.tick);
       d.ClientWarning(c.peer, fmt::format("client {}: the process that registered pool {} has "
                                           "exited; pool dropped, its {} blocks became ghosts",
                                           c.id, p, released));

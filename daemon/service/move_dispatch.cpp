@@ -68,14 +68,14 @@ bool MoveDispatch::ReadyToPlan(engine::Engine& engine, uint64_t cap_bytes) {
   return true;
 }
 
-void MoveDispatch::SyncHeld(engine::Engine& engine, uint64_t tick) {
+void MoveDispatch::SyncHeld(engine::Engine& engine) {
   if (engine.held_blocks() == released_.size()) return;
   engine.set_held_blocks(released_.size());
   stats_.released_held = released_.size();
-  if (recorder_) recorder_->Held(tick, released_.size());
+  if (recorder_) recorder_->Held(released_.size());
 }
 
-void MoveDispatch::Releasing(engine::Engine& engine, const Client& c, uint32_t seg, uint64_t tick) {
+void MoveDispatch::Releasing(engine::Engine& engine, const Client& c, uint32_t seg) {
   const SegSlot& s = c.slots[seg];
   const server::Pool& pool = c.pools[s.pool];
   // Steered below tier 0: the pool's new pages are the ones the budget
@@ -83,32 +83,35 @@ void MoveDispatch::Releasing(engine::Engine& engine, const Client& c, uint32_t s
   if (pool.is_tier() || pool.dead() || pool.pinned() || pool.new_pages_tier() <= 0) return;
   const Tier where = engine.state(s.engine_slot).tier;
   if (where != Tier::kFast && engine.moving_to(s.engine_slot) != Tier::kFast) return;
-  released_.Add({c.peer.session_id, s.pool, s.block}, pool.blocks());
-  SyncHeld(engine, tick);
+  released_.Add({c.peer.session_id, s.pool, s.block});
+  SyncHeld(engine);
 }
 
-void MoveDispatch::Reusing(engine::Engine& engine, const Client& c, uint32_t pool, uint32_t block,
-                           uint64_t tick) {
+void MoveDispatch::Reusing(engine::Engine& engine, const Client& c, uint32_t pool, uint32_t block) {
   if (released_.empty() || !released_.Take({c.peer.session_id, pool, block})) return;
   ++stats_.released_reused;
-  SyncHeld(engine, tick);
+  SyncHeld(engine);
 }
 
-void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session, uint64_t tick) {
-  if (released_.empty()) return;
+void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session) {
+  if (released_.entries() == 0) return;
   released_.DropSession(session);
-  SyncHeld(engine, tick);
+  // Their moves not begun yet are not made (one running finishes: the
+  // migrator checks the range is still the client's).
+  mover_->CancelIf([session](const MoveJob& j) { return j.released && j.session == session; });
+  SyncHeld(engine);
 }
 
-void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool,
-                                  uint64_t tick) {
-  if (released_.empty()) return;
+void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool) {
+  if (released_.entries() == 0) return;
   released_.DropPool(session, pool);
-  SyncHeld(engine, tick);
+  mover_->CancelIf(
+      [&](const MoveJob& j) { return j.released && j.session == session && j.pool == pool; });
+  SyncHeld(engine);
 }
 
 uint64_t MoveDispatch::DispatchReleased(engine::Engine& engine, ClientTable& clients,
-                                        uint64_t budget, uint64_t tick) {
+                                        uint64_t budget) {
   const uint64_t bb = engine.options().block_bytes;
   if (released_.empty() || budget < bb) return 0;
   uint64_t handed = 0;
@@ -116,8 +119,8 @@ uint64_t MoveDispatch::DispatchReleased(engine::Engine& engine, ClientTable& cli
        released_.Next(budget == UINT64_MAX ? SIZE_MAX : budget / bb)) {
     const Client* c = clients.Find(b.session);
     const server::Pool* pool = c && b.pool < c->pools.size() ? &c->pools[b.pool] : nullptr;
-    if (!pool || pool->dead() || pool->new_pages_tier() <= 0) {
-      released_.Done(b);  // nothing of ours to move any more
+    if (!pool || pool->dead() || pool->pinned() || pool->new_pages_tier() <= 0) {
+      released_.Done(b);  // nothing of ours to move any more (or nothing movable)
       continue;
     }
     const Tier to = TierAt(static_cast<unsigned>(pool->new_pages_tier()));
@@ -134,45 +137,41 @@ uint64_t MoveDispatch::DispatchReleased(engine::Engine& engine, ClientTable& cli
     handed += bb;
     mover_->Submit(std::move(job));
   }
-  SyncHeld(engine, tick);
+  SyncHeld(engine);
   return handed;
 }
 
-void MoveDispatch::CompleteReleased(const MoveDone& d, engine::Engine* engine, ClientTable& clients,
-                                    uint64_t tick) {
+void MoveDispatch::CompleteReleased(const MoveDone& d, engine::Engine* engine,
+                                    ClientTable& clients) {
   const bool done = d.result.done();
-  ++stats_.released_moved;
-  stats_.released_failed += !done;
+  if (d.result.call_errno != ECANCELED) {
+    ++stats_.released_moved;
+    stats_.released_failed += !done;
+  }
   spdlog::debug("released pages of client session {} pool {} block {} to node {}: {}",
                 d.job.session, d.job.pool, d.job.block, d.job.node, numa::Summarize(d.result));
-  if (released_.Done({d.job.session, d.job.pool, d.job.block})) {
-    if (engine) SyncHeld(*engine, tick + 1);
-    return;
+  const ReleasedPages::Outcome o = released_.Done({d.job.session, d.job.pool, d.job.block});
+  if (o == ReleasedPages::Outcome::kTaken) {
+    // A block was admitted on them while they moved: where they are now is
+    // the kernel's to say, at the next tick.
+    if (Client* c = clients.Find(d.job.session)) {
+      c->stale_blocks.push_back(uint64_t{d.job.pool} << 32 | d.job.block);
+    }
   }
-  // A block was admitted on them while they moved: where they are now is
-  // the kernel's to say, at the next tick.
-  if (Client* c = clients.Find(d.job.session)) {
-    c->stale_blocks.push_back(uint64_t{d.job.pool} << 32 | d.job.block);
-  }
-  if (engine) SyncHeld(*engine, tick + 1);  // released again since: held again
+  if (engine) SyncHeld(*engine);
 }
 
 void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, uint64_t tick,
                             bool page_moves) {
   const uint64_t bb = engine.options().block_bytes;
-  // Released blocks' pages still in tier 0 go down first, before any
-  // promotion: the plan gets what is left of the budget (none left: no plan).
+  // Released blocks' pages still in tier 0 go down first, with at most half
+  // of the budget: the plan's moves (other clients' promotions and
+  // demotions) keep the rest, however much one client releases.
   uint64_t handed = 0;
   if (page_moves && !released_.empty()) {
-    const uint64_t budget = engine.options().migrate_bytes_per_tick
-                                ? engine.options().migrate_bytes_per_tick
-                                : UINT64_MAX;
-    handed = DispatchReleased(engine, clients, budget, tick);
-    if (handed && budget - handed < bb) {
-      pace_.Planned(handed);
-      return;
-    }
-    if (handed && budget != UINT64_MAX) engine.set_migrate_bytes_per_tick(budget - handed);
+    const uint64_t budget = engine.options().migrate_bytes_per_tick;
+    handed = DispatchReleased(engine, clients, budget ? budget / 2 : UINT64_MAX);
+    if (handed && budget) engine.set_migrate_bytes_per_tick(budget - handed);
   }
   const std::span<const engine::Move> plan = engine.Plan();
   pace_.Planned(handed + plan.size() * bb);
@@ -330,7 +329,7 @@ void MoveDispatch::Complete(const MoveDone& d, engine::Engine* engine, ClientTab
                             const Warn& warn, uint64_t tick) {
   --stats_.in_flight;
   if (d.job.copy) return CompleteCopy(d, engine, clients.Find(d.job.session), warn, tick);
-  if (d.job.released) return CompleteReleased(d, engine, clients, tick);
+  if (d.job.released) return CompleteReleased(d, engine, clients);
   const bool done = d.result.done();
   stats_.pages_verified += d.result.verified;
   stats_.pages_absent += d.result.absent;

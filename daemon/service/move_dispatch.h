@@ -63,7 +63,8 @@ class MoveDispatch {
   bool ReadyToPlan(engine::Engine& engine, uint64_t cap_bytes);
   // Plans (at the daemon's `tick`, after its fold) and hands every move of
   // `engine`'s plan to the mover; page-mode moves only with `page_moves`
-  // (else they are not done).
+  // (else they are not done). First, with `page_moves`, released blocks'
+  // pages still held in tier 0 go down, with at most half of the budget.
   void Dispatch(engine::Engine& engine, ClientTable& clients, uint64_t tick,
                 bool page_moves = true);
   // A move's result, on the I/O thread, between ticks (a recording puts it
@@ -83,15 +84,14 @@ class MoveDispatch {
   // way there, in a pool whose new pages go below tier 0, they stay counted
   // there (the engine's held blocks) until a block is admitted on them
   // (Reusing) or the next plans have moved them down (ReleasedPages).
-  void Releasing(engine::Engine& engine, const Client& c, uint32_t seg, uint64_t tick);
+  void Releasing(engine::Engine& engine, const Client& c, uint32_t seg);
   // A block is being admitted on pool block (`pool`, `block`) of `c`: call
   // before asking where its pages are, so that they count as its alone.
-  void Reusing(engine::Engine& engine, const Client& c, uint32_t pool, uint32_t block,
-               uint64_t tick);
+  void Reusing(engine::Engine& engine, const Client& c, uint32_t pool, uint32_t block);
   // Session `session` left, or its pool `pool` was dropped: the pages its
   // released blocks left are no longer counted.
-  void ForgetReleased(engine::Engine& engine, uint64_t session, uint64_t tick);
-  void ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool, uint64_t tick);
+  void ForgetReleased(engine::Engine& engine, uint64_t session);
+  void ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool);
   // Copy mode's drains of every client, once a tick; write leases held past
   // `timeout_ticks` are counted as the moves they block are refused.
   void DrainPlaces(ClientTable& clients, uint64_t tick, uint64_t timeout_ticks, const Warn& warn);
@@ -115,12 +115,10 @@ class MoveDispatch {
                     uint64_t tick);
   // Page mode: hands the next held released pages to the mover, at most
   // `budget` bytes of them. Returns the bytes handed.
-  uint64_t DispatchReleased(engine::Engine& engine, ClientTable& clients, uint64_t budget,
-                            uint64_t tick);
-  void CompleteReleased(const MoveDone& d, engine::Engine* engine, ClientTable& clients,
-                        uint64_t tick);
+  uint64_t DispatchReleased(engine::Engine& engine, ClientTable& clients, uint64_t budget);
+  void CompleteReleased(const MoveDone& d, engine::Engine* engine, ClientTable& clients);
   // The engine (and a recording) learn how many blocks' worth are held.
-  void SyncHeld(engine::Engine& engine, uint64_t tick);
+  void SyncHeld(engine::Engine& engine);
   // Page mode: a move whose present pages were all busy marks its pool pinned.
   void NotePinned(const MoveDone& d, Client& c, const Warn& warn);
 

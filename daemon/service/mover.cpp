@@ -66,11 +66,16 @@ void Mover::Submit(MoveJob job) {
 }
 
 void Mover::Cancel(engine::Slot slot, uint32_t generation) {
+  CancelIf(
+      [&](const MoveJob& j) { return j.move.slot == slot && j.move.generation == generation; });
+}
+
+void Mover::CancelIf(const std::function<bool(const MoveJob&)>& which) {
   std::vector<MoveJob> dropped;
   {
     std::lock_guard lock(mu_);
     for (auto it = queue_.begin(); it != queue_.end();) {
-      if (it->move.slot == slot && it->move.generation == generation) {
+      if (which(*it)) {
         dropped.push_back(std::move(*it));
         it = queue_.erase(it);
       } else {

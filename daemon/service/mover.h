@@ -72,6 +72,9 @@ class Mover {
   // Drops a queued job for this engine slot and generation (the block was
   // released); it is reported as not done (ECANCELED). A running job finishes.
   void Cancel(engine::Slot slot, uint32_t generation);
+  // Drops every queued job `which` names, each reported as not done
+  // (ECANCELED). A running job finishes.
+  void CancelIf(const std::function<bool(const MoveJob&)>& which);
   // Jobs queued or running.
   size_t pending() const;
   void set_rate(uint64_t bytes_per_s);

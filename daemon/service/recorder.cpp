@@ -25,20 +25,17 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   max_events_ = max_events;
   max_bytes_ = max_bytes;
   state_ = State::kOn;
-  if (held_ != 0) {
-    const uint32_t held = held_;
-    held_ = 0;
-    Held(tick, held);
-  }
+  held_recorded_ = 0;
 }
 
-void Recorder::Held(uint64_t tick, size_t blocks) {
-  const uint32_t n = static_cast<uint32_t>(std::min<size_t>(blocks, UINT32_MAX));
-  if (n == held_) return;
-  held_ = n;
-  if (!on() || !Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
+void Recorder::FlushHeld(uint64_t tick) {
+  if (held_now_ == held_recorded_ ||
+      !Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) {
+    return;
+  }
   // Its key is the count (not a key index), as a plan's is.
-  trace_.events.push_back(sim::TraceEvent{Step(tick), n, 0.0f, sim::EventKind::kHeld});
+  trace_.events.push_back(sim::TraceEvent{Step(tick), held_now_, 0.0f, sim::EventKind::kHeld});
+  held_recorded_ = held_now_;
 }
 
 bool Recorder::Fits(uint64_t events, uint64_t keys, uint64_t groups, bool grouped) const {
@@ -171,7 +168,9 @@ void Recorder::Hint(uint64_t tick, uint32_t uid, uint64_t group, HintKind kind) 
 }
 
 void Recorder::Plan(uint64_t tick, size_t moves, uint64_t budget_blocks) {
-  if (!on() || !Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
+  if (!on()) return;
+  FlushHeld(tick);
+  if (!Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
   // A plan's key is the number of moves it planned, its observation its
   // budget in blocks (whole, and exact in a float up to 2^24).
   const uint32_t n = static_cast<uint32_t>(std::min<size_t>(moves, UINT32_MAX));

@@ -37,6 +37,7 @@
 // time (truncated) only when a uid within its share finds no room left.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -124,6 +125,7 @@ class Recorder {
   // there: kPlace); else its pages were found there (kAdmit).
   void Admit(uint64_t tick, uint32_t uid, const BlockKey& key, Tier placed, bool chosen = false) {
     if (on()) {
+      if (chosen) FlushHeld(tick);
       Add(tick, uid, key, static_cast<float>(TierIndex(placed)),
           chosen ? sim::EventKind::kPlace : sim::EventKind::kAdmit);
     }
@@ -149,9 +151,13 @@ class Recorder {
     }
   }
   // The engine's held blocks (Engine::set_held_blocks: released blocks'
-  // pages still in tier 0) became `blocks` at `tick`. Told whether a
-  // recording is on or not: one begun while some are held starts with them.
-  void Held(uint64_t tick, size_t blocks);
+  // pages still in tier 0) are `blocks` from now on. Told whether a
+  // recording is on or not. Recorded only where the engine reads it, before
+  // a placement (kPlace) or a plan, and only when it changed since: a flood
+  // of releases and reuses between those adds no event.
+  void Held(size_t blocks) {
+    held_now_ = static_cast<uint32_t>(std::min<size_t>(blocks, UINT32_MAX));
+  }
   // Once per tick, after the fold: stops the recording when its time is up.
   void EndTick(uint64_t tick) {
     if (on() && tick >= stop_tick_) Stop(tick);
@@ -197,6 +203,8 @@ class Recorder {
   // The step of an event at `tick`: ticks since the start, never decreasing.
   uint32_t Step(uint64_t tick) const;
   void ForgetSecret();
+  // Records Held()'s count at `tick` if it changed since the trace last said.
+  void FlushHeld(uint64_t tick);
 
   State state_ = State::kIdle;
   uint64_t stop_tick_ = 0, max_events_ = 0, max_bytes_ = 0;
@@ -209,7 +217,8 @@ class Recorder {
   // and have no outcome yet: as many as moves in flight, so not counted
   // against the caps.
   std::unordered_set<BlockKey, BlockKeyHash> planned_;
-  uint32_t held_ = 0;                 // Held()'s last count
+  // Held()'s count, and the count the trace last said (a replay starts at 0).
+  uint32_t held_now_ = 0, held_recorded_ = 0;
   std::map<uint32_t, Share> shares_;  // per uid
 };
 

@@ -1,20 +1,17 @@
 #include "service/released_pages.h"
 
-#include <algorithm>
-
 namespace cxltier::service {
 
-uint8_t* ReleasedPages::StateOf(const Block& b) {
-  auto it = pools_.find({b.session, b.pool});
-  if (it == pools_.end() || b.block >= it->second.size()) return nullptr;
-  return &it->second[b.block];
+void ReleasedPages::Set(States::iterator it, uint8_t state) {
+  if (state == 0) {
+    states_.erase(it);
+  } else {
+    it->second = state;
+  }
 }
 
-void ReleasedPages::Add(const Block& b, uint32_t pool_blocks) {
-  if (b.block >= pool_blocks) return;
-  std::vector<uint8_t>& states = pools_[{b.session, b.pool}];
-  if (states.size() < pool_blocks) states.resize(pool_blocks);
-  uint8_t& st = states[b.block];
+void ReleasedPages::Add(const Block& b) {
+  uint8_t& st = states_[b];
   if (st & kHeld) return;
   st |= kHeld;
   ++held_;
@@ -27,12 +24,14 @@ void ReleasedPages::Add(const Block& b, uint32_t pool_blocks) {
 
 bool ReleasedPages::Take(const Block& b) {
   if (held_ == 0) return false;
-  uint8_t* st = StateOf(b);
-  if (!st || !(*st & kHeld)) return false;
-  *st &= static_cast<uint8_t>(~kHeld);
-  if (*st & kMoving) *st |= kTaken;
+  const auto it = states_.find(b);
+  if (it == states_.end() || !(it->second & kHeld)) return false;
+  uint8_t st = it->second & static_cast<uint8_t>(~kHeld);
+  if (st & kMoving) st |= kTaken;
   --held_;
-  TrimWhenEmpty();
+  // A queued entry stays (the queue's, skipped when popped) until popped.
+  Set(it, st);
+  TrimWhenIdle();
   return true;
 }
 
@@ -41,64 +40,71 @@ std::vector<ReleasedPages::Block> ReleasedPages::Next(size_t n) {
   while (out.size() < n && !queue_.empty()) {
     const Block b = queue_.front();
     queue_.pop_front();
-    uint8_t* st = StateOf(b);
-    if (!st) continue;  // its pool or client went
-    *st &= static_cast<uint8_t>(~kQueued);
-    if ((*st & kHeld) && !(*st & kMoving)) {
-      *st |= kMoving;
+    const auto it = states_.find(b);
+    if (it == states_.end()) continue;  // its pool or client went
+    uint8_t st = it->second & static_cast<uint8_t>(~kQueued);
+    if ((st & kHeld) && !(st & kMoving)) {
+      st |= kMoving;
       out.push_back(b);
     }
+    Set(it, st);
   }
+  TrimWhenIdle();
   return out;
 }
 
-bool ReleasedPages::Done(const Block& b) {
-  uint8_t* st = StateOf(b);
-  if (!st) return false;
-  const bool taken = *st & kTaken;
-  *st &= static_cast<uint8_t>(~(kMoving | kTaken));
-  if (!(*st & kHeld)) return false;  // taken (and not released again)
-  if (!taken) {
-    *st &= static_cast<uint8_t>(~kHeld);
+ReleasedPages::Outcome ReleasedPages::Done(const Block& b) {
+  const auto it = states_.find(b);
+  if (it == states_.end() || !(it->second & kMoving)) return Outcome::kGone;
+  uint8_t st = it->second;
+  const bool taken = st & kTaken;
+  st &= static_cast<uint8_t>(~(kMoving | kTaken));
+  if (!taken) {  // held all along
+    st &= static_cast<uint8_t>(~kHeld);
     --held_;
-    TrimWhenEmpty();
-    return true;
-  }
-  // Taken and released again while it moved: held anew, to move again.
-  if (!(*st & kQueued)) {
-    *st |= kQueued;
+  } else if ((st & kHeld) && !(st & kQueued)) {
+    st |= kQueued;  // released again while it moved: move it again
     queue_.push_back(b);
   }
-  return false;
+  Set(it, st);
+  TrimWhenIdle();
+  return taken ? Outcome::kTaken : Outcome::kMoved;
 }
 
-void ReleasedPages::Drop(std::map<PoolKey, std::vector<uint8_t>>::iterator first,
-                         std::map<PoolKey, std::vector<uint8_t>>::iterator last) {
-  for (auto it = first; it != last; ++it) {
-    held_ -= static_cast<size_t>(
-        std::count_if(it->second.begin(), it->second.end(), [](uint8_t s) { return s & kHeld; }));
+template <class Gone>
+void ReleasedPages::DropIf(Gone gone) {
+  for (auto it = states_.begin(); it != states_.end();) {
+    if (!gone(it->first)) {
+      ++it;
+      continue;
+    }
+    held_ -= (it->second & kHeld) != 0;
+    it = states_.erase(it);
   }
-  pools_.erase(first, last);  // their queue entries are skipped when popped
-  TrimWhenEmpty();
+  // Their queue entries are skipped when popped.
+  TrimWhenIdle();
 }
 
 void ReleasedPages::DropSession(uint64_t session) {
-  Drop(pools_.lower_bound({session, 0}), pools_.lower_bound({session + 1, 0}));
+  DropIf([session](const Block& b) { return b.session == session; });
 }
 
 void ReleasedPages::DropPool(uint64_t session, uint32_t pool) {
-  const auto it = pools_.find({session, pool});
-  if (it != pools_.end()) Drop(it, std::next(it));
+  DropIf([&](const Block& b) { return b.session == session && b.pool == pool; });
 }
 
-void ReleasedPages::TrimWhenEmpty() {
-  if (held_ != 0 || queue_.empty()) return;
-  // Every entry is stale (a block being moved needs none: its Done does
-  // without). A pass over the entries, each paid for by its push.
-  for (const Block& b : queue_) {
-    if (uint8_t* st = StateOf(b)) *st &= static_cast<uint8_t>(~kQueued);
+void ReleasedPages::TrimWhenIdle() {
+  if (held_ != 0) return;
+  if (!queue_.empty()) {
+    // Nothing held: every queue entry is stale. Each is paid for by its push.
+    for (const Block& b : queue_) {
+      if (const auto it = states_.find(b); it != states_.end()) {
+        Set(it, it->second & static_cast<uint8_t>(~kQueued));
+      }
+    }
+    std::deque<Block>().swap(queue_);
   }
-  std::deque<Block>().swap(queue_);
+  if (states_.empty() && states_.bucket_count() > 1) States().swap(states_);  // its buckets too
 }
 
 }  // namespace cxltier::service

@@ -9,21 +9,21 @@
 // (Engine::set_held_blocks) until either
 //   - a new block is admitted on them (it takes their place in the count), or
 //   - the mover has moved them down to the pool's new-pages tier: the next
-//     plans' moves start with them, before any promotion.
+//     plans' first moves (MoveDispatch::Dispatch).
 // Only pools whose new pages are steered below tier 0 are tracked (the only
 // ones whose budget the daemon bounds from admission; docs/operations.md).
 //
-// What it costs: a byte per pool block of each pool that had one (made at
-// its first), and 16 bytes per held block waiting in the queue; a client's
-// share goes when it leaves or its pool is dropped, and the queue's memory
-// when nothing is held. Everything here runs on the I/O thread.
+// What it costs: an entry (about 64 bytes, with its place in the queue) per
+// pool block held or being moved, so at most what the client's released
+// blocks name, never what its pools span; a client's entries go when it
+// leaves or its pool is dropped, and the tables' memory once nothing is
+// held or moving. Everything here runs on the I/O thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
-#include <utility>
+#include <unordered_map>
 #include <vector>
 
 namespace cxltier::service {
@@ -34,45 +34,60 @@ class ReleasedPages {
   struct Block {
     uint64_t session = 0;
     uint32_t pool = 0, block = 0;
+    friend bool operator==(const Block&, const Block&) = default;
+  };
+  // What became of a block whose move came back (Done).
+  enum class Outcome {
+    kMoved,  // its pages are no longer held
+    kTaken,  // a block was admitted on them while they moved (if released
+             // again since, held anew and queued for another move)
+    kGone,   // its client left or its pool was dropped
   };
 
   // The block in `b` was released with its pages in tier 0 (or on their way
-  // there); its pool has `pool_blocks` blocks. Held already: nothing changes.
-  void Add(const Block& b, uint32_t pool_blocks);
+  // there). Held already: nothing changes.
+  void Add(const Block& b);
   // A block is admitted on `b`'s pages: they are no longer held. Whether they were.
   bool Take(const Block& b);
   // Up to `n` held blocks not being moved yet, oldest first, now being moved.
   std::vector<Block> Next(size_t n);
-  // The move of `b` (from Next) came back, done or not. True: its pages are
-  // no longer held. False: a block was admitted on them while they moved
-  // (where they are is the kernel's to say; if released again since, they
-  // are held again and queued for another move), or its client or pool went.
-  bool Done(const Block& b);
-  // Forgets every entry of `session` (it left), or of its pool `pool` (dropped).
+  // The move of `b` (from Next) came back, done or not.
+  Outcome Done(const Block& b);
+  // Forgets every entry of `session` (it left), or of its pool `pool`
+  // (dropped). O(entries).
   void DropSession(uint64_t session);
   void DropPool(uint64_t session, uint32_t pool);
 
   // Blocks held: the engine's held count.
   size_t size() const { return held_; }
   bool empty() const { return held_ == 0; }
+  // Entries, held or being moved (what it costs).
+  size_t entries() const { return states_.size(); }
 
  private:
-  // A pool block's state bits.
+  // A pool block's state bits; an entry whose bits are all clear goes.
   static constexpr uint8_t kHeld = 1;    // its pages are counted in tier 0
   static constexpr uint8_t kQueued = 2;  // in queue_ (maybe no longer held)
   static constexpr uint8_t kMoving = 4;  // handed to the mover by Next
   static constexpr uint8_t kTaken = 8;   // admitted on while moving
 
-  using PoolKey = std::pair<uint64_t, uint32_t>;  // session, pool
-  uint8_t* StateOf(const Block& b);
-  // Drops pools_[first, last) and what they held.
-  void Drop(std::map<PoolKey, std::vector<uint8_t>>::iterator first,
-            std::map<PoolKey, std::vector<uint8_t>>::iterator last);
-  // Nothing held: the queue's memory goes (its entries are all stale).
-  void TrimWhenEmpty();
+  struct Hash {
+    size_t operator()(const Block& b) const {
+      return static_cast<size_t>((b.session * 0x9E3779B97F4A7C15ull) ^
+                                 ((uint64_t{b.pool} << 32 | b.block) * 0xC2B2AE3D27D4EB4Full));
+    }
+  };
+  using States = std::unordered_map<Block, uint8_t, Hash>;
+  // Sets the state of the entry at `it`; clear bits erase it.
+  void Set(States::iterator it, uint8_t state);
+  // Forgets the entries `gone` says of.
+  template <class Gone>
+  void DropIf(Gone gone);
+  // Nothing held nor moving: the queue (all stale) and the tables' memory go.
+  void TrimWhenIdle();
 
-  std::map<PoolKey, std::vector<uint8_t>> pools_;  // state by pool block
-  std::deque<Block> queue_;                        // release order
+  States states_;
+  std::deque<Block> queue_;  // release order
   size_t held_ = 0;
 };
 

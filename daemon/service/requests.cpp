@@ -42,7 +42,7 @@ void Requests::OnDisconnect(const server::Peer& peer) {
   if (!c || c->leaving) return;
   d_.clients.MarkLeaving(*c);
   // Its released blocks' pages are its own again (its blocks keep their places).
-  if (d_.engine) d_.moves.ForgetReleased(*d_.engine, peer.session_id, d_.EventTick());
+  if (d_.engine) d_.moves.ForgetReleased(*d_.engine, peer.session_id);
   // Operator tools (status, top) say no hello: their comings and goings are
   // not news.
   if (c->hello) {
@@ -265,7 +265,7 @@ engine::Slot Requests::AdmitPage(Client& c, uint32_t pool_id, const wire::AdmitE
   const Tier steered = MoveDispatch::NewPagesTier(pool);
   const BlockKey key = EngineKey(e.key, c.peer.uid);
   // Pages a released block left in tier 0 count as this block's from now.
-  d_.moves.Reusing(*d_.engine, c, pool_id, e.block_index, d_.EventTick());
+  d_.moves.Reusing(*d_.engine, c, pool_id, e.block_index);
   if (const Tier found = d_.moves.WhereIs(range, steered); found != Tier::kNone) {
     return d_.engine->Admit(key, found, c.peer.uid, c.account);
   }

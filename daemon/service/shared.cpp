@@ -98,7 +98,7 @@ void Shared::ReleaseSlot(Client& c, uint32_t seg) {
   }
   recorder.Release(EventTick(), c.peer.uid, st.key);
   // Pages it leaves in tier 0 stay counted there until moved down or reused.
-  if (!keep_place) moves.Releasing(*engine, c, seg, EventTick());
+  if (!keep_place) moves.Releasing(*engine, c, seg);
   engine->Release(s.engine_slot);
   clients.Unbind(c, seg);
 }

@@ -162,7 +162,7 @@ CONF
   cxltier-loadgen --socket "$SOCK" --pool memfd --blocks 96 --block-bytes $BLOCK --steps 300 \
     --step-ms 2 --seed 7 --check-placement --json > /tmp/lg-bound.json 2>&1 &
   LG=$!
-  samples=0 max0=0 maxall=0 per_tick_checked=0
+  samples=0 max0=0 maxheld=0 maxall=0 per_tick_checked=0
   : > /tmp/bound-samples.txt
   while kill -0 $LG 2>/dev/null; do
     j=$(status_json) || continue
@@ -170,9 +170,12 @@ CONF
     t0=$(echo "$j" | sed -n 's/.*"tiers":\[{"blocks":\([0-9]*\),"budget_bytes".*/\1/p')
     all=$(echo "$j" | sed -n 's/^{"block_bytes":[0-9]*,"blocks":\([0-9]*\),.*/\1/p')
     [ -n "$t0" ] && [ -n "$all" ] || continue
+    # Released blocks' pages still counted in tier 0 (none before the first hello).
+    held=$(echo "$j" | sed -n 's/.*"released_pages":{[^}]*"held_blocks":\([0-9]*\).*/\1/p')
     samples=$((samples + 1))
-    echo "$samples tier0=$t0 all=$all" >> /tmp/bound-samples.txt
+    echo "$samples tier0=$t0 held=${held:-0} all=$all" >> /tmp/bound-samples.txt
     [ "$t0" -le "$max0" ] || max0=$t0
+    [ $((t0 + ${held:-0})) -le "$maxheld" ] || maxheld=$((t0 + ${held:-0}))
     [ "$all" -le "$maxall" ] || maxall=$all
     # The engine (and its bytes per tick) exists once the first client said hello.
     if echo "$j" | grep -q "\"block_bytes\":$b_block,"; then
@@ -186,13 +189,14 @@ CONF
     fi
   done
   wait $LG || { cat /tmp/lg-bound.json; fail "loadgen (tier 0 bound)"; }
-  echo "tier 0 bound: $samples samples, tier 0 peaked at $max0 blocks (bound $bound), all blocks at $maxall"
+  echo "tier 0 bound: $samples samples, tier 0 peaked at $max0 blocks (with released blocks' pages: $maxheld; bound $bound), all blocks at $maxall"
   [ $samples -ge 20 ] || { cat /tmp/bound-samples.txt; fail "only $samples status samples"; }
   [ $per_tick_checked = 1 ] || fail "no sample had the engine's block size ($b_block): bytes per tick unchecked"
   # Not vacuous: more blocks were live than the bound, and tier 0 was used.
   [ $maxall -gt $bound ] || fail "the workload never held more than $bound blocks ($maxall)"
   [ $max0 -gt 0 ] || fail "tier 0 never held a block"
   [ $max0 -le $bound ] || { cat /tmp/bound-samples.txt; fail "tier 0 held $max0 blocks, over its budget of $budget_blocks plus one tick's $per_tick moves"; }
+  [ $maxheld -le $bound ] || { cat /tmp/bound-samples.txt; fail "tier 0 held $maxheld blocks' worth with released blocks' pages, over its budget of $budget_blocks plus one tick's $per_tick moves"; }
   grep -q "new pages on tier 1 (nodes 1)" /tmp/cxltierd.log || fail "the pool's new pages were not steered to tier 1"
   # Blocks released from tier 0 left their pages there: counted until a new
   # block took them (reused) or they were moved down (moved). The loadgen

@@ -1876,6 +1876,34 @@ TEST(Engine, DaemonAdmitWherePagesAreThenDemoteTheExcess) {
   EXPECT_EQ(e.counters().demotions, 3u);
 }
 
+// Pages no block holds in tier 0 (the daemon's count of released blocks'
+// pages, set_held_blocks) take room there from admissions and promotions
+// alike, and are never an excess the plan demotes blocks for.
+TEST(Engine, HeldPagesTakeTier0RoomButAreNoExcess) {
+  Engine e(Options(4, Persistence::kPersist, Mode::kTick), P("lru"));
+  const Slot a = e.Admit(K(1));
+  const Slot b = e.Admit(K(2));
+  ASSERT_EQ(e.state(a).tier, Tier::kFast);
+  ASSERT_EQ(e.state(b).tier, Tier::kFast);
+  e.set_held_blocks(2);
+  EXPECT_EQ(e.state(e.Admit(K(3))).tier, Tier::kSlow) << "tier 0 is full: 2 blocks, 2 held";
+  // Hot blocks below wait; the blocks in tier 0 stay (no demotion for the held).
+  std::vector<Slot> hot;
+  for (uint64_t k = 10; k < 13; ++k) hot.push_back(e.Admit(K(k), Tier::kSlow));
+  for (const Slot s : hot) e.Touch(s, Touch{1, 1, kNever});
+  e.Touch(a, Touch{1, 1, kNever});
+  e.Touch(b, Touch{1, 1, kNever});
+  for (const Move& m : e.Plan()) {
+    EXPECT_NE(m.to, Tier::kFast) << "a promotion into tier 0's held room";
+    EXPECT_NE(m.from, Tier::kFast) << "a demotion for held pages";
+  }
+  // The held pages went: their room is the promotions'.
+  e.set_held_blocks(0);
+  size_t promoted = 0;
+  for (const Move& m : e.Plan()) promoted += m.to == Tier::kFast;
+  EXPECT_EQ(promoted, 2u);
+}
+
 // A block the engine places at admission (the daemon's, before its pages
 // exist) goes to tier 0 only with room there once the promotions in flight
 // land: tier 0 never holds more than its budget through an admission.

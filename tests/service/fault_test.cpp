@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -308,6 +309,10 @@ void RecordLateAndFailingMovesAndReplay(uint32_t landing_percent, bool write_fir
   const Result<sim::Trace> trace = sim::ReadBinary(in, "recording");
   ASSERT_TRUE(trace.ok()) << trace.status().message;
   ASSERT_TRUE(trace->recorded_moves);
+  // It holds the counts of released blocks' pages the plans saw.
+  EXPECT_GT(std::count_if(trace->events.begin(), trace->events.end(),
+                          [](const sim::TraceEvent& e) { return e.kind == sim::EventKind::kHeld; }),
+            0);
   // The recording holds failed moves (the first 45 ticks) and done ones.
   // How many plans were skipped depends on the mover thread's pace: printed
   // below, not asserted.

@@ -1299,64 +1299,80 @@ test::TestMigrator::Options Slow(bool hold_first = false) {
 // The released pages' states: held once however often released, moved
 // once, and a block admitted on pages while they move takes them (their
 // move's return says so); released again meanwhile, they are held anew and
-// moved again. A client or pool that goes takes its share with it.
+// moved again. A client or pool that goes takes its share with it, and its
+// moves come back as gone. Entries cost what is held or moving, nothing
+// once it is all done.
 TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
   using B = ReleasedPages::Block;
+  using O = ReleasedPages::Outcome;
   const auto blocks = [](const std::vector<B>& v) {
     std::vector<uint32_t> out;
     for (const B& b : v) out.push_back(b.block);
     return out;
   };
   ReleasedPages r;
-  r.Add({1, 0, 5}, 8);
-  r.Add({1, 0, 5}, 8);
-  r.Add({1, 0, 9}, 8);  // past the pool's blocks: not a block of it
+  r.Add({1, 0, 5});
+  r.Add({1, 0, 5});
   EXPECT_EQ(r.size(), 1u);
-  r.Add({1, 0, 6}, 8);
+  r.Add({1, 0, 6});
   EXPECT_TRUE(r.Take({1, 0, 6}));  // admitted on before any move
   EXPECT_FALSE(r.Take({1, 0, 6}));
   EXPECT_EQ(r.size(), 1u);
   EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{5}));
   EXPECT_TRUE(r.Next(10).empty());  // 5 is moving, 6 was taken
-  EXPECT_TRUE(r.Done({1, 0, 5}));
+  EXPECT_EQ(r.Done({1, 0, 5}), O::kMoved);
   EXPECT_TRUE(r.empty());
+  EXPECT_EQ(r.entries(), 0u);
   // Admitted on while moving, released again, admitted on again.
-  r.Add({1, 0, 2}, 8);
+  r.Add({1, 0, 2});
   ASSERT_EQ(blocks(r.Next(1)), (std::vector<uint32_t>{2}));
   EXPECT_TRUE(r.Take({1, 0, 2}));
   EXPECT_EQ(r.size(), 0u);
-  r.Add({1, 0, 2}, 8);
+  EXPECT_EQ(r.entries(), 1u) << "its move is still out";
+  r.Add({1, 0, 2});
   EXPECT_EQ(r.size(), 1u);
   EXPECT_TRUE(r.Next(1).empty()) << "its move is still out";
-  EXPECT_FALSE(r.Done({1, 0, 2})) << "a block was admitted on it while it moved";
+  EXPECT_EQ(r.Done({1, 0, 2}), O::kTaken) << "a block was admitted on it while it moved";
   EXPECT_EQ(r.size(), 1u);
   EXPECT_EQ(blocks(r.Next(1)), (std::vector<uint32_t>{2})) << "held anew: moved again";
-  EXPECT_TRUE(r.Done({1, 0, 2}));
-  r.Add({1, 0, 3}, 8);
+  EXPECT_EQ(r.Done({1, 0, 2}), O::kMoved);
+  r.Add({1, 0, 3});
   ASSERT_EQ(r.Next(1).size(), 1u);
   EXPECT_TRUE(r.Take({1, 0, 3}));
-  EXPECT_FALSE(r.Done({1, 0, 3}));
+  EXPECT_EQ(r.Done({1, 0, 3}), O::kTaken);
   EXPECT_TRUE(r.empty());
+  EXPECT_EQ(r.entries(), 0u);
+  // Stale queue entries (taken before their move) cost nothing once nothing
+  // is held: the next release is the next move.
+  for (uint32_t i = 0; i < 100; ++i) r.Add({1, 0, i});
+  for (uint32_t i = 0; i < 100; ++i) EXPECT_TRUE(r.Take({1, 0, i}));
+  EXPECT_EQ(r.entries(), 0u);
+  r.Add({1, 0, 40});
+  EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{40}));
+  EXPECT_EQ(r.Done({1, 0, 40}), O::kMoved);
   // Oldest first, across clients and pools; a pool or client that goes
-  // takes its own.
-  r.Add({2, 0, 1}, 4);
-  r.Add({1, 1, 0}, 4);
-  r.Add({1, 0, 7}, 8);
-  r.Add({2, 1, 3}, 4);
+  // takes its own, moving or not.
+  r.Add({2, 0, 1});
+  r.Add({1, 1, 0});
+  r.Add({1, 0, 7});
+  r.Add({2, 1, 3});
   EXPECT_EQ(r.size(), 4u);
-  r.DropPool(1, 1);
-  EXPECT_EQ(r.size(), 3u);
   const std::vector<B> next = r.Next(2);
   ASSERT_EQ(next.size(), 2u);
   EXPECT_EQ(next[0].session, 2u);
   EXPECT_EQ(next[0].block, 1u);
   EXPECT_EQ(next[1].session, 1u);
-  EXPECT_EQ(next[1].block, 7u);
+  EXPECT_EQ(next[1].pool, 1u);
+  r.DropPool(1, 1);  // its block 0 is moving
+  EXPECT_EQ(r.size(), 3u);
+  EXPECT_EQ(r.Done({1, 1, 0}), O::kGone);
   r.DropSession(2);
   EXPECT_EQ(r.size(), 1u);
-  EXPECT_FALSE(r.Done({2, 0, 1})) << "its client left";
-  EXPECT_TRUE(r.Done({1, 0, 7}));
+  EXPECT_EQ(r.Done({2, 0, 1}), O::kGone) << "its client left";
+  EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{7}));
+  EXPECT_EQ(r.Done({1, 0, 7}), O::kMoved);
   EXPECT_TRUE(r.empty());
+  EXPECT_EQ(r.entries(), 0u);
   EXPECT_TRUE(r.Next(10).empty());
 }
 

@@ -104,8 +104,13 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
   // the slot index and then the state line a few events ahead.
   constexpr size_t kSlotAhead = 16, kStateAhead = 8;
   for (size_t i = 0; i < n; ++i) {
-    if (i + kSlotAhead < n) __builtin_prefetch(&slot_of[events[i + kSlotAhead].key]);
-    if (i + kStateAhead < n) e.Prefetch(slot_of[events[i + kStateAhead].key]);
+    // (A plan's, a hint's or a held count's key is no key index: bounded.)
+    if (i + kSlotAhead < n && events[i + kSlotAhead].key < slot_of.size()) {
+      __builtin_prefetch(&slot_of[events[i + kSlotAhead].key]);
+    }
+    if (i + kStateAhead < n && events[i + kStateAhead].key < slot_of.size()) {
+      e.Prefetch(slot_of[events[i + kStateAhead].key]);
+    }
     const TraceEvent& ev = events[i];
     if (IsMoveEvent(ev.kind)) {
       // The daemon's moves, when it made them; the what-if replay plans its own.
