@@ -75,12 +75,16 @@ void MoveDispatch::SyncHeld(engine::Engine& engine) {
   if (recorder_) recorder_->Held(released_.size());
 }
 
+// Steered below tier 0: the pool's new pages are the ones the budget bounds
+// (a pinned pool's pages could not be moved down anyway; a copy-mode tier
+// pool is the daemon's to place).
+bool MoveDispatch::TracksReleased(const server::Pool& pool) {
+  return !pool.is_tier() && !pool.dead() && !pool.pinned() && pool.new_pages_tier() > 0;
+}
+
 void MoveDispatch::Releasing(engine::Engine& engine, const Client& c, uint32_t seg) {
   const SegSlot& s = c.slots[seg];
-  const server::Pool& pool = c.pools[s.pool];
-  // Steered below tier 0: the pool's new pages are the ones the budget
-  // bounds (a pinned pool's pages could not be moved down anyway).
-  if (pool.is_tier() || pool.dead() || pool.pinned() || pool.new_pages_tier() <= 0) return;
+  if (!TracksReleased(c.pools[s.pool])) return;
   const Tier where = engine.state(s.engine_slot).tier;
   if (where != Tier::kFast && engine.moving_to(s.engine_slot) != Tier::kFast) return;
   released_.Add({c.peer.session_id, s.pool, s.block});
@@ -93,20 +97,14 @@ void MoveDispatch::Reusing(engine::Engine& engine, const Client& c, uint32_t poo
   SyncHeld(engine);
 }
 
-void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session) {
-  if (released_.entries() == 0) return;
-  released_.DropSession(session);
+void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session,
+                                  std::optional<uint32_t> pool) {
+  if (!released_.Drop(session, pool)) return;  // no entry: no move of them either
   // Their moves not begun yet are not made (one running finishes: the
   // migrator checks the range is still the client's).
-  mover_->CancelIf([session](const MoveJob& j) { return j.released && j.session == session; });
-  SyncHeld(engine);
-}
-
-void MoveDispatch::ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool) {
-  if (released_.entries() == 0) return;
-  released_.DropPool(session, pool);
-  mover_->CancelIf(
-      [&](const MoveJob& j) { return j.released && j.session == session && j.pool == pool; });
+  mover_->CancelIf([&](const MoveJob& j) {
+    return j.released && j.session == session && (!pool || j.pool == *pool);
+  });
   SyncHeld(engine);
 }
 
@@ -119,7 +117,7 @@ uint64_t MoveDispatch::DispatchReleased(engine::Engine& engine, ClientTable& cli
        released_.Next(budget == UINT64_MAX ? SIZE_MAX : budget / bb)) {
     const Client* c = clients.Find(b.session);
     const server::Pool* pool = c && b.pool < c->pools.size() ? &c->pools[b.pool] : nullptr;
-    if (!pool || pool->dead() || pool->pinned() || pool->new_pages_tier() <= 0) {
+    if (!pool || !TracksReleased(*pool)) {
       released_.Done(b);  // nothing of ours to move any more (or nothing movable)
       continue;
     }

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/engine.h"
@@ -88,10 +89,10 @@ class MoveDispatch {
   // A block is being admitted on pool block (`pool`, `block`) of `c`: call
   // before asking where its pages are, so that they count as its alone.
   void Reusing(engine::Engine& engine, const Client& c, uint32_t pool, uint32_t block);
-  // Session `session` left, or its pool `pool` was dropped: the pages its
-  // released blocks left are no longer counted.
-  void ForgetReleased(engine::Engine& engine, uint64_t session);
-  void ForgetReleased(engine::Engine& engine, uint64_t session, uint32_t pool);
+  // Session `session` left, or its pool `*pool` was dropped: the pages its
+  // released blocks left are no longer counted, nor moved.
+  void ForgetReleased(engine::Engine& engine, uint64_t session,
+                      std::optional<uint32_t> pool = std::nullopt);
   // Copy mode's drains of every client, once a tick; write leases held past
   // `timeout_ticks` are counted as the moves they block are refused.
   void DrainPlaces(ClientTable& clients, uint64_t tick, uint64_t timeout_ticks, const Warn& warn);
@@ -119,6 +120,8 @@ class MoveDispatch {
   void CompleteReleased(const MoveDone& d, engine::Engine* engine, ClientTable& clients);
   // The engine (and a recording) learn how many blocks' worth are held.
   void SyncHeld(engine::Engine& engine);
+  // Whether a page-mode pool's released blocks' pages are kept counted.
+  static bool TracksReleased(const server::Pool& pool);
   // Page mode: a move whose present pages were all busy marks its pool pinned.
   void NotePinned(const MoveDone& d, Client& c, const Warn& warn);
 

@@ -2,16 +2,38 @@
 
 namespace cxltier::service {
 
-void ReleasedPages::Set(States::iterator it, uint8_t state) {
-  if (state == 0) {
-    states_.erase(it);
-  } else {
-    it->second = state;
+namespace {
+
+uint64_t PoolBlock(const ReleasedPages::Block& b) { return uint64_t{b.pool} << 32 | b.block; }
+
+}  // namespace
+
+uint8_t ReleasedPages::Get(const Block& b) const {
+  const auto s = sessions_.find(b.session);
+  if (s == sessions_.end()) return 0;
+  const auto it = s->second.find(PoolBlock(b));
+  return it == s->second.end() ? 0 : it->second;
+}
+
+void ReleasedPages::Set(const Block& b, uint8_t state) {
+  if (state != 0) {
+    sessions_[b.session][PoolBlock(b)] = state;
+    return;
   }
+  const auto s = sessions_.find(b.session);
+  if (s == sessions_.end()) return;
+  s->second.erase(PoolBlock(b));
+  if (s->second.empty()) sessions_.erase(s);
+}
+
+size_t ReleasedPages::entries() const {
+  size_t n = 0;
+  for (const auto& [session, states] : sessions_) n += states.size();
+  return n;
 }
 
 void ReleasedPages::Add(const Block& b) {
-  uint8_t& st = states_[b];
+  uint8_t st = Get(b);
   if (st & kHeld) return;
   st |= kHeld;
   ++held_;
@@ -20,17 +42,18 @@ void ReleasedPages::Add(const Block& b) {
     st |= kQueued;
     queue_.push_back(b);
   }
+  Set(b, st);
 }
 
 bool ReleasedPages::Take(const Block& b) {
   if (held_ == 0) return false;
-  const auto it = states_.find(b);
-  if (it == states_.end() || !(it->second & kHeld)) return false;
-  uint8_t st = it->second & static_cast<uint8_t>(~kHeld);
+  uint8_t st = Get(b);
+  if (!(st & kHeld)) return false;
+  st &= static_cast<uint8_t>(~kHeld);
   if (st & kMoving) st |= kTaken;
   --held_;
   // A queued entry stays (the queue's, skipped when popped) until popped.
-  Set(it, st);
+  Set(b, st);
   TrimWhenIdle();
   return true;
 }
@@ -40,23 +63,22 @@ std::vector<ReleasedPages::Block> ReleasedPages::Next(size_t n) {
   while (out.size() < n && !queue_.empty()) {
     const Block b = queue_.front();
     queue_.pop_front();
-    const auto it = states_.find(b);
-    if (it == states_.end()) continue;  // its pool or client went
-    uint8_t st = it->second & static_cast<uint8_t>(~kQueued);
+    uint8_t st = Get(b);
+    if (st == 0) continue;  // its pool or client went
+    st &= static_cast<uint8_t>(~kQueued);
     if ((st & kHeld) && !(st & kMoving)) {
       st |= kMoving;
       out.push_back(b);
     }
-    Set(it, st);
+    Set(b, st);
   }
   TrimWhenIdle();
   return out;
 }
 
 ReleasedPages::Outcome ReleasedPages::Done(const Block& b) {
-  const auto it = states_.find(b);
-  if (it == states_.end() || !(it->second & kMoving)) return Outcome::kGone;
-  uint8_t st = it->second;
+  uint8_t st = Get(b);
+  if (!(st & kMoving)) return Outcome::kGone;
   const bool taken = st & kTaken;
   st &= static_cast<uint8_t>(~(kMoving | kTaken));
   if (!taken) {  // held all along
@@ -66,31 +88,26 @@ ReleasedPages::Outcome ReleasedPages::Done(const Block& b) {
     st |= kQueued;  // released again while it moved: move it again
     queue_.push_back(b);
   }
-  Set(it, st);
+  Set(b, st);
   TrimWhenIdle();
   return taken ? Outcome::kTaken : Outcome::kMoved;
 }
 
-template <class Gone>
-void ReleasedPages::DropIf(Gone gone) {
-  for (auto it = states_.begin(); it != states_.end();) {
-    if (!gone(it->first)) {
+bool ReleasedPages::Drop(uint64_t session, std::optional<uint32_t> pool) {
+  const auto s = sessions_.find(session);
+  if (s == sessions_.end()) return false;
+  for (auto it = s->second.begin(); it != s->second.end();) {
+    if (pool && static_cast<uint32_t>(it->first >> 32) != *pool) {
       ++it;
       continue;
     }
     held_ -= (it->second & kHeld) != 0;
-    it = states_.erase(it);
+    it = s->second.erase(it);
   }
+  if (s->second.empty()) sessions_.erase(s);
   // Their queue entries are skipped when popped.
   TrimWhenIdle();
-}
-
-void ReleasedPages::DropSession(uint64_t session) {
-  DropIf([session](const Block& b) { return b.session == session; });
-}
-
-void ReleasedPages::DropPool(uint64_t session, uint32_t pool) {
-  DropIf([&](const Block& b) { return b.session == session && b.pool == pool; });
+  return true;
 }
 
 void ReleasedPages::TrimWhenIdle() {
@@ -98,13 +115,13 @@ void ReleasedPages::TrimWhenIdle() {
   if (!queue_.empty()) {
     // Nothing held: every queue entry is stale. Each is paid for by its push.
     for (const Block& b : queue_) {
-      if (const auto it = states_.find(b); it != states_.end()) {
-        Set(it, it->second & static_cast<uint8_t>(~kQueued));
-      }
+      if (const uint8_t st = Get(b)) Set(b, st & static_cast<uint8_t>(~kQueued));
     }
     std::deque<Block>().swap(queue_);
   }
-  if (states_.empty() && states_.bucket_count() > 1) States().swap(states_);  // its buckets too
+  if (sessions_.empty() && sessions_.bucket_count() > 1) {
+    std::unordered_map<uint64_t, States>().swap(sessions_);  // its buckets too
+  }
 }
 
 }  // namespace cxltier::service

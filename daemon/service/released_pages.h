@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -34,7 +35,6 @@ class ReleasedPages {
   struct Block {
     uint64_t session = 0;
     uint32_t pool = 0, block = 0;
-    friend bool operator==(const Block&, const Block&) = default;
   };
   // What became of a block whose move came back (Done).
   enum class Outcome {
@@ -53,16 +53,16 @@ class ReleasedPages {
   std::vector<Block> Next(size_t n);
   // The move of `b` (from Next) came back, done or not.
   Outcome Done(const Block& b);
-  // Forgets every entry of `session` (it left), or of its pool `pool`
-  // (dropped). O(entries).
-  void DropSession(uint64_t session);
-  void DropPool(uint64_t session, uint32_t pool);
+  // Forgets the entries of `session` (it left), or of its pool `*pool`
+  // (dropped). Costs that session's entries, not anyone else's. Whether
+  // the session had any (a block of it being moved has one).
+  bool Drop(uint64_t session, std::optional<uint32_t> pool = std::nullopt);
 
   // Blocks held: the engine's held count.
   size_t size() const { return held_; }
   bool empty() const { return held_ == 0; }
   // Entries, held or being moved (what it costs).
-  size_t entries() const { return states_.size(); }
+  size_t entries() const;
 
  private:
   // A pool block's state bits; an entry whose bits are all clear goes.
@@ -71,22 +71,16 @@ class ReleasedPages {
   static constexpr uint8_t kMoving = 4;  // handed to the mover by Next
   static constexpr uint8_t kTaken = 8;   // admitted on while moving
 
-  struct Hash {
-    size_t operator()(const Block& b) const {
-      return static_cast<size_t>((b.session * 0x9E3779B97F4A7C15ull) ^
-                                 ((uint64_t{b.pool} << 32 | b.block) * 0xC2B2AE3D27D4EB4Full));
-    }
-  };
-  using States = std::unordered_map<Block, uint8_t, Hash>;
-  // Sets the state of the entry at `it`; clear bits erase it.
-  void Set(States::iterator it, uint8_t state);
-  // Forgets the entries `gone` says of.
-  template <class Gone>
-  void DropIf(Gone gone);
-  // Nothing held nor moving: the queue (all stale) and the tables' memory go.
+  // A session's states by pool block (pool << 32 | block).
+  using States = std::unordered_map<uint64_t, uint8_t>;
+  // `b`'s state bits; 0 when it has no entry.
+  uint8_t Get(const Block& b) const;
+  // Sets them; all clear erases the entry (and a session left with none).
+  void Set(const Block& b, uint8_t state);
+  // Nothing held: the queue (all stale) and the tables' memory go.
   void TrimWhenIdle();
 
-  States states_;
+  std::unordered_map<uint64_t, States> sessions_;
   std::deque<Block> queue_;  // release order
   size_t held_ = 0;
 };

@@ -1363,10 +1363,10 @@ TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
   EXPECT_EQ(next[0].block, 1u);
   EXPECT_EQ(next[1].session, 1u);
   EXPECT_EQ(next[1].pool, 1u);
-  r.DropPool(1, 1);  // its block 0 is moving
+  r.Drop(1, 1);  // its pool 1, whose block 0 is moving
   EXPECT_EQ(r.size(), 3u);
   EXPECT_EQ(r.Done({1, 1, 0}), O::kGone);
-  r.DropSession(2);
+  r.Drop(2);
   EXPECT_EQ(r.size(), 1u);
   EXPECT_EQ(r.Done({2, 0, 1}), O::kGone) << "its client left";
   EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{7}));
