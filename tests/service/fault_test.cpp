@@ -291,6 +291,12 @@ void RecordLateAndFailingMovesAndReplay(uint32_t landing_percent, bool write_fir
   }
   deliver();
   d.Tick();
+  // Released blocks' pages were moved down (by the real migrator) while the
+  // client kept them mapped and wrote new blocks on them: not a byte changed.
+  EXPECT_GT(d.StatusJson()["migrations"]["released_pages"]["moved"].get<uint64_t>(), 0u);
+  for (size_t i = 0; i < stride * kBlocks; ++i) {
+    ASSERT_EQ(kv[i], static_cast<uint8_t>(i)) << "byte " << i;
+  }
   server::UniqueFd trace_fd;
   auto stopped = d.requests().OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStop, ""}, &trace_fd);
   ASSERT_TRUE(stopped.ok());
