@@ -46,6 +46,7 @@ struct HogShared {
   std::atomic<int> step{0};          // 1: admitting, 2: all admitted and observed, 3: released
   std::atomic<bool> release{false};  // set by the test: step 2 lasts until then
   std::atomic<uint64_t> admitted{0};
+  std::atomic<bool> failed{false};  // it returned an error: the test waits no more
   char error[256] = {};
 };
 
@@ -54,7 +55,15 @@ struct HogShared {
 // largest admits the protocol takes and observed, then released; then it leaves.
 std::string Hog(const std::string& socket, HogShared* sh) {
   Status st;
-  auto c = Client::Connect({socket, kHostileModel, kSlots, "hog"}, &st);
+  // The daemon frees the last run's segment once it has released that
+  // client's slots, after its disconnect: until then the uid's segment
+  // bytes are at their limit (kLimit). Wait for that, with a generous bound.
+  std::unique_ptr<Client> c;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!(c = Client::Connect({socket, kHostileModel, kSlots, "hog"}, &st)) &&
+         st.code == wire::ErrorCode::kLimit && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   if (!c) return "connect: " + st.message;
   const uint64_t bytes = uint64_t{kBlocks} * kHostileStride;
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
@@ -116,7 +125,11 @@ HogRun RunHog(HostileDaemon& d, ProbeShared* probe, HogShared* hog) {
   HogRun run;
   run.peak = Usage(d.pid()).anon_bytes;
   std::atomic<bool> sampling{true};
-  ChildAs attacker(kEvil, [&] { return Hog(d.socket(), hog); });
+  ChildAs attacker(kEvil, [&] {
+    std::string error = Hog(d.socket(), hog);
+    if (!error.empty()) hog->failed = true;
+    return error;
+  });
   std::thread sampler([&] {
     while (sampling) {
       run.peak = std::max(run.peak, Usage(d.pid()).anon_bytes);
@@ -131,11 +144,13 @@ HogRun RunHog(HostileDaemon& d, ProbeShared* probe, HogShared* hog) {
   WaitFor(
       [&] {
         return (hog->step.load() == 2 && probe->count[2].load() >= held_until) ||
-               probe->failures.load() > 0;
+               probe->failures.load() > 0 || hog->failed.load();
       },
       std::chrono::seconds(600));
   hog->release = true;
-  run.left = WaitFor([&] { return hog->step.load() == 3; }, std::chrono::seconds(600));
+  run.left = WaitFor([&] { return hog->step.load() == 3 || hog->failed.load(); },
+                     std::chrono::seconds(600)) &&
+             hog->step.load() == 3;
   run.error = attacker.Wait();
   // Its blocks released: only the prober's 8 remain. And it has left: the
   // pages its blocks left in tier 0 are no longer counted (an entry each
