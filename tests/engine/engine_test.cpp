@@ -706,7 +706,9 @@ TEST(Engine, ZeroCapacityKeepsEverythingInTierOne) {
 // ------------------------------------------------------ random differential
 
 struct Op {
-  enum Kind { kTouch, kRelease } kind;
+  // kHeld: tier 0's pages no block holds become `key` (the daemon's
+  // Engine::set_held_blocks).
+  enum Kind { kTouch, kRelease, kHeld } kind;
   int key;
   double obs;
   uint64_t step;
@@ -746,6 +748,20 @@ std::vector<Op> RandomTrace(std::mt19937_64& rng, int universe, int length, doub
   return ops;
 }
 
+// Puts changes of the count of released pages held in tier 0 (0 to 3
+// blocks) before about one op in 20, the last back to 0; 1 if it put any.
+int WithHeldPages(std::mt19937_64& rng, std::vector<Op>& ops) {
+  std::vector<Op> with;
+  for (const Op& op : ops) {
+    if (rng() % 20 == 0) with.push_back(Op{Op::kHeld, static_cast<int>(rng() % 4), 0, op.step});
+    with.push_back(op);
+  }
+  const bool any = with.size() > ops.size();
+  if (any) with.push_back(Op{Op::kHeld, 0, 0, ops.back().step + 1});
+  ops = std::move(with);
+  return any ? 1 : 0;
+}
+
 struct Outcome {
   std::vector<bool> hits;
   std::vector<bool> answers;  // of SetGroup and Hint, in order (DifferentialHints)
@@ -758,7 +774,8 @@ struct Outcome {
 // Drives an engine-like object through `ops`; ticks every `tick_steps` steps.
 template <typename AdmitFn, typename TouchFn, typename ReleaseFn, typename TickFn>
 std::vector<bool> Drive(const std::vector<Op>& ops, uint64_t tick_steps, AdmitFn admit,
-                        TouchFn touch, ReleaseFn release, TickFn tick) {
+                        TouchFn touch, ReleaseFn release, TickFn tick,
+                        const std::function<void(size_t)>& held = {}) {
   std::vector<bool> hits;
   uint64_t last_step = ops.empty() ? 0 : ops.front().step;
   for (const Op& op : ops) {
@@ -768,7 +785,9 @@ std::vector<bool> Drive(const std::vector<Op>& ops, uint64_t tick_steps, AdmitFn
       }
       last_step = op.step;
     }
-    if (op.kind == Op::kRelease) {
+    if (op.kind == Op::kHeld) {
+      if (held) held(static_cast<size_t>(op.key));
+    } else if (op.kind == Op::kRelease) {
       release(K(op.key));
     } else {
       admit(K(op.key));
@@ -796,7 +815,8 @@ Outcome RunEngine(const EngineOptions& o, const std::string& policy, const std::
         }
         return hit;
       },
-      [&](const BlockKey& k) { e.Release(e.Find(k)); }, [&] { e.PlanAndApply(); });
+      [&](const BlockKey& k) { e.Release(e.Find(k)); }, [&] { e.PlanAndApply(); },
+      [&](size_t n) { e.set_held_blocks(n); });
   out.counters = e.counters();
   return out;
 }
@@ -810,7 +830,8 @@ Outcome RunReference(const EngineOptions& o, const std::string& policy, const st
       [&](const BlockKey& k, double obs, uint64_t now, uint64_t next) {
         return r.Touch(k, obs, now, next);
       },
-      [&](const BlockKey& k) { r.Release(k); }, [&] { r.PlanAndApply(); });
+      [&](const BlockKey& k) { r.Release(k); }, [&] { r.PlanAndApply(); },
+      [&](size_t n) { r.set_held_blocks(n); });
   out.log = r.log;
   out.counters = r.counters;
   out.leader_changes = r.leader_changes();
@@ -934,14 +955,21 @@ TEST_P(Differential, EngineMatchesReferenceOnRandomTraces) {
   const int kTraces = std::string_view(policy).starts_with("adaptive") ? 60 : 150;
   const bool switches = std::string_view(policy).find(";epoch=") != std::string_view::npos;
   const bool no_releases = switches && mode == Mode::kTick && !kAdaptiveHeldClearedOnRelease;
-  int switched = 0;   // traces in which adaptive's leader changed
-  int ambiguous = 0;  // traces that differ after an ema chose among near-ties
+  int switched = 0;    // traces in which adaptive's leader changed
+  int ambiguous = 0;   // traces that differ after an ema chose among near-ties
+  int held_pages = 0;  // traces with released pages held in tier 0
   for (int t = 0; t < kTraces; ++t) {
     const int universe = 2 + static_cast<int>(rng() % 40);
     const int length = 50 + static_cast<int>(rng() % 400);
     const double release_p = (rng() % 3 == 0 || no_releases) ? 0.0 : 0.05;
     const double step_p = mode == Mode::kTick ? 0.5 : 0.7;
-    const std::vector<Op> ops = RandomTrace(rng, universe, length, release_p, step_p);
+    std::vector<Op> ops = RandomTrace(rng, universe, length, release_p, step_p);
+    // Tick mode: half the traces with released pages held in tier 0 (a
+    // generator of its own, so that the traces are those without them).
+    std::mt19937_64 held_rng(static_cast<uint64_t>(t) * 7919 + 1);
+    if (mode == Mode::kTick && held_rng() % 2) {
+      held_pages += WithHeldPages(held_rng, ops);
+    }
     EngineOptions o = Options(rng() % (universe + 2), persistence, mode);
     o.ghost_capacity = rng() % 3 == 0 ? rng() % 4 : 1 << 16;
     uint64_t tick_steps = 1 + rng() % 4;
@@ -966,6 +994,9 @@ TEST_P(Differential, EngineMatchesReferenceOnRandomTraces) {
     ExpectSame(got, want, what);
   }
   EXPECT_LE(ambiguous, kTraces / 50) << "too many near-ties to compare";
+  if (mode == Mode::kTick) {
+    EXPECT_GT(held_pages, kTraces / 4) << "half the traces should hold pages";
+  }
   if (switches) {
     EXPECT_GT(switched, kTraces / 4) << "the traces should change leaders";
   }

@@ -119,7 +119,7 @@ class ReferenceEngine {
     live_[key] = id;
     ++counters.admits;
     if (o_.mode == Mode::kTick) {
-      const bool room = CountTier(Tier::kFast) < tier0_cap_;
+      const bool room = CountTier(Tier::kFast) + held_ < tier0_cap_;
       const unsigned below = FirstLowerWithRoom();
       blocks_[id].tier = room ? Tier::kFast : TierAt(below);
       // With a landing room, a block landed in tier 0 stays for the next plan.
@@ -344,7 +344,7 @@ class ReferenceEngine {
     }
     for (size_t p : promos) {
       if (Held(p)) continue;
-      if (projected < cap_) {
+      if (projected + held_ < cap_) {
         if (budget < bb) break;
         budget -= bb;
         plan(p, Tier::kFast);
@@ -384,6 +384,11 @@ class ReferenceEngine {
       Classify(id);
     }
   }
+
+  // Pages in tier 0 that no block holds (a released block's, until the
+  // daemon moves them down): they take room from admissions and
+  // promotions, and are no excess to demote.
+  void set_held_blocks(size_t n) { held_ = n; }
 
   uint32_t CountOf(const BlockKey& key) const { return blocks_[live_.at(key)].count; }
   // Adaptive: how often the leader changed.
@@ -1278,6 +1283,7 @@ class ReferenceEngine {
   EngineOptions o_;
   size_t cap_;        // the set's size: tier 0 less its landing room
   size_t tier0_cap_;  // tier 0's budget in blocks
+  size_t held_ = 0;   // tier 0's pages no block holds (set_held_blocks)
   unsigned tiers_ = 2;
   std::vector<size_t> lower_cap_;  // tiers 1 .. N-2, in blocks
   double score_alpha_ = 0;         // the alpha of the ema whose value is the block's score, if any
