@@ -18,9 +18,19 @@ uint32_t AccountTable::Index(uint64_t id, bool create) {
   a = Account{};
   a.id = id;
   a.used = true;
+  a.held = HeldOf(id);
   a.ranked_heat.resize(middle_tiers_);
   index_.emplace(id, index);
   return index;
+}
+
+void AccountTable::SetHeld(uint64_t id, size_t n) {
+  if (n == 0) {
+    held_.erase(id);
+  } else {
+    held_[id] = n;
+  }
+  if (const auto it = index_.find(id); it != index_.end()) accounts_[it->second].held = n;
 }
 
 void AccountTable::FreeIfUnused(uint32_t index) {
@@ -62,6 +72,7 @@ void AccountTable::ClearCounts() {
     a.ranked_heat.resize(middle_tiers_);
     a.quota = q;
     a.quota_evictions = lost;
+    a.held = HeldOf(id);
   }
   client_live_.clear();
 }
@@ -70,7 +81,8 @@ std::vector<AccountUsage> AccountTable::Usage() const {
   std::vector<AccountUsage> out;
   for (const Account& a : accounts_) {
     if (!a.used) continue;
-    out.push_back(AccountUsage{a.id, a.quota, a.tier_blocks, a.target[0], a.quota_evictions});
+    out.push_back(
+        AccountUsage{a.id, a.quota, a.tier_blocks, a.target[0], a.quota_evictions, a.held});
   }
   std::sort(out.begin(), out.end(),
             [](const AccountUsage& x, const AccountUsage& y) { return x.account < y.account; });

@@ -54,6 +54,7 @@ struct AccountUsage {
   std::array<size_t, kMaxTiers> tier_blocks{};  // its live blocks where they sit now
   size_t in_set = 0;                            // of them, in the policy's tier-0 set
   uint64_t quota_evictions = 0;                 // its blocks taken out of the set by quotas
+  size_t held = 0;  // tier-0 pages its released blocks left there (counted against its cap)
 };
 
 struct Account {
@@ -64,12 +65,14 @@ struct Account {
   std::array<size_t, kMaxTiers> tier_blocks{};  // its live blocks where they sit
   std::array<size_t, kMaxTiers> target{};       // [0]: in the set; [k]: ranked in middle tier k
   size_t in0 = 0, out0 = 0;                     // its moves in flight into and out of tier 0
-  SparseSlotHeap set_heat;                      // its blocks in the set, coldest on top
-  std::vector<SparseSlotHeap> ranked_heat;      // [k - 1]: its blocks ranked in tier k
+  size_t held = 0;          // pages its blocks left in tier 0 when released (AccountTable::SetHeld)
+  SparseSlotHeap set_heat;  // its blocks in the set, coldest on top
+  std::vector<SparseSlotHeap> ranked_heat;  // [k - 1]: its blocks ranked in tier k
   uint64_t quota_evictions = 0;
   bool IsClient() const { return (id & kClientAccount) != 0; }
-  // Its tier-0 blocks once the moves in flight are done.
-  size_t Projected0() const { return tier_blocks[0] + in0 - out0; }
+  // Its tier-0 blocks once the moves in flight are done, and the pages its
+  // released blocks left there.
+  size_t Projected0() const { return tier_blocks[0] + in0 - out0 + held; }
 };
 
 class AccountTable {
@@ -140,6 +143,12 @@ class AccountTable {
   void ClearCounts();
   // A client account id has live blocks (counted in an account or not).
   bool ClientHasBlocks(uint64_t id) const { return client_live_.contains(id); }
+  // `n` blocks' worth of pages in tier 0 that no block holds were left
+  // there by released blocks of account `id` (the engine's held blocks, by
+  // account): they count in its tier 0 (Projected0) until they are gone,
+  // whether the account exists now or is made later. Kept by id, for the
+  // accounts with some only.
+  void SetHeld(uint64_t id, size_t n);
 
   // Every account in use, by id.
   std::vector<AccountUsage> Usage() const;
@@ -174,6 +183,11 @@ class AccountTable {
   // Live blocks per client account id, counted in an account or not (a new
   // client account skips the pass over the slots when it has none).
   std::unordered_map<uint64_t, uint32_t> client_live_;
+  std::unordered_map<uint64_t, size_t> held_;  // SetHeld, by account id (none: 0)
+  size_t HeldOf(uint64_t id) const {
+    const auto it = held_.find(id);
+    return it == held_.end() ? 0 : it->second;
+  }
 };
 
 }  // namespace cxltier::engine

@@ -69,6 +69,8 @@ bool MoveDispatch::ReadyToPlan(engine::Engine& engine, uint64_t cap_bytes) {
 }
 
 void MoveDispatch::SyncHeld(engine::Engine& engine) {
+  released_.DrainChangedAccounts(
+      [&engine](uint64_t account, size_t held) { engine.set_account_held(account, held); });
   if (engine.held_blocks() == released_.size()) return;
   engine.set_held_blocks(released_.size());
   stats_.released_held = released_.size();
@@ -87,7 +89,7 @@ void MoveDispatch::Releasing(engine::Engine& engine, const Client& c, uint32_t s
   if (!TracksReleased(c.pools[s.pool])) return;
   const Tier where = engine.state(s.engine_slot).tier;
   if (where != Tier::kFast && engine.moving_to(s.engine_slot) != Tier::kFast) return;
-  released_.Add({c.peer.session_id, s.pool, s.block});
+  released_.Add({c.peer.session_id, s.pool, s.block}, {c.peer.uid, c.account});
   SyncHeld(engine);
 }
 

@@ -11,38 +11,52 @@ uint64_t PoolBlock(const ReleasedPages::Block& b) { return uint64_t{b.pool} << 3
 uint8_t ReleasedPages::Get(const Block& b) const {
   const auto s = sessions_.find(b.session);
   if (s == sessions_.end()) return 0;
-  const auto it = s->second.find(PoolBlock(b));
-  return it == s->second.end() ? 0 : it->second;
+  const auto it = s->second.states.find(PoolBlock(b));
+  return it == s->second.states.end() ? 0 : it->second;
 }
 
 void ReleasedPages::Set(const Block& b, uint8_t state) {
   if (state != 0) {
-    sessions_[b.session][PoolBlock(b)] = state;
+    sessions_[b.session].states[PoolBlock(b)] = state;
     return;
   }
   const auto s = sessions_.find(b.session);
   if (s == sessions_.end()) return;
-  s->second.erase(PoolBlock(b));
-  if (s->second.empty()) sessions_.erase(s);
+  s->second.states.erase(PoolBlock(b));
+  if (s->second.states.empty()) sessions_.erase(s);
+}
+
+void ReleasedPages::CountHeld(const Session& session, int delta) {
+  const auto add = [delta](size_t& n) { n = delta > 0 ? n + 1 : n - 1; };
+  add(held_);
+  for (const uint64_t id : {session.accounts.owner, session.accounts.client}) {
+    if (id == kNoAccount) continue;
+    size_t& n = account_held_[id];
+    add(n);
+    if (n == 0) account_held_.erase(id);
+    changed_.push_back(id);
+  }
 }
 
 size_t ReleasedPages::entries() const {
   size_t n = 0;
-  for (const auto& [session, states] : sessions_) n += states.size();
+  for (const auto& [id, session] : sessions_) n += session.states.size();
   return n;
 }
 
-void ReleasedPages::Add(const Block& b) {
+void ReleasedPages::Add(const Block& b, const Accounts& accounts) {
   uint8_t st = Get(b);
   if (st & kHeld) return;
   st |= kHeld;
-  ++held_;
   // One being moved is queued again when its move comes back (Done).
   if (!(st & (kQueued | kMoving))) {
     st |= kQueued;
     queue_.push_back(b);
   }
   Set(b, st);
+  Session& session = sessions_[b.session];
+  session.accounts = accounts;
+  CountHeld(session, +1);
 }
 
 bool ReleasedPages::Take(const Block& b) {
@@ -51,7 +65,7 @@ bool ReleasedPages::Take(const Block& b) {
   if (!(st & kHeld)) return false;
   st &= static_cast<uint8_t>(~kHeld);
   if (st & kMoving) st |= kTaken;
-  --held_;
+  CountHeld(sessions_[b.session], -1);
   // A queued entry stays (the queue's, skipped when popped) until popped.
   Set(b, st);
   TrimWhenIdle();
@@ -83,7 +97,7 @@ ReleasedPages::Outcome ReleasedPages::Done(const Block& b) {
   st &= static_cast<uint8_t>(~(kMoving | kTaken));
   if (!taken) {  // held all along
     st &= static_cast<uint8_t>(~kHeld);
-    --held_;
+    CountHeld(sessions_[b.session], -1);
   } else if ((st & kHeld) && !(st & kQueued)) {
     st |= kQueued;  // released again while it moved: move it again
     queue_.push_back(b);
@@ -96,15 +110,16 @@ ReleasedPages::Outcome ReleasedPages::Done(const Block& b) {
 bool ReleasedPages::Drop(uint64_t session, std::optional<uint32_t> pool) {
   const auto s = sessions_.find(session);
   if (s == sessions_.end()) return false;
-  for (auto it = s->second.begin(); it != s->second.end();) {
+  States& states = s->second.states;
+  for (auto it = states.begin(); it != states.end();) {
     if (pool && static_cast<uint32_t>(it->first >> 32) != *pool) {
       ++it;
       continue;
     }
-    held_ -= (it->second & kHeld) != 0;
-    it = s->second.erase(it);
+    if (it->second & kHeld) CountHeld(s->second, -1);
+    it = states.erase(it);
   }
-  if (s->second.empty()) sessions_.erase(s);
+  if (states.empty()) sessions_.erase(s);
   // Their queue entries are skipped when popped.
   TrimWhenIdle();
   return true;
@@ -120,7 +135,10 @@ void ReleasedPages::TrimWhenIdle() {
     std::deque<Block>().swap(queue_);
   }
   if (sessions_.empty() && sessions_.bucket_count() > 1) {
-    std::unordered_map<uint64_t, States>().swap(sessions_);  // its buckets too
+    std::unordered_map<uint64_t, Session>().swap(sessions_);  // its buckets too
+  }
+  if (account_held_.empty() && account_held_.bucket_count() > 1) {
+    std::unordered_map<uint64_t, size_t>().swap(account_held_);
   }
 }
 

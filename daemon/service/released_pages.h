@@ -44,9 +44,18 @@ class ReleasedPages {
     kGone,   // its client left or its pool was dropped
   };
 
+  // The quota accounts a session's held blocks count in (Engine::
+  // set_account_held): its uid's and its client account (kNoAccount: none).
+  struct Accounts {
+    uint64_t owner = 0;
+    uint64_t client = kNoAccount;
+  };
+  static constexpr uint64_t kNoAccount = ~0ull;  // engine::kNoAccount
+
   // The block in `b` was released with its pages in tier 0 (or on their way
-  // there). Held already: nothing changes.
-  void Add(const Block& b);
+  // there); its session's blocks count in `accounts`. Held already: nothing
+  // changes.
+  void Add(const Block& b, const Accounts& accounts);
   // A block is admitted on `b`'s pages: they are no longer held. Whether they were.
   bool Take(const Block& b);
   // Up to `n` held blocks not being moved yet, oldest first, now being moved.
@@ -61,6 +70,16 @@ class ReleasedPages {
   // Blocks held: the engine's held count.
   size_t size() const { return held_; }
   bool empty() const { return held_ == 0; }
+  // Calls f(account, held blocks counted in it) for each account whose count
+  // changed since the last call (0 once it has none), for the engine.
+  template <typename F>
+  void DrainChangedAccounts(F&& f) {
+    for (const uint64_t id : changed_) {
+      const auto it = account_held_.find(id);
+      f(id, it == account_held_.end() ? size_t{0} : it->second);
+    }
+    changed_.clear();
+  }
   // Entries, held or being moved (what it costs).
   size_t entries() const;
 
@@ -71,8 +90,12 @@ class ReleasedPages {
   static constexpr uint8_t kMoving = 4;  // handed to the mover by Next
   static constexpr uint8_t kTaken = 8;   // admitted on while moving
 
-  // A session's states by pool block (pool << 32 | block).
+  // A session's states by pool block (pool << 32 | block), and its accounts.
   using States = std::unordered_map<uint64_t, uint8_t>;
+  struct Session {
+    States states;
+    Accounts accounts;
+  };
   // `b`'s state bits; 0 when it has no entry.
   uint8_t Get(const Block& b) const;
   // Sets them; all clear erases the entry (and a session left with none).
@@ -80,9 +103,16 @@ class ReleasedPages {
   // Nothing held: the queue (all stale) and the tables' memory go.
   void TrimWhenIdle();
 
-  std::unordered_map<uint64_t, States> sessions_;
+  // One more (+1) or one fewer (-1) of `session`'s blocks held.
+  void CountHeld(const Session& session, int delta);
+
+  std::unordered_map<uint64_t, Session> sessions_;
   std::deque<Block> queue_;  // release order
   size_t held_ = 0;
+  // Held blocks by account (none: no entry), and the accounts whose count
+  // changed since DrainChangedAccounts.
+  std::unordered_map<uint64_t, size_t> account_held_;
+  std::vector<uint64_t> changed_;
 };
 
 }  // namespace cxltier::service

@@ -103,6 +103,7 @@ QuotaStatus QuotaStatuses(const Shared& d) {
       set_quota(*row, a.quota);
       row->in_set = a.in_set;
       row->quota_evictions = a.quota_evictions;
+      row->held_blocks = a.held;
     }
     out.quota_evictions = d.engine->counters().quota_evictions;
   }

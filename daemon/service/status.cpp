@@ -172,7 +172,8 @@ nlohmann::json QuotasToJson(const QuotaStatus& q, uint64_t block_bytes) {
                         {"quota", a.has_quota},
                         {"tiers", tiers},
                         {"in_set", a.in_set},
-                        {"quota_evictions", a.quota_evictions}};
+                        {"quota_evictions", a.quota_evictions},
+                        {"held_blocks", a.held_blocks}};
     if (user) {
       j["guarantee_blocks"] = a.guarantee_blocks;
       j["guarantee_bytes"] = a.guarantee_blocks * block_bytes;

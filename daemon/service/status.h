@@ -176,6 +176,9 @@ struct AccountStatus {
   // set, and those quotas took out of it.
   uint64_t in_set = 0;
   uint64_t quota_evictions = 0;
+  // Tier-0 pages its released blocks left there, counted against its tier-0
+  // cap until moved down or admitted on again.
+  uint64_t held_blocks = 0;
 };
 
 struct QuotaStatus {

@@ -1935,6 +1935,45 @@ TEST(Engine, HeldPagesTakeTier0RoomButAreNoExcess) {
   EXPECT_EQ(promoted, 2u);
 }
 
+// Held pages count against the tier-0 cap of the accounts whose blocks
+// left them (Engine::set_account_held), as those blocks did: a uid that
+// releases its tier-0 blocks and admits new ones gets no more of tier 0 than
+// its cap, while another uid keeps the rest of the room.
+TEST(Engine, HeldPagesCountAgainstTheirAccountsCap) {
+  Engine e(Options(8, Persistence::kPersist, Mode::kTick), P("lru"));
+  Quota q;
+  q.cap[0] = 2;
+  e.SetQuota(7, q);
+  const Slot a = e.Admit(K(1), 7);
+  const Slot b = e.Admit(K(2), 7);
+  ASSERT_EQ(e.state(a).tier, Tier::kFast);
+  ASSERT_EQ(e.state(b).tier, Tier::kFast);
+  EXPECT_EQ(e.state(e.Admit(K(3), 7)).tier, Tier::kSlow) << "at its cap";
+  // Both released with their pages left in tier 0: held, and uid 7's.
+  e.Release(a);
+  e.Release(b);
+  e.set_held_blocks(2);
+  e.set_account_held(7, 2);
+  EXPECT_EQ(e.state(e.Admit(K(4), 7)).tier, Tier::kSlow) << "its held pages fill its cap";
+  EXPECT_EQ(e.state(e.Admit(K(5), 8)).tier, Tier::kFast) << "another uid has room";
+  // Nor is a hot block of uid 7 promoted over them.
+  const Slot hot = e.Find(K(3));
+  e.Touch(hot, Touch{1, 1, kNever});
+  for (const Move& m : e.Plan()) EXPECT_NE(m.slot, hot) << "promoted past its cap";
+  // Its held pages moved down: its cap is its blocks' again.
+  e.set_held_blocks(0);
+  e.set_account_held(7, 0);
+  bool promoted = false;
+  for (const Move& m : e.Plan()) promoted |= m.slot == hot && m.to == Tier::kFast;
+  EXPECT_TRUE(promoted);
+  // Held pages of an account made later (its first quota) count from then.
+  e.set_account_held(9, 1);
+  Quota one;
+  one.cap[0] = 1;
+  e.SetQuota(9, one);
+  EXPECT_EQ(e.state(e.Admit(K(6), 9)).tier, Tier::kSlow) << "its held page fills its cap";
+}
+
 // A block the engine places at admission (the daemon's, before its pages
 // exist) goes to tier 0 only with room there once the promotions in flight
 // land: tier 0 never holds more than its budget through an admission.

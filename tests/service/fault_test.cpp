@@ -582,6 +582,61 @@ TEST(Faults, ReleasedPagesStayCountedInTier0UntilMovedDownFirst) {
   std::filesystem::remove_all(c.state_dir);
 }
 
+// A uid's released blocks' pages held in tier 0 count against its tier-0
+// cap (ReleasedPages by account, Engine::set_account_held): releasing its
+// tier-0 blocks and admitting new ones gets it no more than its cap there
+// until the pages have moved down.
+TEST(Faults, ReleasedPagesCountAgainstTheirUidsCap) {
+  auto owned = std::make_unique<test::TestMigrator>(test::TestMigrator::Options{.where_node = -1});
+  boost::asio::io_context io;
+  DaemonConfig c = TestConfig("cxltier-fault-held-cap-", 8);
+  c.persist = false;
+  c.user_quotas.push_back(UserQuota{getuid(), QuotaBytes{{2 * kSmall64KiB.block_bytes()}, 0}});
+  Daemon d(io, c, numa::Discover(),
+           numa::TierAssignment{{0}, {0}, "test: both tiers on node 0", {}}, std::move(owned),
+           true);
+  ASSERT_EQ(d.Start().message, "");
+  const server::Peer peer{1, getpid(), getuid(), getgid()};
+  const ClientSegment seg = Hello(d, peer, "held-cap");
+  ASSERT_NE(seg.slots, nullptr);
+  const uint64_t stride = kSmall64KiB.block_bytes();
+  const int memfd = SealedPoolFile("held-cap-pool");
+  ASSERT_GE(memfd, 0);
+  ASSERT_TRUE(d.requests()
+                  .OnRegisterPool(peer,
+                                  wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks,
+                                                     stride, kBlocks},
+                                  server::UniqueFd(memfd))
+                  .ok());
+  const auto admit = [&](uint64_t seq, uint32_t block) {
+    auto r =
+        d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(seq, block), block}}});
+    EXPECT_TRUE(r.ok()) << r.status().message;
+    return r.ok() ? r->results.at(0).tier : Tier::kNone;
+  };
+  EXPECT_EQ(admit(1, 0), Tier::kFast);
+  EXPECT_EQ(admit(1, 1), Tier::kFast);
+  EXPECT_EQ(admit(1, 2), Tier::kSlow) << "at its cap of 2";
+  wire::Release release{{BlockKey::FromSequence(1, 0), BlockKey::FromSequence(1, 1)}};
+  ASSERT_TRUE(d.requests().OnRelease(peer, release).ok());
+  const nlohmann::json held = d.StatusJson();
+  ASSERT_EQ(held["migrations"]["released_pages"]["held_blocks"], 2u);
+  ASSERT_EQ(held["quotas"]["users"].size(), 1u) << held["quotas"].dump();
+  EXPECT_EQ(held["quotas"]["users"][0]["held_blocks"], 2u) << held["quotas"].dump();
+  EXPECT_EQ(admit(2, 3), Tier::kSlow) << "its held pages fill its cap; tier 0 has room for 6";
+  d.Tick();
+  for (int spin = 0; spin < 60000 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
+    usleep(1000);
+  }
+  io.poll();
+  io.restart();
+  ASSERT_EQ(d.StatusJson()["migrations"]["released_pages"]["held_blocks"], 0u);
+  EXPECT_EQ(admit(2, 4), Tier::kFast) << "moved down: its cap is its blocks' again";
+  d.requests().OnDisconnect(peer);
+  d.Stop();
+  std::filesystem::remove_all(c.state_dir);
+}
+
 // The exact replay of a recording in which released pages held tier 0's
 // room (trace events of kind 8, the held count): a block admitted while
 // they were held was placed below tier 0, and its first touch was a miss.

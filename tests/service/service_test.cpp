@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -1310,11 +1311,23 @@ TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
     for (const B& b : v) out.push_back(b.block);
     return out;
   };
+  // Session 1 is uid 100's, with a client account; session 2 uid 200's.
+  constexpr uint64_t kClient1 = uint64_t{1} << 63 | 1;
+  const auto acc = [](uint64_t session) {
+    return session == 1 ? ReleasedPages::Accounts{100, kClient1}
+                        : ReleasedPages::Accounts{200, ReleasedPages::kNoAccount};
+  };
+  // The held count by account, as the engine is told it.
+  std::map<uint64_t, size_t> held;
+  const auto account_held = [&](ReleasedPages& r) {
+    r.DrainChangedAccounts([&](uint64_t id, size_t n) { held[id] = n; });
+    return held;
+  };
   ReleasedPages r;
-  r.Add({1, 0, 5});
-  r.Add({1, 0, 5});
+  r.Add({1, 0, 5}, acc(1));
+  r.Add({1, 0, 5}, acc(1));
   EXPECT_EQ(r.size(), 1u);
-  r.Add({1, 0, 6});
+  r.Add({1, 0, 6}, acc(1));
   EXPECT_TRUE(r.Take({1, 0, 6}));  // admitted on before any move
   EXPECT_FALSE(r.Take({1, 0, 6}));
   EXPECT_EQ(r.size(), 1u);
@@ -1324,19 +1337,19 @@ TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
   EXPECT_TRUE(r.empty());
   EXPECT_EQ(r.entries(), 0u);
   // Admitted on while moving, released again, admitted on again.
-  r.Add({1, 0, 2});
+  r.Add({1, 0, 2}, acc(1));
   ASSERT_EQ(blocks(r.Next(1)), (std::vector<uint32_t>{2}));
   EXPECT_TRUE(r.Take({1, 0, 2}));
   EXPECT_EQ(r.size(), 0u);
   EXPECT_EQ(r.entries(), 1u) << "its move is still out";
-  r.Add({1, 0, 2});
+  r.Add({1, 0, 2}, acc(1));
   EXPECT_EQ(r.size(), 1u);
   EXPECT_TRUE(r.Next(1).empty()) << "its move is still out";
   EXPECT_EQ(r.Done({1, 0, 2}), O::kTaken) << "a block was admitted on it while it moved";
   EXPECT_EQ(r.size(), 1u);
   EXPECT_EQ(blocks(r.Next(1)), (std::vector<uint32_t>{2})) << "held anew: moved again";
   EXPECT_EQ(r.Done({1, 0, 2}), O::kMoved);
-  r.Add({1, 0, 3});
+  r.Add({1, 0, 3}, acc(1));
   ASSERT_EQ(r.Next(1).size(), 1u);
   EXPECT_TRUE(r.Take({1, 0, 3}));
   EXPECT_EQ(r.Done({1, 0, 3}), O::kTaken);
@@ -1344,19 +1357,20 @@ TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
   EXPECT_EQ(r.entries(), 0u);
   // Stale queue entries (taken before their move) cost nothing once nothing
   // is held: the next release is the next move.
-  for (uint32_t i = 0; i < 100; ++i) r.Add({1, 0, i});
+  for (uint32_t i = 0; i < 100; ++i) r.Add({1, 0, i}, acc(1));
   for (uint32_t i = 0; i < 100; ++i) EXPECT_TRUE(r.Take({1, 0, i}));
   EXPECT_EQ(r.entries(), 0u);
-  r.Add({1, 0, 40});
+  r.Add({1, 0, 40}, acc(1));
   EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{40}));
   EXPECT_EQ(r.Done({1, 0, 40}), O::kMoved);
   // Oldest first, across clients and pools; a pool or client that goes
   // takes its own, moving or not.
-  r.Add({2, 0, 1});
-  r.Add({1, 1, 0});
-  r.Add({1, 0, 7});
-  r.Add({2, 1, 3});
+  r.Add({2, 0, 1}, acc(2));
+  r.Add({1, 1, 0}, acc(1));
+  r.Add({1, 0, 7}, acc(1));
+  r.Add({2, 1, 3}, acc(2));
   EXPECT_EQ(r.size(), 4u);
+  EXPECT_EQ(account_held(r), (std::map<uint64_t, size_t>{{100, 2}, {200, 2}, {kClient1, 2}}));
   const std::vector<B> next = r.Next(2);
   ASSERT_EQ(next.size(), 2u);
   EXPECT_EQ(next[0].session, 2u);
@@ -1365,12 +1379,15 @@ TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
   EXPECT_EQ(next[1].pool, 1u);
   r.Drop(1, 1);  // its pool 1, whose block 0 is moving
   EXPECT_EQ(r.size(), 3u);
+  EXPECT_EQ(account_held(r), (std::map<uint64_t, size_t>{{100, 1}, {200, 2}, {kClient1, 1}}));
   EXPECT_EQ(r.Done({1, 1, 0}), O::kGone);
   r.Drop(2);
   EXPECT_EQ(r.size(), 1u);
+  EXPECT_EQ(account_held(r)[200], 0u) << "its client left";
   EXPECT_EQ(r.Done({2, 0, 1}), O::kGone) << "its client left";
   EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{7}));
   EXPECT_EQ(r.Done({1, 0, 7}), O::kMoved);
+  EXPECT_EQ(account_held(r), (std::map<uint64_t, size_t>{{100, 0}, {200, 0}, {kClient1, 0}}));
   EXPECT_TRUE(r.empty());
   EXPECT_EQ(r.entries(), 0u);
   EXPECT_TRUE(r.Next(10).empty());
