@@ -44,18 +44,24 @@ size_t ReleasedPages::entries() const {
   return n;
 }
 
+void ReleasedPages::Enqueue(const Block& b) {
+  const uint64_t owner = sessions_.at(b.session).accounts.owner;
+  auto [q, added] = queues_.try_emplace(owner);
+  if (added) turn_.push_back(owner);
+  q->second.push_back(b);
+}
+
 void ReleasedPages::Add(const Block& b, const Accounts& accounts) {
   uint8_t st = Get(b);
   if (st & kHeld) return;
-  st |= kHeld;
-  // One being moved is queued again when its move comes back (Done).
-  if (!(st & (kQueued | kMoving))) {
-    st |= kQueued;
-    queue_.push_back(b);
-  }
-  Set(b, st);
   Session& session = sessions_[b.session];
   session.accounts = accounts;
+  st |= kHeld;
+  // One being moved is queued again when its move comes back (Done).
+  const bool enqueue = !(st & (kQueued | kMoving));
+  if (enqueue) st |= kQueued;
+  session.states[PoolBlock(b)] = st;
+  if (enqueue) Enqueue(b);
   CountHeld(session, +1);
 }
 
@@ -74,17 +80,31 @@ bool ReleasedPages::Take(const Block& b) {
 
 std::vector<ReleasedPages::Block> ReleasedPages::Next(size_t n) {
   std::vector<Block> out;
-  while (out.size() < n && !queue_.empty()) {
-    const Block b = queue_.front();
-    queue_.pop_front();
-    uint8_t st = Get(b);
-    if (st == 0) continue;  // its pool or client went
-    st &= static_cast<uint8_t>(~kQueued);
-    if ((st & kHeld) && !(st & kMoving)) {
-      st |= kMoving;
-      out.push_back(b);
+  while (out.size() < n && !turn_.empty()) {
+    const uint64_t owner = turn_.front();
+    turn_.pop_front();
+    const auto q = queues_.find(owner);
+    // Its oldest entry still held; the stale ones before it (taken, or their
+    // pool or client gone) were paid for by their push.
+    while (!q->second.empty()) {
+      const Block b = q->second.front();
+      q->second.pop_front();
+      uint8_t st = Get(b);
+      if (st == 0) continue;
+      st &= static_cast<uint8_t>(~kQueued);
+      const bool move = (st & kHeld) && !(st & kMoving);
+      if (move) st |= kMoving;
+      Set(b, st);
+      if (move) {
+        out.push_back(b);
+        break;
+      }
     }
-    Set(b, st);
+    if (q->second.empty()) {
+      queues_.erase(q);
+    } else {
+      turn_.push_back(owner);
+    }
   }
   TrimWhenIdle();
   return out;
@@ -100,7 +120,8 @@ ReleasedPages::Outcome ReleasedPages::Done(const Block& b) {
     CountHeld(sessions_[b.session], -1);
   } else if ((st & kHeld) && !(st & kQueued)) {
     st |= kQueued;  // released again while it moved: move it again
-    queue_.push_back(b);
+    Set(b, st);
+    Enqueue(b);
   }
   Set(b, st);
   TrimWhenIdle();
@@ -127,12 +148,15 @@ bool ReleasedPages::Drop(uint64_t session, std::optional<uint32_t> pool) {
 
 void ReleasedPages::TrimWhenIdle() {
   if (held_ != 0) return;
-  if (!queue_.empty()) {
+  if (!queues_.empty()) {
     // Nothing held: every queue entry is stale. Each is paid for by its push.
-    for (const Block& b : queue_) {
-      if (const uint8_t st = Get(b)) Set(b, st & static_cast<uint8_t>(~kQueued));
+    for (const auto& [owner, queue] : queues_) {
+      for (const Block& b : queue) {
+        if (const uint8_t st = Get(b)) Set(b, st & static_cast<uint8_t>(~kQueued));
+      }
     }
-    std::deque<Block>().swap(queue_);
+    std::unordered_map<uint64_t, std::deque<Block>>().swap(queues_);
+    std::deque<uint64_t>().swap(turn_);
   }
   if (sessions_.empty() && sessions_.bucket_count() > 1) {
     std::unordered_map<uint64_t, Session>().swap(sessions_);  // its buckets too

@@ -13,7 +13,7 @@
 // Only pools whose new pages are steered below tier 0 are tracked (the only
 // ones whose budget the daemon bounds from admission; docs/operations.md).
 //
-// What it costs: an entry (about 64 bytes, with its place in the queue) per
+// What it costs: an entry (about 64 bytes, with its place in a queue) per
 // pool block held or being moved, so at most what the client's released
 // blocks name, never what its pools span; a client's entries go when it
 // leaves or its pool is dropped, and the tables' memory once nothing is
@@ -58,7 +58,9 @@ class ReleasedPages {
   void Add(const Block& b, const Accounts& accounts);
   // A block is admitted on `b`'s pages: they are no longer held. Whether they were.
   bool Take(const Block& b);
-  // Up to `n` held blocks not being moved yet, oldest first, now being moved.
+  // Up to `n` held blocks not being moved yet, now being moved: one of each
+  // owner (uid) with some in turn, each owner's oldest first, so that one
+  // uid's releases do not make everyone else's wait.
   std::vector<Block> Next(size_t n);
   // The move of `b` (from Next) came back, done or not.
   Outcome Done(const Block& b);
@@ -86,7 +88,7 @@ class ReleasedPages {
  private:
   // A pool block's state bits; an entry whose bits are all clear goes.
   static constexpr uint8_t kHeld = 1;    // its pages are counted in tier 0
-  static constexpr uint8_t kQueued = 2;  // in queue_ (maybe no longer held)
+  static constexpr uint8_t kQueued = 2;  // in its owner's queue (maybe no longer held)
   static constexpr uint8_t kMoving = 4;  // handed to the mover by Next
   static constexpr uint8_t kTaken = 8;   // admitted on while moving
 
@@ -105,9 +107,14 @@ class ReleasedPages {
 
   // One more (+1) or one fewer (-1) of `session`'s blocks held.
   void CountHeld(const Session& session, int delta);
+  // Queues `b` (kQueued set by the caller) in its owner's queue.
+  void Enqueue(const Block& b);
 
   std::unordered_map<uint64_t, Session> sessions_;
-  std::deque<Block> queue_;  // release order
+  // Blocks to move by owner, each in release order, and the owners with a
+  // queue in turn (each owner once).
+  std::unordered_map<uint64_t, std::deque<Block>> queues_;
+  std::deque<uint64_t> turn_;
   size_t held_ = 0;
   // Held blocks by account (none: no entry), and the accounts whose count
   // changed since DrainChangedAccounts.

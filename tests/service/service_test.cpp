@@ -1393,6 +1393,32 @@ TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
   EXPECT_TRUE(r.Next(10).empty());
 }
 
+// The moves of released pages take each owner's blocks in turn: one uid's
+// thousand releases do not make another's one wait behind them.
+TEST(ReleasedPages, OwnersTakeTurns) {
+  ReleasedPages r;
+  const ReleasedPages::Accounts churner{100, ReleasedPages::kNoAccount};
+  const ReleasedPages::Accounts other{200, ReleasedPages::kNoAccount};
+  for (uint32_t i = 0; i < 1000; ++i) r.Add({1, 0, i}, churner);
+  r.Add({2, 0, 7}, other);
+  r.Add({3, 0, 9}, churner);  // another session of the same uid: its queue
+  std::vector<ReleasedPages::Block> next = r.Next(2);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[0].session, 1u);
+  EXPECT_EQ(next[0].block, 0u);
+  EXPECT_EQ(next[1].session, 2u) << "the other uid's waited behind the churner's";
+  for (const auto& b : next) EXPECT_EQ(r.Done(b), ReleasedPages::Outcome::kMoved);
+  // The churner's next, in release order, its stale entries skipped.
+  EXPECT_TRUE(r.Take({1, 0, 1}));
+  next = r.Next(3);
+  ASSERT_EQ(next.size(), 3u);
+  EXPECT_EQ(next[0].block, 2u);
+  EXPECT_EQ(next[1].block, 3u);
+  EXPECT_EQ(next[2].block, 4u);
+  for (const auto& b : next) EXPECT_EQ(r.Done(b), ReleasedPages::Outcome::kMoved);
+  EXPECT_EQ(r.size(), 1002u - 2 - 1 - 3);  // moved, taken, moved
+}
+
 TEST(MoveDispatch, ThreeTiersMapNodesBothWays) {
   MoveDispatch d(numa::TierAssignment{{0}, {1}, "test: three tiers", {{2, 3}}},
                  std::make_shared<test::TestMigrator>(Slow()), 1 << 30, [](MoveDone) {});
