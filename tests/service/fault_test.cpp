@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -468,6 +469,78 @@ TEST(Faults, StaleMovesCostOneScanATickAndFindTheBlocksNewHolders) {
   std::filesystem::remove_all(c.state_dir);
 }
 
+// The released-pages tests' setting: an in-process daemon whose two tiers
+// are both node 0 (so that a pool's new pages can be steered on any host),
+// with a test migrator, and one client with a registered memfd pool of
+// kBlocks 64 KiB blocks (no page written: the engine places each new block).
+struct PoolDaemon {
+  boost::asio::io_context io;
+  test::TestMigrator* mig = nullptr;
+  DaemonConfig config;
+  std::unique_ptr<Daemon> daemon;
+  const server::Peer peer{1, getpid(), getuid(), getgid()};
+  ClientSegment seg;
+
+  // `tag` names the state directory; tier 0 holds `tier0_blocks`; `tune`
+  // changes the configuration first (persist is off).
+  void Start(const std::string& tag, uint32_t tier0_blocks, test::TestMigrator::Options options,
+             const std::function<void(DaemonConfig&)>& tune = {}) {
+    auto owned = std::make_unique<test::TestMigrator>(options);
+    mig = owned.get();
+    config = TestConfig(tag, tier0_blocks);
+    config.persist = false;
+    if (tune) tune(config);
+    daemon = std::make_unique<Daemon>(
+        io, config, numa::Discover(),
+        numa::TierAssignment{{0}, {0}, "test: both tiers on node 0", {}}, std::move(owned), true);
+    ASSERT_EQ(daemon->Start().message, "");
+    seg = Hello(*daemon, peer, tag.c_str());
+    ASSERT_NE(seg.slots, nullptr);
+    const uint64_t stride = kSmall64KiB.block_bytes();
+    const int memfd = SealedPoolFile(tag.c_str());
+    ASSERT_GE(memfd, 0);
+    ASSERT_TRUE(daemon->requests()
+                    .OnRegisterPool(peer,
+                                    wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks,
+                                                       stride, kBlocks},
+                                    server::UniqueFd(memfd))
+                    .ok());
+  }
+  // Keys (seq, from .. from + n - 1) admitted on pool blocks from ..: their results.
+  std::vector<wire::AdmitResult> Admit(uint64_t seq, uint32_t from, uint32_t n) {
+    wire::Admit a{0, {}};
+    for (uint32_t i = from; i < from + n; ++i)
+      a.entries.push_back({BlockKey::FromSequence(seq, i), i});
+    auto r = daemon->requests().OnAdmit(peer, a);
+    EXPECT_TRUE(r.ok()) << r.status().message;
+    return r.ok() ? r->results : std::vector<wire::AdmitResult>{};
+  }
+  void Release(uint64_t seq, uint32_t from, uint32_t n) {
+    wire::Release r;
+    for (uint32_t i = from; i < from + n; ++i) r.keys.push_back(BlockKey::FromSequence(seq, i));
+    EXPECT_TRUE(daemon->requests().OnRelease(peer, r).ok());
+  }
+  uint64_t Released(const char* what) {
+    return daemon->StatusJson()["migrations"]["released_pages"][what].get<uint64_t>();
+  }
+  // The mover's results so far, delivered.
+  void Settle() {
+    for (int spin = 0; spin < 60000 && daemon->StatusJson()["migrations"]["pending"] != 0; ++spin) {
+      usleep(1000);
+    }
+    io.poll();
+    io.restart();
+  }
+  ~PoolDaemon() {
+    if (daemon) {
+      daemon->requests().OnDisconnect(peer);
+      daemon->Stop();
+    }
+    if (seg.base) munmap(seg.base, SegmentBytes(kBlocks));
+    if (!config.state_dir.empty()) std::filesystem::remove_all(config.state_dir);
+  }
+};
+
 // Tier 0's bound from admission (issue 32): a block released from tier 0
 // leaves its pages there (they are the client's, which may admit a new
 // block on them at once). They stay counted in tier 0 until the next plan
@@ -476,55 +549,20 @@ TEST(Faults, StaleMovesCostOneScanATickAndFindTheBlocksNewHolders) {
 // does. A block admitted on pages while they move is found by the kernel's
 // word at the next tick, as a stale move's block is.
 TEST(Faults, ReleasedPagesStayCountedInTier0UntilMovedDownFirst) {
-  // Where says "no page" (-1): the engine places each new block. Both tiers
-  // are node 0 (so that the pool's new pages can be steered on any host):
-  // the moves tell released pages from promotions by their blocks.
-  auto owned = std::make_unique<test::TestMigrator>(
-      test::TestMigrator::Options{.where_node = -1, .hold_first = true});
-  test::TestMigrator* mig = owned.get();
-  boost::asio::io_context io;
-  DaemonConfig c = TestConfig("cxltier-fault-released-", 4);
-  c.persist = false;
-  Daemon d(io, c, numa::Discover(),
-           numa::TierAssignment{{0}, {0}, "test: both tiers on node 0", {}}, std::move(owned),
-           true);
-  ASSERT_EQ(d.Start().message, "");
-  const server::Peer peer{1, getpid(), getuid(), getgid()};
-  const ClientSegment seg = Hello(d, peer, "released");
-  ASSERT_NE(seg.slots, nullptr);
+  // Where says "no page" (-1): the engine places each new block. The moves
+  // tell released pages from promotions by their blocks.
+  PoolDaemon p;
+  ASSERT_NO_FATAL_FAILURE(
+      p.Start("cxltier-fault-released-", 4, {.where_node = -1, .hold_first = true}));
+  Daemon& d = *p.daemon;
+  test::TestMigrator* mig = p.mig;
+  const ClientSegment& seg = p.seg;
   const uint64_t stride = kSmall64KiB.block_bytes();
-  const int memfd = SealedPoolFile("released-pool");
-  ASSERT_GE(memfd, 0);
-  ASSERT_TRUE(d.requests()
-                  .OnRegisterPool(peer,
-                                  wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks,
-                                                     stride, kBlocks},
-                                  server::UniqueFd(memfd))
-                  .ok());
-  const auto admit = [&](uint64_t seq, uint32_t from, uint32_t n) {
-    wire::Admit a{0, {}};
-    for (uint32_t i = from; i < from + n; ++i)
-      a.entries.push_back({BlockKey::FromSequence(seq, i), i});
-    auto r = d.requests().OnAdmit(peer, a);
-    EXPECT_TRUE(r.ok()) << r.status().message;
-    return r.ok() ? r->results : std::vector<wire::AdmitResult>{};
-  };
-  const auto release = [&](uint64_t seq, uint32_t from, uint32_t n) {
-    wire::Release r;
-    for (uint32_t i = from; i < from + n; ++i) r.keys.push_back(BlockKey::FromSequence(seq, i));
-    EXPECT_TRUE(d.requests().OnRelease(peer, r).ok());
-  };
-  const auto released = [&](const char* what) {
-    return d.StatusJson()["migrations"]["released_pages"][what].get<uint64_t>();
-  };
+  const auto admit = [&](uint64_t seq, uint32_t from, uint32_t n) { return p.Admit(seq, from, n); };
+  const auto release = [&](uint64_t seq, uint32_t from, uint32_t n) { p.Release(seq, from, n); };
+  const auto released = [&](const char* what) { return p.Released(what); };
   const auto tier0 = [&] { return d.StatusJson()["tiers"][0]["blocks"].get<uint64_t>(); };
-  const auto settle = [&] {
-    for (int spin = 0; spin < 60000 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
-      usleep(1000);
-    }
-    io.poll();
-    io.restart();
-  };
+  const auto settle = [&] { p.Settle(); };
   const auto moved = [&] {
     std::lock_guard lock(mig->mu);
     return mig->moved;
@@ -577,9 +615,6 @@ TEST(Faults, ReleasedPagesStayCountedInTier0UntilMovedDownFirst) {
     EXPECT_GE(block_of(all[i].first), 4u) << "move " << i << ": a promotion of a hot block";
   }
   EXPECT_LE(tier0(), 4u);
-  d.requests().OnDisconnect(peer);
-  d.Stop();
-  std::filesystem::remove_all(c.state_dir);
 }
 
 // A uid's released blocks' pages held in tier 0 count against its tier-0
@@ -587,54 +622,30 @@ TEST(Faults, ReleasedPagesStayCountedInTier0UntilMovedDownFirst) {
 // tier-0 blocks and admitting new ones gets it no more than its cap there
 // until the pages have moved down.
 TEST(Faults, ReleasedPagesCountAgainstTheirUidsCap) {
-  auto owned = std::make_unique<test::TestMigrator>(test::TestMigrator::Options{.where_node = -1});
-  boost::asio::io_context io;
-  DaemonConfig c = TestConfig("cxltier-fault-held-cap-", 8);
-  c.persist = false;
-  c.user_quotas.push_back(UserQuota{getuid(), QuotaBytes{{2 * kSmall64KiB.block_bytes()}, 0}});
-  Daemon d(io, c, numa::Discover(),
-           numa::TierAssignment{{0}, {0}, "test: both tiers on node 0", {}}, std::move(owned),
-           true);
-  ASSERT_EQ(d.Start().message, "");
-  const server::Peer peer{1, getpid(), getuid(), getgid()};
-  const ClientSegment seg = Hello(d, peer, "held-cap");
-  ASSERT_NE(seg.slots, nullptr);
-  const uint64_t stride = kSmall64KiB.block_bytes();
-  const int memfd = SealedPoolFile("held-cap-pool");
-  ASSERT_GE(memfd, 0);
-  ASSERT_TRUE(d.requests()
-                  .OnRegisterPool(peer,
-                                  wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks,
-                                                     stride, kBlocks},
-                                  server::UniqueFd(memfd))
-                  .ok());
+  PoolDaemon p;
+  ASSERT_NO_FATAL_FAILURE(
+      p.Start("cxltier-fault-held-cap-", 8, {.where_node = -1}, [](DaemonConfig& c) {
+        c.user_quotas.push_back(
+            UserQuota{getuid(), QuotaBytes{{2 * kSmall64KiB.block_bytes()}, 0}});
+      }));
+  Daemon& d = *p.daemon;
   const auto admit = [&](uint64_t seq, uint32_t block) {
-    auto r =
-        d.requests().OnAdmit(peer, wire::Admit{0, {{BlockKey::FromSequence(seq, block), block}}});
-    EXPECT_TRUE(r.ok()) << r.status().message;
-    return r.ok() ? r->results.at(0).tier : Tier::kNone;
+    const std::vector<wire::AdmitResult> r = p.Admit(seq, block, 1);
+    return r.empty() ? Tier::kNone : r[0].tier;
   };
   EXPECT_EQ(admit(1, 0), Tier::kFast);
   EXPECT_EQ(admit(1, 1), Tier::kFast);
   EXPECT_EQ(admit(1, 2), Tier::kSlow) << "at its cap of 2";
-  wire::Release release{{BlockKey::FromSequence(1, 0), BlockKey::FromSequence(1, 1)}};
-  ASSERT_TRUE(d.requests().OnRelease(peer, release).ok());
+  p.Release(1, 0, 2);
   const nlohmann::json held = d.StatusJson();
   ASSERT_EQ(held["migrations"]["released_pages"]["held_blocks"], 2u);
   ASSERT_EQ(held["quotas"]["users"].size(), 1u) << held["quotas"].dump();
   EXPECT_EQ(held["quotas"]["users"][0]["held_blocks"], 2u) << held["quotas"].dump();
   EXPECT_EQ(admit(2, 3), Tier::kSlow) << "its held pages fill its cap; tier 0 has room for 6";
   d.Tick();
-  for (int spin = 0; spin < 60000 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
-    usleep(1000);
-  }
-  io.poll();
-  io.restart();
-  ASSERT_EQ(d.StatusJson()["migrations"]["released_pages"]["held_blocks"], 0u);
+  p.Settle();
+  ASSERT_EQ(p.Released("held_blocks"), 0u);
   EXPECT_EQ(admit(2, 4), Tier::kFast) << "moved down: its cap is its blocks' again";
-  d.requests().OnDisconnect(peer);
-  d.Stop();
-  std::filesystem::remove_all(c.state_dir);
 }
 
 // The exact replay of a recording in which released pages held tier 0's
@@ -644,71 +655,40 @@ TEST(Faults, ReleasedPagesCountAgainstTheirUidsCap) {
 // replay would place it in tier 0's free room and count a hit. Deterministic:
 // the migrator's moves and their outcomes are recorded, whatever its pace.
 TEST(Faults, ARecordingWithReleasedPagesHeldReplaysExactly) {
-  auto owned = std::make_unique<test::TestMigrator>(test::TestMigrator::Options{.where_node = -1});
-  boost::asio::io_context io;
-  DaemonConfig c = TestConfig("cxltier-fault-held-rec-", 4);
-  c.persist = false;
-  c.policy = "lfu";  // one that does not hash keys (record_test says why)
-  Daemon d(io, c, numa::Discover(),
-           numa::TierAssignment{{0}, {0}, "test: both tiers on node 0", {}}, std::move(owned),
-           true);
-  ASSERT_EQ(d.Start().message, "");
-  const server::Peer peer{1, getpid(), getuid(), getgid()};
-  const ClientSegment seg = Hello(d, peer, "held-rec");
-  ASSERT_NE(seg.slots, nullptr);
-  const uint64_t stride = kSmall64KiB.block_bytes();
-  const int memfd = SealedPoolFile("held-rec-pool");
-  ASSERT_GE(memfd, 0);
-  ASSERT_TRUE(d.requests()
-                  .OnRegisterPool(peer,
-                                  wire::RegisterPool{wire::PoolKind::kMemfd, 0, stride * kBlocks,
-                                                     stride, kBlocks},
-                                  server::UniqueFd(memfd))
-                  .ok());
+  PoolDaemon p;
+  ASSERT_NO_FATAL_FAILURE(
+      p.Start("cxltier-fault-held-rec-", 4, {.where_node = -1}, [](DaemonConfig& c) {
+        // One that does not hash keys (record_test says why).
+        c.policy = "lfu";
+      }));
+  Daemon& d = *p.daemon;
   server::UniqueFd no_fd;
   ASSERT_TRUE(
-      d.requests().OnAdmin(peer, wire::Admin{wire::AdminOp::kRecordStart, "3600"}, &no_fd).ok());
-  const auto admit = [&](uint64_t seq, uint32_t from, uint32_t n) {
-    wire::Admit a{0, {}};
-    for (uint32_t i = from; i < from + n; ++i)
-      a.entries.push_back({BlockKey::FromSequence(seq, i), i});
-    auto r = d.requests().OnAdmit(peer, a);
-    EXPECT_TRUE(r.ok()) << r.status().message;
-    return r.ok() ? r->results : std::vector<wire::AdmitResult>{};
-  };
-  const auto settle = [&] {
-    for (int spin = 0; spin < 60000 && d.StatusJson()["migrations"]["pending"] != 0; ++spin) {
-      usleep(1000);
-    }
-    io.poll();
-    io.restart();
-  };
+      d.requests().OnAdmin(p.peer, wire::Admin{wire::AdminOp::kRecordStart, "3600"}, &no_fd).ok());
   // Blocks 0..7 with no page yet: 0..3 placed in tier 0 (its budget), the
   // rest below. 0..3 leave, their pages held in tier 0.
-  const std::vector<wire::AdmitResult> first = admit(1, 0, 8);
+  const std::vector<wire::AdmitResult> first = p.Admit(1, 0, 8);
   ASSERT_EQ(first.size(), 8u);
   for (uint32_t i = 0; i < 8; ++i) ASSERT_EQ(first[i].tier, i < 4 ? Tier::kFast : Tier::kSlow);
-  wire::Release release;
-  for (uint32_t i = 0; i < 4; ++i) release.keys.push_back(BlockKey::FromSequence(1, i));
-  ASSERT_TRUE(d.requests().OnRelease(peer, release).ok());
-  ASSERT_EQ(d.StatusJson()["migrations"]["released_pages"]["held_blocks"], 4u);
+  p.Release(1, 0, 4);
+  ASSERT_EQ(p.Released("held_blocks"), 4u);
   // A new block, on a pool block of its own, while they are held: below.
-  const std::vector<wire::AdmitResult> late = admit(2, 8, 1);
+  const std::vector<wire::AdmitResult> late = p.Admit(2, 8, 1);
   ASSERT_EQ(late.size(), 1u);
   ASSERT_EQ(late[0].tier, Tier::kSlow);
   // Touched from the next tick on, with 4..7: misses until promoted, once
   // the released pages have gone down.
   for (uint32_t tick = 0; tick < 12; ++tick) {
-    AddObservation(seg.slots, seg.dirty, late[0].slot, 1.0f);
-    for (uint32_t i = 4; i < 8; ++i) AddObservation(seg.slots, seg.dirty, first[i].slot, 0.5f);
+    AddObservation(p.seg.slots, p.seg.dirty, late[0].slot, 1.0f);
+    for (uint32_t i = 4; i < 8; ++i) AddObservation(p.seg.slots, p.seg.dirty, first[i].slot, 0.5f);
     d.Tick();
-    settle();
+    p.Settle();
   }
   const nlohmann::json status = d.StatusJson();
   EXPECT_EQ(status["migrations"]["released_pages"]["moved"], 4u) << status.dump();
   EXPECT_EQ(status["migrations"]["released_pages"]["held_blocks"], 0u) << status.dump();
   Replayed r;
-  ASSERT_NO_FATAL_FAILURE(StopAndReplay(d, peer, &r));
+  ASSERT_NO_FATAL_FAILURE(StopAndReplay(d, p.peer, &r));
   uint64_t held_events = 0;
   for (const sim::TraceEvent& ev : r.trace.events) held_events += ev.kind == sim::EventKind::kHeld;
   EXPECT_GE(held_events, 2u) << "the count went up to 4 and back to 0";
@@ -722,9 +702,6 @@ TEST(Faults, ARecordingWithReleasedPagesHeldReplaysExactly) {
               static_cast<unsigned long long>(hits), static_cast<unsigned long long>(touches),
               static_cast<unsigned long long>(r.exact.counters.hits),
               static_cast<unsigned long long>(held_events));
-  d.requests().OnDisconnect(peer);
-  d.Stop();
-  std::filesystem::remove_all(c.state_dir);
 }
 
 }  // namespace
