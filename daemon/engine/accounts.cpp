@@ -81,8 +81,7 @@ std::vector<AccountUsage> AccountTable::Usage() const {
   std::vector<AccountUsage> out;
   for (const Account& a : accounts_) {
     if (!a.used) continue;
-    out.push_back(
-        AccountUsage{a.id, a.quota, a.tier_blocks, a.target[0], a.quota_evictions, a.held});
+    out.push_back(AccountUsage{a.id, a.quota, a.tier_blocks, a.target[0], a.quota_evictions});
   }
   std::sort(out.begin(), out.end(),
             [](const AccountUsage& x, const AccountUsage& y) { return x.account < y.account; });
@@ -97,7 +96,7 @@ size_t AccountTable::CapRoom(uint32_t owner, uint64_t client, unsigned tier) con
     const Account& a = accounts_[it->second];
     const size_t cap = a.quota.cap[tier];
     if (cap == kNoCap) continue;
-    const size_t held = tier == 0 ? a.Projected0() : a.tier_blocks[tier];
+    const size_t held = tier == 0 ? a.Charged0() : a.tier_blocks[tier];
     room = std::min(room, cap > held ? cap - held : size_t{0});
   }
   return room;

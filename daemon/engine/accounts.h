@@ -54,7 +54,6 @@ struct AccountUsage {
   std::array<size_t, kMaxTiers> tier_blocks{};  // its live blocks where they sit now
   size_t in_set = 0;                            // of them, in the policy's tier-0 set
   uint64_t quota_evictions = 0;                 // its blocks taken out of the set by quotas
-  size_t held = 0;  // tier-0 pages its released blocks left there (counted against its cap)
 };
 
 struct Account {
@@ -70,9 +69,12 @@ struct Account {
   std::vector<SparseSlotHeap> ranked_heat;  // [k - 1]: its blocks ranked in tier k
   uint64_t quota_evictions = 0;
   bool IsClient() const { return (id & kClientAccount) != 0; }
-  // Its tier-0 blocks once the moves in flight are done, and the pages its
-  // released blocks left there.
-  size_t Projected0() const { return tier_blocks[0] + in0 - out0 + held; }
+  // Its tier-0 blocks once the moves in flight are done.
+  size_t Projected0() const { return tier_blocks[0] + in0 - out0; }
+  // What its tier-0 cap is charged: those, and the pages its released blocks
+  // left there (room for its admissions and promotions; the blocks alone
+  // are its excess to demote, as tier 0's held pages are no excess).
+  size_t Charged0() const { return Projected0() + held; }
 };
 
 class AccountTable {
@@ -145,7 +147,7 @@ class AccountTable {
   bool ClientHasBlocks(uint64_t id) const { return client_live_.contains(id); }
   // `n` blocks' worth of pages in tier 0 that no block holds were left
   // there by released blocks of account `id` (the engine's held blocks, by
-  // account): they count in its tier 0 (Projected0) until they are gone,
+  // account): they are charged to its cap (Charged0) until they are gone,
   // whether the account exists now or is made later. Kept by id, for the
   // accounts with some only.
   void SetHeld(uint64_t id, size_t n);

@@ -133,8 +133,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
       // budget through an admission.
       bool room = tiers_.blocks(0) + tiers_.in(0) + held_ < capacity_;
       if (accounts_.on()) {
-        accounts_.ForEach(s,
-                          [&room](const Account& a) { room &= a.Projected0() < a.quota.cap[0]; });
+        accounts_.ForEach(s, [&room](const Account& a) { room &= a.Charged0() < a.quota.cap[0]; });
       }
       placed = room ? Tier::kFast : TierAt(tiers_.FirstLowerWithRoom());
     }
@@ -538,7 +537,7 @@ std::span<const Move> Engine::Plan() {
   auto over_cap = [this](Slot p) {
     bool full = false;
     if (accounts_.on()) {
-      accounts_.ForEach(p, [&full](const Account& a) { full |= a.Projected0() >= a.quota.cap[0]; });
+      accounts_.ForEach(p, [&full](const Account& a) { full |= a.Charged0() >= a.quota.cap[0]; });
     }
     return full;
   };

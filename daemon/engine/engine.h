@@ -264,9 +264,9 @@ class Engine {
   void set_held_blocks(size_t blocks) { held_ = blocks; }
   size_t held_blocks() const { return held_; }
   // Of them, `blocks` were left by released blocks of account `account`
-  // (an owner's or a client's): they count against its tier-0 cap as its
-  // blocks there do (no block of it is admitted into tier 0 or promoted
-  // while they fill its cap), until set to 0.
+  // (an owner's or a client's): they count against its tier-0 cap in the
+  // room of its admissions and promotions (none while they fill its cap),
+  // never as its excess, until set to 0.
   void set_account_held(uint64_t account, size_t blocks) { accounts_.SetHeld(account, blocks); }
   const Policy& policy() const { return *policy_; }
   size_t capacity_blocks() const { return capacity_; }

@@ -69,6 +69,8 @@ bool MoveDispatch::ReadyToPlan(engine::Engine& engine, uint64_t cap_bytes) {
 }
 
 void MoveDispatch::SyncHeld(engine::Engine& engine) {
+  // Only the accounts whose count changed: the engine keeps the others'.
+  // (A new engine is made only with no client and nothing held: shared.cpp.)
   released_.DrainChangedAccounts(
       [&engine](uint64_t account, size_t held) { engine.set_account_held(account, held); });
   if (engine.held_blocks() == released_.size()) return;

@@ -93,6 +93,9 @@ class MoveDispatch {
   // released blocks left are no longer counted, nor moved.
   void ForgetReleased(engine::Engine& engine, uint64_t session,
                       std::optional<uint32_t> pool = std::nullopt);
+  // The released blocks' pages held in tier 0 that quota account `account`
+  // (a uid, or a client account) is charged for.
+  size_t ReleasedHeldOf(uint64_t account) const { return released_.HeldOf(account); }
   // Copy mode's drains of every client, once a tick; write leases held past
   // `timeout_ticks` are counted as the moves they block are refused.
   void DrainPlaces(ClientTable& clients, uint64_t tick, uint64_t timeout_ticks, const Warn& warn);

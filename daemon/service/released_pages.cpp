@@ -1,5 +1,7 @@
 #include "service/released_pages.h"
 
+#include <cassert>
+
 namespace cxltier::service {
 
 namespace {
@@ -27,14 +29,17 @@ void ReleasedPages::Set(const Block& b, uint8_t state) {
 }
 
 void ReleasedPages::CountHeld(const Session& session, int delta) {
-  const auto add = [delta](size_t& n) { n = delta > 0 ? n + 1 : n - 1; };
+  const auto add = [delta](size_t& n) {
+    assert(delta > 0 || n > 0);
+    n = delta > 0 ? n + 1 : n - 1;
+  };
   add(held_);
   for (const uint64_t id : {session.accounts.owner, session.accounts.client}) {
     if (id == kNoAccount) continue;
     size_t& n = account_held_[id];
     add(n);
     if (n == 0) account_held_.erase(id);
-    changed_.push_back(id);
+    changed_.insert(id);
   }
 }
 
@@ -54,8 +59,11 @@ void ReleasedPages::Enqueue(const Block& b) {
 void ReleasedPages::Add(const Block& b, const Accounts& accounts) {
   uint8_t st = Get(b);
   if (st & kHeld) return;
-  Session& session = sessions_[b.session];
-  session.accounts = accounts;
+  // A session's accounts are its uid's and its hello's, set once: the first
+  // entry of the session names them.
+  const auto [it, added] = sessions_.try_emplace(b.session);
+  Session& session = it->second;
+  if (added) session.accounts = accounts;
   st |= kHeld;
   // One being moved is queued again when its move comes back (Done).
   const bool enqueue = !(st & (kQueued | kMoving));

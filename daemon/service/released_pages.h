@@ -25,6 +25,7 @@
 #include <deque>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace cxltier::service {
@@ -71,15 +72,17 @@ class ReleasedPages {
 
   // Blocks held: the engine's held count.
   size_t size() const { return held_; }
+  // Of them, those counted in account `id`.
+  size_t HeldOf(uint64_t id) const {
+    const auto it = account_held_.find(id);
+    return it == account_held_.end() ? 0 : it->second;
+  }
   bool empty() const { return held_ == 0; }
   // Calls f(account, held blocks counted in it) for each account whose count
   // changed since the last call (0 once it has none), for the engine.
   template <typename F>
   void DrainChangedAccounts(F&& f) {
-    for (const uint64_t id : changed_) {
-      const auto it = account_held_.find(id);
-      f(id, it == account_held_.end() ? size_t{0} : it->second);
-    }
+    for (const uint64_t id : changed_) f(id, HeldOf(id));
     changed_.clear();
   }
   // Entries, held or being moved (what it costs).
@@ -119,7 +122,7 @@ class ReleasedPages {
   // Held blocks by account (none: no entry), and the accounts whose count
   // changed since DrainChangedAccounts.
   std::unordered_map<uint64_t, size_t> account_held_;
-  std::vector<uint64_t> changed_;
+  std::unordered_set<uint64_t> changed_;  // at most the accounts of the sessions changed
 };
 
 }  // namespace cxltier::service

@@ -103,10 +103,12 @@ QuotaStatus QuotaStatuses(const Shared& d) {
       set_quota(*row, a.quota);
       row->in_set = a.in_set;
       row->quota_evictions = a.quota_evictions;
-      row->held_blocks = a.held;
     }
     out.quota_evictions = d.engine->counters().quota_evictions;
   }
+  // Released blocks' pages in tier 0 charged to each row's cap.
+  for (auto& [uid, a] : users) a.held_blocks = d.moves.ReleasedHeldOf(uid);
+  for (auto& [account, a] : clients) a.held_blocks = d.moves.ReleasedHeldOf(account);
   for (auto& [uid, a] : users) out.users.push_back(std::move(a));
   for (auto& [account, a] : clients) out.clients.push_back(std::move(a));
   std::sort(

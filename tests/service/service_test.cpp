@@ -1363,8 +1363,8 @@ TEST(ReleasedPages, HeldUntilTakenOrMovedAndMovedAgainWhenReleasedWhileMoving) {
   r.Add({1, 0, 40}, acc(1));
   EXPECT_EQ(blocks(r.Next(10)), (std::vector<uint32_t>{40}));
   EXPECT_EQ(r.Done({1, 0, 40}), O::kMoved);
-  // Oldest first, across clients and pools; a pool or client that goes
-  // takes its own, moving or not.
+  // One owner's oldest, then the next owner's (OwnersTakeTurns); a pool or
+  // client that goes takes its own, moving or not.
   r.Add({2, 0, 1}, acc(2));
   r.Add({1, 1, 0}, acc(1));
   r.Add({1, 0, 7}, acc(1));
