@@ -167,6 +167,7 @@ StatusSnapshot Snapshot(const Shared& d) {
   // Clients that left count their blocks and observations until they are released.
   for (const auto& [id, cl] : d.clients.all()) {
     s.clients += cl.hello && !cl.leaving;
+    s.leaving += cl.leaving;
     s.blocks += cl.live;
     s.observations += cl.observations;
     s.bad_observations += cl.bad_observations;

@@ -203,6 +203,7 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
   return {
       {"clients", s.clients},
       {"connections", s.connections},
+      {"leaving_clients", s.leaving},
       {"blocks", s.blocks},
       {"ghosts", s.ghosts},
       {"ghosts_loaded_at_start", s.ghosts_loaded_at_start},

@@ -204,6 +204,7 @@ struct StatusSnapshot {
   bool per_uid_metrics = false;  // [metrics] per_uid: the cxltier_user_* series
   uint64_t clients = 0;          // said hello and still connected
   uint64_t connections = 0;      // connected sessions, operator tools included
+  uint64_t leaving = 0;          // clients gone whose slots are still being released
   uint64_t blocks = 0;           // admitted (a client that left counts until released)
   uint64_t observations = 0;
   uint64_t bad_observations = 0;
