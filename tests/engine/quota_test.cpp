@@ -3,6 +3,7 @@
 // checked against the invariants the quotas promise.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <random>
 #include <vector>
@@ -239,6 +240,7 @@ TEST(Quota, AClientCapLimitsThatClientOnly) {
 TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
   const uint32_t owners[] = {11, 12, 13};
   uint64_t guarantee_checks = 0, quota_evictions = 0;
+  uint64_t held_checks = 0;  // tier-0 gains of accounts with held pages
   for (const Mode mode : {Mode::kDemand, Mode::kTick}) {
     for (const char* policy : {"lru", "adaptive", "ema:0.05"}) {
       for (int trace = 0; trace < 12; ++trace) {
@@ -263,11 +265,33 @@ TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
         set_random_quota();
         std::vector<Slot> live;
         std::map<Slot, uint64_t> client_of;  // each live slot's client account
+        // Tick mode: released tier-0 blocks' pages held there (the daemon's
+        // ReleasedPages), by owner and client, until "moved down" at random.
+        std::vector<std::pair<uint64_t, uint64_t>> held_pages;
+        std::map<uint64_t, size_t> held;  // by account
+        auto tell_held = [&] {
+          for (auto& [id, n] : held) n = 0;
+          for (const auto& [o, c] : held_pages) {
+            ++held[o];
+            if (c != kNoAccount) ++held[c];
+          }
+          e.set_held_blocks(held_pages.size());
+          for (const auto& [id, n] : held) e.set_account_held(id, n);
+        };
         uint64_t now = 0, next_key = 0;
         for (int step = 0; step < 600; ++step) {
           const unsigned r = rng() % 100;
+          // Each account's tier-0 blocks before the step: one that gains
+          // some must have had room for them beside its held pages.
+          std::map<uint64_t, size_t> blocks0_before;
+          for (const AccountUsage& u : e.Accounts()) blocks0_before[u.account] = u.tier_blocks[0];
           if (r < 3) {
             set_random_quota();
+          } else if (mode == Mode::kTick && r < 6) {
+            if (!held_pages.empty()) {
+              held_pages.erase(held_pages.begin() + static_cast<long>(rng() % held_pages.size()));
+              tell_held();
+            }
           } else if (r < 15 || live.empty()) {
             const uint32_t o = owners[rng() % 3];
             // Each client is one owner's, as the daemon's are.
@@ -276,6 +300,10 @@ TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
             client_of[live.back()] = c;
           } else if (r < 20) {
             const size_t i = rng() % live.size();
+            if (mode == Mode::kTick && e.state(live[i]).tier == Tier::kFast && rng() % 2) {
+              held_pages.emplace_back(e.owner(live[i]), client_of.at(live[i]));
+              tell_held();
+            }
             e.Release(live[i]);
             live[i] = live.back();
             live.pop_back();
@@ -306,6 +334,14 @@ TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
             }
           }
           for (const AccountUsage& u : e.Accounts()) {
+            const auto was = blocks0_before.find(u.account);
+            if (was != blocks0_before.end() && u.tier_blocks[0] > was->second &&
+                u.quota.cap[0] != kNoCap) {
+              held_checks += held[u.account] > 0;
+              EXPECT_LE(u.tier_blocks[0] + held[u.account], u.quota.cap[0])
+                  << "account " << u.account << " gained tier-0 blocks past its cap with "
+                  << held[u.account] << " held, step " << step;
+            }
             EXPECT_LE(u.in_set, u.quota.cap[0]) << "account " << u.account << " step " << step;
             if (mode == Mode::kDemand) {
               EXPECT_LE(u.tier_blocks[0], u.quota.cap[0]);
@@ -331,6 +367,9 @@ TEST(Quota, RandomTracesKeepEveryCapAndGuarantee) {
   // The traces did put guarantees and caps to work.
   EXPECT_GT(guarantee_checks, 1000u);
   EXPECT_GT(quota_evictions, 1000u);
+  std::printf("%llu tier-0 gains of capped accounts with held pages checked\n",
+              static_cast<unsigned long long>(held_checks));
+  EXPECT_GT(held_checks, 20u);
 }
 
 // Keeping accounts (before any quota) changes no decision: the same trace
