@@ -79,7 +79,7 @@ bool ReleasedPages::Take(const Block& b) {
   if (!(st & kHeld)) return false;
   st &= static_cast<uint8_t>(~kHeld);
   if (st & kMoving) st |= kTaken;
-  CountHeld(sessions_[b.session], -1);
+  CountHeld(sessions_.at(b.session), -1);
   // A queued entry stays (the queue's, skipped when popped) until popped.
   Set(b, st);
   TrimWhenIdle();
@@ -125,11 +125,10 @@ ReleasedPages::Outcome ReleasedPages::Done(const Block& b) {
   st &= static_cast<uint8_t>(~(kMoving | kTaken));
   if (!taken) {  // held all along
     st &= static_cast<uint8_t>(~kHeld);
-    CountHeld(sessions_[b.session], -1);
+    CountHeld(sessions_.at(b.session), -1);
   } else if ((st & kHeld) && !(st & kQueued)) {
     st |= kQueued;  // released again while it moved: move it again
-    Set(b, st);
-    Enqueue(b);
+    Enqueue(b);     // (its session has the entry being moved)
   }
   Set(b, st);
   TrimWhenIdle();
