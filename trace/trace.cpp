@@ -21,7 +21,7 @@ constexpr uint32_t kVersionGroups = 2;  // a group number per key after the keys
 // then version 2's tables (the group table all 0 when there are no groups).
 constexpr uint32_t kVersionMoves = 3;
 constexpr uint32_t kHeaderBytes = 32;
-constexpr uint32_t kLastKind = static_cast<uint32_t>(EventKind::kHeld);
+constexpr uint32_t kLastKind = static_cast<uint32_t>(EventKind::kLeader);
 // Refuse headers that promise more than this many records (a hostile or corrupt
 // file must not make us allocate terabytes).
 constexpr uint64_t kMaxRecords = uint64_t{1} << 32;
@@ -98,6 +98,13 @@ Status Trace::Validate() const {
       // Its key is a count of blocks, its observation 0.
       if (e.obs != 0.0f) {
         return Malformed("event " + std::to_string(i) + ": a held count's observation must be 0");
+      }
+    } else if (e.kind == EventKind::kLeader) {
+      // Its key is a candidate's place in the policy's spec (the replay
+      // checks it against its policy), its observation 0.
+      if (e.obs != 0.0f) {
+        return Malformed("event " + std::to_string(i) +
+                         ": a leader change's observation must be 0");
       }
     } else if (e.kind == EventKind::kPlan) {
       // Its key is the number of moves planned, its observation its budget

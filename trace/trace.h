@@ -38,6 +38,11 @@ namespace cxltier::sim {
 // version 3, with the moves): from here on `key` blocks' worth of released
 // blocks' pages (a count, not a key index) sit in tier 0 with no block of
 // the engine holding them (Engine::set_held_blocks); a move event too.
+// kLeader (format version 3, with the moves): the policy's leader became
+// candidate `key` (its place in the policy's spec, not a key index) at the
+// touch just before this event, or, as a recording's first event, was that
+// candidate when the recording began (Policy::Leader: shards chooses among
+// candidates); a move event too.
 enum class EventKind : uint8_t {
   kTouch = 0,
   kRelease = 1,
@@ -48,11 +53,12 @@ enum class EventKind : uint8_t {
   kRelocated = 6,
   kPlace = 7,
   kHeld = 8,
+  kLeader = 9,
 };
-// Kinds 4 to 6 and 8: the daemon's moves.
+// Kinds 4 to 6, 8 and 9: the daemon's moves.
 constexpr bool IsMoveEvent(EventKind k) {
   return k == EventKind::kPlan || k == EventKind::kOutcome || k == EventKind::kRelocated ||
-         k == EventKind::kHeld;
+         k == EventKind::kHeld || k == EventKind::kLeader;
 }
 
 // One event. 16 bytes, the same as a record of the binary format.

@@ -269,6 +269,11 @@ class Engine {
   // never as its excess, until set to 0.
   void set_account_held(uint64_t account, size_t blocks) { accounts_.SetHeld(account, blocks); }
   const Policy& policy() const { return *policy_; }
+  // An exact replay of a recording (cxltier-sim --moves recorded): the
+  // policy's leader changes only where the recording says, now or at the
+  // next touch (Policy::FollowRecordedLeaders, FollowLeader).
+  bool FollowRecordedLeaders() { return policy_->FollowRecordedLeaders(); }
+  bool FollowLeader(size_t candidate, bool now) { return policy_->FollowLeader(candidate, now); }
   size_t capacity_blocks() const { return capacity_; }
   // Blocks the policy's set may hold: tier 0's capacity less its landing room.
   size_t set_capacity_blocks() const { return set_capacity_; }

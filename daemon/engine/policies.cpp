@@ -720,14 +720,30 @@ class ShardsPolicy final : public Policy {
   }
   void OnHit(Slot s, const Touch& t) override {
     full_->OnHit(s, t);
-    if (Sampled(s) && !t.ahead && FeedMinis(s, t)) Switch(kNoSlot, kNoSlot);
+    if (Switches(s, t)) Switch(kNoSlot, kNoSlot);
   }
   Slot OnMiss(Slot s, const Touch& t) override {
     const Slot victim = full_->OnMiss(s, t);
     // The engine enters s into the set (and takes the victim out) after this
     // returns: a new leader is built with them so.
-    if (Sampled(s) && !t.ahead && FeedMinis(s, t)) Switch(s, victim);
+    if (Switches(s, t)) Switch(s, victim);
     return victim;
+  }
+  size_t Leader() const override { return leader_; }
+  uint64_t LeaderChanges() const override { return switches_; }
+  bool FollowRecordedLeaders() override {
+    recorded_ = true;
+    return true;
+  }
+  bool FollowLeader(size_t k, bool now) override {
+    if (!recorded_ || k >= minis_.size()) return false;
+    if (now) {
+      pending_ = k;
+      Switch(kNoSlot, kNoSlot);
+    } else {
+      told_ = k;
+    }
+    return true;
   }
   void Erase(Slot s) override {
     full_->Erase(s);
@@ -945,6 +961,16 @@ class ShardsPolicy final : public Policy {
     return best != leader_;
   }
 
+  // Whether the touch of `s` changes the leader (to pending_): by the
+  // miniatures' test, or, replaying a recording, where it was told to.
+  bool Switches(Slot s, const Touch& t) {
+    const bool chose = Sampled(s) && !t.ahead && FeedMinis(s, t);
+    if (!recorded_) return chose;
+    if (t.ahead || told_ == kNoLeader) return false;
+    pending_ = std::exchange(told_, kNoLeader);
+    return true;
+  }
+
   // Builds the new leader's (pending_) full instance from the set: every
   // block the engine holds in it (kFlagInTarget), plus `in`, minus `out`,
   // admitted in touch order, so the set is the same after the switch.
@@ -991,6 +1017,11 @@ class ShardsPolicy final : public Policy {
   size_t mini_cap_ = 0, ghost_limit_ = 4096, reserved_ = 0;
   size_t leader_ = 0;
   size_t pending_ = 0;  // the leader the last test chose
+  // Replaying a recording: the leader changes only where the recording
+  // says (FollowLeader), at the next touch to the candidate told_.
+  static constexpr size_t kNoLeader = SIZE_MAX;
+  bool recorded_ = false;
+  size_t told_ = kNoLeader;
   uint64_t switches_ = 0;
   uint64_t sampled_touches_ = 0;
   uint32_t epoch_touches_ = 0;

@@ -74,6 +74,22 @@ class Policy {
   // taken before are not compared with heats taken after.
   virtual uint64_t HeatEpoch() const { return 0; }
 
+  // A policy that chooses among candidates (shards): the leading one, by its
+  // place in the spec, and how many times the leader changed. A recording
+  // writes each change (trace kind 9), and its exact replay makes the same
+  // changes at the same touches instead of choosing: the policy's own
+  // choice depends on a keyed hash of the keys, and a recording's keys are
+  // hashed again. Every other policy: 0, 0, and nothing to follow.
+  virtual size_t Leader() const { return 0; }
+  virtual uint64_t LeaderChanges() const { return 0; }
+  // From now on the leader changes only as told (FollowLeader), never by the
+  // policy's own choice. False for a policy that chooses none.
+  virtual bool FollowRecordedLeaders() { return false; }
+  // Changes the leader to candidate `k`: `now`, or at the next touch that is
+  // not ahead (OnHit or OnMiss), at the point where the recorded policy
+  // changed it. False when there is no candidate `k` or no leader to follow.
+  virtual bool FollowLeader(size_t /*k*/, bool /*now*/) { return false; }
+
   // A soon hint places the block, whose group was idle for `idle_for` clock
   // units and runs again (now `now`): history the policy keeps by time of its
   // own (not in the block's state) should not age by that pause (Resumed).

@@ -157,6 +157,8 @@ void Fold::FoldSlot(Client& c, engine::Engine& engine, uint64_t tick, uint32_t i
     // Its group too: a block may have joined it before the recording began.
     recorder_->Touch(tick, c.peer.uid, engine.state(s.engine_slot).key, mass, hit,
                      engine.group(s.engine_slot));
+    // Right after its touch: the touch that changed the policy's leader.
+    recorder_->Leader(tick, engine.policy().LeaderChanges(), engine.policy().Leader());
   }
   WriteBack(engine, c, i);
 }

@@ -26,6 +26,20 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   max_bytes_ = max_bytes;
   state_ = State::kOn;
   held_recorded_ = 0;
+  leader_changes_.reset();
+}
+
+void Recorder::Leader(uint64_t tick, uint64_t changes, size_t leader) {
+  if (!on()) return;
+  const bool first = !leader_changes_;
+  if (!first && changes == *leader_changes_) return;
+  leader_changes_ = changes;
+  if (first && leader == 0) return;  // a replay starts with the first candidate
+  if (!Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
+  // Its key is the candidate's place in the policy's spec (not a key index).
+  const uint32_t k = static_cast<uint32_t>(std::min<size_t>(leader, UINT32_MAX));
+  trace_.events.push_back(sim::TraceEvent{Step(tick), k, 0.0f, sim::EventKind::kLeader});
+  ++summary_.leader_changes;
 }
 
 void Recorder::FlushHeld(uint64_t tick) {
@@ -100,6 +114,7 @@ void Recorder::DropMoves() {
   // Capacity at most twice the events again, as the shares count it.
   trace_.events.shrink_to_fit();
   summary_.plans = summary_.outcomes = summary_.outcomes_done = summary_.relocations = 0;
+  summary_.leader_changes = 0;
 }
 
 BlockKey Recorder::Hash(const BlockKey& key) const {

@@ -80,6 +80,9 @@ class Recorder {
     // The daemon's plans, the move outcomes (done or not) and relocations
     // recorded (all 0 when the trace is no exact replay: it holds none).
     uint64_t plans = 0, outcomes = 0, outcomes_done = 0, relocations = 0;
+    // Changes of the policy's leader recorded (shards; the first event's
+    // leader, when it was not the first candidate, included).
+    uint64_t leader_changes = 0;
     // Per uid: the events it holds in the trace, and the records (events and
     // group joins) it lost past its share.
     struct PerUid {
@@ -158,6 +161,13 @@ class Recorder {
   void Held(size_t blocks) {
     held_now_ = static_cast<uint32_t>(std::min<size_t>(blocks, UINT32_MAX));
   }
+  // The policy's leader is candidate `leader` after `changes` changes
+  // (Policy::Leader, LeaderChanges): told right after each touch the fold
+  // made, and once when the recording starts. Recorded (kLeader) when
+  // `changes` moved since the last call, and at the start when the leader
+  // is not the first candidate, so that an exact replay starts with the
+  // same leader and changes it at the same touches.
+  void Leader(uint64_t tick, uint64_t changes, size_t leader);
   // Once per tick, after the fold: stops the recording when its time is up.
   void EndTick(uint64_t tick) {
     if (on() && tick >= stop_tick_) Stop(tick);
@@ -219,6 +229,8 @@ class Recorder {
   std::unordered_set<BlockKey, BlockKeyHash> planned_;
   // Held()'s count, and the count the trace last said (a replay starts at 0).
   uint32_t held_now_ = 0, held_recorded_ = 0;
+  // The policy's leader changes when last told (Leader); none yet.
+  std::optional<uint64_t> leader_changes_;
   std::map<uint32_t, Share> shares_;  // per uid
 };
 

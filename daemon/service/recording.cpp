@@ -65,6 +65,10 @@ Result<wire::AdminOk> Requests::StartRecording(const std::string& arg) {
   const uint64_t ticks =
       (seconds * 1000 + d_.config.tick_ms - 1) / std::max<uint32_t>(d_.config.tick_ms, 1);
   d_.recorder.Start(d_.tick, ticks, max_events, secret);
+  // Its replay starts with the policy's leader of now.
+  if (d_.engine) {
+    d_.recorder.Leader(d_.tick, d_.engine->policy().LeaderChanges(), d_.engine->policy().Leader());
+  }
   explicit_bzero(secret.data(), secret.size());
   spdlog::info("recording for {} s ({} ticks, at most {} events)", seconds, ticks, max_events);
   return wire::AdminOk{"recording for " + std::to_string(seconds) + " s"};
@@ -116,6 +120,7 @@ Result<wire::AdminOk> Requests::StopRecording(server::UniqueFd* trace_fd) {
       {"move_outcomes", sum.outcomes},
       {"moves_done", sum.outcomes_done},
       {"relocations", sum.relocations},
+      {"leader_changes", sum.leader_changes},
       {"policy", d_.config.policy},
       {"persist", d_.config.persist},
       {"tier0_budget_bytes",

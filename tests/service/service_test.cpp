@@ -251,6 +251,42 @@ TEST(Recorder, AUidPastItsShareLosesItsOwnEventsOnly) {
 // last it was seen in, and the trace carries the table only when there were
 // any (a recording is version 3, whose table is all 0 without groups). The
 // caps count the groups.
+// The policy's leader (shards): the one it has when the recording starts,
+// unless the first candidate, and each change after the touch that made it;
+// nothing while the count of changes stays.
+TEST(Recorder, RecordsThePolicysLeaderAtTheStartAndAtEachChange) {
+  Recorder::Secret secret{};
+  const BlockKey a{1, 2};
+  Recorder r;
+  r.Start(10, 100, 1000, secret);
+  r.Leader(10, 5, 3);  // five changes before the start: candidate 3 leads
+  r.Touch(11, kUid, a, 1.0, true);
+  r.Leader(11, 5, 3);
+  r.Touch(12, kUid, a, 1.0, true);
+  r.Leader(12, 6, 1);
+  r.Stop(13);
+  auto [t, sum] = r.Take();
+  ASSERT_EQ(t.Validate().message, "");
+  ASSERT_EQ(t.events.size(), 4u);
+  EXPECT_EQ(t.events[0].kind, sim::EventKind::kLeader);
+  EXPECT_EQ(t.events[0].key, 3u);
+  EXPECT_EQ(t.events[2].kind, sim::EventKind::kTouch);
+  EXPECT_EQ(t.events[3].kind, sim::EventKind::kLeader);
+  EXPECT_EQ(t.events[3].key, 1u);
+  EXPECT_EQ(t.events[3].step, 2u);
+  EXPECT_EQ(sum.leader_changes, 2u);
+  // The first candidate at the start: nothing to say.
+  Recorder first;
+  first.Start(0, 100, 1000, secret);
+  first.Leader(0, 2, 0);
+  first.Touch(1, kUid, a, 1.0, true);
+  first.Leader(1, 2, 0);
+  first.Stop(2);
+  auto [t0, sum0] = first.Take();
+  ASSERT_EQ(t0.events.size(), 1u);
+  EXPECT_EQ(sum0.leader_changes, 0u);
+}
+
 TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   Recorder::Secret secret;
   for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>(7 * i + 3);

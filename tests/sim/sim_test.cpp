@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <span>
@@ -45,7 +46,13 @@ void ExpectSameTrace(const Trace& a, const Trace& b) {
   ASSERT_EQ(a.events.size(), b.events.size());
   for (size_t i = 0; i < a.events.size(); ++i) {
     ASSERT_EQ(a.events[i].step, b.events[i].step) << i;
-    ASSERT_EQ(a.keys[a.events[i].key], b.keys[b.events[i].key]) << i;
+    const EventKind k = a.events[i].kind;
+    if (k == EventKind::kPlan || k == EventKind::kHeld || k == EventKind::kLeader ||
+        k == EventKind::kHint) {
+      ASSERT_EQ(a.events[i].key, b.events[i].key) << i;  // a count, an index: no key
+    } else {
+      ASSERT_EQ(a.keys[a.events[i].key], b.keys[b.events[i].key]) << i;
+    }
     ASSERT_EQ(a.events[i].kind, b.events[i].kind) << i;
     ASSERT_EQ(a.events[i].obs, b.events[i].obs) << i;
   }
@@ -514,10 +521,16 @@ constexpr uint64_t kMiniBudget = 8;  // blocks of 1 byte
 constexpr uint64_t kMiniMigrate = 3;
 constexpr uint32_t kMiniHysteresis = 2;
 
-// `tiers`: 2, or 3 (tier 1 holds kMiniBudget blocks too).
+// `tiers`: 2, or 3 (tier 1 holds kMiniBudget blocks too). `key_seed`: the
+// engine's key hash seed (the daemon's secret; the replay's is 0). A
+// policy's leader changes are recorded (kind 9) after the touch that made
+// them, as the daemon's fold records them. `start_leader` (shards): the
+// leader from the start, recorded as the first event, and never changed.
 MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t first_tick,
-                         unsigned tiers = 2) {
+                         unsigned tiers = 2, uint64_t key_seed = 0,
+                         std::optional<size_t> start_leader = std::nullopt) {
   engine::EngineOptions o;
+  o.key_hash_seed = key_seed;
   o.block_bytes = 1;
   o.tier0_budget_bytes = kMiniBudget;
   if (tiers == 3) o.lower_tier_budget_bytes = {kMiniBudget};
@@ -544,9 +557,15 @@ MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t firs
   };
   std::vector<InFlight> flight;
   std::mt19937 rng(seed);
+  uint64_t leader_changes = 0;
   const auto push = [&t](uint32_t step, uint32_t key, float obs, EventKind kind) {
     t.events.push_back(TraceEvent{step, key, obs, kind});
   };
+  if (start_leader) {
+    EXPECT_TRUE(e.FollowRecordedLeaders() && e.FollowLeader(*start_leader, /*now=*/true));
+    leader_changes = e.policy().LeaderChanges();
+    push(0, static_cast<uint32_t>(*start_leader), 0.0f, EventKind::kLeader);
+  }
   const auto tell = [&](const InFlight& f, uint32_t step) {
     const BlockState& st = e.state(f.move.slot);
     if (e.IsLive(f.move.slot) && st.generation == f.move.generation &&
@@ -593,6 +612,10 @@ MiniDaemon RunMiniDaemon(const std::string& policy, uint32_t seed, uint64_t firs
       const float obs = static_cast<float>(1 + rng() % 8) / 8.0f;
       e.Touch(slot[k], engine::Touch{obs, first_tick + step, engine::kNever});
       push(step, k, obs, EventKind::kTouch);
+      if (e.policy().LeaderChanges() != leader_changes) {
+        leader_changes = e.policy().LeaderChanges();
+        push(step, static_cast<uint32_t>(e.policy().Leader()), 0.0f, EventKind::kLeader);
+      }
     }
     if (rng() % 5 == 0) continue;  // the mover is busy: no plan this tick
     const std::span<const engine::Move> moves = e.Plan();
@@ -671,6 +694,55 @@ TEST(RecordedMoves, TheReplayIsTheRunExactly) {
   }
 }
 
+// A shards policy chooses its leader by miniatures over a sample of the
+// keys, keyed by the engine's secret; the replay's is another (0). Told
+// where the leader changed (kind 9), the replay changes it there and is
+// the run exactly; without those events it parts from the run. A leader
+// as the recording's first event is the leader it starts with; a
+// candidate the replay's policy lacks is refused.
+TEST(RecordedMoves, AShardsPolicysLeaderChangesAreReplayed) {
+  const std::string policy =
+      "shards:lru+lfu+sieve+ema:0.05;rate=0.5;min=1;warm=0;z=0;gain=0;epoch=4;decay=0.5";
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const MiniDaemon run = RunMiniDaemon(policy, seed, 100 * seed, 2, 0x5eed0000 + seed);
+    ASSERT_EQ(run.trace.Validate().message, "");
+    const size_t changes = std::ranges::count(run.trace.events, EventKind::kLeader,
+                                              [](const TraceEvent& ev) { return ev.kind; });
+    ASSERT_GT(changes, 10u) << "seed " << seed;
+    const Result<SimResult> r = Simulate(run.trace, MiniConfig(policy), nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().message << " seed " << seed;
+    EXPECT_EQ(r->counters.hits, run.counters.hits) << "seed " << seed;
+    EXPECT_EQ(r->counters.evictions, run.counters.evictions) << "seed " << seed;
+    EXPECT_EQ(r->counters.promotions, run.counters.promotions) << "seed " << seed;
+    EXPECT_EQ(r->shards_switches, changes) << "seed " << seed;
+    // Without them the replay chooses nothing, and parts from the run.
+    Trace without = run.trace;
+    std::erase_if(without.events,
+                  [](const TraceEvent& ev) { return ev.kind == EventKind::kLeader; });
+    const Result<SimResult> w = Simulate(without, MiniConfig(policy), nullptr);
+    EXPECT_TRUE(!w.ok() || w->counters.hits != run.counters.hits ||
+                w->counters.evictions != run.counters.evictions)
+        << "seed " << seed;
+  }
+  // The leader at the start: candidate 2 (sieve), with no touch before it.
+  const MiniDaemon sieve = RunMiniDaemon(policy, 4, 0, 2, 0x5eed0004, 2);
+  Trace t = sieve.trace;
+  ASSERT_EQ(t.events.front().kind, EventKind::kLeader);
+  const Result<SimResult> started = Simulate(t, MiniConfig(policy), nullptr);
+  ASSERT_TRUE(started.ok()) << started.status().message;
+  EXPECT_EQ(started->shards_leader, "sieve");
+  EXPECT_EQ(started->shards_switches, 1u);
+  EXPECT_EQ(started->counters.hits, sieve.counters.hits);
+  EXPECT_EQ(started->counters.evictions, sieve.counters.evictions);
+  // A candidate it does not have, or a policy with none.
+  t.events.front().key = 4;
+  EXPECT_NE(ErrorOf(Simulate(t, MiniConfig(policy), nullptr)).find("has candidate 0"),
+            std::string::npos);
+  t.events.front().key = 0;
+  EXPECT_NE(ErrorOf(Simulate(t, MiniConfig("lru"), nullptr)).find("made candidate 0"),
+            std::string::npos);
+}
+
 // The what-if replay (--moves instant) skips the recorded moves: it plans
 // for itself every tick and completes every move at once, as it did on
 // traces without them.
@@ -747,7 +819,7 @@ TEST(RecordedMoves, ADivergingReplayIsAClearError) {
 }
 
 // Version 3 of the binary format: the clock of step 0 after the header, the
-// group table (zeros without groups), kinds 4 to 6 and 8. Older versions may not
+// group table (zeros without groups), kinds 4 to 6, 8 and 9. Older versions may not
 // carry those kinds, CSV refuses to drop them, a bad outcome or relocation
 // is refused.
 TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
@@ -757,7 +829,8 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   t.events.insert(t.events.begin() + 2, {{0, 2, 0.0f, EventKind::kPlan},
                                          {1, 1, 1.0f, EventKind::kOutcome},
                                          {1, 0, 1.0f, EventKind::kRelocated},
-                                         {1, 2, 0.0f, EventKind::kHeld}});
+                                         {1, 2, 0.0f, EventKind::kHeld},
+                                         {1, 3, 0.0f, EventKind::kLeader}});
   ASSERT_EQ(t.Validate().message, "");
   std::stringstream bin;
   ASSERT_EQ(WriteBinary(t, bin).message, "");
@@ -782,7 +855,7 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   const Result<Trace> gr = ReadBinary(gbin, "v3g");
   ASSERT_TRUE(gr.ok()) << gr.status().message;
   EXPECT_EQ(gr->groups, g.groups);
-  // A kind 4 to 8 in a version 1 trace, and kind 9 in version 3: unknown.
+  // A kind 4 to 9 in a version 1 trace, and kind 10 in version 3: unknown.
   const size_t first_event = 40 + 20 * t.keys.size();
   std::string v1 = bytes;
   v1[8] = 1;
@@ -791,10 +864,10 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   std::istringstream v1in(v1);
   EXPECT_NE(ReadBinary(v1in, "x").status().message.find("unknown kind 4 for a version 1 trace"),
             std::string::npos);
-  std::string eight = bytes;
-  eight[first_event + 16 * 2 + 12] = 9;
-  std::istringstream sin(eight);
-  EXPECT_NE(ReadBinary(sin, "x").status().message.find("unknown kind 9"), std::string::npos);
+  std::string ten = bytes;
+  ten[first_event + 16 * 2 + 12] = 10;
+  std::istringstream sin(ten);
+  EXPECT_NE(ReadBinary(sin, "x").status().message.find("unknown kind 10"), std::string::npos);
   // An outcome is 1 or 0; a relocation's tier a whole tier; a plan's
   // budget whole blocks; none of them in a trace that records no moves.
   Trace bad = t;
@@ -809,6 +882,9 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   bad = t;
   bad.events[5].obs = 1.0f;
   EXPECT_NE(bad.Validate().message.find("a held count's observation"), std::string::npos);
+  bad = t;
+  bad.events[6].obs = 1.0f;
+  EXPECT_NE(bad.Validate().message.find("a leader change's observation"), std::string::npos);
   bad = t;
   bad.recorded_moves = false;
   EXPECT_NE(bad.Validate().message.find("records no moves"), std::string::npos);

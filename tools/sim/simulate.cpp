@@ -71,6 +71,8 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
   }
   engine::Engine e(o, std::move(policy));
   result.capacity_blocks = e.capacity_blocks();
+  // A policy that chooses a leader (shards) changes it where the daemon's did.
+  if (recorded) e.FollowRecordedLeaders();
 
   const bool grouped = config.hints && !trace.groups.empty();
   const uint64_t every = config.tick_steps ? config.tick_steps : 1;
@@ -92,8 +94,8 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
                ". The replay no longer follows the recording: --moves recorded needs the daemon's "
                "policy and settings (the command cxltierctl record prints), a recording begun "
                "before the traffic it replays, and a policy that does not hash keys (tinylfu, "
-               "adaptive, whose experts include it, and the default shards, which samples keys by "
-               "a hash, may part from the daemon); "
+               "adaptive, whose experts include it, and the default shards while tinylfu leads "
+               "may part from the daemon); "
                "--moves instant replays any of them");
   };
   const auto start = std::chrono::steady_clock::now();
@@ -103,6 +105,8 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
   // The replay is bound by cache misses on the state table, not by work: load
   // the slot index and then the state line a few events ahead.
   constexpr size_t kSlotAhead = 16, kStateAhead = 8;
+  // --moves recorded: the policy's leader changes the replay has made.
+  uint64_t changes = 0;
   for (size_t i = 0; i < n; ++i) {
     // (A plan's, a hint's or a held count's key is no key index: bounded.)
     if (i + kSlotAhead < n && events[i + kSlotAhead].key < slot_of.size()) {
@@ -134,6 +138,19 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
         m.slot = engine::kNoSlot;
       } else if (ev.kind == EventKind::kHeld) {
         e.set_held_blocks(ev.key);
+      } else if (ev.kind == EventKind::kLeader) {
+        // Right after a touch: that touch changed the leader (the replay
+        // was told before it); else the leader when the recording began.
+        const bool after_touch = i > 0 && events[i - 1].kind == EventKind::kTouch;
+        if (after_touch ? e.policy().Leader() != ev.key || e.policy().LeaderChanges() != changes + 1
+                        : !e.FollowLeader(ev.key, /*now=*/true)) {
+          return diverged(i, "the daemon's policy made candidate " + std::to_string(ev.key) +
+                                 " its leader here, the replay's " +
+                                 (e.policy().LeaderChanges() == changes && after_touch
+                                      ? std::string("did not change its leader")
+                                      : "has candidate " + std::to_string(e.policy().Leader())));
+        }
+        changes = e.policy().LeaderChanges();
       } else {  // kRelocated
         if (slot_of[ev.key] == engine::kNoSlot) {
           return diverged(i, "the daemon relocated a block the replay does not hold");
@@ -199,7 +216,21 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
       s = e.Admit(trace.keys[ev.key]);
       admit(ev.key, s);
     }
+    // The daemon's policy changed its leader at this touch (the next event
+    // says so): so does the replay's, at the same point of the touch.
+    if (recorded && i + 1 < n && events[i + 1].kind == EventKind::kLeader &&
+        !e.FollowLeader(events[i + 1].key, /*now=*/false)) {
+      return diverged(i + 1, "the daemon's policy made candidate " +
+                                 std::to_string(events[i + 1].key) +
+                                 " its leader here; the replay's policy (" + config.policy +
+                                 ") has no such candidate to follow");
+    }
     e.Touch(s, engine::Touch{ev.obs, now, next_use ? (*next_use)[i] : engine::kNever});
+    // The replay's changed only where told.
+    if (recorded && e.policy().LeaderChanges() != changes &&
+        !(i + 1 < n && events[i + 1].kind == EventKind::kLeader)) {
+      return diverged(i, "the replay's policy changed its leader here, the daemon's did not");
+    }
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.counters = e.counters();
