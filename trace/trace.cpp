@@ -106,6 +106,11 @@ Status Trace::Validate() const {
         return Malformed("event " + std::to_string(i) +
                          ": a leader change's observation must be 0");
       }
+      // The change made by the touch before it, or the leader at the start.
+      if (i > 0 && events[i - 1].kind != EventKind::kTouch) {
+        return Malformed("event " + std::to_string(i) +
+                         ": a leader change follows a touch or opens the trace");
+      }
     } else if (e.kind == EventKind::kPlan) {
       // Its key is the number of moves planned, its observation its budget
       // in blocks (0: the recording's migrate_bytes_per_tick).

@@ -87,7 +87,8 @@ class Policy {
   virtual bool FollowRecordedLeaders() { return false; }
   // Changes the leader to candidate `k`: `now`, or at the next touch that is
   // not ahead (OnHit or OnMiss), at the point where the recorded policy
-  // changed it. False when there is no candidate `k` or no leader to follow.
+  // changed it. False when there is no candidate `k`, or before
+  // FollowRecordedLeaders (or for a policy that chooses none).
   virtual bool FollowLeader(size_t /*k*/, bool /*now*/) { return false; }
 
   // A soon hint places the block, whose group was idle for `idle_for` clock

@@ -29,11 +29,22 @@ void Recorder::Start(uint64_t tick, uint64_t ticks, uint64_t max_events, const S
   leader_changes_.reset();
 }
 
+void Recorder::PolicyChanged() {
+  if (on() && summary_.replay_exact) DropMoves();
+}
+
 void Recorder::Leader(uint64_t tick, uint64_t changes, size_t leader) {
   if (!on()) return;
   const bool first = !leader_changes_;
   if (!first && changes == *leader_changes_) return;
+  // One touch changes the leader at most once: any other step is a policy
+  // built anew (policy set), which no replay follows.
+  const bool one_more = !first && changes == *leader_changes_ + 1;
   leader_changes_ = changes;
+  if (!first && !one_more) {
+    PolicyChanged();
+    return;
+  }
   if (first && leader == 0) return;  // a replay starts with the first candidate
   if (!Admits(tick, std::nullopt, 1, false, false, !trace_.groups.empty())) return;
   // Its key is the candidate's place in the policy's spec (not a key index).

@@ -80,8 +80,8 @@ class Recorder {
     // The daemon's plans, the move outcomes (done or not) and relocations
     // recorded (all 0 when the trace is no exact replay: it holds none).
     uint64_t plans = 0, outcomes = 0, outcomes_done = 0, relocations = 0;
-    // Changes of the policy's leader recorded (shards; the first event's
-    // leader, when it was not the first candidate, included).
+    // Leader events recorded (shards): each change of the policy's leader,
+    // and the leader at the start when it was not the first candidate.
     uint64_t leader_changes = 0;
     // Per uid: the events it holds in the trace, and the records (events and
     // group joins) it lost past its share.
@@ -168,6 +168,10 @@ class Recorder {
   // is not the first candidate, so that an exact replay starts with the
   // same leader and changes it at the same touches.
   void Leader(uint64_t tick, uint64_t changes, size_t leader);
+  // The daemon's policy was replaced (policy set, a reload): the replay
+  // knows one policy, so the recording is no exact replay from here on (its
+  // moves go, as when a uid loses events).
+  void PolicyChanged();
   // Once per tick, after the fold: stops the recording when its time is up.
   void EndTick(uint64_t tick) {
     if (on() && tick >= stop_tick_) Stop(tick);

@@ -118,6 +118,7 @@ Status Shared::SetPolicy(const std::string& name) {
   config.policy = name;
   // No engine yet: the first client's hello builds it with the new policy.
   if (engine) engine->SetPolicy(std::move(*policy));
+  recorder.PolicyChanged();  // a replay knows one policy
   spdlog::info("policy {} -> {}", old, name);
   return Status::Ok();
 }

@@ -246,14 +246,10 @@ TEST(Recorder, AUidPastItsShareLosesItsOwnEventsOnly) {
   EXPECT_FALSE(sum3.truncated);
 }
 
-// Hints and group membership: groups get the recording's own numbers (first
-// seen = 1), a hint is an event naming that number, a block's group is the
-// last it was seen in, and the trace carries the table only when there were
-// any (a recording is version 3, whose table is all 0 without groups). The
-// caps count the groups.
 // The policy's leader (shards): the one it has when the recording starts,
 // unless the first candidate, and each change after the touch that made it;
-// nothing while the count of changes stays.
+// nothing while the count of changes stays. A policy built anew (policy
+// set, or a count that does not step by one) ends the exact replay.
 TEST(Recorder, RecordsThePolicysLeaderAtTheStartAndAtEachChange) {
   Recorder::Secret secret{};
   const BlockKey a{1, 2};
@@ -285,8 +281,32 @@ TEST(Recorder, RecordsThePolicysLeaderAtTheStartAndAtEachChange) {
   auto [t0, sum0] = first.Take();
   ASSERT_EQ(t0.events.size(), 1u);
   EXPECT_EQ(sum0.leader_changes, 0u);
+  // Replaced: the moves go, leader events with them.
+  for (const bool told : {true, false}) {
+    Recorder set;
+    set.Start(0, 100, 1000, secret);
+    set.Leader(0, 4, 2);
+    set.Touch(1, kUid, a, 1.0, true);
+    if (told) {
+      set.PolicyChanged();
+    } else {
+      set.Leader(1, 0, 0);  // a new shards policy counts from 0
+    }
+    set.Touch(2, kUid, a, 1.0, true);
+    set.Stop(3);
+    auto [ts, sums] = set.Take();
+    EXPECT_FALSE(sums.replay_exact) << told;
+    EXPECT_FALSE(ts.recorded_moves) << told;
+    EXPECT_EQ(ts.events.size(), 2u) << told;  // the two touches
+    EXPECT_EQ(sums.leader_changes, 0u) << told;
+  }
 }
 
+// Hints and group membership: groups get the recording's own numbers (first
+// seen = 1), a hint is an event naming that number, a block's group is the
+// last it was seen in, and the trace carries the table only when there were
+// any (a recording is version 3, whose table is all 0 without groups). The
+// caps count the groups.
 TEST(Recorder, RecordsHintsAndGroupsUnderItsOwnNumbers) {
   Recorder::Secret secret;
   for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>(7 * i + 3);

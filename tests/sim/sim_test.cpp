@@ -734,13 +734,30 @@ TEST(RecordedMoves, AShardsPolicysLeaderChangesAreReplayed) {
   EXPECT_EQ(started->shards_switches, 1u);
   EXPECT_EQ(started->counters.hits, sieve.counters.hits);
   EXPECT_EQ(started->counters.evictions, sieve.counters.evictions);
-  // A candidate it does not have, or a policy with none.
+  // A candidate it does not have, or a policy with none: at the start, and
+  // after a touch.
   t.events.front().key = 4;
-  EXPECT_NE(ErrorOf(Simulate(t, MiniConfig(policy), nullptr)).find("has candidate 0"),
+  EXPECT_NE(ErrorOf(Simulate(t, MiniConfig(policy), nullptr)).find("no such candidate to follow"),
             std::string::npos);
   t.events.front().key = 0;
-  EXPECT_NE(ErrorOf(Simulate(t, MiniConfig("lru"), nullptr)).find("made candidate 0"),
+  EXPECT_NE(ErrorOf(Simulate(t, MiniConfig("lru"), nullptr)).find("no such candidate to follow"),
             std::string::npos);
+  Trace two;
+  two.name = "two";
+  two.recorded_moves = true;
+  two.keys = {BlockKey{7, 1}};
+  two.events = {{1, 0, 1.0f, EventKind::kTouch}, {1, 9, 0.0f, EventKind::kLeader}};
+  ASSERT_EQ(two.Validate().message, "");
+  EXPECT_NE(ErrorOf(Simulate(two, MiniConfig(policy), nullptr)).find("no such candidate to follow"),
+            std::string::npos);
+  // A change the replay was told of and could not make: no tier 0, so the
+  // touch never reaches the policy.
+  two.events[1].key = 1;
+  SimConfig none = MiniConfig(policy);
+  none.budget_bytes = 0;
+  EXPECT_NE(ErrorOf(Simulate(two, none, nullptr)).find("did not change its leader"),
+            std::string::npos);
+  EXPECT_EQ(ErrorOf(Simulate(two, MiniConfig(policy), nullptr)), "");
 }
 
 // The what-if replay (--moves instant) skips the recorded moves: it plans
@@ -826,11 +843,11 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   Trace t = SmallTrace();
   t.recorded_moves = true;
   t.first_tick = 0x123456789abULL;
-  t.events.insert(t.events.begin() + 2, {{0, 2, 0.0f, EventKind::kPlan},
+  t.events.insert(t.events.begin() + 2, {{0, 3, 0.0f, EventKind::kLeader},
+                                         {0, 2, 0.0f, EventKind::kPlan},
                                          {1, 1, 1.0f, EventKind::kOutcome},
                                          {1, 0, 1.0f, EventKind::kRelocated},
-                                         {1, 2, 0.0f, EventKind::kHeld},
-                                         {1, 3, 0.0f, EventKind::kLeader}});
+                                         {1, 2, 0.0f, EventKind::kHeld}});
   ASSERT_EQ(t.Validate().message, "");
   std::stringstream bin;
   ASSERT_EQ(WriteBinary(t, bin).message, "");
@@ -862,7 +879,7 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   v1.erase(32, 8);                        // no clock
   v1.erase(32 + 16 * t.keys.size(), 12);  // no group table
   std::istringstream v1in(v1);
-  EXPECT_NE(ReadBinary(v1in, "x").status().message.find("unknown kind 4 for a version 1 trace"),
+  EXPECT_NE(ReadBinary(v1in, "x").status().message.find("unknown kind 9 for a version 1 trace"),
             std::string::npos);
   std::string ten = bytes;
   ten[first_event + 16 * 2 + 12] = 10;
@@ -871,20 +888,23 @@ TEST(RecordedMoves, BinaryVersionThreeAndWhatReadersRefuse) {
   // An outcome is 1 or 0; a relocation's tier a whole tier; a plan's
   // budget whole blocks; none of them in a trace that records no moves.
   Trace bad = t;
-  bad.events[3].obs = 0.5f;
+  bad.events[4].obs = 0.5f;
   EXPECT_NE(bad.Validate().message.find("1 (done) or 0"), std::string::npos);
   bad = t;
-  bad.events[4].obs = 9.0f;
+  bad.events[5].obs = 9.0f;
   EXPECT_NE(bad.Validate().message.find("a relocation's tier"), std::string::npos);
   bad = t;
-  bad.events[2].obs = 1.5f;
+  bad.events[3].obs = 1.5f;
   EXPECT_NE(bad.Validate().message.find("a plan's budget"), std::string::npos);
   bad = t;
-  bad.events[5].obs = 1.0f;
+  bad.events[6].obs = 1.0f;
   EXPECT_NE(bad.Validate().message.find("a held count's observation"), std::string::npos);
   bad = t;
-  bad.events[6].obs = 1.0f;
+  bad.events[2].obs = 1.0f;
   EXPECT_NE(bad.Validate().message.find("a leader change's observation"), std::string::npos);
+  bad = t;
+  std::swap(bad.events[2], bad.events[3]);  // after the plan: no touch made it
+  EXPECT_NE(bad.Validate().message.find("follows a touch or opens the trace"), std::string::npos);
   bad = t;
   bad.recorded_moves = false;
   EXPECT_NE(bad.Validate().message.find("records no moves"), std::string::npos);

@@ -142,11 +142,19 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
         // Right after a touch: that touch changed the leader (the replay
         // was told before it); else the leader when the recording began.
         const bool after_touch = i > 0 && events[i - 1].kind == EventKind::kTouch;
-        if (after_touch ? e.policy().Leader() != ev.key || e.policy().LeaderChanges() != changes + 1
-                        : !e.FollowLeader(ev.key, /*now=*/true)) {
+        if (i > 0 && !after_touch) {  // Trace::Validate refuses it too
+          return diverged(i, "a leader change that neither opens the trace nor follows a touch");
+        }
+        if (!after_touch && !e.FollowLeader(ev.key, /*now=*/true)) {
+          return diverged(i, "the daemon's policy had candidate " + std::to_string(ev.key) +
+                                 " as its leader; the replay's policy (" + config.policy +
+                                 ") has no such candidate to follow");
+        }
+        if (after_touch &&
+            (e.policy().Leader() != ev.key || e.policy().LeaderChanges() != changes + 1)) {
           return diverged(i, "the daemon's policy made candidate " + std::to_string(ev.key) +
                                  " its leader here, the replay's " +
-                                 (e.policy().LeaderChanges() == changes && after_touch
+                                 (e.policy().LeaderChanges() == changes
                                       ? std::string("did not change its leader")
                                       : "has candidate " + std::to_string(e.policy().Leader())));
         }
