@@ -98,6 +98,12 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
                "may part from the daemon); "
                "--moves instant replays any of them");
   };
+  // A leader event (kind 9) naming a candidate the replay's policy lacks.
+  const auto no_candidate = [&](size_t i) {
+    return diverged(i, "the daemon's policy had candidate " + std::to_string(trace.events[i].key) +
+                           " as its leader; the replay's policy (" + config.policy +
+                           ") has no such candidate to follow");
+  };
   const auto start = std::chrono::steady_clock::now();
   uint64_t last_step = trace.events.empty() ? 0 : trace.events.front().step;
   const TraceEvent* events = trace.events.data();
@@ -139,19 +145,14 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
       } else if (ev.kind == EventKind::kHeld) {
         e.set_held_blocks(ev.key);
       } else if (ev.kind == EventKind::kLeader) {
-        // Right after a touch: that touch changed the leader (the replay
-        // was told before it); else the leader when the recording began.
-        const bool after_touch = i > 0 && events[i - 1].kind == EventKind::kTouch;
-        if (i > 0 && !after_touch) {  // Trace::Validate refuses it too
+        // Opening the trace: the leader when the recording began. Right
+        // after a touch: that touch changed the leader (the replay was told
+        // before it). Nowhere else (Trace::Validate refuses it too).
+        if (i == 0) {
+          if (!e.FollowLeader(ev.key, /*now=*/true)) return no_candidate(i);
+        } else if (events[i - 1].kind != EventKind::kTouch) {
           return diverged(i, "a leader change that neither opens the trace nor follows a touch");
-        }
-        if (!after_touch && !e.FollowLeader(ev.key, /*now=*/true)) {
-          return diverged(i, "the daemon's policy had candidate " + std::to_string(ev.key) +
-                                 " as its leader; the replay's policy (" + config.policy +
-                                 ") has no such candidate to follow");
-        }
-        if (after_touch &&
-            (e.policy().Leader() != ev.key || e.policy().LeaderChanges() != changes + 1)) {
+        } else if (e.policy().Leader() != ev.key || e.policy().LeaderChanges() != changes + 1) {
           return diverged(i, "the daemon's policy made candidate " + std::to_string(ev.key) +
                                  " its leader here, the replay's " +
                                  (e.policy().LeaderChanges() == changes
@@ -226,17 +227,11 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& config,
     }
     // The daemon's policy changed its leader at this touch (the next event
     // says so): so does the replay's, at the same point of the touch.
-    if (recorded && i + 1 < n && events[i + 1].kind == EventKind::kLeader &&
-        !e.FollowLeader(events[i + 1].key, /*now=*/false)) {
-      return diverged(i + 1, "the daemon's policy made candidate " +
-                                 std::to_string(events[i + 1].key) +
-                                 " its leader here; the replay's policy (" + config.policy +
-                                 ") has no such candidate to follow");
-    }
+    const bool told = recorded && i + 1 < n && events[i + 1].kind == EventKind::kLeader;
+    if (told && !e.FollowLeader(events[i + 1].key, /*now=*/false)) return no_candidate(i + 1);
     e.Touch(s, engine::Touch{ev.obs, now, next_use ? (*next_use)[i] : engine::kNever});
     // The replay's changed only where told.
-    if (recorded && e.policy().LeaderChanges() != changes &&
-        !(i + 1 < n && events[i + 1].kind == EventKind::kLeader)) {
+    if (recorded && !told && e.policy().LeaderChanges() != changes) {
       return diverged(i, "the replay's policy changed its leader here, the daemon's did not");
     }
   }
