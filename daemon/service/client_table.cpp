@@ -152,6 +152,7 @@ Status ClientTable::Open(Client& c, uint32_t slots, std::string name) {
   c.copy.write_refused_since.assign(slots, 0);
   c.copy.write_overdue.assign(slots, 0);
   c.copy.copying.assign(slots, 0);
+  c.copy.word_kept.assign(slots, 0);
   c.free_slots.clear();
   for (uint32_t i = slots; i-- > 0;) c.free_slots.push_back(i);
   return Status::Ok();

@@ -57,6 +57,7 @@ Status PlaceNew(Client& c, uint32_t preferred, TierRoom& room, uint32_t* pool, u
 
 void PublishAdmitted(Client& c, uint32_t seg) {
   ++c.copy.version[seg];
+  c.copy.word_kept[seg] = 0;
   c.copy.write_refused_since[seg] = 0;
   c.copy.write_overdue[seg] = 0;
   SetLocation(c.segment.locations(), seg, PlaceWord(c, seg) | kLocWriting);
@@ -66,8 +67,12 @@ bool Retire(Client& c, uint32_t seg, uint64_t tick, bool keep_word) {
   // The client left, or the daemon stops: the word keeps the last place it
   // was given. Its bytes stay there (nothing is punched, and the pools go
   // with the client, so nothing reuses the place), readers may go on reading
-  // them, and a reconnect re-admits the block where the word says.
-  if (keep_word) return true;
+  // them, and a reconnect re-admits the block where the word says. A copy
+  // still running may yet publish its new place there (CompleteCopy).
+  if (keep_word) {
+    c.copy.word_kept[seg] = 1;
+    return true;
+  }
   const SegSlot& s = c.slots[seg];
   AddDrain(c, seg, c.copy.version[seg], s.pool, s.block, tick);
   // Only a copy of this place keeps it: one of an earlier admission of the

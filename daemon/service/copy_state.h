@@ -23,6 +23,11 @@ struct CopyState {
   // source place until the copy comes back); 0 spares a release the search
   // of in_flight.
   std::vector<uint8_t> copying;
+  // By segment slot: released keeping its word (its client left, or the
+  // daemon stops; Retire). The word names the block's last place, readers
+  // may still take leases there, and nothing may free it: a copy that
+  // publishes after such a release leaves its new place in the word.
+  std::vector<uint8_t> word_kept;
   // Every copy in flight: (segment slot, version of the place it reads). A
   // slot released and admitted again while a copy of its first place runs
   // has a copy in flight that does not read its new place.

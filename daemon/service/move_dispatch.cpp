@@ -283,6 +283,15 @@ void MoveDispatch::CompleteCopy(const MoveDone& d, engine::Engine* engine, Clien
     return;
   }
   const uint32_t published = c->copy.version[seg] + 1;
+  if (!current && c->copy.word_kept[seg] && static_cast<uint32_t>(j.next >> 32) == published) {
+    // Released keeping its word (its client left, or the daemon stops), and
+    // this copy published: the word names the copy's place now, where readers
+    // of the old segment go, and a reconnect re-admits the block. That place
+    // stays; the source drains as a current copy's does.
+    AddDrain(*c, seg, c->copy.version[seg], j.src_pool_id, j.src_index, tick);
+    c->copy.version[seg] = published;
+    return;
+  }
   if (!current || static_cast<uint32_t>(j.next >> 32) != published) {
     // Released (or released and admitted again) after the publish: readers
     // may have taken the new place in between, so it drains like any other.

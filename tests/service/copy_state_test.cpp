@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -193,6 +194,57 @@ TEST(CopyState, ALeavingClientKeepsItsPlacesInTheSegment) {
   EXPECT_EQ(std::atomic_ref<uint64_t>(t.words()[seg]).load(), before);
   EXPECT_TRUE(DecodeLocation(before).has_place());
   EXPECT_TRUE(t.c->copy.draining.empty());
+}
+
+// A copy that publishes around a release that keeps the word (the client
+// left; its later slots are still being released, so it is still in the
+// table): the word names the copy's place, where the old segment's readers
+// go. That place must never be drained, freed or handed to another copy;
+// the source drains once its readers are gone. Both orders: published before
+// the release, and after it (the mover's compare-and-swap still finds the
+// word it expects, since a kept word is left alone).
+TEST(CopyState, ALeavingClientsCopyKeepsThePlaceItPublished) {
+  for (const bool publish_first : {true, false}) {
+    SCOPED_TRACE(publish_first ? "published before the release" : "published after it");
+    CopyClient t;
+    const uint32_t a = t.Admit(1);
+    const uint32_t b = t.Admit(2);
+    auto place = [&](uint64_t w) {
+      const Location l = DecodeLocation(w);
+      return t.c->pools[static_cast<size_t>(t.c->copy.pool[l.tier])].BlockAddress(l.index);
+    };
+    std::memset(place(t.words()[a]), 'A', t.page);
+    std::memset(place(t.words()[b]), 'B', t.page);
+    const uint64_t free_before = t.Free();
+    const MoveJob copy = t.StartCopy(a, 1);
+    numa::MoveResult r;
+    if (publish_first) r = RunCopy(*copy.copy);
+    // The connection drops: ReleaseSlot with keep_place, a's slot first.
+    t.clients.MarkLeaving(*t.c);
+    ASSERT_TRUE(Retire(*t.c, a, t.tick, /*keep_word=*/true));
+    t.clients.Unbind(*t.c, a);
+    if (!publish_first) r = RunCopy(*copy.copy);
+    ASSERT_TRUE(r.done());
+    const uint64_t kept = std::atomic_ref<uint64_t>(t.words()[a]).load();
+    ASSERT_EQ(kept, copy.copy->next) << "the copy published its place into the kept word";
+    const uint8_t* bytes = place(kept);
+    // The copy comes back while the client is still in the table; ticks drain.
+    t.Back(copy, r);
+    t.Drain();
+    t.Drain();
+    // A reader of the old segment takes a lease where the word says.
+    Location where;
+    ASSERT_TRUE(AcquireRead(t.words(), t.lease(0), a, t.tick, &where));
+    EXPECT_EQ(std::atomic_ref<uint64_t>(t.words()[a]).load(), kept);
+    // The source went back to the free places; the copy's place did not.
+    EXPECT_EQ(t.Free(), free_before) << "one place taken by the copy, one freed: the source";
+    // A later tick copies b, another block of the leaving client.
+    const MoveJob next = t.StartCopy(b, 2);
+    EXPECT_NE(next.copy->dst, bytes) << "the place a's word names went to another copy";
+    EXPECT_TRUE(RunCopy(*next.copy).done());
+    EXPECT_EQ(bytes[0], 'A') << "a reader holding a lease on a's word reads b's bytes";
+    EXPECT_EQ(bytes[t.page - 1], 'A');
+  }
 }
 
 // A tier pool handed to another daemon (a reconnect) is adopted with its
