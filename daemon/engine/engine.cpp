@@ -448,7 +448,7 @@ void Engine::Release(Slot s) {
   free_slots_.push_back(s);
   ++counters_.releases;
   if (!groups_.pending().empty()) {  // the room it leaves
-    size_t units = SliceUnits();
+    size_t units = ReleaseUnits();
     const size_t budget = units;
     ServePending(now_, &units);
     counters_.hint_work += budget - units;

@@ -57,10 +57,15 @@ struct EngineOptions {
   uint64_t key_hash_seed = 0;
   // Tick mode: a hint's group-wide work (docs/policies.md, "What a hint
   // costs") is done in slices of at most this many units (a group member
-  // looked at, a block ordered, a waiting soon looked at); Hint() and
-  // Release() do one slice, the rest continues at the next ticks. 0: all at
-  // once, as demand mode always does.
+  // looked at, a block ordered, a waiting soon looked at); Hint() does one
+  // slice (Release(): hint_release_units), the rest continues at the next
+  // ticks. 0: all at once, as demand mode always does.
   size_t hint_slice_units = 16384;
+  // Tick mode: units of the waiting soons' round one Release() serves for
+  // the room it leaves (at most hint_slice_units; 0: a slice). A Release
+  // request names up to 1,024 blocks: with 16 it does at most one slice of
+  // that work in all, however many soons wait (the rest is served at ticks).
+  size_t hint_release_units = 16;
   // Tick mode: units of that work one Plan() (or RunHints()) does, every
   // group's in turn, a slice each (0: no bound).
   size_t hint_tick_units = 16384;
@@ -353,6 +358,7 @@ class Engine {
   }
   // The units of one slice and of one tick (SIZE_MAX: no bound).
   size_t SliceUnits() const;
+  size_t ReleaseUnits() const;  // SliceUnits(), at most hint_release_units
   size_t TickUnits() const;
   // Group `index`'s new job (the one it had, if any, ends).
   void StartJob(uint32_t index, HintKind kind, uint32_t keep);

@@ -216,6 +216,12 @@ size_t Engine::SliceUnits() const {
                                                                        : SIZE_MAX;
 }
 
+size_t Engine::ReleaseUnits() const {
+  const size_t slice = SliceUnits();
+  const size_t release = options_.hint_release_units;
+  return release > 0 && release < slice ? release : slice;
+}
+
 size_t Engine::TickUnits() const {
   return options_.hint_tick_units > 0 ? options_.hint_tick_units : SIZE_MAX;
 }

@@ -442,5 +442,57 @@ TEST(HintCost, MembersThatComeAndGoDuringTheWalkAreEachFoundOnce) {
   EXPECT_EQ(e.counters().evictions, 0u);
 }
 
+// Soons that cannot be placed (the set is full of another owner's blocks)
+// wait; each Release() serves them for the room it leaves, but with
+// hint_release_units, not a slice: a Release request of 1,024 keys of a third
+// owner did 1,024 slices (one per key, each a walk of every waiting soon)
+// before. The waiting soons are still served when room comes.
+TEST(HintCost, AReleaseServesWaitingSoonsWithinItsOwnUnits) {
+  constexpr size_t kWaiting = 512;
+  EngineOptions o;
+  o.block_bytes = 4096;
+  o.tier0_budget_bytes = kWaiting * o.block_bytes;
+  o.mode = Mode::kTick;
+  o.landing_percent = 0;
+  Engine e(o, std::move(*MakePolicy("lru")));
+  constexpr uint32_t kA = 1, kB = 2, kC = 3;
+  uint64_t now = 1;
+  std::vector<Slot> a, b, c;
+  for (size_t i = 0; i < kWaiting; ++i) {
+    a.push_back(e.Admit(BlockKey::FromSequence(1, i), kA));
+    ASSERT_TRUE(e.SetGroup(a.back(), i + 1));
+    e.Touch(a.back(), Touch{1.0, now++, kNever});
+  }
+  for (size_t i = 0; i < kWaiting; ++i) ASSERT_TRUE(e.Hint(i + 1, HintKind::kIdle, now++));
+  while (e.HintWorkPending()) e.PlanAndApply();
+  for (size_t i = 0; i < kWaiting + 8; ++i) {  // B's blocks push A's idle ones out
+    b.push_back(e.Admit(BlockKey::FromSequence(2, i), kB));
+    e.Touch(b.back(), Touch{1.0, now++, kNever});
+  }
+  for (Slot s : a) ASSERT_FALSE(e.state(s).flags & kFlagInTarget);
+  for (size_t i = 0; i < kWaiting; ++i) ASSERT_TRUE(e.Hint(i + 1, HintKind::kSoon, now++));
+  while (e.HintWorkPending()) e.PlanAndApply();
+  for (Slot s : a) ASSERT_FALSE(e.state(s).flags & kFlagInTarget) << "no room: the soons wait";
+  // A third owner's 1,024 blocks, in no group and out of the set, released.
+  for (size_t i = 0; i < 1024; ++i) c.push_back(e.Admit(BlockKey::FromSequence(3, i), kC));
+  const uint64_t before = e.counters().hint_work;
+  for (Slot s : c) e.Release(s);
+  EXPECT_LE(e.counters().hint_work - before, 1024 * o.hint_release_units);
+  // Room: B releases 8 of its blocks in the set; by the next ticks 8 of A's
+  // waiting blocks are placed.
+  size_t released = 0;
+  for (Slot s : b) {
+    if (released < 8 && (e.state(s).flags & kFlagInTarget)) {
+      e.Release(s);
+      ++released;
+    }
+  }
+  ASSERT_EQ(released, 8u);
+  for (int t = 0; t < 64; ++t) e.PlanAndApply();
+  size_t placed = 0;
+  for (Slot s : a) placed += (e.state(s).flags & kFlagInTarget) != 0;
+  EXPECT_EQ(placed, 8u);
+}
+
 }  // namespace
 }  // namespace cxltier::engine
