@@ -102,8 +102,10 @@ Fold::Pending Fold::RunPending(Client& c, engine::Engine& engine, uint64_t tick,
     while (bits) {
       const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
       bits &= bits - 1;
-      if (i >= n || !c.live_slots[i]) continue;
+      // Counted whether live or not: the client sets the bits, and a bit
+      // of a free slot costs its look as a live one's does.
       ++done.slots;
+      if (i >= n || !c.live_slots[i]) continue;
       batch_.push_back(i);
       if (batch_.size() == kFoldBatch) FoldBatch(c, engine, tick);
     }

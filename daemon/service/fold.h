@@ -45,11 +45,12 @@ class Fold {
   // What RunPending did.
   struct Pending {
     uint64_t words = 0;  // words of the dirty bitmaps looked at
-    uint64_t slots = 0;  // slots folded
+    uint64_t slots = 0;  // dirty bits taken (slots folded, and free slots' bits dropped)
   };
   // Before a hint (docs/protocol.md, "Hints"): folds `c`'s dirty slots, in
-  // slot order, until at least `max_slots` were folded (a bitmap word is
-  // taken whole: up to 63 more) or none is left. Never every live slot (the
+  // slot order, until at least `max_slots` dirty bits were taken (a bitmap
+  // word is taken whole: up to 63 more; a free slot's bit counts too) or
+  // none is left. Never every live slot (the
   // tick's full fold); what it leaves is folded by the next tick.
   Pending RunPending(Client& c, engine::Engine& engine, uint64_t tick, uint64_t max_slots);
 
