@@ -127,7 +127,10 @@ void Daemon::Tick() {
 
 // An address-range pool names its process by pid; once that process has
 // exited the pid may be anyone's, so the pool's blocks become ghosts (as on
-// disconnect) and the pool takes no more admits. The pidfd tells, one poll each.
+// disconnect) and the pool takes no more admits. The pidfd tells, one poll
+// each. The blocks are released a chunk per turn of the I/O thread
+// (Requests::ReleaseDeadPool): a million of them at once stalled a tick for
+// 0.6 s, and a client can make it happen again every few seconds.
 void Daemon::DropGonePools() {
   Shared& d = shared_;
   for (auto& [id, c] : d.clients.all()) {
@@ -137,15 +140,7 @@ void Daemon::DropGonePools() {
       // Dead first: its blocks' pages are no longer ours to count or move.
       pool.MarkDead();
       d.moves.ForgetReleased(*d.engine, c.peer.session_id, p);
-      uint64_t released = 0;
-      for (uint32_t i = 0; i < c.slots.size(); ++i) {
-        if (!c.slots[i].live || c.slots[i].pool != p) continue;
-        d.ReleaseSlot(c, i);
-        ++released;
-      }
-      d.ClientWarning(c.peer, fmt::format("client {}: the process that registered pool {} has "
-                                          "exited; pool dropped, its {} blocks became ghosts",
-                                          c.id, p, released));
+      requests_.ReleaseDeadPool(c.peer.session_id, p);
     }
   }
 }

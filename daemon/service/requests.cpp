@@ -73,6 +73,25 @@ void Requests::ReleaseLeaving(uint64_t session) {
   d_.clients.Remove(session);
 }
 
+void Requests::ReleaseDeadPool(uint64_t session, uint32_t pool, uint32_t from, uint64_t released) {
+  Client* c = d_.clients.Find(session);
+  if (!c || c->leaving) return;  // ReleaseLeaving releases every slot
+  uint32_t i = from;
+  for (uint32_t n = 0; i < c->slots.size() && n < kReleaseChunk; ++n, ++i) {
+    if (!c->slots[i].live || c->slots[i].pool != pool) continue;
+    d_.ReleaseSlot(*c, i);
+    ++released;
+  }
+  if (i < c->slots.size()) {
+    asio::post(d_.io,
+               [this, session, pool, i, released] { ReleaseDeadPool(session, pool, i, released); });
+    return;
+  }
+  d_.ClientWarning(c->peer, fmt::format("client {}: the process that registered pool {} has "
+                                        "exited; pool dropped, its {} blocks became ghosts",
+                                        c->id, pool, released));
+}
+
 Result<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::Hello& m,
                                         int* segment_fd) {
   Client* c = d_.clients.Find(peer.session_id);

@@ -43,6 +43,12 @@ class Requests final : public server::Handler {
                                 server::UniqueFd* reply_fd) override;
   std::chrono::microseconds Throttle(const server::Peer& peer) override;
 
+  // The blocks of pool `pool` of the client of `session`, a pool already
+  // marked dead (its process is gone: Daemon::DropGonePools), become
+  // ghosts a chunk of slots per turn of the I/O thread, as a client's that
+  // left do; the last chunk logs how many. Slots from `from` on.
+  void ReleaseDeadPool(uint64_t session, uint32_t pool, uint32_t from = 0, uint64_t released = 0);
+
  private:
   // The client of `peer` once it said hello, or nullptr.
   Client* Said(const server::Peer& peer);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1725,6 +1726,86 @@ TEST(Daemon, AsksItsOwnMigratorWhereBlocksAre) {
   EXPECT_EQ(admitted->results.at(0).tier, Tier::kSlow);
   d.requests().OnDisconnect(peer);
   d.Stop();
+}
+
+// A range pool whose process exited is dropped at a tick, and its blocks
+// become ghosts a chunk of slots per turn of the I/O thread, not all in the
+// tick: a million of them at once stalled a tick for 0.6 s (a helper's
+// audit), and a client can have it happen again every few seconds. The
+// pool's process is a real one, reaped before the tick.
+TEST(Daemon, ADeadPoolsBlocksAreReleasedAChunkAtATime) {
+  constexpr uint32_t kBlocks = 3000;  // three chunks of 1,024 slots
+  const std::filesystem::path dir = TempDir("dead-pool");
+  DaemonConfig c;
+  c.state_dir = dir.string();
+  c.persist = false;
+  c.block_bytes = 4096;
+  c.tick_ms = 3600 * 1000;  // no tick but the test's
+  boost::asio::io_context io;
+  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {0}, "test: node 0", {}},
+           std::make_unique<test::TestMigrator>(test::TestMigrator::Options{}), false);
+  ASSERT_EQ(d.Start().message, "");
+  void* range =
+      mmap(nullptr, kBlocks * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(range, MAP_FAILED);
+  int hold[2];
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t owner = fork();
+  ASSERT_GE(owner, 0);
+  if (owner == 0) {  // the pool's process: waits until the test lets it go
+    char b;
+    close(hold[1]);
+    (void)!read(hold[0], &b, 1);
+    _exit(0);
+  }
+  close(hold[0]);
+  const server::Peer peer{1, owner, getuid(), getgid()};
+  ASSERT_TRUE(d.requests().OnConnect(peer).ok());
+  int seg_fd = -1;
+  const ModelGeometry model{"dead", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
+  ASSERT_TRUE(d.requests().OnHello(peer, wire::Hello{model, kBlocks, "dead"}, &seg_fd).ok());
+  close(seg_fd);
+  auto pool = d.requests().OnRegisterPool(
+      peer,
+      wire::RegisterPool{wire::PoolKind::kRange, reinterpret_cast<uint64_t>(range),
+                         uint64_t{kBlocks} * 4096, 4096, kBlocks},
+      server::UniqueFd());
+  ASSERT_TRUE(pool.ok()) << pool.status().message;
+  std::vector<BlockKey> keys;
+  for (uint32_t i = 0; i < kBlocks; i += 1024) {
+    wire::Admit a{pool->pool_id, {}};
+    for (uint32_t j = i; j < std::min(kBlocks, i + 1024); ++j) {
+      keys.push_back(BlockKey::FromSequence(7, j));
+      a.entries.push_back({keys.back(), j});
+    }
+    auto ok = d.requests().OnAdmit(peer, a);
+    ASSERT_TRUE(ok.ok()) << ok.status().message;
+  }
+  auto live = [&] {
+    size_t n = 0;
+    for (size_t i = 0; i < keys.size(); i += 1024) {
+      wire::QueryTiers q;
+      q.keys.assign(keys.begin() + static_cast<ptrdiff_t>(i),
+                    keys.begin() + static_cast<ptrdiff_t>(std::min(keys.size(), i + 1024)));
+      auto t = d.requests().OnQueryTiers(peer, q);
+      EXPECT_TRUE(t.ok());
+      if (t.ok())
+        n += std::count_if(t->tiers.begin(), t->tiers.end(),
+                           [](Tier x) { return x != Tier::kNone; });
+    }
+    return n;
+  };
+  ASSERT_EQ(live(), kBlocks);
+  close(hold[1]);  // the pool's process exits
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  d.Tick();
+  EXPECT_EQ(live(), kBlocks - 1024) << "the tick released one chunk, the rest waits its turns";
+  io.poll();
+  EXPECT_EQ(live(), 0u) << "every block of the dead pool is a ghost once the turns ran";
+  d.requests().OnDisconnect(peer);
+  io.poll();
+  d.Stop();
+  munmap(range, kBlocks * 4096);
 }
 
 TEST(Daemon, ReloadRecomputesThePlannersBudget) {
