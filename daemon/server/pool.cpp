@@ -120,8 +120,12 @@ Status Pool::OpenTier(uint8_t tier, uint32_t blocks, uint64_t stride, uint64_t b
                      " bytes, less than the tier's " + std::to_string(blocks) + " blocks (" +
                      std::to_string(mapped) + " bytes)");
     }
+    struct stat dev {};
+    if (fstat(devdax.get(), &dev) != 0)
+      return Refused(std::string("fstat: ") + std::strerror(errno));
     Result<numa::TierMemory> dax = numa::MapDevdax(devdax.get(), offset, mapped);
     if (!dax.ok()) return Refused(dax.status().message);
+    devdax_ = DevdaxRegion{static_cast<uint64_t>(dev.st_rdev), offset, offset + mapped};
     mem = std::move(*dax);
     node_ = info.node;
   } else if (source == wire::TierPoolSource::kImport) {

@@ -80,6 +80,16 @@ class Pool {
   bool daemon_memory() const { return tier_fd_.valid(); }
   // The memfd's identity (st_dev, st_ino); {0, 0} for device-DAX.
   std::pair<uint64_t, uint64_t> memory_id() const { return memory_id_; }
+  // A device-DAX pool's region: the device (st_rdev) and its bytes
+  // [begin, end); device 0 for any other pool.
+  struct DevdaxRegion {
+    uint64_t device = 0;
+    uint64_t begin = 0, end = 0;
+    bool Overlaps(const DevdaxRegion& o) const {
+      return device == o.device && begin < o.end && o.begin < end;
+    }
+  };
+  const DevdaxRegion& devdax_region() const { return devdax_; }
   int node() const { return node_; }
   const std::shared_ptr<const numa::Mapping>& mapping() const { return mapping_; }
   uint8_t* BlockAddress(uint32_t index) const {
@@ -117,6 +127,7 @@ class Pool {
   UniqueFd tier_fd_;
   bool imported_ = false;
   std::pair<uint64_t, uint64_t> memory_id_{0, 0};
+  DevdaxRegion devdax_;
   // Copy mode: blocks holding nothing. free_ may also list taken blocks (one
   // TakeAt took, or PutFree listed twice): TakeFree skips them.
   std::vector<uint32_t> free_;

@@ -116,6 +116,34 @@ if [ "$SHAPE" = cxl ]; then
   cat /tmp/lg-devdax.json
   copy_checks /tmp/lg-devdax.json
   grep -q "tier 1 pool 0 (device-DAX" /tmp/cxltierd.log || fail "the daemon did not map the device"
+  # Two owners of the same device-DAX bytes would be handed the same places:
+  # while one connection holds a tier pool there, another's is refused (busy).
+  # The holder touches its few blocks until it is stopped (at most 100 s);
+  # its pool is waited for, bounded.
+  mapped=$(grep -c "(device-DAX" /tmp/cxltierd.log)
+  cxltier-loadgen --socket "$SOCK" --pool copy --blocks 8 --block-bytes $COPY_BLOCK \
+    --steps 20000 --step-ms 5 --seconds 100 --writers 0 --readers 0 --devdax /dev/dax0.0 \
+    > /tmp/lg-dax-holder.out 2>&1 &
+  HOLDER=$!
+  for _ in $(seq 1 1200); do
+    [ "$(grep -c "(device-DAX" /tmp/cxltierd.log)" -gt "$mapped" ] && break
+    kill -0 $HOLDER 2>/dev/null || break
+    sleep 0.1
+  done
+  [ "$(grep -c "(device-DAX" /tmp/cxltierd.log)" -gt "$mapped" ] ||
+    { cat /tmp/lg-dax-holder.out; fail "the holder's device-DAX pool was never made"; }
+  second=0
+  cxltier-loadgen --socket "$SOCK" --pool copy --blocks 8 --block-bytes $COPY_BLOCK --steps 1 \
+    --writers 0 --readers 0 --devdax /dev/dax0.0 > /tmp/lg-dax-second.out 2>&1 || second=$?
+  kill -0 $HOLDER 2>/dev/null ||
+    { cat /tmp/lg-dax-holder.out; fail "the device-DAX holder left before the check ended"; }
+  [ "$second" -ne 0 ] ||
+    { cat /tmp/lg-dax-second.out; fail "a second tier pool over the same device-DAX bytes was made"; }
+  grep -q "are a tier pool of a connection of this daemon" /tmp/lg-dax-second.out ||
+    { cat /tmp/lg-dax-second.out; fail "the second device-DAX pool was refused for another reason"; }
+  echo "a second owner of the device-DAX bytes was refused: $(tail -1 /tmp/lg-dax-second.out)"
+  kill -TERM $HOLDER
+  wait $HOLDER || true
   kill -TERM $DAEMON
   wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
   cxl_as_system_ram 1
