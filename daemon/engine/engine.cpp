@@ -156,6 +156,7 @@ Slot Engine::AdmitAt(const BlockKey& key, Tier placed, uint32_t owner, uint64_t 
 void Engine::SetTier(Slot s, Tier t) {
   BlockState& st = states_[s];
   tiers_.Moved(st.tier, t);
+  groups_.MovedTier(slot_hints_[s].owner, st.tier, t);
   if (accounts_.on()) {
     accounts_.ForEach(s, [&](Account& a) {
       if (st.tier != Tier::kNone) --a.tier_blocks[TierIndex(st.tier)];

@@ -247,6 +247,10 @@ class Engine {
   const BlockState& state(Slot slot) const { return states_[slot]; }
   // The owner the live block was admitted with.
   uint32_t owner(Slot slot) const { return owners_[slot]; }
+  // Owner `owner`'s live blocks by tier (status: no pass over the blocks).
+  std::array<size_t, kMaxTiers> TierBlocksOf(uint32_t owner) const {
+    return groups_.TierBlocksOf(owner);
+  }
   // A hint that slot s will be touched soon: starts loading its state line,
   // its hint line, its policy links and its planner-queue link.
   void Prefetch(Slot s) const {

@@ -49,7 +49,10 @@ uint32_t GroupTable::PopJob() {
 uint32_t GroupTable::OwnerIndex(uint32_t owner) {
   const auto [it, added] =
       owners_.try_emplace(owner, static_cast<uint32_t>(in_set_by_owner_.size()));
-  if (added) in_set_by_owner_.push_back(0);
+  if (added) {
+    in_set_by_owner_.push_back(0);
+    tier_blocks_by_owner_.push_back({});
+  }
   return it->second;
 }
 

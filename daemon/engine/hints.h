@@ -6,6 +6,7 @@
 // the engine's (Engine's hint code, in hints.cpp).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -170,6 +171,18 @@ class GroupTable {
   void EnterSet(uint32_t owner_index) { ++in_set_by_owner_[owner_index]; }
   void LeaveSet(uint32_t owner_index) { --in_set_by_owner_[owner_index]; }
   size_t InSetOf(uint32_t owner) const { return in_set_by_owner_[owners_.at(owner)]; }
+  // Live blocks by owner and tier (a block with no tier yet counts in none),
+  // kept as blocks move: status needs no pass over every block.
+  void MovedTier(uint32_t owner_index, Tier from, Tier to) {
+    std::array<size_t, kMaxTiers>& n = tier_blocks_by_owner_[owner_index];
+    if (from != Tier::kNone) --n[TierIndex(from)];
+    if (to != Tier::kNone) ++n[TierIndex(to)];
+  }
+  std::array<size_t, kMaxTiers> TierBlocksOf(uint32_t owner) const {
+    const auto it = owners_.find(owner);
+    return it == owners_.end() ? std::array<size_t, kMaxTiers>{}
+                               : tier_blocks_by_owner_[it->second];
+  }
 
  private:
   struct JobRef {
@@ -188,6 +201,7 @@ class GroupTable {
   std::vector<uint32_t> pool_serial_;  // by slot: its group's serial when it entered the pool
   std::unordered_map<uint32_t, uint32_t> owners_;
   std::vector<size_t> in_set_by_owner_;
+  std::vector<std::array<size_t, kMaxTiers>> tier_blocks_by_owner_;
 };
 
 }  // namespace cxltier::engine

@@ -59,28 +59,25 @@ QuotaStatus QuotaStatuses(const Shared& d) {
     }
     a.guarantee_blocks = q.guarantee;
   };
-  // Where every live block sits, by its user and (with a quota) its client:
-  // one pass over the clients' slots.
+  // Where every live block sits, by its user (the engine keeps the counts
+  // by owner, the uid) and, with a quota, its client (the engine's account
+  // for it, below): no pass over the blocks, so a status costs the same
+  // however many blocks the clients hold (a pass over every slot of every
+  // client was 5 to 9 ms at a million, for any peer's status).
   for (const auto& [session, c] : d.clients.all()) {
     if (!d.engine) break;
-    AccountStatus* cl = nullptr;
     if (c.hello && !c.leaving && d.config.ClientQuotaOf(c.peer.uid, c.name)) {
       // One row per uid and name: its connections share the account (the
       // first connection's id names it).
       auto [it, first] = clients.try_emplace(c.account, blank(c.peer.uid));
-      cl = &it->second;
-      if (first) cl->client_id = c.id;
-      cl->client_name = c.name;
+      if (first) it->second.client_id = c.id;
+      it->second.client_name = c.name;
     }
     if (c.live == 0) continue;
-    AccountStatus& u = users.try_emplace(c.peer.uid, blank(c.peer.uid)).first->second;
-    for (const SegSlot& slot : c.slots) {
-      if (!slot.live) continue;
-      const unsigned t = TierIndex(d.engine->state(slot.engine_slot).tier);
-      if (t >= tiers) continue;
-      ++u.tier_blocks[t];
-      if (cl) ++cl->tier_blocks[t];
-    }
+    auto [it, first] = users.try_emplace(c.peer.uid, blank(c.peer.uid));
+    if (!first) continue;
+    const std::array<size_t, kMaxTiers> n = d.engine->TierBlocksOf(c.peer.uid);
+    for (unsigned t = 0; t < tiers && t < kMaxTiers; ++t) it->second.tier_blocks[t] = n[t];
   }
   // The quotas: as the engine enforces them, or, before there is an engine,
   // none in blocks yet (the users are listed with no blocks).
@@ -100,6 +97,10 @@ QuotaStatus QuotaStatuses(const Shared& d) {
         if (it != users.end()) row = &it->second;
       }
       if (!row) continue;  // a leaving client's, or a uid with no live block
+      if (a.account & engine::kClientAccount) {
+        for (unsigned t = 0; t < tiers && t < kMaxTiers; ++t)
+          row->tier_blocks[t] = a.tier_blocks[t];
+      }
       set_quota(*row, a.quota);
       row->in_set = a.in_set;
       row->quota_evictions = a.quota_evictions;

@@ -1939,6 +1939,48 @@ TEST(Engine, HeldPagesTakeTier0RoomButAreNoExcess) {
 // left them (Engine::set_account_held), as those blocks did: a uid that
 // releases its tier-0 blocks and admits new ones gets no more of tier 0 than
 // its cap, while another uid keeps the rest of the room.
+// Status reads each owner's blocks by tier from the engine's counts
+// (TierBlocksOf), kept as blocks move, instead of a pass over every block:
+// after every admission, touch, plan and release of three owners (tick mode,
+// three tiers), they equal a count of the live blocks.
+TEST(Engine, TierBlocksByOwnerFollowEveryMove) {
+  EngineOptions o = Options(8, Persistence::kPersist, Mode::kTick);
+  o.lower_tier_budget_bytes = {16 * kBlock};  // tier 1 holds 16, tier 2 the rest
+  Engine e(o, std::move(*MakePolicy("lru")));
+  std::mt19937 rng(5);
+  std::vector<Slot> live;
+  uint64_t now = 1;
+  auto check = [&](int step) {
+    for (uint32_t owner : {10u, 11u, 12u}) {
+      std::array<size_t, kMaxTiers> want{};
+      for (Slot s : live) {
+        if (e.owner(s) == owner && e.state(s).tier != Tier::kNone)
+          ++want[TierIndex(e.state(s).tier)];
+      }
+      ASSERT_EQ(e.TierBlocksOf(owner), want) << "owner " << owner << " step " << step;
+    }
+  };
+  for (int step = 0; step < 3000; ++step) {
+    const unsigned op = rng() % 10;
+    if (op < 2 || live.empty()) {
+      const uint32_t owner = 10 + static_cast<uint32_t>(rng() % 3);
+      live.push_back(e.Admit(BlockKey::FromSequence(owner, static_cast<uint32_t>(step)), owner));
+    } else if (op < 7) {
+      e.Touch(live[rng() % live.size()], Touch{1.0, now++, kNever});
+    } else if (op < 9) {
+      e.PlanAndApply();
+    } else {
+      const size_t i = rng() % live.size();
+      e.Release(live[i]);
+      live[i] = live.back();
+      live.pop_back();
+    }
+    check(step);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_EQ(e.TierBlocksOf(99), (std::array<size_t, kMaxTiers>{})) << "an unknown owner has none";
+}
+
 TEST(Engine, HeldPagesCountAgainstTheirAccountsCap) {
   Engine e(Options(8, Persistence::kPersist, Mode::kTick), P("lru"));
   Quota q;
