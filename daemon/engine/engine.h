@@ -67,7 +67,8 @@ struct EngineOptions {
   // that work in all, however many soons wait (the rest is served at ticks).
   size_t hint_release_units = 16;
   // Tick mode: units of that work one Plan() (or RunHints()) does, every
-  // group's in turn, a slice each (0: no bound).
+  // group's in turn, a slice each (0: no bound); a round of waiting soons
+  // cut short gets at least a slice more, whatever the jobs took.
   size_t hint_tick_units = 16384;
 };
 

@@ -221,6 +221,7 @@ size_t Engine::SliceUnits() const {
 
 size_t Engine::ReleaseUnits() const {
   const size_t slice = SliceUnits();
+  if (slice == SIZE_MAX) return slice;  // demand mode, or no slices: all at once
   const size_t release = options_.hint_release_units;
   return release > 0 && release < slice ? release : slice;
 }
@@ -322,8 +323,18 @@ void Engine::RunHints() {
     units -= given - give;
     if (!done) groups_.Queue(index);
   }
-  if (groups_.serve().left && units > 0) ServePending(now_, &units);
-  counters_.hint_work += budget - units;
+  uint64_t work = budget - units;
+  // A round of waiting soons cut short (a release serves only a few units)
+  // goes on with what is left, and at least a slice whatever the jobs took:
+  // room a release left is not held back behind a long job that new hints
+  // keep restarting.
+  if (groups_.serve().left) {
+    size_t give = std::max(units, std::min(slice, budget));
+    const size_t given = give;
+    ServePending(now_, &give);
+    work += given - give;
+  }
+  counters_.hint_work += work;
 }
 
 bool Engine::Hint(GroupId id, HintKind kind, uint64_t now) {

@@ -35,7 +35,8 @@ class Pool {
   bool ProcessGone() const { return process_ && !process_->Alive(); }
   // Refuses further admits. The handle is kept: it reports the process gone
   // forever, so a stray range of this pool fails (ESRCH) instead of naming
-  // whoever has the pid now. REQUIRES: no live block in this pool.
+  // whoever has the pid now. Its live blocks are released after (a chunk
+  // per turn of the I/O thread); meanwhile no move is planned for them.
   void MarkDead() { dead_ = true; }
   bool dead() const { return dead_; }
   // The pages of block `index`; they hold the mapping or the process handle,

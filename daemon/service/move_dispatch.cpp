@@ -199,6 +199,10 @@ void MoveDispatch::Dispatch(engine::Engine& engine, ClientTable& clients, uint64
       Tell(engine, mv, false, tick);
       continue;
     }
+    if (pool.dead()) {  // its process is gone: its blocks are being released
+      Tell(engine, mv, false, tick);
+      continue;
+    }
     if (pool.pinned()) {  // said once; trying again would only fail again
       ++stats_.moves_refused_pinned;
       Tell(engine, mv, false, tick);
@@ -395,6 +399,7 @@ void MoveDispatch::ResolveStale(engine::Engine& engine, ClientTable& clients, ui
         continue;
       }
       const server::Pool& pool = c.pools[o.pool];
+      if (pool.dead()) continue;  // its process is gone: being released (ReleaseDeadPool)
       const numa::PageRange range = pool.Range(o.block);
       Tier actual = WhereIs(range, NewPagesTier(pool));
       if (actual == Tier::kNone) {

@@ -494,5 +494,117 @@ TEST(HintCost, AReleaseServesWaitingSoonsWithinItsOwnUnits) {
   EXPECT_EQ(placed, 8u);
 }
 
+// Demand mode does a hint's work at once, at a release too: a soon whose
+// next candidates were touched into the set since (stale ones, more than a
+// release's units) still gets the room a release leaves, at the release.
+// (hint_release_units, meant for tick mode's slices, once cut that round in
+// demand mode, where no tick resumes it: the room stayed empty.)
+TEST(HintCost, DemandModeServesWaitingSoonsWholeAtARelease) {
+  constexpr size_t kCap = 64;
+  EngineOptions o;
+  o.block_bytes = 4096;
+  o.tier0_budget_bytes = kCap * o.block_bytes;
+  o.mode = Mode::kDemand;
+  o.landing_percent = 0;
+  Engine e(o, std::move(*MakePolicy("lru")));
+  uint64_t now = 1;
+  std::vector<Slot> a, b;
+  for (size_t i = 0; i < kCap; ++i) {  // A's group: its working set is the whole tier
+    a.push_back(e.Admit(BlockKey::FromSequence(1, i), 1));
+    ASSERT_TRUE(e.SetGroup(a.back(), 1));
+    e.Touch(a.back(), Touch{1.0, now++, kNever});
+  }
+  ASSERT_TRUE(e.Hint(1, HintKind::kIdle, now++));
+  for (size_t i = 0; i < kCap; ++i) {  // B takes the set
+    b.push_back(e.Admit(BlockKey::FromSequence(2, i), 2));
+    e.Touch(b.back(), Touch{1.0, now++, kNever});
+  }
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, now++));  // no room: it waits
+  auto in_set = [&](const std::vector<Slot>& v) {
+    size_t n = 0;
+    for (Slot s : v) n += (e.state(s).flags & kFlagInTarget) != 0;
+    return n;
+  };
+  ASSERT_EQ(in_set(a), 0u);
+  // A's hottest blocks (its candidates, hottest first) come back on their own
+  // touches: more than a release's units of them are stale when it serves.
+  for (size_t i = kCap; i-- > kCap - 3 * o.hint_release_units;) {
+    e.Touch(a[i], Touch{1.0, now++, kNever});
+  }
+  const size_t before = in_set(a);
+  ASSERT_GT(before, 2 * o.hint_release_units);
+  Slot gone = kNoSlot;
+  for (Slot s : b) {
+    if (e.state(s).flags & kFlagInTarget) {
+      gone = s;
+      break;
+    }
+  }
+  ASSERT_NE(gone, kNoSlot);
+  e.Release(gone);
+  EXPECT_EQ(in_set(a), before + 1) << "the room the release left went to the waiting soon";
+}
+
+// Tick mode: a round of waiting soons that a release cut short (it serves
+// only hint_release_units) goes on at the next tick with at least a slice,
+// even while a long job (an idle hint about a large group, which new hints
+// can keep restarting) takes all of the tick's units.
+TEST(HintCost, ARoundAReleaseCutGoesOnAtTheNextTickBesideALongJob) {
+  constexpr size_t kCap = 64;
+  EngineOptions o;
+  o.block_bytes = 4096;
+  o.tier0_budget_bytes = kCap * o.block_bytes;
+  o.mode = Mode::kTick;
+  o.landing_percent = 0;
+  o.hint_slice_units = 64;
+  o.hint_tick_units = 64;
+  o.hint_release_units = 4;
+  Engine e(o, std::move(*MakePolicy("lru")));
+  uint64_t now = 1;
+  std::vector<Slot> a, b, c;
+  auto group = [&](std::vector<Slot>& v, uint32_t owner, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      v.push_back(e.Admit(BlockKey::FromSequence(owner, i), owner));
+      ASSERT_TRUE(e.SetGroup(v.back(), owner));
+      e.Touch(v.back(), Touch{1.0, now++, kNever});
+    }
+    ASSERT_TRUE(e.Hint(owner, HintKind::kIdle, now++));
+    while (e.HintWorkPending()) e.PlanAndApply();
+  };
+  group(a, 1, kCap);                   // A: a group that will wait for room with a soon
+  group(c, 3, 2000);                   // C: a large group, touched once, idle
+  for (size_t i = 0; i < kCap; ++i) {  // B takes the set
+    b.push_back(e.Admit(BlockKey::FromSequence(2, i), 2));
+    e.Touch(b.back(), Touch{1.0, now++, kNever});
+  }
+  ASSERT_TRUE(e.Hint(1, HintKind::kSoon, now++));
+  while (e.HintWorkPending()) e.PlanAndApply();
+  auto in_set = [&](const std::vector<Slot>& v) {
+    size_t n = 0;
+    for (Slot s : v) n += (e.state(s).flags & kFlagInTarget) != 0;
+    return n;
+  };
+  ASSERT_EQ(in_set(a), 0u) << "no room: the soon waits";
+  // C's soon: a walk of its 2,000 members, 64 units a tick.
+  ASSERT_TRUE(e.Hint(3, HintKind::kSoon, now++));
+  ASSERT_TRUE(e.HintWorkPending());
+  // A's hottest candidates come back on their own: stale when served.
+  for (size_t i = kCap; i-- > kCap - 12;) e.Touch(a[i], Touch{1.0, now++, kNever});
+  const size_t before = in_set(a);
+  Slot gone = kNoSlot;
+  for (Slot s : b) {
+    if (e.state(s).flags & kFlagInTarget) {
+      gone = s;
+      break;
+    }
+  }
+  ASSERT_NE(gone, kNoSlot);
+  e.Release(gone);
+  ASSERT_EQ(in_set(a), before) << "the release's few units went to stale candidates";
+  e.PlanAndApply();
+  EXPECT_TRUE(e.HintWorkPending()) << "C's job took the tick's units and goes on";
+  EXPECT_EQ(in_set(a), before + 1) << "and A's waiting soon got the room all the same";
+}
+
 }  // namespace
 }  // namespace cxltier::engine

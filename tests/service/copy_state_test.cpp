@@ -237,7 +237,10 @@ TEST(CopyState, ALeavingClientsCopyKeepsThePlaceItPublished) {
     ASSERT_TRUE(AcquireRead(t.words(), t.lease(0), a, t.tick, &where));
     EXPECT_EQ(std::atomic_ref<uint64_t>(t.words()[a]).load(), kept);
     // The source went back to the free places; the copy's place did not.
-    EXPECT_EQ(t.Free(), free_before) << "one place taken by the copy, one freed: the source";
+    EXPECT_EQ(t.Free(), free_before) << "one place taken by the copy, one freed";
+    EXPECT_TRUE(t.c->pools[copy.copy->src_pool_id].IsFree(copy.copy->src_index)) << "the source";
+    EXPECT_FALSE(t.c->pools[copy.copy->dst_pool_id].IsFree(copy.copy->dst_index))
+        << "the place a's word names";
     // A later tick copies b, another block of the leaving client.
     const MoveJob next = t.StartCopy(b, 2);
     EXPECT_NE(next.copy->dst, bytes) << "the place a's word names went to another copy";

@@ -1740,10 +1740,11 @@ TEST(Daemon, ADeadPoolsBlocksAreReleasedAChunkAtATime) {
   c.state_dir = dir.string();
   c.persist = false;
   c.block_bytes = 4096;
-  c.tick_ms = 3600 * 1000;  // no tick but the test's
+  c.tick_ms = 3600 * 1000;            // no tick but the test's
+  c.tier0_budget_bytes = 256 * 4096;  // the blocks are over it: the plan would demote
   boost::asio::io_context io;
-  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {0}, "test: node 0", {}},
-           std::make_unique<test::TestMigrator>(test::TestMigrator::Options{}), false);
+  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow", {}},
+           std::make_unique<test::TestMigrator>(test::TestMigrator::Options{}), true);
   ASSERT_EQ(d.Start().message, "");
   void* range =
       mmap(nullptr, kBlocks * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1800,6 +1801,10 @@ TEST(Daemon, ADeadPoolsBlocksAreReleasedAChunkAtATime) {
   ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
   d.Tick();
   EXPECT_EQ(live(), kBlocks - 1024) << "the tick released one chunk, the rest waits its turns";
+  // The rest are no one's to move: no move is planned for them meanwhile.
+  const nlohmann::json m = d.StatusJson()["migrations"];
+  EXPECT_EQ(m["pending"].get<uint64_t>(), 0u) << m.dump();
+  EXPECT_EQ(m["failed"].get<uint64_t>(), 0u) << m.dump();
   io.poll();
   EXPECT_EQ(live(), 0u) << "every block of the dead pool is a ghost once the turns ran";
   d.requests().OnDisconnect(peer);
