@@ -442,6 +442,28 @@ TEST(HintCost, MembersThatComeAndGoDuringTheWalkAreEachFoundOnce) {
   EXPECT_EQ(e.counters().evictions, 0u);
 }
 
+// 4 KiB blocks, tier 0 of `blocks` of them with no landing room.
+EngineOptions SmallTier0(size_t blocks, Mode mode) {
+  EngineOptions o;
+  o.block_bytes = 4096;
+  o.tier0_budget_bytes = blocks * o.block_bytes;
+  o.mode = mode;
+  o.landing_percent = 0;
+  return o;
+}
+// How many of `v` are in the set, and the first that is (kNoSlot: none).
+size_t InSet(const Engine& e, const std::vector<Slot>& v) {
+  size_t n = 0;
+  for (Slot s : v) n += (e.state(s).flags & kFlagInTarget) != 0;
+  return n;
+}
+Slot FirstInSet(const Engine& e, const std::vector<Slot>& v) {
+  for (Slot s : v) {
+    if (e.state(s).flags & kFlagInTarget) return s;
+  }
+  return kNoSlot;
+}
+
 // Soons that cannot be placed (the set is full of another owner's blocks)
 // wait; each Release() serves them for the room it leaves, but with
 // hint_release_units, not a slice: a Release request of 1,024 keys of a third
@@ -449,11 +471,7 @@ TEST(HintCost, MembersThatComeAndGoDuringTheWalkAreEachFoundOnce) {
 // before. The waiting soons are still served when room comes.
 TEST(HintCost, AReleaseServesWaitingSoonsWithinItsOwnUnits) {
   constexpr size_t kWaiting = 512;
-  EngineOptions o;
-  o.block_bytes = 4096;
-  o.tier0_budget_bytes = kWaiting * o.block_bytes;
-  o.mode = Mode::kTick;
-  o.landing_percent = 0;
+  EngineOptions o = SmallTier0(kWaiting, Mode::kTick);
   Engine e(o, std::move(*MakePolicy("lru")));
   constexpr uint32_t kA = 1, kB = 2, kC = 3;
   uint64_t now = 1;
@@ -501,11 +519,7 @@ TEST(HintCost, AReleaseServesWaitingSoonsWithinItsOwnUnits) {
 // demand mode, where no tick resumes it: the room stayed empty.)
 TEST(HintCost, DemandModeServesWaitingSoonsWholeAtARelease) {
   constexpr size_t kCap = 64;
-  EngineOptions o;
-  o.block_bytes = 4096;
-  o.tier0_budget_bytes = kCap * o.block_bytes;
-  o.mode = Mode::kDemand;
-  o.landing_percent = 0;
+  EngineOptions o = SmallTier0(kCap, Mode::kDemand);
   Engine e(o, std::move(*MakePolicy("lru")));
   uint64_t now = 1;
   std::vector<Slot> a, b;
@@ -520,29 +534,18 @@ TEST(HintCost, DemandModeServesWaitingSoonsWholeAtARelease) {
     e.Touch(b.back(), Touch{1.0, now++, kNever});
   }
   ASSERT_TRUE(e.Hint(1, HintKind::kSoon, now++));  // no room: it waits
-  auto in_set = [&](const std::vector<Slot>& v) {
-    size_t n = 0;
-    for (Slot s : v) n += (e.state(s).flags & kFlagInTarget) != 0;
-    return n;
-  };
-  ASSERT_EQ(in_set(a), 0u);
+  ASSERT_EQ(InSet(e, a), 0u);
   // A's hottest blocks (its candidates, hottest first) come back on their own
   // touches: more than a release's units of them are stale when it serves.
   for (size_t i = kCap; i-- > kCap - 3 * o.hint_release_units;) {
     e.Touch(a[i], Touch{1.0, now++, kNever});
   }
-  const size_t before = in_set(a);
+  const size_t before = InSet(e, a);
   ASSERT_GT(before, 2 * o.hint_release_units);
-  Slot gone = kNoSlot;
-  for (Slot s : b) {
-    if (e.state(s).flags & kFlagInTarget) {
-      gone = s;
-      break;
-    }
-  }
+  const Slot gone = FirstInSet(e, b);
   ASSERT_NE(gone, kNoSlot);
   e.Release(gone);
-  EXPECT_EQ(in_set(a), before + 1) << "the room the release left went to the waiting soon";
+  EXPECT_EQ(InSet(e, a), before + 1) << "the room the release left went to the waiting soon";
 }
 
 // Tick mode: a round of waiting soons that a release cut short (it serves
@@ -551,11 +554,7 @@ TEST(HintCost, DemandModeServesWaitingSoonsWholeAtARelease) {
 // can keep restarting) takes all of the tick's units.
 TEST(HintCost, ARoundAReleaseCutGoesOnAtTheNextTickBesideALongJob) {
   constexpr size_t kCap = 64;
-  EngineOptions o;
-  o.block_bytes = 4096;
-  o.tier0_budget_bytes = kCap * o.block_bytes;
-  o.mode = Mode::kTick;
-  o.landing_percent = 0;
+  EngineOptions o = SmallTier0(kCap, Mode::kTick);
   o.hint_slice_units = 64;
   o.hint_tick_units = 64;
   o.hint_release_units = 4;
@@ -579,31 +578,20 @@ TEST(HintCost, ARoundAReleaseCutGoesOnAtTheNextTickBesideALongJob) {
   }
   ASSERT_TRUE(e.Hint(1, HintKind::kSoon, now++));
   while (e.HintWorkPending()) e.PlanAndApply();
-  auto in_set = [&](const std::vector<Slot>& v) {
-    size_t n = 0;
-    for (Slot s : v) n += (e.state(s).flags & kFlagInTarget) != 0;
-    return n;
-  };
-  ASSERT_EQ(in_set(a), 0u) << "no room: the soon waits";
+  ASSERT_EQ(InSet(e, a), 0u) << "no room: the soon waits";
   // C's soon: a walk of its 2,000 members, 64 units a tick.
   ASSERT_TRUE(e.Hint(3, HintKind::kSoon, now++));
   ASSERT_TRUE(e.HintWorkPending());
   // A's hottest candidates come back on their own: stale when served.
   for (size_t i = kCap; i-- > kCap - 12;) e.Touch(a[i], Touch{1.0, now++, kNever});
-  const size_t before = in_set(a);
-  Slot gone = kNoSlot;
-  for (Slot s : b) {
-    if (e.state(s).flags & kFlagInTarget) {
-      gone = s;
-      break;
-    }
-  }
+  const size_t before = InSet(e, a);
+  const Slot gone = FirstInSet(e, b);
   ASSERT_NE(gone, kNoSlot);
   e.Release(gone);
-  ASSERT_EQ(in_set(a), before) << "the release's few units went to stale candidates";
+  ASSERT_EQ(InSet(e, a), before) << "the release's few units went to stale candidates";
   e.PlanAndApply();
   EXPECT_TRUE(e.HintWorkPending()) << "C's job took the tick's units and goes on";
-  EXPECT_EQ(in_set(a), before + 1) << "and A's waiting soon got the room all the same";
+  EXPECT_EQ(InSet(e, a), before + 1) << "and A's waiting soon got the room all the same";
 }
 
 }  // namespace
