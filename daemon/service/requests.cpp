@@ -56,17 +56,23 @@ void Requests::OnDisconnect(const server::Peer& peer) {
   ReleaseLeaving(peer.session_id);
 }
 
+bool Requests::ReleaseChunk(Client& c, uint32_t* cursor, uint32_t pool, uint64_t* released) {
+  for (uint32_t n = 0; *cursor < c.slots.size() && n < kReleaseChunk; ++n) {
+    const uint32_t i = (*cursor)++;
+    if (!c.slots[i].live || (pool != kAnyPool && c.slots[i].pool != pool)) continue;
+    d_.ReleaseSlot(c, i);
+    ++*released;
+  }
+  return *cursor == c.slots.size();
+}
+
 // A client that left is released kReleaseChunk slots at a time, the I/O
 // thread serving other requests in between: a million blocks take seconds.
 void Requests::ReleaseLeaving(uint64_t session) {
   Client* leaving = d_.clients.Find(session);
   if (!leaving) return;
-  Client& c = *leaving;
-  for (uint32_t n = 0; c.release_cursor < c.slots.size() && n < kReleaseChunk; ++n) {
-    const uint32_t i = c.release_cursor++;
-    if (c.slots[i].live) d_.ReleaseSlot(c, i);
-  }
-  if (c.release_cursor < c.slots.size()) {
+  uint64_t released = 0;
+  if (!ReleaseChunk(*leaving, &leaving->release_cursor, kAnyPool, &released)) {
     asio::post(d_.io, [this, session] { ReleaseLeaving(session); });
     return;
   }
@@ -77,12 +83,7 @@ void Requests::ReleaseDeadPool(uint64_t session, uint32_t pool, uint32_t from, u
   Client* c = d_.clients.Find(session);
   if (!c || c->leaving) return;  // ReleaseLeaving releases every slot
   uint32_t i = from;
-  for (uint32_t n = 0; i < c->slots.size() && n < kReleaseChunk; ++n, ++i) {
-    if (!c->slots[i].live || c->slots[i].pool != pool) continue;
-    d_.ReleaseSlot(*c, i);
-    ++released;
-  }
-  if (i < c->slots.size()) {
+  if (!ReleaseChunk(*c, &i, pool, &released)) {
     asio::post(d_.io,
                [this, session, pool, i, released] { ReleaseDeadPool(session, pool, i, released); });
     return;

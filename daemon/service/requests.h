@@ -60,6 +60,12 @@ class Requests final : public server::Handler {
   Result<wire::AdmitOk> AdmitCopy(Client& c, const wire::Admit& m);
   // Releases a client that left, a chunk of slots per turn of the I/O thread.
   void ReleaseLeaving(uint64_t session);
+  // One chunk of those releases (and of ReleaseDeadPool's): from slot
+  // *cursor on, at most kReleaseChunk slots looked at, the live ones of
+  // `pool` (kAnyPool: of any) released and counted in *released. True when
+  // every slot was looked at.
+  static constexpr uint32_t kAnyPool = UINT32_MAX;
+  bool ReleaseChunk(Client& c, uint32_t* cursor, uint32_t pool, uint64_t* released);
   // Admin kSetQuota: parses, checks and applies one account's quota (admin.cpp).
   Result<wire::AdminOk> SetQuota(const std::string& arg);
   // cxltierctl record (recording.cpp).
