@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 namespace cxltier::service {
@@ -21,25 +20,6 @@ engine::GroupId EngineGroup(const Client& c, uint32_t group) { return (c.id << 3
 
 }  // namespace
 
-void CostBudget::Refill(CostClock::time_point now) {
-  if (now <= at_) return;
-  const double seconds = std::chrono::duration<double>(now - at_).count();
-  units_ = std::min(burst_, units_ + seconds * rate_);
-  at_ = now;
-}
-
-std::chrono::microseconds CostBudget::Wait(CostClock::time_point now) const {
-  const double seconds = now > at_ ? std::chrono::duration<double>(now - at_).count() : 0.0;
-  const double have = units_ + seconds * rate_;
-  if (have >= 0 || rate_ <= 0) return std::chrono::microseconds(0);
-  return std::chrono::microseconds(static_cast<int64_t>(std::ceil(-have / rate_ * 1e6)));
-}
-
-bool CostBudget::Full(CostClock::time_point now) const {
-  const double seconds = now > at_ ? std::chrono::duration<double>(now - at_).count() : 0.0;
-  return units_ + seconds * rate_ >= burst_;
-}
-
 Result<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engine::Engine& engine,
                                    uint64_t tick, CostClock::time_point now) {
   // The codec refused kinds other than 1 to 3 and group 0.
@@ -54,7 +34,7 @@ Result<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engine::Engin
   // what it observed so far now, as touches of the tick the hint belongs to.
   // At most fold_slots of them: a client that keeps more pending than that
   // has the rest folded by the next tick, after its hint.
-  const Fold::Pending folded = fold_->RunPending(c, engine, tick, limits_.fold_slots);
+  const Fold::Pending folded = fold_->RunPending(c, engine, tick, kHintFoldSlots);
   wire::HintOk ok;
   for (const BlockKey& k : m.keys) {
     // Only this client's own table: another client's key is unknown here.
@@ -77,24 +57,11 @@ Result<wire::HintOk> Hints::Handle(Client& c, const wire::Hint& m, engine::Engin
                          (engine.counters().hint_work - work_before);
   units_ += units;
   max_units_ = std::max(max_units_, units - m.keys.size());
-  budgets_.try_emplace(c.peer.uid, limits_.burst_units, limits_.units_per_second, now)
-      .first->second.Spend(units, now);
+  budgets_->Spend(c.peer.uid, units, now);
   spdlog::debug("client {} hint {} for group {}: {} grouped, {} unknown, {}, {} units", c.id,
                 static_cast<int>(m.kind), m.group, ok.grouped, ok.unknown,
                 ok.applied ? "applied" : "no live block", units);
   return ok;
-}
-
-std::chrono::microseconds Hints::Throttle(uid_t uid, CostClock::time_point now) {
-  const auto it = budgets_.find(uid);
-  if (it == budgets_.end()) return std::chrono::microseconds(0);
-  const std::chrono::microseconds wait = it->second.Wait(now);
-  if (wait.count() > 0) {
-    ++throttled_;
-  } else if (it->second.Full(now)) {
-    budgets_.erase(it);  // as a new one would be: no need to keep it
-  }
-  return wait;
 }
 
 }  // namespace cxltier::service

@@ -94,7 +94,9 @@ struct Shared {
   std::unique_ptr<engine::Engine> engine;
   // The quotas set in engine, and copy mode's tier pools under them.
   Quotas quotas;
-  Hints hints{&fold, &recorder};  // Hint requests and each uid's hint budget
+  // Each uid's budget of I/O-thread work: hints and Stats blocks spend it.
+  UidBudgets budgets;
+  Hints hints{&fold, &recorder, &budgets};  // Hint requests
   // Loaded from the checkpoint before the engine exists (with the uid of
   // each, kUnknownOwner when not known); the first engine takes them.
   GhostSnapshot pending_ghosts;

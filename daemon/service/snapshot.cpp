@@ -129,34 +129,58 @@ std::vector<ClientStatus> ClientStatuses(const Shared& d, std::optional<uid_t> o
   return out;
 }
 
-BlockRanking RankBlocks(const Shared& d, std::optional<uid_t> only) {
+// The hottest and coldest BlockRanking::kShown of the live blocks `only` may
+// see, kept in two bounded heaps as the slots go by: one pass, no sort of
+// them all. Ties go to the lower client id, then slot, so the answer does
+// not depend on the order clients are walked in. `*scanned` counts the
+// slots looked at: what the request cost.
+BlockRanking RankBlocks(const Shared& d, std::optional<uid_t> only, uint64_t* scanned) {
   struct Ranked {
     double score;
-    const Client* c;
+    uint64_t client;
     uint32_t seg;
+    const Client* c;
   };
-  std::vector<Ranked> ranked;
+  const auto hotter = [](const Ranked& a, const Ranked& b) {
+    if (a.score != b.score) return a.score > b.score;
+    return a.client != b.client ? a.client < b.client : a.seg < b.seg;
+  };
+  const auto colder = [&hotter](const Ranked& a, const Ranked& b) { return hotter(b, a); };
+  // `hot`'s top is the coldest it keeps, `cold`'s the hottest.
+  std::vector<Ranked> hot, cold;
+  constexpr size_t kShown = BlockRanking::kShown;
+  const auto keep = [](std::vector<Ranked>& heap, const Ranked& r, const auto& before) {
+    if (heap.size() < kShown) {
+      heap.push_back(r);
+      std::push_heap(heap.begin(), heap.end(), before);
+    } else if (before(r, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), before);
+      heap.back() = r;
+      std::push_heap(heap.begin(), heap.end(), before);
+    }
+  };
+  BlockRanking out;
+  *scanned = 0;
   for (const auto& [session, c] : d.clients.all()) {
     if (only && c.peer.uid != *only) continue;
+    *scanned += c.slots.size();
     for (uint32_t i = 0; i < c.slots.size(); ++i) {
-      if (c.slots[i].live) ranked.push_back({d.engine->state(c.slots[i].engine_slot).score, &c, i});
+      if (!c.slots[i].live) continue;
+      const Ranked r{d.engine->state(c.slots[i].engine_slot).score, c.id, i, &c};
+      ++out.blocks;
+      keep(hot, r, hotter);
+      keep(cold, r, colder);
     }
   }
-  std::sort(ranked.begin(), ranked.end(),
-            [](const Ranked& a, const Ranked& b) { return a.score > b.score; });
+  std::sort_heap(hot.begin(), hot.end(), hotter);    // hottest first
+  std::sort_heap(cold.begin(), cold.end(), colder);  // coldest first
   auto row = [&d](const Ranked& r) {
     const SegSlot& s = r.c->slots[r.seg];
     const BlockState& st = d.engine->state(s.engine_slot);
     return BlockRanking::Row{s.key.ToString(), r.c->id, r.seg, st.score, st.touch_count, st.tier};
   };
-  BlockRanking out;
-  out.blocks = ranked.size();
-  for (size_t i = 0; i < ranked.size() && i < BlockRanking::kShown; ++i) {
-    out.hottest.push_back(row(ranked[i]));
-  }
-  for (size_t i = 0; i < ranked.size() && i < BlockRanking::kShown; ++i) {
-    out.coldest.push_back(row(ranked[ranked.size() - 1 - i]));
-  }
+  for (const Ranked& r : hot) out.hottest.push_back(row(r));
+  for (const Ranked& r : cold) out.coldest.push_back(row(r));
   return out;
 }
 
@@ -199,13 +223,13 @@ StatusSnapshot Snapshot(const Shared& d) {
                        .displaced = c.hint_displaced,
                        .prefetch_hits = c.hint_prefetch_hits,
                        .units = d.hints.units(),
-                       .throttled = d.hints.throttled(),
+                       .throttled = d.budgets.throttled(),
                        .work = c.hint_work,
                        .deferred = c.hint_deferred,
                        .max_units = d.hints.max_units(),
                        .slice_units = d.engine ? d.engine->options().hint_slice_units : 0,
-                       .budget_units = d.hints.limits().burst_units,
-                       .budget_units_per_second = d.hints.limits().units_per_second};
+                       .budget_units = d.budgets.limits().burst_units,
+                       .budget_units_per_second = d.budgets.limits().units_per_second};
   s.warnings_logged = d.peer_log.logged();
   s.warnings_suppressed = d.peer_log.suppressed();
   if (d.server_counters) s.server = d.server_counters();
@@ -236,7 +260,8 @@ StatusSnapshot Snapshot(const Shared& d) {
 }
 
 std::optional<nlohmann::json> StatsJson(const Shared& d, const std::string& what,
-                                        std::optional<uid_t> only) {
+                                        std::optional<uid_t> only, uint64_t* slots_scanned) {
+  *slots_scanned = 0;
   if (what == "status") {
     StatusSnapshot s = Snapshot(d);
     if (only) s.quotas.KeepOnly(*only);
@@ -249,7 +274,7 @@ std::optional<nlohmann::json> StatsJson(const Shared& d, const std::string& what
   }
   if (what == "tiers") return TiersToJson(TierStatuses(d));
   if (what == "clients") return ClientsToJson(ClientStatuses(d, only));
-  if (what == "blocks") return BlocksToJson(RankBlocks(d, only));
+  if (what == "blocks") return BlocksToJson(RankBlocks(d, only, slots_scanned));
   return std::nullopt;
 }
 

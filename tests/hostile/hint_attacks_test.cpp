@@ -595,5 +595,182 @@ TEST(HostileHints, AHintFloodOnAHugeGroupCostsItsSenderNotOthers) {
       h.dump().c_str());
 }
 
+// ---- a loop of `Stats blocks` (its cost grows with the sender's blocks) ----
+
+constexpr uint32_t kRanked = 131072;
+
+// What the test and the looping attacker share.
+struct StatsShared {
+  std::atomic<int> go{0};             // 1: loop, 2: stop
+  std::atomic<uint64_t> answered{0};  // StatsOk answers to `Stats blocks`
+  std::atomic<uint64_t> errors{0};    // error answers
+  std::atomic<double> seconds{0};     // from its first request to the stop
+};
+
+// The attacker (as kEvil, raw protocol): kRanked blocks of a range pool,
+// block i observed once with a mass that grows with i (so the hottest are
+// the last slots and the coldest the first). When told, two connections
+// each keep 8 `Stats blocks` in flight until told to stop.
+std::string StatsLooper(const std::string& socket, StatsShared* sh, int ready_fd) {
+  const int fd = RawConnect(socket);
+  if (fd < 0) return "connect";
+  std::vector<uint8_t> out, payload;
+  wire::Encode(wire::Hello{kHostileModel, kRanked, "stats-loop"}, 1, out);
+  if (std::string e = Call(fd, out, &payload); !e.empty()) return "hello: " + e;
+  out.clear();
+  wire::Encode(wire::RegisterPool{wire::PoolKind::kRange, 1ull << 40,
+                                  uint64_t{kRanked} * kHostileStride, kHostileStride, kRanked},
+               2, out);
+  if (std::string e = Call(fd, out, &payload); !e.empty()) return "pool: " + e;
+  for (uint32_t first = 0; first < kRanked; first += wire::kMaxEntriesPerMessage) {
+    std::vector<wire::AdmitEntry> entries;
+    for (uint32_t i = first; i < first + wire::kMaxEntriesPerMessage; ++i) {
+      entries.push_back({BlockKey::FromSequence(670, i), i});
+    }
+    out.clear();
+    wire::Encode(wire::Admit{0, entries}, 3, out);
+    if (std::string e = Call(fd, out, &payload); !e.empty()) return "admit: " + e;
+    wire::AdmitOk ok;
+    if (!wire::Decode(payload, &ok).ok() || ok.results.size() != entries.size()) return "admit";
+    wire::Report report;
+    for (const auto& r : ok.results) {
+      report.observations.push_back({r.slot, 1.0f + static_cast<float>(r.slot) / 256.0f});
+    }
+    out.clear();
+    wire::Encode(report, 4, out);
+    if (std::string e = Call(fd, out, &payload); !e.empty()) return "report: " + e;
+  }
+  const int fds[2] = {fd, RawConnect(socket)};
+  if (fds[1] < 0) return "connect";
+  std::atomic<uint64_t> answered[2] = {0, 0};
+  std::vector<std::thread> readers;
+  for (int k = 0; k < 2; ++k) {
+    readers.emplace_back([&, k] {
+      wire::Header h;
+      std::vector<uint8_t> p;
+      while (ReadAnswer(fds[k], &h, &p)) {
+        (h.type == wire::MsgType::kStatsOk ? sh->answered : sh->errors).fetch_add(1);
+        answered[k].fetch_add(1);
+      }
+    });
+  }
+  std::vector<uint8_t> ask;
+  wire::Encode(wire::Stats{"blocks"}, 10, ask);
+  const char c = 'r';
+  if (write(ready_fd, &c, 1) != 1) return "ready";
+  while (sh->go.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t sent[2] = {0, 0};
+  std::string err;
+  while (err.empty() && sh->go.load() == 1) {
+    bool wrote = false;
+    for (int k = 0; k < 2; ++k) {
+      if (sent[k] - answered[k].load() >= 8) continue;
+      if (!WriteAll(fds[k], ask)) err = "the daemon closed a connection";
+      ++sent[k];
+      wrote = true;
+    }
+    if (!wrote) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  sh->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int k = 0; k < 2; ++k) shutdown(fds[k], SHUT_RDWR);
+  for (std::thread& t : readers) t.join();
+  for (int k = 0; k < 2; ++k) close(fds[k]);
+  return err;
+}
+
+// `Stats blocks` looks at every slot of the clients it shows (here 131,072
+// of the sender's), so it is charged to the sender's uid as hints are: two
+// units a slot (docs/protocol.md, "Stats"). A uid that loops it, 16 in
+// flight, gets no more answers than its budget pays for, and is made to
+// wait; another uid's requests are answered meanwhile. The answer is right:
+// the 20 hottest and the 20 coldest, in order.
+TEST(HostileStats, ALoopOfStatsBlocksCostsItsSenderNotOthers) {
+  NEED_ROOT();
+  HostileDaemon d(kConfig);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  void* mem =
+      mmap(nullptr, sizeof(StatsShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  StatsShared* sh = new (mem) StatsShared();
+  struct Ending {
+    StatsShared* sh;
+    ~Ending() {
+      sh->~StatsShared();
+      munmap(sh, sizeof(StatsShared));
+    }
+  } ending{sh};
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ChildAs evil(kEvil, [&]() -> std::string { return StatsLooper(socket, sh, ready[1]); });
+  // However the test ends, the attacker is told to stop before it is waited for.
+  struct Stop {
+    StatsShared* sh;
+    ~Stop() { sh->go = 2; }
+  } stop{sh};
+  close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << evil.Wait() << d.Log();
+  close(ready[0]);
+
+  // The ranking, as root sees it once every observation is folded.
+  nlohmann::json ranking;
+  ASSERT_TRUE(WaitFor([&] {
+    std::string json;
+    if (!Client::DaemonStats(socket, "blocks", &json).ok()) return false;
+    ranking = nlohmann::json::parse(json, nullptr, false);
+    return ranking.is_object() && ranking["hottest"].size() == 20 &&
+           ranking["hottest"][0]["slot"] == kRanked - 1;
+  })) << ranking.dump();
+  EXPECT_EQ(ranking["blocks"], kRanked);
+  ASSERT_EQ(ranking["coldest"].size(), 20u);
+  for (uint32_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(ranking["hottest"][i]["slot"], kRanked - 1 - i) << ranking.dump();
+    EXPECT_EQ(ranking["coldest"][i]["slot"], i) << ranking.dump();
+  }
+
+  const uint64_t throttled_before = [&] {
+    std::string json;
+    EXPECT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+    return nlohmann::json::parse(json)["hints"].value("throttled", uint64_t{0});
+  }();
+  sh->go = 1;
+  // Another uid (root) asks for status, one request at a time, for 4 s.
+  int others = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
+    std::string json;
+    ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok()) << d.Log();
+    ++others;
+  }
+  sh->go = 2;
+  EXPECT_EQ(evil.Wait(), "") << d.Log();
+  EXPECT_EQ(sh->errors.load(), 0u);
+
+  std::string json;
+  ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+  const nlohmann::json h = nlohmann::json::parse(json)["hints"];
+  const double burst = static_cast<double>(h.value("budget_units", uint64_t{0}));
+  const double rate = static_cast<double>(h.value("budget_units_per_second", uint64_t{0}));
+  ASSERT_GT(rate, 0) << h.dump();
+  // Its budget pays for (burst + rate x time) / (1 + 2 x 131,072) answers;
+  // the 16 in flight when it ran out are answered after its wait (each
+  // check comes before a request, not after), and one more may start the
+  // debt. Without the charge it got hundreds.
+  const double cost = 1.0 + 2.0 * kRanked;
+  const double paid = (burst + rate * sh->seconds.load()) / cost + 16 + 1;
+  EXPECT_GE(sh->answered.load(), 1u);
+  EXPECT_LE(static_cast<double>(sh->answered.load()), paid)
+      << sh->answered.load() << " answers in " << sh->seconds.load() << " s";
+  EXPECT_GT(h.value("throttled", uint64_t{0}), throttled_before) << h.dump();
+  EXPECT_GE(others, 10) << "another uid's status round trips in 4 s";
+  EXPECT_TRUE(d.Alive()) << d.Log();
+  std::printf(
+      "stats loop: %llu answers of Stats blocks in %.2f s (the budget pays for %.1f); %d "
+      "status round trips of another uid\n",
+      static_cast<unsigned long long>(sh->answered.load()), sh->seconds.load(), paid, others);
+}
+
 }  // namespace
 }  // namespace cxltier::testing

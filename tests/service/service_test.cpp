@@ -542,7 +542,8 @@ TEST(Hints, AHintFoldsABoundedShareOfPendingObservationsAndPaysForIt) {
   }
   Recorder recorder;
   Fold fold(&recorder);
-  Hints hints(&fold, &recorder);
+  UidBudgets budgets;
+  Hints hints(&fold, &recorder, &budgets);
   const CostClock::time_point t0{};
   // Grouped as the library would: one hint per kMaxEntriesPerMessage keys.
   for (uint32_t from = 0; from < kSlots; from += wire::kMaxEntriesPerMessage) {

@@ -317,6 +317,27 @@ void BM_StatusJson(benchmark::State& state) {
 }
 BENCHMARK(BM_StatusJson)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
 
+// `Stats blocks` with every block live, all of one uid: it looks at every
+// slot of the clients it shows, and charges the sender's uid a unit per
+// slot (docs/protocol.md, "Stats"). Baseline: BM_TickBaseline, one read of
+// the table; the counter `ns_per_slot` is what a unit per slot stands for.
+void BM_StatsBlocks(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  InProcessDaemon d(n, kBenchModel, uint64_t{n / 2} * kBenchModel.block_bytes(), "lfu");
+  for (uint32_t i = 0; i < n; ++i) d.Observe(i, static_cast<float>(i % 977) / 16.0f);
+  d.Tick();
+  for (auto _ : state) {
+    auto answer = d.daemon->requests().OnStats(d.peer, wire::Stats{"blocks"});
+    if (!answer.ok()) std::abort();
+    benchmark::DoNotOptimize(answer);
+  }
+  state.counters["blocks"] = n;
+  state.counters["ns_per_slot"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * n,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_StatsBlocks)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+
 // A quota set for an account the engine has not seen, with quotas already on
 // and `n` live blocks (half in tier 0) of 16 uids, each of 64 clients: what a
 // hello with a name that [[quotas.client]] caps costs the daemon, which any
