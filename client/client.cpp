@@ -743,8 +743,9 @@ Status Client::Reconnect(uint64_t* restored) {
   // The groups, each with its last hint (groups with no held key are dropped).
   std::unordered_map<uint32_t, std::vector<BlockKey>> groups;
   for (const auto& [k, h] : held) {
-    if (h.group == 0) continue;
-    held_[k].group = h.group;
+    const auto it = held_.find(k);
+    if (h.group == 0 || it == held_.end()) continue;  // released under a lost answer
+    it->second.group = h.group;
     groups[h.group].push_back(k);
   }
   std::erase_if(group_hints_, [&](const auto& g) { return !groups.contains(g.first); });
@@ -821,6 +822,11 @@ Status Client::ReadmitCopyBlocks(const MappedSegment& old,
     if (pools_[h.pool].tier < 0) continue;
     const Location at =
         h.slot < old.slots ? DecodeLocation(LoadWord(old_words, h.slot)) : Location{};
+    // A word that says "no place" (only a release writes one) is a Release
+    // the old daemon applied whose answer never came back (the connection
+    // dropped first): the key is released, and not admitted again. A lease
+    // on its old place parks that place below, as for any released block.
+    if (h.slot < old.slots && !at.has_place()) continue;
     if (!at.has_place() || at.tier >= kMaxTiers || at.index >= tier_pools_[at.tier].blocks) {
       return Status::Fail(ErrorCode::kInternal, "key " + k.ToString() + " (slot " +
                                                     std::to_string(h.slot) +

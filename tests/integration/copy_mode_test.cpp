@@ -1050,6 +1050,55 @@ void LeasesSurvive(Drop how) {
   EXPECT_TRUE(d.Alive());
 }
 
+// A Release the daemon applied whose answer the client never read (the
+// connection dropped first): the library still lists the key, and the old
+// segment's word for it says "no place". A Reconnect takes it as released;
+// it used to fail every attempt ("has no place in the old state segment").
+TEST(CopyMode, AReleaseWhoseAnswerWasLostDoesNotStopAReconnect) {
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n[limits]\nframe_timeout_s = 1\n");
+  const std::vector<int> before = OpenSockets();
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  const int sock = ClientSocket(before);
+  ASSERT_GE(sock, 0);
+  ASSERT_TRUE(c->CreateTierPools(32).ok());
+  const std::vector<uint32_t> slots = AdmitPatterned(*c, 8);
+  ASSERT_EQ(slots.size(), 8u);
+  // In a group, whose hint a Reconnect sends again (without block 3).
+  const BlockKey grouped[] = {K(3), K(4)};
+  ASSERT_TRUE(c->Hint(5, HintKind::kSoon, grouped).ok());
+  // Block 3's release on the library's socket behind its back, then the
+  // start of a frame that never finishes: the daemon releases the block,
+  // answers, and closes the connection after frame_timeout_s.
+  std::vector<uint8_t> bytes;
+  wire::Encode(wire::Release{{K(3)}}, 1u << 30, bytes);
+  for (uint8_t b : {0x43, 0x58, 0x4c, 0x54}) bytes.push_back(b);
+  ASSERT_EQ(write(sock, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  std::string json;
+  EXPECT_TRUE(WaitFor([&] { return !c->Stats("status", &json).ok(); }));
+  EXPECT_FALSE(c->LocationOf(slots[3]).has_place());  // released: the word says so
+  Status last;
+  ASSERT_TRUE(WaitFor([&] { return (last = c->Reconnect()).ok(); })) << last.message << "\n"
+                                                                     << d.Log();
+  uint32_t slot = 0;
+  EXPECT_FALSE(c->SlotOf(K(3), &slot));
+  Status st;
+  auto reader = c->NewReader(&st);
+  ASSERT_TRUE(reader) << st.message;
+  for (uint32_t i = 0; i < 8; ++i) {
+    if (i == 3) continue;
+    ASSERT_TRUE(c->SlotOf(K(i), &slot)) << i;
+    Client::Reader::Lease l;
+    ASSERT_TRUE(reader->Acquire(slot, &l).ok()) << i;
+    EXPECT_TRUE(Intact(l.data, i)) << i;
+    EXPECT_TRUE(reader->Release(l).ok());
+  }
+  ASSERT_TRUE(c->Stats("clients", &json).ok());
+  uint64_t blocks = 0;
+  for (const auto& cl : nlohmann::json::parse(json)) blocks += cl["blocks"].get<uint64_t>();
+  EXPECT_EQ(blocks, 7u) << json;
+}
+
 TEST(CopyMode, HeldLeasesReadEveryByteAcrossSigtermAndAReconnect) { LeasesSurvive(Drop::kSigterm); }
 TEST(CopyMode, HeldLeasesReadEveryByteAcrossSigkillAndAReconnect) { LeasesSurvive(Drop::kSigkill); }
 TEST(CopyMode, HeldLeasesReadEveryByteAcrossADroppedConnection) {
