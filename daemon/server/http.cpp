@@ -1,5 +1,6 @@
 #include "server/http.h"
 
+#include <algorithm>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <memory>
@@ -36,22 +37,27 @@ bool ParseHostPort(const std::string& address, std::string* host, uint16_t* port
   return true;
 }
 
-namespace {
-
 // One connection: read a request, answer it, close.
-class HttpSession : public std::enable_shared_from_this<HttpSession> {
+class MetricsServer::Session : public std::enable_shared_from_this<Session> {
  public:
-  HttpSession(tcp::socket socket, const std::function<std::string()>& render)
+  Session(tcp::socket socket, const std::function<std::string()>& render)
       : stream_(std::move(socket)), render_(render) {}
 
-  void Start() {
-    stream_.expires_after(std::chrono::seconds(10));  // a slow or silent peer is dropped
+  // A slow or silent peer is dropped: a scrape sends its request at once.
+  void Start(std::chrono::seconds timeout) {
+    stream_.expires_after(timeout);
     parser_.body_limit(64 * 1024);
     parser_.header_limit(16 * 1024);
     http::async_read(stream_, buffer_, parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (!ec) self->Answer();
                      });
+  }
+  // Makes room for a newer connection: its handlers end with an error.
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
   }
 
  private:
@@ -89,10 +95,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::function<std::string()> render_;
 };
 
-}  // namespace
-
-MetricsServer::MetricsServer(asio::io_context& io, std::function<std::string()> render)
-    : io_(io), render_(std::move(render)), acceptor_(io) {}
+MetricsServer::MetricsServer(asio::io_context& io, std::function<std::string()> render,
+                             std::chrono::seconds request_timeout)
+    : io_(io),
+      render_(std::move(render)),
+      request_timeout_(request_timeout),
+      acceptor_(io),
+      backoff_timer_(io) {}
 
 MetricsServer::~MetricsServer() { Stop(); }
 
@@ -131,14 +140,42 @@ Status MetricsServer::Listen(const std::string& address) {
 void MetricsServer::Accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) std::make_shared<HttpSession>(std::move(socket), render_)->Start();
+    if (ec) {
+      // Out of file descriptors (or another failure that an immediate retry
+      // would only repeat, spinning the I/O thread): wait, doubling up to 1 s.
+      backoff_ = backoff_.count() ? std::min(backoff_ * 2, kMaxBackoff) : kFirstBackoff;
+      backoff_timer_.expires_after(backoff_);
+      backoff_timer_.async_wait([this](const boost::system::error_code& e) {
+        if (e != asio::error::operation_aborted && acceptor_.is_open()) Accept();
+      });
+      return;
+    }
+    backoff_ = {};
+    Admit(std::move(socket));
     Accept();
   });
+}
+
+void MetricsServer::Admit(tcp::socket socket) {
+  std::erase_if(sessions_, [](const std::weak_ptr<Session>& s) { return s.expired(); });
+  // At most kMaxSessions at once: the oldest, which has had the longest to
+  // send its request, makes room. A scrape is answered in milliseconds, so
+  // idle connections cannot hold the daemon's descriptors or memory, nor
+  // keep a scraper out for long.
+  if (sessions_.size() >= kMaxSessions) {
+    if (auto oldest = sessions_.front().lock()) oldest->Close();
+    sessions_.pop_front();
+    ++sessions_closed_;
+  }
+  auto session = std::make_shared<Session>(std::move(socket), render_);
+  sessions_.push_back(session);
+  session->Start(request_timeout_);
 }
 
 void MetricsServer::Stop() {
   boost::system::error_code ec;
   acceptor_.close(ec);
+  backoff_timer_.cancel();
 }
 
 }  // namespace cxltier::server
