@@ -628,10 +628,21 @@ bool Client::Observe(uint32_t slot, float mass) {
 }
 
 Status Client::Report(std::span<const wire::Observation> observations, wire::ReportOk* result) {
-  wire::Report m{std::vector<wire::Observation>(observations.begin(), observations.end())};
-  wire::ReportOk ok;
-  if (Status st = Call(m, wire::MsgType::kReportOk, &ok); !st.ok()) return st;
-  if (result) *result = ok;
+  // In parts of kMaxObservationsPerReport: one frame stays within what the
+  // daemon reads at once (wire::kDefaultMaxPayload).
+  wire::ReportOk total;
+  size_t from = 0;
+  do {
+    const size_t n = std::min<size_t>(wire::kMaxObservationsPerReport, observations.size() - from);
+    wire::Report m{std::vector<wire::Observation>(observations.begin() + from,
+                                                  observations.begin() + from + n)};
+    wire::ReportOk ok;
+    if (Status st = Call(m, wire::MsgType::kReportOk, &ok); !st.ok()) return st;
+    total.accepted += ok.accepted;
+    total.rejected += ok.rejected;
+    from += n;
+  } while (from < observations.size());
+  if (result) *result = total;
   return Status::Ok();
 }
 

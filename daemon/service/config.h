@@ -8,6 +8,7 @@
 
 #include "cxltier/socket_path.h"
 #include "cxltier/status.h"
+#include "cxltier/wire.h"
 #include "engine/engine.h"
 #include "engine/policy.h"
 #include "service/quota_config.h"
@@ -52,7 +53,7 @@ struct DaemonConfig {
   // [limits]
   uint32_t max_clients = 64;
   uint32_t max_blocks_per_client = 1u << 20;
-  uint32_t max_message_bytes = 16u << 20;
+  uint32_t max_message_bytes = wire::kDefaultMaxPayload;
   uint32_t max_pools_per_client = 16;
   // Per uid (root and members of admin_group are exempt from the connection
   // caps, and get admin_reserved_connections beyond max_clients).

@@ -35,7 +35,14 @@ inline constexpr uint32_t kMagic = 0x544c5843;  // "CXLT" as little-endian bytes
 // 4: RegisterPoolOk.tier_nodes (an address range's blocks steered at admission)
 inline constexpr uint16_t kVersion = 4;
 inline constexpr size_t kHeaderBytes = 16;
-inline constexpr uint32_t kDefaultMaxPayload = 16u << 20;
+// A frame's payload at most, unless [limits] max_message_bytes says otherwise:
+// what one frame may cost the I/O thread to read and decode (a Report of 1 MiB
+// is 131,072 observations, about 4 ms; the largest request the library sends
+// is a Report of kMaxObservationsPerReport, 512 KiB).
+inline constexpr uint32_t kDefaultMaxPayload = 1u << 20;
+// Observations of one Report at most that the client library sends; it
+// splits longer lists.
+inline constexpr uint32_t kMaxObservationsPerReport = 65536;
 // Entries of one Admit, Release or Hint at most: each costs the daemon's I/O thread
 // a few microseconds, so one request stays short for everyone else. The client
 // library splits longer lists.

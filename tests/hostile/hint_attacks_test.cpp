@@ -269,11 +269,16 @@ std::string Flooder(const std::string& socket, FloodShared* sh, int ready_fd) {
     for (const auto& r : ok.results) slots.push_back(r.slot);
   }
   // Every block observed once (folded by the next tick), then grouped.
-  wire::Report all;
-  for (uint32_t s : slots) all.observations.push_back({s, 1.0f});
-  out.clear();
-  wire::Encode(all, 4, out);
-  if (std::string e = Call(fd, out, &payload); !e.empty()) return "report: " + e;
+  for (size_t first = 0; first < slots.size(); first += wire::kMaxObservationsPerReport) {
+    wire::Report part;
+    for (size_t i = first; i < std::min(slots.size(), first + wire::kMaxObservationsPerReport);
+         ++i) {
+      part.observations.push_back({slots[i], 1.0f});
+    }
+    out.clear();
+    wire::Encode(part, 4, out);
+    if (std::string e = Call(fd, out, &payload); !e.empty()) return "report: " + e;
+  }
   for (uint32_t first = 0; first < kBig + kSmall; first += wire::kMaxEntriesPerMessage) {
     wire::Hint h;
     h.kind = HintKind::kSoon;

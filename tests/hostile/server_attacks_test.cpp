@@ -179,7 +179,9 @@ TEST(HostileServer, UnfinishedFramesAreBoundedPerUidAndTimedOut) {
   if (geteuid() != 0) GTEST_SKIP() << "creating users needs root";
   ASSERT_TRUE(EnsureHostileUsers());
   // A long idle timeout: the frames, not idleness, must close them.
-  HostileDaemon d("[limits]\nframe_timeout_s = 2\nidle_timeout_s = 600\n");
+  // Frames of up to 16 MiB allowed (the default is 1 MiB).
+  HostileDaemon d(
+      "[limits]\nframe_timeout_s = 2\nidle_timeout_s = 600\nmax_message_bytes = 16777216\n");
   ASSERT_TRUE(d.Alive()) << d.Log();
   GoodClient good;
   ASSERT_TRUE(good.Start(d.socket()));
@@ -188,7 +190,7 @@ TEST(HostileServer, UnfinishedFramesAreBoundedPerUidAndTimedOut) {
   const std::string socket = d.socket();
   const std::string out = RunAs(kEvil, [&]() -> std::string {
     constexpr int kConnections = 16;
-    constexpr uint32_t kPayload = 16u << 20;  // the default max_message_bytes
+    constexpr uint32_t kPayload = 16u << 20;  // max_message_bytes above
     const std::vector<uint8_t> header = HeaderOnly(wire::MsgType::kReport, kPayload);
     const std::vector<uint8_t> zeros(kMiB, 0);
     std::vector<int> socks;

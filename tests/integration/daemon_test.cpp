@@ -962,6 +962,12 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
     wire::ReportOk ok;
     ASSERT_TRUE(c->Report(std::vector<wire::Observation>{{999999, 1.0f}, {0, 1.0f}}, &ok).ok());
     EXPECT_EQ(ok.rejected, 2u);  // slot 0 is not admitted either
+    // A long list goes in parts of 65,536 (one frame of 200,000 would be
+    // 1.6 MB, over the daemon's 1 MiB), and the answers are summed.
+    const std::vector<wire::Observation> many(200000, wire::Observation{999999, 1.0f});
+    ASSERT_TRUE(c->Report(many, &ok).ok());
+    EXPECT_EQ(ok.rejected, 200000u);
+    EXPECT_EQ(ok.accepted, 0u);
     ModelGeometry bad = kTiny8KiB;
     bad.kv_heads = 3;
     Status cs;
