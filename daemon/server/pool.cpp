@@ -74,7 +74,10 @@ Status Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid
     return Refused("the memfd holds " + std::to_string(st.st_size) +
                    " bytes, less than the pool's " + std::to_string(m.length));
   }
-  Result<std::shared_ptr<const numa::Mapping>> mapping = numa::Mapping::Map(fd.get(), m.length);
+  // Only its blocks are mapped: the length past them is never used, and a
+  // mapping takes the daemon's address space, sparse file or not.
+  Result<std::shared_ptr<const numa::Mapping>> mapping =
+      numa::Mapping::Map(fd.get(), uint64_t{m.blocks} * m.stride);
   if (!mapping.ok()) return Refused(mapping.status().message);
   mapping_ = std::move(*mapping);
   base_ = mapping_->address();

@@ -77,7 +77,10 @@ void ClientTable::Remove(uint64_t session) {
   // the next daemon. Our mapping and fd go with the pool; the pages go when
   // the client unmaps and closes its own.
   for (server::Pool& p : c.pools) {
-    if (!p.is_tier()) continue;
+    if (!p.is_tier()) {
+      if (p.mapping()) u.pool_bytes -= p.mapping()->length_bytes();
+      continue;
+    }
     if (p.daemon_memory()) {
       u.tier_pool_bytes -= p.length();
       u.tier_pool_bytes_on[p.tier()] -= p.length();
@@ -172,9 +175,23 @@ Status ClientTable::CheckPool(const Client& c, const DaemonConfig& config) const
   return Status::Ok();
 }
 
+Status ClientTable::CheckPoolBytes(const Client& c, uint64_t bytes, uint64_t limit) const {
+  auto it = uids_.find(c.peer.uid);
+  const uint64_t held = it == uids_.end() ? 0 : it->second.pool_bytes;
+  if (bytes > limit || held > limit - bytes) {
+    return Error{ErrorCode::kLimit, "a pool of " + FormatBytes(bytes) + " would take uid " +
+                                        std::to_string(c.peer.uid) + " past " + FormatBytes(limit) +
+                                        " of memfd pools (limits.max_pool_bytes_per_uid; it has " +
+                                        FormatBytes(held) + ")"};
+  }
+  return Status::Ok();
+}
+
 uint32_t ClientTable::AddPool(Client& c, server::Pool pool) {
+  UidUsage& u = uids_[c.peer.uid];
+  if (!pool.is_tier() && pool.mapping()) u.pool_bytes += pool.mapping()->length_bytes();
   c.pools.push_back(std::move(pool));
-  ++uids_[c.peer.uid].pools;
+  ++u.pools;
   return static_cast<uint32_t>(c.pools.size() - 1);
 }
 

@@ -114,6 +114,7 @@ struct UidUsage {
   uint32_t pools = 0;
   uint64_t segment_bytes = 0;
   uint64_t tier_pool_bytes = 0;  // copy mode: the tier pools the daemon made
+  uint64_t pool_bytes = 0;       // page mode: its memfd pools' bytes the daemon maps
   // Copy mode, by tier: the blocks of its tier pools (any source), and the
   // bytes of those the daemon made.
   std::array<uint64_t, kMaxTiers> tier_pool_blocks{};
@@ -147,6 +148,9 @@ class ClientTable {
   // and gives it the client account of its uid and name.
   Status Open(Client& c, uint32_t slots, std::string name);
   Status CheckPool(const Client& c, const DaemonConfig& config) const;
+  // Page mode: a memfd pool of `bytes` mapped (blocks x stride) keeps c's
+  // uid within `limit` bytes of such pools (the daemon's address space).
+  Status CheckPoolBytes(const Client& c, uint64_t bytes, uint64_t limit) const;
   uint32_t AddPool(Client& c, server::Pool pool);
   // Copy mode: one pool per tier, a tier the daemon has nodes for, and
   // blocks no more than the client's slots. What the pool may hold is the

@@ -90,6 +90,7 @@ Status Apply(const toml::table& root, DaemonConfig* c) {
   l.Int("frame_timeout_s", &c->frame_timeout_s);
   l.Int("idle_timeout_s", &c->idle_timeout_s);
   l.Size("max_tier_pool_bytes_per_uid", &c->max_tier_pool_bytes_per_uid);
+  l.Size("max_pool_bytes_per_uid", &c->max_pool_bytes_per_uid);
   l.Int("lease_timeout_s", &c->lease_timeout_s);
   l.Finish();
   if (error.ok()) error = ReadQuotas(root, c);
@@ -132,6 +133,9 @@ Status DaemonConfig::Validate() const {
   }
   if (max_tier_pool_bytes_per_uid > (uint64_t{1} << 50)) {
     return Invalid("max_tier_pool_bytes_per_uid must be at most 1 PiB");
+  }
+  if (max_pool_bytes_per_uid > (uint64_t{1} << 46)) {
+    return Invalid("max_pool_bytes_per_uid must be at most 64 TiB");
   }
   if (reply_stall_timeout_s == 0 || frame_timeout_s == 0 || idle_timeout_s == 0 ||
       lease_timeout_s == 0) {
@@ -251,6 +255,7 @@ std::string ToToml(const DaemonConfig& c) {
            {"frame_timeout_s", c.frame_timeout_s},
            {"idle_timeout_s", c.idle_timeout_s},
            {"max_tier_pool_bytes_per_uid", static_cast<int64_t>(c.max_tier_pool_bytes_per_uid)},
+           {"max_pool_bytes_per_uid", static_cast<int64_t>(c.max_pool_bytes_per_uid)},
            {"lease_timeout_s", c.lease_timeout_s}}},
   };
   if (!c.lower_tier_budget_bytes.empty()) t["engine"].as_table()->erase("tier0_budget");

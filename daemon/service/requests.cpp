@@ -131,6 +131,16 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
   Client* c = Said(peer);
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   if (Status st = d_.clients.CheckPool(*c, d_.config); !st.ok()) return st;
+  if (m.kind == wire::PoolKind::kMemfd) {
+    // (A topology that found no memory: 1 TiB.)
+    const uint64_t limit = d_.config.max_pool_bytes_per_uid ? d_.config.max_pool_bytes_per_uid
+                           : d_.HostMemoryBytes()           ? d_.HostMemoryBytes()
+                                                            : uint64_t{1} << 40;
+    if (Status st = d_.clients.CheckPoolBytes(*c, uint64_t{m.blocks} * m.stride, limit); !st.ok()) {
+      d_.ClientWarning(peer, "pool refused: " + st.message);
+      return st;
+    }
+  }
   server::Pool pool;
   if (Status st =
           pool.Open(m, std::move(memfd), peer.pid, peer.uid, d_.engine->options().block_bytes);

@@ -189,6 +189,12 @@ uint64_t Shared::TierMemoryBytes(size_t tier) const {
   return bytes;
 }
 
+uint64_t Shared::HostMemoryBytes() const {
+  uint64_t bytes = 0;
+  for (const numa::NumaNode& node : topology.nodes) bytes += node.memory_bytes;
+  return bytes;
+}
+
 std::vector<uint64_t> Shared::LowerTierBudgets() const {
   std::vector<uint64_t> out;
   const size_t tiers = moves.tiers().count();

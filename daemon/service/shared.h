@@ -71,6 +71,8 @@ struct Shared {
   size_t TierCount() const;
   // Bytes of memory of tier k's nodes (those the topology knows).
   uint64_t TierMemoryBytes(size_t tier) const;
+  // Bytes of memory of every node the topology found.
+  uint64_t HostMemoryBytes() const;
   // The engine's budgets of tiers 1 .. N-2 (none with two tiers).
   std::vector<uint64_t> LowerTierBudgets() const;
   uint64_t LeaseTimeoutTicks() const;

@@ -9,6 +9,8 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "hostile/hostile_harness.h"
@@ -545,6 +547,76 @@ TEST(HostilePool, AStalePidIsNeverUsedAgain) {
   if (!sh->done.load() && sh->keeper.load() > 0) kill(sh->keeper.load(), SIGKILL);
   munmap(mem, sizeof(StaleShared));
   ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
+// The daemon's VmSize, in bytes.
+uint64_t VmSizeBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  uint64_t kib = 0;
+  while (in >> key) {
+    if (key == "VmSize:" && (in >> kib)) return kib << 10;
+    std::getline(in, key);
+  }
+  return 0;
+}
+
+// Sparse memfds cost no memory, but the daemon maps each pool: 64 pools of
+// 2^46 bytes each took its whole address space (VmSize 128 TiB), and then a
+// root client's hello failed ("state segment: mmap: Cannot allocate
+// memory"). Now one uid's memfd pools map at most max_pool_bytes_per_uid
+// (by default the host's memory), and a pool maps only its blocks.
+TEST(HostilePool, PoolsOfOneUidCannotTakeTheDaemonsAddressSpace) {
+  NEED_ROOT();
+  HostileDaemon d("[engine]\nblock_bytes = 4096\n[limits]\nmax_pool_bytes_per_uid = \"8GiB\"\n");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  const pid_t daemon = d.pid();
+  const uint64_t vm_before = VmSizeBytes(daemon);
+  const std::string evil = RunAs(kEvil, [&]() -> std::string {
+    Status st;
+    auto c = Client::Connect({socket, kHostileModel, 8, "evil"}, &st);
+    if (!c) return "connect: " + st.message;
+    // blocks x 4 KiB, in a sparse sealed memfd of `length` bytes.
+    auto pool = [&](uint32_t blocks, uint64_t length) {
+      const int fd = memfd_create("evil-vast", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(length)) != 0 ||
+          fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+        if (fd >= 0) close(fd);
+        return Status::Fail(wire::ErrorCode::kInternal, "memfd");
+      }
+      uint32_t id = 0;
+      Status r = c->RegisterMemfdPool(fd, length, kHostileStride, blocks, &id);
+      close(fd);
+      return r;
+    };
+    // Within 8 GiB: 1 GiB, and 4 GiB of blocks in a file of 2^46 bytes
+    // (only the blocks are mapped).
+    if (!(st = pool(1u << 18, 1ull << 30)).ok()) return "1 GiB: " + st.message;
+    if (!(st = pool(1u << 20, 1ull << 46)).ok()) return "4 GiB of 64 TiB: " + st.message;
+    // Past it: refused, every time, with limit.
+    for (int i = 0; i < 64; ++i) {
+      st = pool(1u << 20, 1ull << 46);
+      if (st.ok()) return "pool " + std::to_string(i) + " past the cap was taken";
+      if (st.code != wire::ErrorCode::kLimit ||
+          st.message.find("max_pool_bytes_per_uid") == std::string::npos) {
+        return "refused, but not as over the cap: " + st.message;
+      }
+    }
+    // While it holds them: 5 GiB of pools mapped, and room for the rest.
+    const uint64_t vm = VmSizeBytes(daemon);
+    if (vm == 0 || vm > vm_before + (6ull << 30)) {
+      return "the daemon's VmSize went from " + std::to_string(vm_before) + " to " +
+             std::to_string(vm);
+    }
+    return "";
+  });
+  EXPECT_EQ(evil, "") << d.Log();
+  // Another client still gets a segment of a million slots.
+  Status st;
+  auto root = Client::Connect({socket, kHostileModel, 1u << 20, "root"}, &st);
+  EXPECT_TRUE(root) << st.message;
+  EXPECT_TRUE(d.Alive());
 }
 
 }  // namespace
