@@ -21,6 +21,10 @@ constexpr uint32_t kReleaseChunk = 1024;
 // blocks` looks at: BM_StatsBlocks (cxltier-bench) took 22 ns a slot at 64K
 // and at 1M blocks (docs/protocol.md, "Stats").
 constexpr uint64_t kStatsUnitsPerSlot = 2;
+// Cost units per slot a Hello asks for: a fraction of what it costs (7 to
+// 14 units a slot), so that a client of a million slots waits about 2 s
+// after its hello, once, and a loop of such hellos gets one every 2 s.
+constexpr uint64_t kHelloUnitsPerSlot = 2;
 
 }  // namespace
 
@@ -112,6 +116,11 @@ Result<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::He
   // at its hello, instead of being copied in the middle of its admits
   // (other clients' requests wait behind a copy of a million-slot table).
   d_.engine->Reserve(d_.engine->live_blocks() + m.max_blocks);
+  // Its segment and tables are written whole (BM_Hello: 72 ns a slot, 75 ms
+  // for a million; 137 to 208 ms in a running daemon), so the slots it
+  // asked for are charged to its uid, as hints are: a loop of large hellos
+  // costs its sender its own latency (docs/protocol.md, "Hello").
+  d_.budgets.Spend(peer.uid, 1 + m.max_blocks * kHelloUnitsPerSlot, CostClock::now());
   if (d_.config.ClientQuotaOf(peer.uid, c->name)) d_.ApplyQuotas();
   *segment_fd = c->segment.fd();
   d_.ClientInfo(peer,

@@ -777,5 +777,85 @@ TEST(HostileStats, ALoopOfStatsBlocksCostsItsSenderNotOthers) {
       static_cast<unsigned long long>(sh->answered.load()), sh->seconds.load(), paid, others);
 }
 
+// A Hello writes its segment and tables whole (137 to 208 ms for a million
+// slots), so the slots it asks for are charged to its uid at 2 units each.
+// A uid that loops connect, hello of 524,288 slots, close, gets no more
+// hellos than its budget pays for; another uid is answered meanwhile.
+TEST(HostileHello, ALoopOfLargeHellosCostsItsSenderNotOthers) {
+  NEED_ROOT();
+  HostileDaemon d(kConfig);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  constexpr uint32_t kSlots = 524288;
+  void* mem =
+      mmap(nullptr, sizeof(StatsShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  StatsShared* sh = new (mem) StatsShared();
+  struct Ending {
+    StatsShared* sh;
+    ~Ending() {
+      sh->~StatsShared();
+      munmap(sh, sizeof(StatsShared));
+    }
+  } ending{sh};
+  ChildAs evil(kEvil, [&]() -> std::string {
+    std::vector<uint8_t> hello;
+    wire::Encode(wire::Hello{kHostileModel, kSlots, "hello-loop"}, 1, hello);
+    while (sh->go.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (sh->go.load() == 1) {
+      const int fd = RawConnect(socket);
+      if (fd < 0) return "connect";
+      std::vector<uint8_t> payload;
+      wire::Header h;
+      if (!WriteAll(fd, hello) || !ReadAnswer(fd, &h, &payload)) {
+        close(fd);
+        return "no answer to a hello";
+      }
+      // A hello over the uid's segment bytes (its last connections still
+      // leaving) is refused before it costs anything.
+      (h.type == wire::MsgType::kHelloOk ? sh->answered : sh->errors).fetch_add(1);
+      close(fd);
+    }
+    sh->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return "";
+  });
+  struct Stop {
+    StatsShared* sh;
+    ~Stop() { sh->go = 2; }
+  } stop{sh};
+  sh->go = 1;
+  int others = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
+    std::string json;
+    ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok()) << d.Log();
+    ++others;
+  }
+  sh->go = 2;
+  EXPECT_EQ(evil.Wait(), "") << d.Log();
+  std::string json;
+  ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+  const nlohmann::json h = nlohmann::json::parse(json)["hints"];
+  const double burst = static_cast<double>(h.value("budget_units", uint64_t{0}));
+  const double rate = static_cast<double>(h.value("budget_units_per_second", uint64_t{0}));
+  ASSERT_GT(rate, 0) << h.dump();
+  // Its budget pays for (burst + rate x time) / (1 + 2 x 524,288) hellos,
+  // one more may start the debt, and one for rounding. Without the charge it
+  // got dozens.
+  const double paid = (burst + rate * sh->seconds.load()) / (1.0 + 2.0 * kSlots) + 2;
+  EXPECT_GE(sh->answered.load(), 1u);
+  EXPECT_LE(static_cast<double>(sh->answered.load()), paid)
+      << sh->answered.load() << " hellos in " << sh->seconds.load() << " s";
+  EXPECT_GT(h.value("throttled", uint64_t{0}), 0u) << h.dump();
+  EXPECT_GE(others, 10) << "another uid's status round trips in 4 s";
+  EXPECT_TRUE(d.Alive()) << d.Log();
+  std::printf(
+      "hello loop: %llu hellos of %u slots answered in %.2f s (the budget pays for "
+      "%.1f), %llu refused; %d status round trips of another uid\n",
+      static_cast<unsigned long long>(sh->answered.load()), kSlots, sh->seconds.load(), paid,
+      static_cast<unsigned long long>(sh->errors.load()), others);
+}
+
 }  // namespace
 }  // namespace cxltier::testing
