@@ -637,7 +637,10 @@ Status Client::Report(std::span<const wire::Observation> observations, wire::Rep
     wire::Report m{std::vector<wire::Observation>(observations.begin() + from,
                                                   observations.begin() + from + n)};
     wire::ReportOk ok;
-    if (Status st = Call(m, wire::MsgType::kReportOk, &ok); !st.ok()) return st;
+    if (Status st = Call(m, wire::MsgType::kReportOk, &ok); !st.ok()) {
+      if (result) *result = total;  // the parts before it were applied
+      return st;
+    }
     total.accepted += ok.accepted;
     total.rejected += ok.rejected;
     from += n;

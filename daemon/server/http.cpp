@@ -53,6 +53,8 @@ class MetricsServer::Session : public std::enable_shared_from_this<Session> {
                        if (!ec) self->Answer();
                      });
   }
+  // Its request was read: it is being answered, and is never closed early.
+  bool answering() const { return answering_; }
   // Makes room for a newer connection: its handlers end with an error.
   void Close() {
     beast::error_code ignored;
@@ -62,6 +64,7 @@ class MetricsServer::Session : public std::enable_shared_from_this<Session> {
 
  private:
   void Answer() {
+    answering_ = true;
     const auto& req = parser_.get();
     auto res = std::make_shared<http::response<http::string_body>>();
     res->version(req.version());
@@ -93,6 +96,7 @@ class MetricsServer::Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   http::request_parser<http::empty_body> parser_;
   std::function<std::string()> render_;
+  bool answering_ = false;
 };
 
 MetricsServer::MetricsServer(asio::io_context& io, std::function<std::string()> render,
@@ -158,14 +162,22 @@ void MetricsServer::Accept() {
 
 void MetricsServer::Admit(tcp::socket socket) {
   std::erase_if(sessions_, [](const std::weak_ptr<Session>& s) { return s.expired(); });
-  // At most kMaxSessions at once: the oldest, which has had the longest to
-  // send its request, makes room. A scrape is answered in milliseconds, so
-  // idle connections cannot hold the daemon's descriptors or memory, nor
-  // keep a scraper out for long.
-  if (sessions_.size() >= kMaxSessions) {
-    if (auto oldest = sessions_.front().lock()) oldest->Close();
-    sessions_.pop_front();
-    ++sessions_closed_;
+  // At most kMaxSessions waiting for their request: the oldest of them,
+  // which has had the longest to send it, makes room. A scrape sends its
+  // request with its connection and is answered in milliseconds (one being
+  // answered is never closed), so idle connections can neither hold the
+  // daemon's descriptors or memory nor keep a scraper out.
+  size_t waiting = 0;
+  for (const std::weak_ptr<Session>& s : sessions_) waiting += !s.lock()->answering();
+  if (waiting >= kMaxSessions) {
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+      if (auto oldest = it->lock(); !oldest->answering()) {
+        oldest->Close();
+        sessions_.erase(it);
+        ++sessions_closed_;
+        break;
+      }
+    }
   }
   auto session = std::make_shared<Session>(std::move(socket), render_);
   sessions_.push_back(session);

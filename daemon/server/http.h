@@ -2,8 +2,9 @@
 // thread that answers GET /metrics with the text exposition format, one
 // request per connection. Loopback by default; off when not configured.
 // Any local user can connect (TCP has no peer uid to limit by): at most
-// kMaxSessions connections are open at once (a new one closes the oldest),
-// each has kRequestTimeout (2 s) to send its request, and accept failures (out of
+// kMaxSessions connections wait for their request at once (a new one closes
+// the oldest of them; one being answered is never closed), each has
+// kRequestTimeout (2 s) to send its request, and accept failures (out of
 // file descriptors) back off instead of retrying at once.
 #pragma once
 

@@ -119,8 +119,12 @@ Result<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::He
   // Its segment and tables are written whole (BM_Hello: 72 ns a slot, 75 ms
   // for a million; 137 to 208 ms in a running daemon), so the slots it
   // asked for are charged to its uid, as hints are: a loop of large hellos
-  // costs its sender its own latency (docs/protocol.md, "Hello").
-  d_.budgets.Spend(peer.uid, 1 + m.max_blocks * kHelloUnitsPerSlot, CostClock::now());
+  // costs its sender its own latency (docs/protocol.md, "Hello"). Root and
+  // the admin group are trusted (as by the connection caps): a root engine's
+  // hello does not hold up the operator's tools.
+  if (!IsAdmin(peer, d_.config.admin_group)) {
+    d_.budgets.Spend(peer.uid, 1 + m.max_blocks * kHelloUnitsPerSlot, CostClock::now());
+  }
   if (d_.config.ClientQuotaOf(peer.uid, c->name)) d_.ApplyQuotas();
   *segment_fd = c->segment.fd();
   d_.ClientInfo(peer,
@@ -430,14 +434,16 @@ Result<wire::StatsOk> Requests::OnStats(const server::Peer& peer, const wire::St
   // Keys are often hashes of prompt prefixes: a peer sees only its own uid's
   // clients, blocks and share (status's and quotas' users and clients); root
   // and the admin group see everyone's.
-  const std::optional<uid_t> only =
-      IsAdmin(peer, d_.config.admin_group) ? std::nullopt : std::optional<uid_t>(peer.uid);
+  const bool admin = IsAdmin(peer, d_.config.admin_group);
+  const std::optional<uid_t> only = admin ? std::nullopt : std::optional<uid_t>(peer.uid);
   uint64_t slots_scanned = 0;
   std::optional<nlohmann::json> j = StatsJson(d_, m.what, only, &slots_scanned);
   // What grows with the blocks it shows (`Stats blocks` looks at every slot
   // of them) is charged to the sender's uid, as hints are: a loop of them
-  // costs its sender its own latency (docs/protocol.md, "Stats").
-  if (slots_scanned > 0) {
+  // costs its sender its own latency (docs/protocol.md, "Stats"). Not root's
+  // or the admin group's (trusted, as by the connection caps): theirs covers
+  // every uid's blocks, and `cxltierctl top` asks for it every second.
+  if (slots_scanned > 0 && !admin) {
     d_.budgets.Spend(peer.uid, 1 + slots_scanned * kStatsUnitsPerSlot, CostClock::now());
   }
   if (!j) {

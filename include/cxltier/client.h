@@ -187,7 +187,9 @@ class Client {
   // written from different threads). Returns false, writing nothing, for a
   // slot out of range or a mass that is NaN, infinite, negative or above 65535.
   bool Observe(uint32_t slot, float mass);
-  // Socket path for clients that cannot map shared memory.
+  // Socket path for clients that cannot map shared memory. Sent in parts of
+  // wire::kMaxObservationsPerReport; on an error the parts before it were
+  // applied, and `result` counts them (do not send those again).
   Status Report(std::span<const wire::Observation> observations, wire::ReportOk* result = nullptr);
 
   // The tier the daemon last published for a slot (shared memory).
