@@ -612,6 +612,50 @@ struct StatsShared {
   std::atomic<double> seconds{0};     // from its first request to the stop
 };
 
+// A StatsShared in memory the test shares with its child (it outlives the
+// child: declare it before the ChildAs).
+class SharedWithChild {
+ public:
+  SharedWithChild() {
+    void* mem = mmap(nullptr, sizeof(StatsShared), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem != MAP_FAILED) sh_ = new (mem) StatsShared();
+  }
+  ~SharedWithChild() {
+    if (!sh_) return;
+    sh_->~StatsShared();
+    munmap(sh_, sizeof(StatsShared));
+  }
+  SharedWithChild(const SharedWithChild&) = delete;
+  SharedWithChild& operator=(const SharedWithChild&) = delete;
+  bool ok() const { return sh_ != nullptr; }
+  StatsShared* get() const { return sh_; }
+
+ private:
+  StatsShared* sh_ = nullptr;
+};
+
+// Another uid's (root's) `Stats status` round trips, one at a time, for `for_`.
+int StatusRoundTrips(const std::string& socket, std::chrono::seconds for_) {
+  int n = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < for_) {
+    std::string json;
+    if (!Client::DaemonStats(socket, "status", &json).ok()) return -1;
+    ++n;
+  }
+  return n;
+}
+
+// What a uid's budget pays for over `seconds`, in requests of `cost` units:
+// its burst and its rate (status's hints.budget_units and
+// budget_units_per_second), and `extra` more.
+double BudgetPaysFor(const nlohmann::json& hints, double seconds, double cost, double extra) {
+  const double burst = static_cast<double>(hints.value("budget_units", uint64_t{0}));
+  const double rate = static_cast<double>(hints.value("budget_units_per_second", uint64_t{0}));
+  return rate > 0 ? (burst + rate * seconds) / cost + extra : 0;
+}
+
 // The attacker (as kEvil, raw protocol): kRanked blocks of a range pool,
 // block i observed once with a mass that grows with i (so the hottest are
 // the last slots and the coldest the first). When told, two more
@@ -699,17 +743,9 @@ TEST(HostileStats, ALoopOfStatsBlocksCostsItsSenderNotOthers) {
   HostileDaemon d(kConfig);
   ASSERT_TRUE(d.Alive()) << d.Log();
   const std::string socket = d.socket();
-  void* mem =
-      mmap(nullptr, sizeof(StatsShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(mem, MAP_FAILED);
-  StatsShared* sh = new (mem) StatsShared();
-  struct Ending {
-    StatsShared* sh;
-    ~Ending() {
-      sh->~StatsShared();
-      munmap(sh, sizeof(StatsShared));
-    }
-  } ending{sh};
+  SharedWithChild shared;
+  ASSERT_TRUE(shared.ok());
+  StatsShared* sh = shared.get();
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
   ChildAs evil(kEvil, [&]() -> std::string { return StatsLooper(socket, sh, ready[1]); });
@@ -746,13 +782,8 @@ TEST(HostileStats, ALoopOfStatsBlocksCostsItsSenderNotOthers) {
   }();
   sh->go = 1;
   // Another uid (root) asks for status, one request at a time, for 4 s.
-  int others = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
-    std::string json;
-    ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok()) << d.Log();
-    ++others;
-  }
+  const int others = StatusRoundTrips(socket, std::chrono::seconds(4));
+  ASSERT_GE(others, 0) << d.Log();
   sh->go = 2;
   ASSERT_TRUE(WaitFor([&] { return sh->seconds.load() > 0; })) << "the loop did not end";
   EXPECT_EQ(sh->errors.load(), 0u);
@@ -760,15 +791,12 @@ TEST(HostileStats, ALoopOfStatsBlocksCostsItsSenderNotOthers) {
   std::string json;
   ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
   const nlohmann::json h = nlohmann::json::parse(json)["hints"];
-  const double burst = static_cast<double>(h.value("budget_units", uint64_t{0}));
-  const double rate = static_cast<double>(h.value("budget_units_per_second", uint64_t{0}));
-  ASSERT_GT(rate, 0) << h.dump();
   // Its budget pays for (burst + rate x time) / (1 + 2 x 131,072) answers;
   // the 16 in flight when it ran out are answered after its wait (each
   // check comes before a request, not after), and one more may start the
   // debt. Without the charge it got hundreds.
-  const double cost = 1.0 + 2.0 * kRanked;
-  const double paid = (burst + rate * sh->seconds.load()) / cost + 16 + 1;
+  const double paid = BudgetPaysFor(h, sh->seconds.load(), 1.0 + 2.0 * kRanked, 16 + 1);
+  ASSERT_GT(paid, 0) << h.dump();
   EXPECT_GE(sh->answered.load(), 1u);
   EXPECT_LE(static_cast<double>(sh->answered.load()), paid)
       << sh->answered.load() << " answers in " << sh->seconds.load() << " s";
@@ -814,17 +842,9 @@ TEST(HostileHello, ALoopOfLargeHellosCostsItsSenderNotOthers) {
   ASSERT_TRUE(d.Alive()) << d.Log();
   const std::string socket = d.socket();
   constexpr uint32_t kSlots = 524288;
-  void* mem =
-      mmap(nullptr, sizeof(StatsShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(mem, MAP_FAILED);
-  StatsShared* sh = new (mem) StatsShared();
-  struct Ending {
-    StatsShared* sh;
-    ~Ending() {
-      sh->~StatsShared();
-      munmap(sh, sizeof(StatsShared));
-    }
-  } ending{sh};
+  SharedWithChild shared;
+  ASSERT_TRUE(shared.ok());
+  StatsShared* sh = shared.get();
   ChildAs evil(kEvil, [&]() -> std::string {
     std::vector<uint8_t> hello;
     wire::Encode(wire::Hello{kHostileModel, kSlots, "hello-loop"}, 1, hello);
@@ -852,25 +872,18 @@ TEST(HostileHello, ALoopOfLargeHellosCostsItsSenderNotOthers) {
     ~Stop() { sh->go = 2; }
   } stop{sh};
   sh->go = 1;
-  int others = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
-    std::string json;
-    ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok()) << d.Log();
-    ++others;
-  }
+  const int others = StatusRoundTrips(socket, std::chrono::seconds(4));
+  ASSERT_GE(others, 0) << d.Log();
   sh->go = 2;
   EXPECT_EQ(evil.Wait(), "") << d.Log();
   std::string json;
   ASSERT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
   const nlohmann::json h = nlohmann::json::parse(json)["hints"];
-  const double burst = static_cast<double>(h.value("budget_units", uint64_t{0}));
-  const double rate = static_cast<double>(h.value("budget_units_per_second", uint64_t{0}));
-  ASSERT_GT(rate, 0) << h.dump();
   // Its budget pays for (burst + rate x time) / (1 + 2 x 524,288) hellos,
   // one more may start the debt, and one for rounding. Without the charge it
   // got dozens.
-  const double paid = (burst + rate * sh->seconds.load()) / (1.0 + 2.0 * kSlots) + 2;
+  const double paid = BudgetPaysFor(h, sh->seconds.load(), 1.0 + 2.0 * kSlots, 2);
+  ASSERT_GT(paid, 0) << h.dump();
   EXPECT_GE(sh->answered.load(), 1u);
   EXPECT_LE(static_cast<double>(sh->answered.load()), paid)
       << sh->answered.load() << " hellos in " << sh->seconds.load() << " s";
