@@ -77,8 +77,9 @@ struct DaemonConfig {
   // their sum over the tiers too (0: no bound beyond the budgets).
   uint64_t max_tier_pool_bytes_per_uid = 0;
   // Page mode: bytes of one uid's memfd pools that the daemon maps (blocks x
-  // stride each); 0: the memory of every node the topology found. Sparse
-  // memfds cost no memory, but each pool takes the daemon's address space.
+  // stride each); 0: the memory of every node the topology found, and at
+  // least 1 TiB. Sparse memfds cost no memory, but each pool takes the
+  // daemon's address space.
   uint64_t max_pool_bytes_per_uid = 0;
   uint32_t lease_timeout_s = 30;
   // [quotas] (empty: none). Reload replaces both lists, and so does nothing

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "cxltier/segment.h"
 #include "service/admin.h"
 #include "service/copy_mode.h"
@@ -145,10 +147,12 @@ Result<wire::RegisterPoolOk> Requests::OnRegisterPool(const server::Peer& peer,
   if (!c) return Error{ErrorCode::kNotReady, "say hello first"};
   if (Status st = d_.clients.CheckPool(*c, d_.config); !st.ok()) return st;
   if (m.kind == wire::PoolKind::kMemfd) {
-    // (A topology that found no memory: 1 TiB.)
-    const uint64_t limit = d_.config.max_pool_bytes_per_uid ? d_.config.max_pool_bytes_per_uid
-                           : d_.HostMemoryBytes()           ? d_.HostMemoryBytes()
-                                                            : uint64_t{1} << 40;
+    // By default the host's memory, and at least 1 TiB: a sparse pool
+    // larger than the memory is legitimate; the bound is for the address
+    // space (47 bits: 128 TiB), which 64 connections' uids at 1 TiB leave.
+    const uint64_t limit = d_.config.max_pool_bytes_per_uid
+                               ? d_.config.max_pool_bytes_per_uid
+                               : std::max(d_.HostMemoryBytes(), uint64_t{1} << 40);
     if (Status st = d_.clients.CheckPoolBytes(*c, uint64_t{m.blocks} * m.stride, limit); !st.ok()) {
       d_.ClientWarning(peer, "pool refused: " + st.message);
       return st;
