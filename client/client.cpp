@@ -31,14 +31,15 @@ Status Sys(const std::string& what) {
 }
 
 // Calls `send` with each part of `items` that the daemon takes in one
-// request (at most wire::kMaxEntriesPerMessage), in order, and once with
+// request (at most `per_part`: wire::kMaxEntriesPerMessage keys, or
+// wire::kMaxObservationsPerReport observations), in order, and once with
 // none when `items` is empty; stops at the first error `send` returns.
 template <typename T, typename Send>
-Status InParts(std::span<const T> items, Send&& send) {
+Status InParts(std::span<const T> items, Send&& send,
+               size_t per_part = wire::kMaxEntriesPerMessage) {
   size_t at = 0;
   do {
-    const std::span<const T> part =
-        items.subspan(at, std::min(items.size() - at, size_t{wire::kMaxEntriesPerMessage}));
+    const std::span<const T> part = items.subspan(at, std::min(items.size() - at, per_part));
     if (Status st = send(part); !st.ok()) return st;
     at += part.size();
   } while (at < items.size());
@@ -631,22 +632,19 @@ Status Client::Report(std::span<const wire::Observation> observations, wire::Rep
   // In parts of kMaxObservationsPerReport: one frame stays within what the
   // daemon reads at once (wire::kDefaultMaxPayload).
   wire::ReportOk total;
-  size_t from = 0;
-  do {
-    const size_t n = std::min<size_t>(wire::kMaxObservationsPerReport, observations.size() - from);
-    wire::Report m{std::vector<wire::Observation>(observations.begin() + from,
-                                                  observations.begin() + from + n)};
-    wire::ReportOk ok;
-    if (Status st = Call(m, wire::MsgType::kReportOk, &ok); !st.ok()) {
-      if (result) *result = total;  // the parts before it were applied
-      return st;
-    }
-    total.accepted += ok.accepted;
-    total.rejected += ok.rejected;
-    from += n;
-  } while (from < observations.size());
-  if (result) *result = total;
-  return Status::Ok();
+  const Status sent = InParts(
+      observations,
+      [&](std::span<const wire::Observation> part) {
+        wire::Report m{std::vector<wire::Observation>(part.begin(), part.end())};
+        wire::ReportOk ok;
+        if (Status st = Call(m, wire::MsgType::kReportOk, &ok); !st.ok()) return st;
+        total.accepted += ok.accepted;
+        total.rejected += ok.rejected;
+        return Status::Ok();
+      },
+      wire::kMaxObservationsPerReport);
+  if (result) *result = total;  // on an error, what the parts before it applied
+  return sent;
 }
 
 const BlockState* Client::SlotState(uint32_t slot) const {

@@ -168,16 +168,15 @@ void MetricsServer::Admit(tcp::socket socket) {
   // answered is never closed), so idle connections can neither hold the
   // daemon's descriptors or memory nor keep a scraper out.
   size_t waiting = 0;
-  for (const std::weak_ptr<Session>& s : sessions_) waiting += !s.lock()->answering();
+  auto oldest_waiting = sessions_.end();
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->lock()->answering()) continue;
+    if (waiting++ == 0) oldest_waiting = it;
+  }
   if (waiting >= kMaxSessions) {
-    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-      if (auto oldest = it->lock(); !oldest->answering()) {
-        oldest->Close();
-        sessions_.erase(it);
-        ++sessions_closed_;
-        break;
-      }
-    }
+    oldest_waiting->lock()->Close();
+    sessions_.erase(oldest_waiting);
+    ++sessions_closed_;
   }
   auto session = std::make_shared<Session>(std::move(socket), render_);
   sessions_.push_back(session);

@@ -1,6 +1,6 @@
 // What a uid's requests may cost the I/O thread beyond a constant: hints
-// (docs/protocol.md, "What a hint costs") and `Stats blocks`, whose work
-// grows with what the uid holds, spend from one budget per uid, so that a
+// (docs/protocol.md, "What a hint costs"), `Stats blocks` and hellos, whose
+// work grows with what they name, spend from one budget per uid, so that a
 // loop of them costs its sender its own latency while everyone else is
 // served.
 //

@@ -96,7 +96,7 @@ struct Shared {
   std::unique_ptr<engine::Engine> engine;
   // The quotas set in engine, and copy mode's tier pools under them.
   Quotas quotas;
-  // Each uid's budget of I/O-thread work: hints and Stats blocks spend it.
+  // Each uid's budget of I/O-thread work: hints, Stats blocks and hellos spend it.
   UidBudgets budgets;
   Hints hints{&fold, &recorder, &budgets};  // Hint requests
   // Loaded from the checkpoint before the engine exists (with the uid of
