@@ -43,6 +43,27 @@ bool IsAdmin(const server::Peer& peer, const std::string& admin_group) {
   return std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end();
 }
 
+bool AdminCache::Is(const server::Peer& peer, const std::string& admin_group,
+                    Clock::time_point now) {
+  if (peer.uid == 0) return true;
+  if (admin_group != group_) {
+    entries_.clear();
+    group_ = admin_group;
+  }
+  const uint64_t key = (uint64_t{peer.uid} << 32) | peer.gid;
+  if (auto it = entries_.find(key); it != entries_.end() && now < it->second.until) {
+    return it->second.admin;
+  }
+  if (entries_.size() >= max_entries_) {
+    std::erase_if(entries_, [&](const auto& e) { return now >= e.second.until; });
+    if (entries_.size() >= max_entries_) entries_.clear();
+  }
+  ++lookups_;
+  const bool admin = lookup_(peer, admin_group);
+  entries_[key] = Entry{admin, now + ttl_};
+  return admin;
+}
+
 Result<wire::AdminOk> Requests::SetQuota(const std::string& arg) {
   QuotaTarget target;
   QuotaBytes quota;
@@ -108,7 +129,7 @@ Result<wire::AdminOk> Requests::SetQuota(const std::string& arg) {
 Result<wire::AdminOk> Requests::OnAdmin(const server::Peer& peer, const wire::Admin& m,
                                         server::UniqueFd* reply_fd) {
   if (m.op == wire::AdminOp::kShowConfig) {
-    if (IsAdmin(peer, d_.config.admin_group)) return wire::AdminOk{ToToml(d_.config)};
+    if (d_.IsAdmin(peer)) return wire::AdminOk{ToToml(d_.config)};
     // Anyone may read the configuration, but of the quotas only their own
     // uid's (its user quota and its client quotas), as status shows them:
     // who else has a quota is the admins' to see.
@@ -127,7 +148,7 @@ Result<wire::AdminOk> Requests::OnAdmin(const server::Peer& peer, const wire::Ad
                      : m.op == wire::AdminOp::kRecordStart ? "record start"
                      : m.op == wire::AdminOp::kSetQuota    ? "quota set"
                                                            : "record stop";
-  if (!IsAdmin(peer, d_.config.admin_group)) {
+  if (!d_.IsAdmin(peer)) {
     d_.ClientWarning(peer, fmt::format("denied {}: not root nor in group '{}' (gid {})", what,
                                        d_.config.admin_group, peer.gid));
     return Error{ErrorCode::kDenied, std::string(what) + " needs root or membership of group '" +

@@ -36,9 +36,7 @@ Client* Requests::Said(const server::Peer& peer) {
 }
 
 Status Requests::OnConnect(const server::Peer& peer) {
-  if (Status refusal =
-          d_.clients.CheckConnect(peer, IsAdmin(peer, d_.config.admin_group), d_.config);
-      !refusal.ok()) {
+  if (Status refusal = d_.clients.CheckConnect(peer, d_.IsAdmin(peer), d_.config); !refusal.ok()) {
     d_.ClientWarning(peer, "connection refused: " + refusal.message);
     return refusal;
   }
@@ -124,7 +122,7 @@ Result<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::He
   // costs its sender its own latency (docs/protocol.md, "Hello"). Root and
   // the admin group are trusted (as by the connection caps): a root engine's
   // hello does not hold up the operator's tools.
-  if (!IsAdmin(peer, d_.config.admin_group)) {
+  if (!d_.IsAdmin(peer)) {
     d_.budgets.Spend(peer.uid, 1 + m.max_blocks * kHelloUnitsPerSlot, CostClock::now());
   }
   if (d_.config.ClientQuotaOf(peer.uid, c->name)) d_.ApplyQuotas();
@@ -438,7 +436,7 @@ Result<wire::StatsOk> Requests::OnStats(const server::Peer& peer, const wire::St
   // Keys are often hashes of prompt prefixes: a peer sees only its own uid's
   // clients, blocks and share (status's and quotas' users and clients); root
   // and the admin group see everyone's.
-  const bool admin = IsAdmin(peer, d_.config.admin_group);
+  const bool admin = d_.IsAdmin(peer);
   const std::optional<uid_t> only = admin ? std::nullopt : std::optional<uid_t>(peer.uid);
   uint64_t slots_scanned = 0;
   std::optional<nlohmann::json> j = StatsJson(d_, m.what, only, &slots_scanned);

@@ -20,6 +20,7 @@
 #include "numa/topology.h"
 #include "server/log_limiter.h"
 #include "server/server.h"
+#include "service/admin.h"
 #include "service/checkpointer.h"
 #include "service/client_table.h"
 #include "service/config.h"
@@ -76,6 +77,11 @@ struct Shared {
   // The engine's budgets of tiers 1 .. N-2 (none with two tiers).
   std::vector<uint64_t> LowerTierBudgets() const;
   uint64_t LeaseTimeoutTicks() const;
+  // Root or a member of admin_group (service/admin.h), as `admins` last
+  // found it.
+  bool IsAdmin(const server::Peer& peer) {
+    return admins.Is(peer, config.admin_group, AdminCache::Clock::now());
+  }
   // The tick an admit or release belongs to in a recording: between ticks the
   // next one. It happened after the last tick's plan and before the next
   // tick's fold, as a replay's event at a step comes after the plan that
@@ -98,6 +104,7 @@ struct Shared {
   Quotas quotas;
   // Each uid's budget of I/O-thread work: hints, Stats blocks and hellos spend it.
   UidBudgets budgets;
+  AdminCache admins;                        // who is root or in admin_group, for a few seconds
   Hints hints{&fold, &recorder, &budgets};  // Hint requests
   // Loaded from the checkpoint before the engine exists (with the uid of
   // each, kUnknownOwner when not known); the first engine takes them.

@@ -1986,6 +1986,47 @@ TEST(Admin, RootOrTheAdminGroupByPrimaryGid) {
   EXPECT_FALSE(IsAdmin(outsider, "root"));
 }
 
+// The daemon asks who is an admin on every connect, hello, Stats and Admin
+// request; the group database is read once per peer per ttl, again when the
+// admin group changes, never for root, and the cache stays bounded.
+TEST(Admin, TheGroupDatabaseIsReadOncePerPeerPerTtl) {
+  using Clock = AdminCache::Clock;
+  std::vector<uid_t> asked;
+  AdminCache cache(
+      [&](const server::Peer& p, const std::string& group) {
+        asked.push_back(p.uid);
+        return group == "ops" && p.uid == 1000;
+      },
+      std::chrono::seconds(5), 4);
+  const Clock::time_point t0 = Clock::now();
+  const server::Peer admin{1, 1, 1000, 100}, other{2, 1, 1001, 100};
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(cache.Is(admin, "ops", t0 + std::chrono::milliseconds(i)));
+    ASSERT_FALSE(cache.Is(other, "ops", t0 + std::chrono::milliseconds(i)));
+  }
+  EXPECT_EQ(asked, (std::vector<uid_t>{1000, 1001}));
+  // Root: no lookup.
+  EXPECT_TRUE(cache.Is(server::Peer{3, 1, 0, 0}, "ops", t0));
+  EXPECT_EQ(cache.lookups(), 2u);
+  // After the ttl the database is read again (a change to the group applies).
+  EXPECT_TRUE(cache.Is(admin, "ops", t0 + std::chrono::seconds(5)));
+  EXPECT_EQ(cache.lookups(), 3u);
+  // Another admin group (a reload): every answer is asked again.
+  EXPECT_FALSE(cache.Is(admin, "other", t0 + std::chrono::seconds(6)));
+  EXPECT_EQ(cache.lookups(), 4u);
+  // The same uid with another gid is another peer.
+  EXPECT_FALSE(cache.Is(server::Peer{4, 1, 1000, 200}, "other", t0 + std::chrono::seconds(6)));
+  EXPECT_EQ(cache.lookups(), 5u);
+  // Bounded: 100 peers, at most 4 entries; the newest is still answered.
+  for (uid_t u = 2000; u < 2100; ++u) {
+    cache.Is(server::Peer{5, 1, u, u}, "other", t0 + std::chrono::seconds(7));
+    ASSERT_LE(cache.size(), 4u);
+  }
+  const uint64_t before = cache.lookups();
+  cache.Is(server::Peer{5, 1, 2099, 2099}, "other", t0 + std::chrono::seconds(7));
+  EXPECT_EQ(cache.lookups(), before);
+}
+
 // Lines about clients are limited per uid, whatever the connection: one uid
 // past its burst is held back and summed up once its window is over, while
 // another uid's lines go on.

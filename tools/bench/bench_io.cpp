@@ -15,6 +15,7 @@
 #include "numa/migrator.h"
 #include "numa/topology.h"
 #include "server/server.h"
+#include "service/admin.h"
 #include "service/daemon.h"
 #include "service/move_dispatch.h"
 
@@ -276,4 +277,20 @@ BENCHMARK_CAPTURE(BM_AdmissionWhere, where_again, false, true)
     ->UseRealTime();
 
 }  // namespace
+// Who is an admin (service/admin.h): IsAdmin reads the group and user
+// databases, which the daemon asks on every connect, hello, Stats and Admin
+// request; AdminCache asks them once per peer per 5 s. The peer is nobody
+// (uid and gid 65534) and the group root's, so every lookup finds the group,
+// the user and its group list (this machine's backend: /etc/nsswitch.conf).
+void BM_AdminLookup(benchmark::State& state, bool cached) {
+  const server::Peer nobody{1, 1, 65534, 65534};
+  service::AdminCache cache;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(cached ? cache.Is(nobody, "root", service::AdminCache::Clock::now())
+                                    : service::IsAdmin(nobody, "root"));
+  }
+}
+BENCHMARK_CAPTURE(BM_AdminLookup, database, false);
+BENCHMARK_CAPTURE(BM_AdminLookup, cached, true);
+
 }  // namespace cxltier::bench
