@@ -16,8 +16,11 @@ Status ModelGeometry::Validate() const {
   if (head_dim == 0) return bad("head dim must be at least 1");
   if (dtype_bytes == 0 || dtype_bytes > 8) return bad("dtype bytes must be between 1 and 8");
   if (block_tokens == 0) return bad("block tokens must be at least 1");
-  // Keep every derived product far from 64-bit overflow for contexts up to 2^40 tokens.
-  if (static_cast<double>(block_bytes()) > 1e15) return bad("geometry is absurdly large");
+  // Keep every derived product far from 64-bit overflow for contexts up to
+  // 2^40 tokens. The product is taken in double: in 64 bits it wraps (2 x
+  // 2^31 KV heads x 2^31 head dim x 2 bytes is 2^64, a block of 0 bytes).
+  const double bytes = 2.0 * kv_heads * head_dim * dtype_bytes * layers * block_tokens;
+  if (bytes > 1e15) return bad("geometry is absurdly large");
   return Status::Ok();
 }
 

@@ -159,6 +159,12 @@ TEST(ModelGeometry, PresetsAreValidAndFindable) {
   bad = kLlama3_70B;
   bad.kv_heads = 0;
   EXPECT_EQ(bad.Validate().code, wire::ErrorCode::kGeometry);
+  // A product that wraps in 64 bits (to a block of 0 bytes) is refused too.
+  bad = ModelGeometry{"wraps", 1, 1u << 31, 1u << 31, 1u << 31, 2, 16};
+  ASSERT_EQ(bad.block_bytes(), 0u);
+  EXPECT_EQ(bad.Validate().code, wire::ErrorCode::kGeometry);
+  bad = ModelGeometry{"wraps", 1u << 31, 1, 1, 1u << 31, 8, 1u << 31};
+  EXPECT_EQ(bad.Validate().code, wire::ErrorCode::kGeometry);
 }
 
 TEST(ParseSize, SuffixesAndErrors) {

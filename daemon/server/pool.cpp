@@ -27,6 +27,7 @@ Status Pool::Open(const wire::RegisterPool& m, UniqueFd fd, pid_t pid, uid_t uid
                   uint64_t block_bytes) {
   const uint64_t page = PageSize();
   if (m.blocks == 0) return Refused("a pool needs at least one block");
+  if (m.stride == 0) return Refused("a pool's stride must be at least one page");
   if (m.stride < block_bytes) {
     return Refused("stride " + std::to_string(m.stride) + " is smaller than a block (" +
                    std::to_string(block_bytes) + " bytes)");

@@ -89,6 +89,43 @@ TEST(HostileBlockSize, AHugeBlockIsRefusedAndTheDaemonStays) {
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
+// A geometry whose block size wraps in 64 bits (2 x 2^31 KV heads x 2^31
+// head dim x 2 bytes = 2^64: a block of 0 bytes) once made the engine's
+// block size 0, and the attacker's next RegisterPool of stride 0 divided by
+// it (SIGFPE). It is refused as absurd, and so is a pool of stride 0.
+TEST(HostileBlockSize, AGeometryWhoseSizeWrapsIsRefused) {
+  NEED_ROOT();
+  const ModelGeometry wraps{"wraps", 1, 1u << 31, 1u << 31, 1u << 31, 2, 16};
+  ASSERT_EQ(wraps.block_bytes(), 0u);
+  HostileDaemon d;
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  EXPECT_EQ(
+      RunAs(kEvil,
+            [&]() -> std::string {
+              const int fd = RawConnect(socket);
+              if (fd < 0) return "cannot connect";
+              const std::string err = RawHello(fd, wraps, 16);
+              if (err.find("geometry") != 0) {
+                close(fd);
+                return "a block of 2^64 bytes got: '" + err + "'";
+              }
+              // Had the hello passed, this pool would have divided by 0.
+              std::vector<uint8_t> out;
+              wire::Encode(wire::RegisterPool{wire::PoolKind::kRange, 4096, 4096, 0, 1}, 2, out);
+              WriteAll(fd, out);
+              uint8_t header[wire::kHeaderBytes];
+              ::recv(fd, header, sizeof(header), MSG_WAITALL);
+              close(fd);
+              return "";
+            }),
+      "");
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  GoodClient good;
+  ASSERT_TRUE(good.Start(socket)) << d.Log();
+  ExpectHealthy(d, good, 256ull << 20, 64);
+}
+
 TEST(HostileBlockSize, TheFirstHelloDecidesOnlyWhileItsClientStays) {
   NEED_ROOT();
   HostileDaemon d;
