@@ -28,17 +28,11 @@
 #include "server/segment.h"
 #include "server/server.h"
 #include "service/copy_state.h"
+#include "service/engine_keys.h"
 
 namespace cxltier::service {
 
 struct DaemonConfig;
-
-// The engine's name for a client's key: keys live in one namespace per user,
-// so clients of different users can never collide, read or release each
-// other's blocks by key.
-inline BlockKey EngineKey(const BlockKey& key, uid_t uid) {
-  return BlockKey{key.hi ^ (0x9e3779b97f4a7c15ULL * (uint64_t{uid} + 1)), key.lo};
-}
 
 // The secret that keys this process's key indexes (the engine's, through
 // EngineOptions::key_hash_seed, and each client's by_key): drawn once with
@@ -130,6 +124,12 @@ class ClientTable {
   // Sessions by id: connected ones and ones leaving.
   using Map = std::map<uint64_t, Client>;
 
+  // The engine's name for `key` of a client of `uid`: keys live in one
+  // namespace per user (service/engine_keys.h).
+  BlockKey EngineKey(const BlockKey& key, uid_t uid) const { return engine_keys_.Of(key, uid); }
+  // At the daemon's start, before any client: the secret kept in state_dir.
+  void set_engine_keys(const EngineKeys& keys) { engine_keys_ = keys; }
+
   // Connection caps (max_clients, the admin reserve, per uid): the refusal, or
   // ok if `peer` may connect.
   Status CheckConnect(const server::Peer& peer, bool admin, const DaemonConfig& config) const;
@@ -220,6 +220,7 @@ class ClientTable {
   bool AnyHello() const;
 
  private:
+  EngineKeys engine_keys_;
   struct Owner {
     uint64_t session = 0;
     uint32_t seg_slot = 0;

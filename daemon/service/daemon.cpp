@@ -33,6 +33,11 @@ Status Daemon::Start() {
   if (ec)
     return Error{ErrorCode::kInternal, "state dir " + d.config.state_dir + ": " + ec.message()};
   if (d.config.persist) {
+    // The ghosts' keys are engine keys: the secret they were made with
+    // comes with them.
+    Result<EngineKeys> keys = EngineKeys::InStateDir(d.config.state_dir);
+    if (!keys.ok()) return keys.status().Context("state dir " + d.config.state_dir + ": ");
+    d.clients.set_engine_keys(*keys);
     LoadedGhosts loaded = checkpoints_.Load();
     d.pending_ghosts.states = std::move(loaded.ghosts);
     d.pending_ghosts.owners = std::move(loaded.owners);

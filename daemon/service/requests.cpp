@@ -322,7 +322,7 @@ engine::Slot Requests::AdmitPage(Client& c, uint32_t pool_id, const wire::AdmitE
   const server::Pool& pool = c.pools[pool_id];
   const numa::PageRange range = pool.Range(e.block_index);
   const Tier steered = MoveDispatch::NewPagesTier(pool);
-  const BlockKey key = EngineKey(e.key, c.peer.uid);
+  const BlockKey key = d_.clients.EngineKey(e.key, c.peer.uid);
   // Pages a released block left in tier 0 count as this block's from now.
   d_.moves.Reusing(*d_.engine, c, pool_id, e.block_index);
   if (const Tier found = d_.moves.WhereIs(range, steered); found != Tier::kNone) {
@@ -371,7 +371,7 @@ Result<wire::AdmitOk> Requests::AdmitCopy(Client& c, const wire::Admit& m) {
     }
     const Tier where = static_cast<Tier>(c.pools[pool].tier());
     const engine::Slot es =
-        d_.engine->Admit(EngineKey(e.key, c.peer.uid), where, c.peer.uid, c.account);
+        d_.engine->Admit(d_.clients.EngineKey(e.key, c.peer.uid), where, c.peer.uid, c.account);
     d_.recorder.Admit(d_.EventTick(), c.peer.uid, d_.engine->state(es).key, where);
     const uint32_t seg = d_.clients.Bind(c, es, pool, index, e.key);
     PublishAdmitted(c, seg);

@@ -174,5 +174,68 @@ TEST(HostileGhosts, SharesSurviveARestartFromTheCheckpoint) {
   ExpectHealthy(d, good, 256ull << 20, 64);
 }
 
+// The engine's keys were the client's key XORed with a public function of
+// the uid, so any uid could compute the key that reached another uid's:
+// learn whether it held a block (its own admit was refused "admitted by
+// another client of this user"), squat a key before it, and take its ghost,
+// score and all. Root holds K0 and left a ghost of K1; the attacker forges
+// the keys that reached K0, K1 and K2 under the old derivation, and holds
+// them. Its admits are its own new blocks; root then admits K2 and gets
+// its ghost of K1 back.
+TEST(HostileKeys, AForgedKeyNeverReachesAnotherUid) {
+  NEED_ROOT();
+  HostileDaemon d(kSmallGhostStore);
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  const std::string socket = d.socket();
+  Status st;
+  auto root = Client::Connect({socket, kHostileModel, 8, "root-keys"}, &st);
+  ASSERT_TRUE(root) << st.message;
+  const int fd = SealedPool(8, "root-keys");
+  uint32_t pool = 0;
+  ASSERT_TRUE(root->RegisterMemfdPool(fd, 8 * kHostileStride, kHostileStride, 8, &pool).ok());
+  const BlockKey k0 = GoodKey(0), k1 = GoodKey(1), k2 = GoodKey(2);
+  std::vector<wire::AdmitResult> r;
+  ASSERT_TRUE(root->Admit(pool, std::vector<wire::AdmitEntry>{{k0, 0}, {k1, 1}}, &r).ok());
+  ASSERT_TRUE(root->Report(std::vector<wire::Observation>{{r[1].slot, 4.0f}}).ok());
+  wire::ReleaseOk rel;
+  ASSERT_TRUE(root->Release(std::vector<BlockKey>{k1}, &rel).ok());
+  ASSERT_EQ(rel.released, 1u);
+
+  // What reached uid 0's key k from uid `evil` before.
+  const uid_t evil = UidOf(kEvil);
+  const auto forged = [evil](const BlockKey& k) {
+    const auto mask = [](uint64_t u) { return 0x9e3779b97f4a7c15ULL * (u + 1); };
+    return BlockKey{k.hi ^ mask(0) ^ mask(evil), k.lo};
+  };
+  HeldAttacker attacker([&]() -> char {
+    Status s;
+    auto c = Client::Connect({socket, kHostileModel, 8, "forger"}, &s);
+    const int pfd = SealedPool(8, "forger");
+    uint32_t p = 0;
+    if (!c || pfd < 0 || !c->RegisterMemfdPool(pfd, 8 * kHostileStride, kHostileStride, 8, &p).ok())
+      return 'c';
+    std::vector<wire::AdmitResult> a;
+    // Root's live K0: refused before ("admitted by another client").
+    if (!c->Admit(p, std::vector<wire::AdmitEntry>{{forged(k0), 0}}, &a).ok()) return '0';
+    // Root's ghost of K1: restored before.
+    if (!c->Admit(p, std::vector<wire::AdmitEntry>{{forged(k1), 1}}, &a).ok()) return '1';
+    if (a.size() != 1 || a[0].restored) return 'g';
+    // Not root's yet: squatted before.
+    if (!c->Admit(p, std::vector<wire::AdmitEntry>{{forged(k2), 2}}, &a).ok()) return '2';
+    return 'y';
+  });
+  EXPECT_EQ(attacker.report(), 'y')
+      << "'0': learnt that root holds K0; 'g': took root's ghost; '1', '2', 'c': refused";
+  // While the attacker holds its blocks, root's K2 is root's own, and its
+  // ghost of K1 comes back.
+  ASSERT_TRUE(root->Admit(pool, std::vector<wire::AdmitEntry>{{k2, 2}}, &r).ok())
+      << "root's key was squatted";
+  ASSERT_TRUE(root->Admit(pool, std::vector<wire::AdmitEntry>{{k1, 1}}, &r).ok());
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].restored, 1) << "root's ghost was taken";
+  attacker.Release();
+  EXPECT_TRUE(d.Alive()) << d.Log();
+}
+
 }  // namespace
 }  // namespace cxltier::testing

@@ -27,6 +27,7 @@
 #include "engine/policy.h"
 #include "models.h"
 #include "numa/migrator.h"
+#include "service/engine_keys.h"
 #include "shell.h"
 
 namespace cxltier {
@@ -471,13 +472,16 @@ void RestartKeepsScoresAndOrder(const std::string& policy, int sig) {
   if (sig == SIGKILL) {
     // No final checkpoint: wait for a periodic one that holds every block as
     // the client saw it last.
+    // The checkpoint holds engine keys, made with the state directory's secret.
+    Result<service::EngineKeys> keys = service::EngineKeys::InStateDir(d.dir() / "state");
+    ASSERT_TRUE(keys.ok()) << keys.status().message;
     ASSERT_TRUE(WaitFor([&] {
       CheckpointOnDisk ck;
       if (!ReadCheckpoint(ghosts, &ck)) return false;
       size_t found = 0;
       for (const BlockState& st : ck.states) {
         for (const BlockState& b : before) {
-          if (st.key.lo == b.key.lo && st.touch_count == b.touch_count &&
+          if (st.key == keys->Of(b.key, getuid()) && st.touch_count == b.touch_count &&
               st.touch_time == b.touch_time && st.score == b.score) {
             ++found;
           }

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <map>
 #include <random>
 #include <vector>
@@ -69,6 +72,44 @@ TEST(ClientTable, AClientsKeyMapIsKeyedAgainstChosenCollisions) {
   for (uint32_t i = 0; i < kSlots; ++i) c.by_key.Erase(c.slots[i].key);
 }
 
+// Keys live in one namespace per uid: the engine's key depends on the uid
+// and on the secret, and the key that once reached another uid's (the key
+// XORed with a public function of both uids) no longer does. The secret
+// outlives the process in the state directory, readable by its owner only.
+TEST(EngineKeys, OneNamespacePerUidUnderASecretKeptInTheStateDir) {
+  char tmpl[] = "/tmp/cxltier-keys-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  bool created = false;
+  Result<EngineKeys> first = EngineKeys::InStateDir(dir, &created);
+  ASSERT_TRUE(first.ok()) << first.status().message;
+  EXPECT_TRUE(created);
+  const BlockKey k = BlockKey::FromSequence(5151, 7);
+  const uid_t a = 65534, b = 1000;
+  EXPECT_NE(first->Of(k, a), first->Of(k, b));
+  const auto mask = [](uid_t u) { return 0x9e3779b97f4a7c15ULL * (uint64_t{u} + 1); };
+  const BlockKey forged{k.hi ^ mask(b) ^ mask(a), k.lo};
+  EXPECT_NE(first->Of(forged, a), first->Of(k, b));
+  // Another secret, other keys; the same directory, the same keys.
+  EXPECT_NE(EngineKeys().Of(k, b), first->Of(k, b));
+  Result<EngineKeys> again = EngineKeys::InStateDir(dir, &created);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(created);
+  EXPECT_EQ(again->Of(k, b), first->Of(k, b));
+  struct stat st {};
+  ASSERT_EQ(stat((dir + "/key-secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // A secret others may read is not used: a new one replaces it.
+  ASSERT_EQ(chmod((dir + "/key-secret").c_str(), 0644), 0);
+  Result<EngineKeys> exposed = EngineKeys::InStateDir(dir, &created);
+  ASSERT_TRUE(exposed.ok());
+  EXPECT_TRUE(created);
+  EXPECT_NE(exposed->Of(k, b), first->Of(k, b));
+  ASSERT_EQ(stat((dir + "/key-secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ClientTable, BindAndUnbindKeepEveryIndexInStep) {
   constexpr uint32_t kSlots = 256;
   ClientTable table;
@@ -83,7 +124,7 @@ TEST(ClientTable, BindAndUnbindKeepEveryIndexInStep) {
     const auto it = model.find(n);
     if (it == model.end() && model.size() < kSlots) {
       ASSERT_EQ(c.by_key.Find(key), engine::kNoSlot);
-      const engine::Slot es = e.Admit(EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
+      const engine::Slot es = e.Admit(table.EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
       model[n] = table.Bind(c, es, 0, static_cast<uint32_t>(n), key);
     } else if (it != model.end()) {
       const uint32_t seg = it->second;
@@ -157,7 +198,7 @@ struct Folding {
     EXPECT_TRUE(table.Open(c, slots, "t").ok());
     for (uint32_t i = 0; i < slots; ++i) {
       const BlockKey key = BlockKey::FromSequence(9, i);
-      const engine::Slot es = e.Admit(EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
+      const engine::Slot es = e.Admit(table.EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
       WriteBack(e, c, table.Bind(c, es, 0, i, key));
     }
   }
@@ -202,7 +243,7 @@ TEST(Fold, AHintsFoldCountsEveryDirtyBitItTakes) {
   ASSERT_TRUE(table.Open(c, kSlots, "t").ok());
   engine::Engine e = MakeEngine();
   const BlockKey key = BlockKey::FromSequence(9, kSlots - 1);
-  const engine::Slot es = e.Admit(EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
+  const engine::Slot es = e.Admit(table.EngineKey(key, c.peer.uid), Tier::kSlow, c.peer.uid);
   WriteBack(e, c, table.Bind(c, es, 0, 0, key));  // the one live slot: 0
   uint64_t* dirty = c.segment.dirty();
   for (uint32_t w = 0; w < SegmentDirtyWords(kSlots); ++w) dirty[w] = ~uint64_t{0};

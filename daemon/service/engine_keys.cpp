@@ -1,0 +1,115 @@
+#include "service/engine_keys.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace cxltier::service {
+namespace {
+
+static_assert(EngineKeys::kSecretBytes >= XXH3_SECRET_SIZE_MIN);
+
+Status Errno(const std::string& what) {
+  return Status::Fail(wire::ErrorCode::kInternal, what + ": " + std::strerror(errno));
+}
+
+// Random bytes from the kernel. getrandom blocks only before its pool is
+// initialised (early boot), and returns at most 33,554,431 bytes a call.
+Result<EngineKeys::Secret> Draw() {
+  EngineKeys::Secret s;
+  size_t got = 0;
+  while (got < s.size()) {
+    const ssize_t n = getrandom(s.data() + got, s.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Errno("getrandom");
+    got += static_cast<size_t>(n);
+  }
+  return s;
+}
+
+bool ReadSecret(const std::string& path, EngineKeys::Secret* s) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) spdlog::warn("{}: {}; drawing a new one", path, std::strerror(errno));
+    return false;
+  }
+  struct stat st {};
+  bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == EngineKeys::kSecretBytes &&
+            (st.st_mode & 077) == 0 && st.st_uid == geteuid();
+  if (!ok) {
+    spdlog::warn(
+        "{} is not a file of {} bytes that only this user may read; drawing a new one (the "
+        "ghosts saved under the old one are not found again)",
+        path, EngineKeys::kSecretBytes);
+  }
+  ok = ok && pread(fd, s->data(), s->size(), 0) == static_cast<ssize_t>(s->size());
+  close(fd);
+  return ok;
+}
+
+Status WriteSecret(const std::string& dir, const EngineKeys::Secret& s) {
+  const std::string tmp = dir + "/key-secret.tmp", path = dir + "/key-secret";
+  unlink(tmp.c_str());  // O_EXCL below: never through a file or link left there
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("creating " + tmp);
+  const bool written =
+      write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size()) && fsync(fd) == 0;
+  const int saved = errno;
+  close(fd);
+  if (!written) {
+    errno = saved;
+    unlink(tmp.c_str());
+    return Errno("writing " + tmp);
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("renaming " + tmp);
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+EngineKeys::EngineKeys() {
+  Result<Secret> s = Draw();
+  if (!s.ok()) {
+    // Not secret, but not fixed either; the daemon's own start uses
+    // InStateDir, which fails instead.
+    for (size_t i = 0; i < secret_.size(); i += 8) {
+      const uint64_t x = XXH3_64bits_withSeed(&i, sizeof i, reinterpret_cast<uintptr_t>(this));
+      std::memcpy(secret_.data() + i, &x, 8);
+    }
+    return;
+  }
+  secret_ = *s;
+}
+
+Result<EngineKeys> EngineKeys::InStateDir(const std::string& dir, bool* created) {
+  if (created) *created = false;
+  Secret s;
+  if (ReadSecret(dir + "/key-secret", &s)) return EngineKeys(s);
+  Result<Secret> drawn = Draw();
+  if (!drawn.ok()) return drawn.status();
+  if (Status st = WriteSecret(dir, *drawn); !st.ok()) return st;
+  if (created) *created = true;
+  return EngineKeys(*drawn);
+}
+
+BlockKey EngineKeys::Of(const BlockKey& key, uid_t uid) const {
+  const uint64_t in[3] = {key.hi, key.lo, uint64_t{uid}};
+  const XXH128_hash_t h = XXH3_128bits_withSecret(in, sizeof in, secret_.data(), secret_.size());
+  return BlockKey{h.high64, h.low64};
+}
+
+}  // namespace cxltier::service

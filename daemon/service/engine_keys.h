@@ -1,0 +1,48 @@
+// The engine's name for a client's key. Keys live in one namespace per user:
+// the engine's key is a keyed 128-bit hash (XXH3 with a 192-byte secret) of
+// the uid and the key as the client named it, so that a client can neither
+// name nor find a key that lands on another uid's block or ghost. (It was
+// the key XORed with a public function of the uid: any uid could compute
+// the key that reached another uid's block, learn whether that uid held it,
+// squat it, or take its ghost, score and all. Found by a helper's audit,
+// 2026-12-07.) Engine keys are not shown to clients: Stats, status and the
+// segment carry the client's own keys; recordings are for admins.
+//
+// The secret is drawn at the first start and kept in the state directory
+// (`key-secret`, mode 0600) with the checkpoint, so that ghosts keep their
+// keys across restarts; without persistence, each run draws its own.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "cxltier/block.h"
+#include "cxltier/status.h"
+
+namespace cxltier::service {
+
+class EngineKeys {
+ public:
+  static constexpr size_t kSecretBytes = 192;
+  using Secret = std::array<uint8_t, kSecretBytes>;
+
+  EngineKeys();  // a secret of this run's own
+  explicit EngineKeys(const Secret& secret) : secret_(secret) {}
+
+  // Loads `dir`'s key-secret, or draws one and writes it there (a new file,
+  // fsynced, renamed into place). A secret that is not a regular file of
+  // kSecretBytes, or that others may read, is replaced by a new one (the
+  // ghosts saved under the old one are then not found again: the safe way).
+  // `created`, when given, says whether a new one was written.
+  static Result<EngineKeys> InStateDir(const std::string& dir, bool* created = nullptr);
+
+  BlockKey Of(const BlockKey& key, uid_t uid) const;
+
+ private:
+  Secret secret_;
+};
+
+}  // namespace cxltier::service
