@@ -1,10 +1,12 @@
 #include "numa/tier_memory.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <numa.h>
 #include <numaif.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -152,6 +154,14 @@ Result<TierMemory> AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     return Refused(Errno("fstat"));
+  }
+  // Shmem, as the daemon's own memfds are: not hugetlbfs (MFD_HUGETLB), where
+  // lseek shows no hole, the client can punch pages out under these seals,
+  // and a fault past the free huge pages is a SIGBUS in this daemon's copy.
+  struct statfs fs {};
+  if (fstatfs(fd, &fs) != 0) return Refused(Errno("fstatfs"));
+  if (fs.f_type != TMPFS_MAGIC) {
+    return Refused("not a tmpfs memfd: a tier pool is a plain memfd (no MFD_HUGETLB)");
   }
   // The name memfd_create gave it: anyone can choose it, so it only tells a
   // mistake (another tier's pool, a page-mode memfd) from the right file.

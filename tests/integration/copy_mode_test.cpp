@@ -906,9 +906,10 @@ std::vector<int> OpenSockets() {
 }
 
 // One request on a connection of its own, as a client library of another
-// language would send it: hello, then CreateTierPool with `fd` attached.
+// language would send it: hello (of `slots` slots), then CreateTierPool with
+// `fd` attached.
 Status RawCreateTierPool(const std::string& socket_path, uint8_t tier, wire::TierPoolSource source,
-                         uint32_t blocks, uint64_t stride, int fd) {
+                         uint32_t blocks, uint64_t stride, int fd, uint32_t slots = 64) {
   const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -941,7 +942,7 @@ Status RawCreateTierPool(const std::string& socket_path, uint8_t tier, wire::Tie
   };
   std::vector<uint8_t> frame, payload;
   wire::MsgType type{};
-  wire::Encode(wire::Hello{kTiny8KiB, 64, "raw"}, 1, frame);
+  wire::Encode(wire::Hello{kTiny8KiB, slots, "raw"}, 1, frame);
   Status st = Status::Fail(wire::ErrorCode::kInternal, "no answer");
   if (call(frame, -1, &payload, &type) && type == wire::MsgType::kHelloOk) {
     frame.clear();
@@ -1136,6 +1137,20 @@ TEST(CopyMode, AnImportIsCheckedAsTheDaemonWouldMakeIt) {
     close(fd);
     EXPECT_EQ(st.code, wire::ErrorCode::kBadPool) << k.name << ": " << st.message;
     EXPECT_NE(st.message.find(k.why), std::string::npos) << st.message;
+  }
+  // A hugetlbfs memfd of the right name, seals and size (all holes, which
+  // lseek does not show there): refused before its pages are looked at.
+  if (const int huge = memfd_create("cxltier-tier1", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+      huge >= 0) {
+    ASSERT_EQ(ftruncate(huge, 2 << 20), 0);
+    ASSERT_EQ(fcntl(huge, F_ADD_SEALS, all), 0);
+    const Status st =
+        RawCreateTierPool(d.socket(), 1, wire::TierPoolSource::kImport, 256, kBlock, huge, 256);
+    close(huge);
+    EXPECT_EQ(st.code, wire::ErrorCode::kBadPool) << st.message;
+    EXPECT_NE(st.message.find("tmpfs"), std::string::npos) << st.message;
+  } else {
+    ADD_FAILURE() << "memfd_create(MFD_HUGETLB): " << std::strerror(errno);
   }
   // A live client's own tier pool, imported on another connection: busy (two
   // owners would hand out the same places).
