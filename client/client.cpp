@@ -709,13 +709,33 @@ Status Client::Reconnect(uint64_t* restored) {
   const bool copy = copy_mode();
   // Copy mode: the previous segment is kept (carried_) until every block is
   // admitted again: its words say where each block is, its lease table what
-  // the readers hold. A Reconnect that failed half-way kept it already.
+  // the readers hold. A Reconnect that failed half-way put it back as the
+  // client's segment (below); one that failed in Open kept it in carried_.
   if (Status st = Open(copy && !carried_.base ? &carried_ : nullptr); !st.ok()) return st;
-  // On a failure below, held_ is as before, so that the next attempt starts
-  // over from the same record.
+  // On a failure below, the client is as before the attempt, so that its
+  // slots name the blocks they named and the next attempt starts over from
+  // the same record: held_ as it was, and the new daemon's session closed
+  // (it forgets the blocks admitted so far; nothing of theirs is copied, as
+  // each is admitted under its write lease). In copy mode the previous
+  // segment is put back: its words still say where every block is, so a
+  // read of SlotOf(key) between attempts gets that block's bytes. (Left with
+  // the new segment and the old slots, a slot named whatever block the new
+  // daemon put there: another block's bytes.) In page mode the new segment
+  // stays mapped; its session is gone, so what is written there changes
+  // nothing, and requests fail with kNotReady until a Reconnect succeeds.
   const std::unordered_map<BlockKey, Held, BlockKeyHash> held = held_;
   auto failed = [&](Status st) {
     held_ = held;
+    parked_.clear();
+    close(sock_);
+    sock_ = -1;
+    if (copy && carried_.base) {
+      Unmap();
+      segment_ = carried_.base;
+      segment_bytes_ = carried_.bytes;
+      slots_ = carried_.slots;
+      carried_ = MappedSegment{};
+    }
     return st;
   };
   parked_.clear();  // the old daemon's: a lease that still holds one is parked again

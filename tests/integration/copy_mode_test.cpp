@@ -17,8 +17,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -1048,6 +1050,66 @@ void LeasesSurvive(Drop how) {
   uint64_t blocks = 0;
   for (const auto& cl : nlohmann::json::parse(json)) blocks += cl["blocks"].get<uint64_t>();
   EXPECT_EQ(blocks, 24u) << json;
+  EXPECT_TRUE(d.Alive());
+}
+
+// A Reconnect that fails half-way: the restarted daemon lets the uid hold 8
+// blocks, so tier 0's 8 are admitted again and tier 1's 16 are refused. The
+// client is left as before the attempt: every key's slot reads that key's
+// bytes (it used to keep the new segment with the old slots: a slot read
+// whatever block the new daemon had put there), and the next attempt, with
+// room again, succeeds.
+TEST(CopyMode, AReconnectThatFailsHalfWayLeavesEveryReadRight) {
+  DaemonProcess d(
+      "[engine]\ntier0_budget = \"64KiB\"\n[limits]\nframe_timeout_s = 1\n"
+      "max_blocks_per_uid = 1000\n");
+  auto c = Connect(d);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->CreateTierPools(32).ok());
+  ASSERT_EQ(AdmitPatterned(*c, 24).size(), 24u);  // 0..7 in tier 0
+  Status st;
+  auto reader = c->NewReader(&st);
+  ASSERT_TRUE(reader) << st.message;
+  auto every_read_right = [&](const char* when) {
+    for (uint32_t i = 0; i < 24; ++i) {
+      uint32_t slot = 0;
+      ASSERT_TRUE(c->SlotOf(K(i), &slot)) << when << ": block " << i;
+      Client::Reader::Lease l;
+      ASSERT_TRUE(reader->Acquire(slot, &l).ok()) << when << ": block " << i;
+      EXPECT_TRUE(Intact(l.data, i)) << when << ": block " << i << " reads another's bytes";
+      EXPECT_TRUE(reader->Release(l).ok());
+    }
+  };
+  every_read_right("before");
+  auto set_limit = [&](const char* from, const char* to) {
+    std::ifstream in(d.config_path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, std::strlen(from), to);
+    std::ofstream(d.config_path()) << text;
+  };
+  d.Stop(SIGKILL);
+  set_limit("max_blocks_per_uid = 1000", "max_blocks_per_uid = 8");
+  d.Start();
+  Status last;
+  ASSERT_TRUE(WaitFor([&] {
+    last = c->Reconnect();
+    return last.code == wire::ErrorCode::kLimit;
+  })) << last.message
+      << "\n"
+      << d.Log();
+  every_read_right("after a Reconnect that failed half-way");
+  // Requests wait for a Reconnect that succeeds.
+  std::vector<wire::AdmitResult> r;
+  EXPECT_EQ(c->Admit(c->tier_pool(0), std::vector<wire::AdmitEntry>{{K(99), 0}}, &r).code,
+            wire::ErrorCode::kNotReady);
+  d.Stop(SIGKILL);
+  set_limit("max_blocks_per_uid = 8", "max_blocks_per_uid = 1000");
+  d.Start();
+  ASSERT_TRUE(WaitFor([&] { return (last = c->Reconnect()).ok(); })) << last.message << "\n"
+                                                                     << d.Log();
+  every_read_right("after the next Reconnect");
   EXPECT_TRUE(d.Alive());
 }
 
