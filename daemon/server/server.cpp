@@ -4,6 +4,8 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -651,14 +653,45 @@ namespace {
 Status ListenFailed(std::string message) {
   return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
 }
+
+// Whether a process listens on the Unix socket at `path` (a connect that
+// succeeds, or finds its backlog full), rather than a file left by a run
+// that ended.
+bool SomeoneListens(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool answers =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EAGAIN;
+  ::close(fd);
+  return answers;
+}
 }  // namespace
 
 Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Status* group_status) {
   boost::system::error_code ec;
-  ::unlink(path.c_str());  // a stale socket from an earlier run
+  // A socket left by an earlier run is removed; one another daemon listens
+  // on is not (both would serve half the clients each, and the first to
+  // stop would remove the other's socket).
+  if (SomeoneListens(path)) {
+    return ListenFailed(path +
+                        ": another process listens on this socket; stop it, or give this daemon "
+                        "its own [daemon] socket");
+  }
+  ::unlink(path.c_str());
   acceptor_.open(stream(), ec);
   if (!ec) acceptor_.bind(stream::endpoint(path), ec);
   if (ec) return ListenFailed(path + ": " + ec.message());
+  struct stat made {};
+  if (::stat(path.c_str(), &made) == 0) {
+    path_ino_ = made.st_ino;
+    path_dev_ = made.st_dev;
+  }
   // Mode and group before listen(): a client of the group that connects the
   // moment the socket accepts must not find it still root's alone.
   if (::chmod(path.c_str(), mode) != 0)
@@ -834,7 +867,13 @@ void Server::Stop() {
   acceptor_.close(ec);
   sweep_timer_.cancel();
   backoff_timer_.cancel();
-  if (!path_.empty()) ::unlink(path_.c_str());
+  // Only the socket this server made: another daemon's, made at the same
+  // path since, stays.
+  struct stat now {};
+  if (!path_.empty() && ::stat(path_.c_str(), &now) == 0 && now.st_ino == path_ino_ &&
+      now.st_dev == path_dev_) {
+    ::unlink(path_.c_str());
+  }
   path_.clear();
   auto all = sessions_;
   for (const auto& s : all) s->Close();

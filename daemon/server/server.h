@@ -167,6 +167,8 @@ class Server {
   std::unordered_map<uid_t, UidInput> input_by_uid_;
   uint64_t next_session_id_ = 1;
   std::string path_;
+  ino_t path_ino_ = 0;  // the socket file Listen made: Stop removes only that one
+  dev_t path_dev_ = 0;
   bool stopped_ = false;
   ServerCounters counters_;
   // The sweep closes sessions past their timeouts; it runs while there are any.

@@ -99,7 +99,11 @@ Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts
   std::memcpy(header + kHeader + 8, &clock.resume_tick, 8);
 
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A new file, never one (or a link) found there: in a state directory
+  // others can write, a link planted at the temporary name would have had
+  // the daemon truncate and overwrite whatever it pointed at.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return NotWritten(Errno(tmp));
   // Written straight from the caller's arrays: no second copy of a million states.
   bool ok = Emit(fd, h.get(), header, sizeof(header)) &&
@@ -138,7 +142,7 @@ Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts
 
 LoadedGhosts LoadGhosts(const std::string& path) {
   LoadedGhosts out;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno != ENOENT) {
       out.found = true;

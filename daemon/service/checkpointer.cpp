@@ -1,7 +1,13 @@
 #include "service/checkpointer.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <utility>
@@ -48,7 +54,32 @@ GhostSnapshot CollectStates(const engine::Engine& engine, const ClientTable* liv
 Checkpointer::Checkpointer(std::string state_dir, std::function<void(std::function<void()>)> post)
     : path_((std::filesystem::path(state_dir) / "ghosts.bin").string()), post_(std::move(post)) {}
 
-Checkpointer::~Checkpointer() = default;
+Checkpointer::~Checkpointer() {
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+Status Checkpointer::Lock() {
+  if (lock_fd_ >= 0) return Status::Ok();
+  const std::string lock = (std::filesystem::path(path_).parent_path() / "lock").string();
+  const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return Status::Fail(wire::ErrorCode::kInternal, lock + ": " + std::strerror(errno));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::Fail(wire::ErrorCode::kInternal,
+                        err == EWOULDBLOCK
+                            ? "another cxltierd uses the state directory " +
+                                  std::filesystem::path(path_).parent_path().string() +
+                                  " (it holds " + lock +
+                                  "); stop it, or give this one its own "
+                                  "[daemon] state_dir"
+                            : lock + ": flock: " + std::strerror(err));
+  }
+  lock_fd_ = fd;
+  return Status::Ok();
+}
 
 LoadedGhosts Checkpointer::Load() const {
   LoadedGhosts loaded = LoadGhosts(path_);

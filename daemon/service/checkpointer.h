@@ -31,6 +31,13 @@ class Checkpointer {
   ~Checkpointer();
 
   const std::string& path() const { return path_; }
+  // Takes the state directory for this process alone (an exclusive flock on
+  // its `lock` file, held until this is destroyed; the kernel drops it when
+  // the process dies, however). A second daemon on the same directory would
+  // write the same checkpoint's temporary file (one renamed it while the
+  // other still wrote it, and the next start set the checkpoint aside as
+  // corrupt: every ghost lost): it is refused at its start instead.
+  Status Lock();
   // Reads the checkpoint (a corrupt one is set aside) and logs what it found.
   LoadedGhosts Load() const;
   // Starts the writer thread; without it (it cannot start) Save writes inline.
@@ -49,6 +56,7 @@ class Checkpointer {
   std::function<void(std::function<void()>)> post_;
   std::unique_ptr<CheckpointWriter> writer_;  // null: checkpoints written inline
   std::string last_error_;
+  int lock_fd_ = -1;
 };
 
 }  // namespace cxltier::service

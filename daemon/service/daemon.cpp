@@ -33,6 +33,7 @@ Status Daemon::Start() {
   if (ec)
     return Error{ErrorCode::kInternal, "state dir " + d.config.state_dir + ": " + ec.message()};
   if (d.config.persist) {
+    if (Status st = checkpoints_.Lock(); !st.ok()) return st;
     // The ghosts' keys are engine keys: the secret they were made with
     // comes with them.
     Result<EngineKeys> keys = EngineKeys::InStateDir(d.config.state_dir);

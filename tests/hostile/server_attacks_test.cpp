@@ -328,18 +328,25 @@ TEST(HostileServer, OutOfFdsTheDaemonBacksOffAndRecovers) {
   ASSERT_TRUE(d.Alive()) << d.Log();
   GoodClient good;
   ASSERT_TRUE(good.Start(d.socket()));
-  Signal connected, at_limit, registered, leave;
+  Signal connected, limited, at_limit, registered, leave;
   const std::string socket = d.socket();
   ChildAs attacker(kEvil, [&]() -> std::string {
     Status st;
     auto c = Client::Connect({socket, kHostileModel, 8, "flood"}, &st);
     if (!c) return "hello: " + st.message;
     std::vector<int> flood;
-    for (int i = 0; i < 200; ++i) {
-      const int s = RawConnect(socket);  // queued in the backlog when not accepted
-      if (s >= 0) flood.push_back(s);
-    }
+    auto connect = [&] {
+      for (int i = 0; i < 200; ++i) {
+        const int s = RawConnect(socket);  // queued in the backlog when not accepted
+        if (s >= 0) flood.push_back(s);
+      }
+    };
+    connect();
     connected.Raise();
+    // Once the daemon's limit is set, more: the daemon may have accepted
+    // every one of the first 200 by then.
+    if (!limited.Wait(120s)) return "the test never set the daemon's fd limit";
+    connect();
     std::string why;
     if (!at_limit.Wait(120s)) why = "the test never saw the daemon at its fd limit; ";
     const int pool = SealedPool(8, "flood-pool");
@@ -364,6 +371,7 @@ TEST(HostileServer, OutOfFdsTheDaemonBacksOffAndRecovers) {
   const rlim_t limit = held + 8;
   const rlimit r{limit, limit};
   ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, &r, nullptr), 0) << std::strerror(errno);
+  limited.Raise();
   const bool full = WaitFor([&] { return Usage(d.pid()).fds >= limit; }, 60s);
   EXPECT_TRUE(full) << "the daemon holds " << Usage(d.pid()).fds << " fds of " << limit;
   // At the limit with connections still queued: a spinning accept would burn

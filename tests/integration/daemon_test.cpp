@@ -74,6 +74,69 @@ nlohmann::json StatusOf(const DaemonProcess& d, const std::string& what = "statu
   return nlohmann::json::parse(text, nullptr, false);
 }
 
+// Two daemons on one state directory, or on one socket: the second is
+// refused at its start, saying why, and the first keeps serving (they wrote
+// the same checkpoint's temporary file, and the first to stop removed the
+// other's socket). A daemon's stop removes only the socket it made.
+TEST(Daemon, ASecondDaemonOnTheSameStateDirOrSocketIsRefused) {
+  DaemonProcess a;
+  ASSERT_TRUE(a.Alive()) << a.Log();
+  std::ifstream in(a.config_path());
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::filesystem::path dir = std::filesystem::path(a.config_path()).parent_path();
+  auto with = [&](const std::string& from, const std::string& to, const char* name) {
+    std::string text = config;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    const std::string path = (dir / name).string();
+    std::ofstream(path) << text;
+    return path;
+  };
+  const std::string socket = (dir / "d.sock").string(), state = (dir / "state").string();
+  const std::string other_socket = with(socket, (dir / "b.sock").string(), "b-socket.toml");
+  const std::string other_state = with(state, (dir / "state-b").string(), "b-state.toml");
+  auto run = [](const std::string& cfg) {
+    return testing::Shell(std::string("timeout 60 ") + DaemonProcess::DaemonPath() + " --config " +
+                          cfg + " 2>&1");
+  };
+  const testing::ShellResult same_state = run(other_socket);
+  EXPECT_EQ(same_state.status, 1) << same_state.out;
+  EXPECT_NE(same_state.out.find("another cxltierd uses the state directory"), std::string::npos)
+      << same_state.out;
+  const testing::ShellResult same_socket = run(other_state);
+  EXPECT_EQ(same_socket.status, 1) << same_socket.out;
+  EXPECT_NE(same_socket.out.find("another process listens on this socket"), std::string::npos)
+      << same_socket.out;
+  auto c = Connect(a, "still-served");
+  ASSERT_TRUE(c) << a.Log();
+  std::string json;
+  EXPECT_TRUE(c->Stats("status", &json).ok());
+  c.reset();
+  // A's socket file replaced by B's (A's was removed by hand): A's stop leaves B's.
+  ASSERT_EQ(unlink(socket.c_str()), 0);
+  const pid_t b = fork();
+  if (b == 0) {
+    execl(DaemonProcess::DaemonPath(), "cxltierd", "--config", other_state.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(b, 0);
+  ASSERT_TRUE(WaitFor([&] {
+    std::string j;
+    return Client::DaemonStats(socket, "status", &j).ok();
+  })) << "the second daemon never served";
+  EXPECT_EQ(a.Stop(SIGTERM), 0);
+  struct stat st {};
+  EXPECT_EQ(stat(socket.c_str(), &st), 0) << "the first daemon's stop removed the second's socket";
+  EXPECT_TRUE(Client::DaemonStats(socket, "status", &json).ok());
+  kill(b, SIGTERM);
+  int wst = 0;
+  waitpid(b, &wst, 0);
+  EXPECT_TRUE(WIFEXITED(wst) && WEXITSTATUS(wst) == 0) << wst;
+  EXPECT_NE(stat(socket.c_str(), &st), 0) << "the second daemon's stop left its socket";
+}
+
 TEST(Daemon, ObservationsMoveScoresAndStateSurvivesReleaseAndRestart) {
   // LFU, whose score is the touch count (the default's is an EMA).
   DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\npolicy = \"lfu\"\n");

@@ -964,6 +964,25 @@ TEST(Status, QuotasRenderAndNonAdminsSeeOnlyTheirOwnUid) {
   EXPECT_EQ(s.quotas.quota_evictions, 0u);
 }
 
+// In a state directory others can write (a user's daemon with its state in
+// /tmp), a link planted at the checkpoint's temporary name: the daemon
+// writes a new file, and the file the link names is left as it was.
+TEST(Checkpoint, ALinkAtTheTemporaryNameIsNotFollowed) {
+  const auto dir = TempDir("ckpt-link");
+  const std::string path = (dir / "ghosts.bin").string(), victim = (dir / "victim").string();
+  std::ofstream(victim) << "precious";
+  ASSERT_EQ(symlink(victim.c_str(), (path + ".tmp").c_str()), 0);
+  std::vector<BlockState> g(2);
+  g[1].key = BlockKey{7, 1};
+  ASSERT_EQ(SaveGhosts(path, g).message, "");
+  std::ifstream in(victim);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()),
+            "precious");
+  const LoadedGhosts l = LoadGhosts(path);
+  ASSERT_EQ(l.ghosts.size(), 2u);
+  EXPECT_EQ(l.ghosts[1].key, (BlockKey{7, 1}));
+}
+
 TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
   const auto dir = TempDir("ckpt");
   const std::string path = (dir / "ghosts.bin").string();
