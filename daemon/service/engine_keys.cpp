@@ -112,4 +112,9 @@ BlockKey EngineKeys::Of(const BlockKey& key, uid_t uid) const {
   return BlockKey{h.high64, h.low64};
 }
 
+BlockKey EngineKeys::FromUnkeyed(const BlockKey& unkeyed, uid_t owner) const {
+  const uint64_t mask = 0x9e3779b97f4a7c15ULL * (uint64_t{owner} + 1);
+  return Of(BlockKey{unkeyed.hi ^ mask, unkeyed.lo}, owner);
+}
+
 }  // namespace cxltier::service

@@ -40,6 +40,12 @@ class EngineKeys {
   static Result<EngineKeys> InStateDir(const std::string& dir, bool* created = nullptr);
 
   BlockKey Of(const BlockKey& key, uid_t uid) const;
+  // The key of a ghost saved before the secret existed (before 2026-12-07),
+  // whose engine key was the client's key XORed with a function of its
+  // owner's uid: the client's key is taken back out, then made as Of makes
+  // it. A daemon that draws its secret converts the checkpoint's ghosts of
+  // known owners this way, so an upgrade keeps them.
+  BlockKey FromUnkeyed(const BlockKey& unkeyed, uid_t owner) const;
 
  private:
   Secret secret_;

@@ -27,6 +27,7 @@
 #include "engine/policy.h"
 #include "models.h"
 #include "numa/migrator.h"
+#include "service/checkpoint.h"
 #include "service/engine_keys.h"
 #include "shell.h"
 
@@ -78,6 +79,39 @@ nlohmann::json StatusOf(const DaemonProcess& d, const std::string& what = "statu
 // refused at its start, saying why, and the first keeps serving (they wrote
 // the same checkpoint's temporary file, and the first to stop removed the
 // other's socket). A daemon's stop removes only the socket it made.
+// An upgrade: a checkpoint written before the key secret existed, whose
+// keys are the client's key XORed with a function of the owner's uid. The
+// daemon that draws the secret makes those keys anew, so the ghost is
+// found again by its client's key.
+TEST(Daemon, GhostsSavedBeforeTheKeySecretAreFoundAgain) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("cxltierd-unkeyed-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir / "state");
+  const BlockKey key = BlockKey::FromSequence(4242, 3);
+  service::GhostSnapshot old;
+  BlockState st;
+  st.key = BlockKey{key.hi ^ 0x9e3779b97f4a7c15ULL * (uint64_t{getuid()} + 1), key.lo};
+  st.touch_count = 5;
+  st.touch_time = 7;
+  st.score = 2.5;
+  old.states = {st};
+  old.owners = {static_cast<uint32_t>(getuid())};
+  old.clock.tick = old.clock.resume_tick = 10;
+  ASSERT_EQ(service::SaveGhosts((dir / "state" / "ghosts.bin").string(), old).message, "");
+  DaemonProcess d("", dir.string());
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  MemfdPool pool(8);
+  auto c = Connect(d, "upgraded");
+  ASSERT_TRUE(c);
+  uint32_t pool_id = 0;
+  ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pool_id).ok());
+  std::vector<wire::AdmitResult> res;
+  ASSERT_TRUE(c->Admit(pool_id, std::vector<wire::AdmitEntry>{{key, 0}}, &res).ok());
+  ASSERT_EQ(res.size(), 1u);
+  EXPECT_EQ(res[0].restored, 1) << d.Log();
+  EXPECT_EQ(c->SlotState(res[0].slot)->touch_count, 5u);
+}
+
 TEST(Daemon, ASecondDaemonOnTheSameStateDirOrSocketIsRefused) {
   DaemonProcess a;
   ASSERT_TRUE(a.Alive()) << a.Log();
