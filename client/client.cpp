@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <unordered_set>
 
 #include "cxltier/detail/fd_passing.h"
@@ -156,32 +157,41 @@ Status Client::ConnectSocket() {
 
 Status Client::Open(MappedSegment* previous) {
   if (Status st = ConnectSocket(); !st.ok()) return st;
+  // Until the new segment is mapped and checked, the client is as it was:
+  // a failure closes the new connection and changes nothing else.
+  auto fail = [this](Status st) {
+    close(sock_);
+    sock_ = -1;
+    return st;
+  };
   wire::Hello hello{options_.model, options_.max_blocks, options_.name};
   wire::HelloOk ok;
   int fd = -1;
   if (Status st = Call(hello, wire::MsgType::kHelloOk, &ok, -1, &fd); !st.ok()) {
     if (fd >= 0) close(fd);
-    return st;
+    return fail(st);
   }
-  if (fd < 0) return Status::Fail(ErrorCode::kInternal, "hello answered without a segment fd");
+  if (fd < 0) {
+    return fail(Status::Fail(ErrorCode::kInternal, "hello answered without a segment fd"));
+  }
   const uint64_t bytes = SegmentBytes(ok.slots);
-  if (previous) {
-    *previous = MappedSegment{segment_, segment_bytes_, slots_};
-    segment_ = nullptr;
-    slots_ = 0;
-  } else {
-    Unmap();
-  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (p == MAP_FAILED) return Sys("mapping the state segment");
+  if (p == MAP_FAILED) return fail(Sys("mapping the state segment"));
   const auto* h = static_cast<const SegmentHeader*>(p);
   if (h->magic != kSegmentMagic || h->version != kSegmentVersion || h->slots != ok.slots ||
       ok.slot_offset != kSegmentSlotOffset || h->dirty_offset != SegmentDirtyOffset(ok.slots) ||
       h->location_offset != SegmentLocationOffset(ok.slots) ||
       h->lease_offset != SegmentLeaseOffset(ok.slots)) {
     munmap(p, bytes);
-    return Status::Fail(ErrorCode::kInternal, "state segment header does not match");
+    return fail(Status::Fail(ErrorCode::kInternal, "state segment header does not match"));
+  }
+  if (previous) {
+    *previous = MappedSegment{segment_, segment_bytes_, slots_};
+    segment_ = nullptr;
+    slots_ = 0;
+  } else {
+    Unmap();
   }
   segment_ = p;
   segment_bytes_ = bytes;
@@ -709,9 +719,10 @@ Status Client::Reconnect(uint64_t* restored) {
   const bool copy = copy_mode();
   // Copy mode: the previous segment is kept (carried_) until every block is
   // admitted again: its words say where each block is, its lease table what
-  // the readers hold. A Reconnect that failed half-way put it back as the
-  // client's segment (below); one that failed in Open kept it in carried_.
-  if (Status st = Open(copy && !carried_.base ? &carried_ : nullptr); !st.ok()) return st;
+  // the readers hold. A Reconnect that failed, in Open or after it, left it
+  // the client's segment (below), and carried_ empty.
+  const auto was = std::tuple{client_id_, block_bytes_, tick_ms_, tiers_};
+  if (Status st = Open(copy ? &carried_ : nullptr); !st.ok()) return st;
   // On a failure below, the client is as before the attempt, so that its
   // slots name the blocks they named and the next attempt starts over from
   // the same record: held_ as it was, and the new daemon's session closed
@@ -725,11 +736,12 @@ Status Client::Reconnect(uint64_t* restored) {
   // nothing, and requests fail with kNotReady until a Reconnect succeeds.
   const std::unordered_map<BlockKey, Held, BlockKeyHash> held = held_;
   auto failed = [&](Status st) {
+    std::tie(client_id_, block_bytes_, tick_ms_, tiers_) = was;
     held_ = held;
     parked_.clear();
     close(sock_);
     sock_ = -1;
-    if (copy && carried_.base) {
+    if (copy) {
       Unmap();
       segment_ = carried_.base;
       segment_bytes_ = carried_.bytes;

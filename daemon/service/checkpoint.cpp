@@ -17,16 +17,20 @@ namespace {
 
 // Layout (little-endian, as the machine writes it):
 //   magic "CXLGHOST" 8 | version u32 | entry bytes u32 (64) | count u64
-//   version 3: clock tick u64 | resume tick u64
+//   versions 3 and 4: clock tick u64 | resume tick u64
 //   count x BlockState (64 B)
-//   versions 2 and 3: count x owner u32
+//   versions 2 to 4: count x owner u32
+// Version 4 is version 3 whose keys are made with the state directory's key
+// secret (service/engine_keys.h); up to 3 they are the client's key XORed
+// with a function of the owner's uid.
 //   XXH64 (seed 0) of everything before it, u64
 constexpr char kMagic[8] = {'C', 'X', 'L', 'G', 'H', 'O', 'S', 'T'};
 constexpr uint32_t kVersionStatesOnly = 1;
 constexpr uint32_t kVersionOwners = 2;
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersionClock = 3;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kHeader = 24;
-constexpr size_t kClockBytes = 16;  // version 3, right after the header
+constexpr size_t kClockBytes = 16;  // from version 3, right after the header
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 // A checkpoint that could not be written or read: the daemon's own failure.
@@ -80,7 +84,7 @@ bool Emit(int fd, XXH64_state_t* h, const void* data, size_t n) {
 }  // namespace
 
 Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
-                  const std::vector<uint32_t>& owners, CheckpointClock clock) {
+                  const std::vector<uint32_t>& owners, CheckpointClock clock, bool keyed) {
   if (!owners.empty() && owners.size() != ghosts.size()) {
     return NotWritten("checkpoint: " + std::to_string(owners.size()) + " owners for " +
                       std::to_string(ghosts.size()) + " states");
@@ -92,7 +96,8 @@ Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts
   const uint64_t count = ghosts.size();
   clock.resume_tick = std::max(clock.resume_tick, clock.tick);
   std::memcpy(header, kMagic, 8);
-  std::memcpy(header + 8, &kVersion, 4);
+  const uint32_t version = keyed ? kVersion : kVersionClock;
+  std::memcpy(header + 8, &version, 4);
   std::memcpy(header + 12, &entry, 4);
   std::memcpy(header + 16, &count, 8);
   std::memcpy(header + kHeader, &clock.tick, 8);
@@ -182,12 +187,11 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   std::memcpy(&version, header + 8, 4);
   std::memcpy(&entry, header + 12, 4);
   std::memcpy(&count, header + 16, 8);
-  if ((version != kVersion && version != kVersionOwners && version != kVersionStatesOnly) ||
-      entry != sizeof(BlockState)) {
+  if (version < kVersionStatesOnly || version > kVersion || entry != sizeof(BlockState)) {
     return set_aside("unknown version");
   }
   const bool has_owners = version >= kVersionOwners;
-  const uint64_t head = kHeader + (version >= kVersion ? kClockBytes : 0);
+  const uint64_t head = kHeader + (version >= kVersionClock ? kClockBytes : 0);
   const uint64_t per_state = sizeof(BlockState) + (has_owners ? sizeof(uint32_t) : 0);
   if (size < head + 8 || count > (size - head - 8) / per_state ||
       size != head + count * per_state + 8) {
@@ -200,7 +204,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   }
   XXH64_update(h.get(), header, kHeader);
   CheckpointClock clock;
-  if (version >= kVersion) {
+  if (version >= kVersionClock) {
     char bytes[kClockBytes];
     if (!ReadAll(fd, bytes, kClockBytes)) return set_aside("truncated while reading");
     XXH64_update(h.get(), bytes, kClockBytes);
@@ -228,7 +232,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   // without a clock (versions 1 and 2) resumes at its latest touch.
   uint64_t latest = 0;
   for (const BlockState& g : out.ghosts) latest = std::max(latest, g.touch_time);
-  if (version < kVersion) clock.tick = latest;
+  if (version < kVersionClock) clock.tick = latest;
   clock.resume_tick = std::max({clock.resume_tick, clock.tick, latest});
   out.clock = clock;
   out.version = version;

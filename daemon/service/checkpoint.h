@@ -41,10 +41,13 @@ struct GhostSnapshot {
   CheckpointClock clock;
 };
 
-// Writes a version-3 checkpoint. `owners` must be empty (every state then
-// gets kUnknownOwner) or as long as `ghosts`. A failure is kInternal.
+// Writes a version-4 checkpoint (version 3 with `keyed` false: the keys are
+// not made with a key secret, as a daemon from before the secret wrote them;
+// for tests of an upgrade). `owners` must be empty (every state then gets
+// kUnknownOwner) or as long as `ghosts`. A failure is kInternal.
 Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
-                  const std::vector<uint32_t>& owners = {}, CheckpointClock clock = {});
+                  const std::vector<uint32_t>& owners = {}, CheckpointClock clock = {},
+                  bool keyed = true);
 inline Status SaveGhosts(const std::string& path, const GhostSnapshot& snapshot) {
   return SaveGhosts(path, snapshot.states, snapshot.owners, snapshot.clock);
 }
@@ -56,13 +59,16 @@ struct LoadedGhosts {
   // ticks are then the latest touch_time in the file. Either way resume_tick
   // is at least every state's touch_time, so no restored state is ahead of it.
   CheckpointClock clock;
-  uint32_t version = 0;  // of the file read (1, 2 or 3)
-  bool found = false;    // a file was there
-  Status status;         // not ok: it was there but corrupt or unreadable (then set aside)
+  uint32_t version = 0;  // of the file read (1 to 4)
+  // Whether the keys are made with the key secret (version 4); before, the
+  // client's key XORed with a function of the owner's uid.
+  bool keyed() const { return version >= 4; }
+  bool found = false;  // a file was there
+  Status status;       // not ok: it was there but corrupt or unreadable (then set aside)
 };
 
-// Reads a checkpoint of version 1 (states only), 2 (states and owners) or 3
-// (the clock, states and owners). A corrupt or truncated file is renamed to
+// Reads a checkpoint of version 1 (states only), 2 (states and owners), 3
+// (the clock, states and owners) or 4 (3, keyed). A corrupt or truncated file is renamed to
 // PATH.corrupt and reported, never loaded.
 LoadedGhosts LoadGhosts(const std::string& path);
 

@@ -60,22 +60,27 @@ Checkpointer::~Checkpointer() {
 
 Status Checkpointer::Lock() {
   if (lock_fd_ >= 0) return Status::Ok();
-  const std::string lock = (std::filesystem::path(path_).parent_path() / "lock").string();
-  const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  // The directory itself: no file to own, so a lock left by a run as
+  // another user (root's, say) cannot keep this one from starting.
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
-    return Status::Fail(wire::ErrorCode::kInternal, lock + ": " + std::strerror(errno));
+    return Status::Fail(wire::ErrorCode::kInternal, dir + ": " + std::strerror(errno));
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    if (err != EWOULDBLOCK) {
+      // A filesystem without locks: run, unguarded, rather than not at all.
+      spdlog::warn("{}: flock: {}; a second daemon on this state directory would not be stopped",
+                   dir, std::strerror(err));
+      lock_fd_ = fd;
+      return Status::Ok();
+    }
     close(fd);
     return Status::Fail(wire::ErrorCode::kInternal,
-                        err == EWOULDBLOCK
-                            ? "another cxltierd uses the state directory " +
-                                  std::filesystem::path(path_).parent_path().string() +
-                                  " (it holds " + lock +
-                                  "); stop it, or give this one its own "
-                                  "[daemon] state_dir"
-                            : lock + ": flock: " + std::strerror(err));
+                        "another cxltierd uses the state directory " + dir +
+                            " (it holds a lock on it); stop it, or give this one its own "
+                            "[daemon] state_dir");
   }
   lock_fd_ = fd;
   return Status::Ok();

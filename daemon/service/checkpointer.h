@@ -32,11 +32,11 @@ class Checkpointer {
 
   const std::string& path() const { return path_; }
   // Takes the state directory for this process alone (an exclusive flock on
-  // its `lock` file, held until this is destroyed; the kernel drops it when
-  // the process dies, however). A second daemon on the same directory would
-  // write the same checkpoint's temporary file (one renamed it while the
-  // other still wrote it, and the next start set the checkpoint aside as
-  // corrupt: every ghost lost): it is refused at its start instead.
+  // the directory, held until this is destroyed; the kernel drops it when
+  // the process dies, however). On a filesystem without flock, a warning. A second daemon on the
+  // same directory would write the same checkpoint's temporary file (one renamed it while the other
+  // still wrote it, and the next start set the checkpoint aside as corrupt: every ghost lost): it
+  // is refused at its start instead.
   Status Lock();
   // Reads the checkpoint (a corrupt one is set aside) and logs what it found.
   LoadedGhosts Load() const;

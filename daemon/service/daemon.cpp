@@ -36,14 +36,13 @@ Status Daemon::Start() {
     if (Status st = checkpoints_.Lock(); !st.ok()) return st;
     // The ghosts' keys are engine keys: the secret they were made with
     // comes with them.
-    bool new_secret = false;
-    Result<EngineKeys> keys = EngineKeys::InStateDir(d.config.state_dir, &new_secret);
+    Result<EngineKeys> keys = EngineKeys::InStateDir(d.config.state_dir);
     if (!keys.ok()) return keys.status().Context("state dir " + d.config.state_dir + ": ");
     d.clients.set_engine_keys(*keys);
     LoadedGhosts loaded = checkpoints_.Load();
-    if (new_secret) {
-      // A checkpoint without a secret beside it was written by a daemon
-      // from before the secret: its keys are made the old way.
+    if (loaded.found && !loaded.keyed()) {
+      // Written by a daemon from before the key secret (version 3 or older):
+      // its keys are made the old way, and made anew here from the owners.
       size_t converted = 0;
       for (size_t i = 0; i < loaded.ghosts.size() && i < loaded.owners.size(); ++i) {
         if (loaded.owners[i] == kUnknownOwner) continue;
@@ -52,9 +51,9 @@ Status Daemon::Start() {
       }
       if (converted) {
         spdlog::info(
-            "a new key secret: the keys of {} of the checkpoint's {} ghosts made as "
-            "the secret makes them (ghosts of unknown owners are not found again)",
-            converted, loaded.ghosts.size());
+            "checkpoint of version {}: the keys of {} of its {} ghosts made with the key "
+            "secret (ghosts of unknown owners are not found again)",
+            loaded.version, converted, loaded.ghosts.size());
       }
     }
     d.pending_ghosts.states = std::move(loaded.ghosts);

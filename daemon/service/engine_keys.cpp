@@ -36,24 +36,39 @@ Result<EngineKeys::Secret> Draw() {
   return s;
 }
 
-bool ReadSecret(const std::string& path, EngineKeys::Secret* s) {
+// What ReadSecret found.
+enum class Found { kSecret, kNone, kUnfit };
+
+// `path`'s secret; kNone when there is no file, kUnfit when the file is not
+// a regular file of kSecretBytes that only this user may read (it is then
+// not used). Any other failure to read it is an error: a new secret would
+// lose every ghost saved under the old one.
+Result<Found> ReadSecret(const std::string& path, EngineKeys::Secret* s) {
   const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
-    if (errno != ENOENT) spdlog::warn("{}: {}; drawing a new one", path, std::strerror(errno));
-    return false;
+    if (errno == ENOENT) return Found::kNone;
+    if (errno == ELOOP) return Found::kUnfit;  // a link: not ours
+    return Errno("reading " + path);
   }
   struct stat st {};
-  bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == EngineKeys::kSecretBytes &&
-            (st.st_mode & 077) == 0 && st.st_uid == geteuid();
-  if (!ok) {
-    spdlog::warn(
-        "{} is not a file of {} bytes that only this user may read; drawing a new one (the "
-        "ghosts saved under the old one are not found again)",
-        path, EngineKeys::kSecretBytes);
+  if (fstat(fd, &st) != 0) {
+    const Status err = Errno("fstat " + path);
+    close(fd);
+    return err;
   }
-  ok = ok && pread(fd, s->data(), s->size(), 0) == static_cast<ssize_t>(s->size());
+  if (!S_ISREG(st.st_mode) || st.st_size != EngineKeys::kSecretBytes || (st.st_mode & 077) != 0 ||
+      st.st_uid != geteuid()) {
+    close(fd);
+    return Found::kUnfit;
+  }
+  const ssize_t n = pread(fd, s->data(), s->size(), 0);
+  const Status err = n < 0 ? Errno("reading " + path) : Status::Ok();
   close(fd);
-  return ok;
+  if (!err.ok()) return err;
+  if (n != static_cast<ssize_t>(s->size())) {
+    return Status::Fail(wire::ErrorCode::kInternal, path + ": short read");
+  }
+  return Found::kSecret;
 }
 
 Status WriteSecret(const std::string& dir, const EngineKeys::Secret& s) {
@@ -84,8 +99,11 @@ Status WriteSecret(const std::string& dir, const EngineKeys::Secret& s) {
 EngineKeys::EngineKeys() {
   Result<Secret> s = Draw();
   if (!s.ok()) {
-    // Not secret, but not fixed either; the daemon's own start uses
-    // InStateDir, which fails instead.
+    // Not secret, only not fixed: keys another uid could aim at again.
+    spdlog::critical(
+        "no random secret for the engine's keys ({}): keys of different users "
+        "are kept apart by a guessable one",
+        s.status().message);
     for (size_t i = 0; i < secret_.size(); i += 8) {
       const uint64_t x = XXH3_64bits_withSeed(&i, sizeof i, reinterpret_cast<uintptr_t>(this));
       std::memcpy(secret_.data() + i, &x, 8);
@@ -95,13 +113,36 @@ EngineKeys::EngineKeys() {
   secret_ = *s;
 }
 
+Result<EngineKeys> EngineKeys::Read(const std::string& dir) {
+  Secret s;
+  Result<Found> found = ReadSecret(dir + "/key-secret", &s);
+  if (!found.ok()) return found.status();
+  if (*found != Found::kSecret) {
+    return Status::Fail(wire::ErrorCode::kInternal, dir + "/key-secret: none that may be used");
+  }
+  return EngineKeys(s);
+}
+
 Result<EngineKeys> EngineKeys::InStateDir(const std::string& dir, bool* created) {
   if (created) *created = false;
+  const std::string path = dir + "/key-secret";
   Secret s;
-  if (ReadSecret(dir + "/key-secret", &s)) return EngineKeys(s);
+  Result<Found> found = ReadSecret(path, &s);
+  if (!found.ok()) return found.status();
+  if (*found == Found::kSecret) return EngineKeys(s);
+  if (*found == Found::kUnfit) {
+    spdlog::warn(
+        "{} is not a file of {} bytes that only this user may read; drawing a new one (the "
+        "ghosts saved under the old one are not found again)",
+        path, kSecretBytes);
+  }
   Result<Secret> drawn = Draw();
   if (!drawn.ok()) return drawn.status();
-  if (Status st = WriteSecret(dir, *drawn); !st.ok()) return st;
+  if (Status st = WriteSecret(dir, *drawn); !st.ok()) {
+    // Served all the same: this run's ghosts are then not found after a restart.
+    spdlog::error("{}; the engine's keys last this run only", st.message);
+    return EngineKeys(*drawn);
+  }
   if (created) *created = true;
   return EngineKeys(*drawn);
 }

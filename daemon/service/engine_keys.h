@@ -32,12 +32,16 @@ class EngineKeys {
   EngineKeys();  // a secret of this run's own
   explicit EngineKeys(const Secret& secret) : secret_(secret) {}
 
-  // Loads `dir`'s key-secret, or draws one and writes it there (a new file,
-  // fsynced, renamed into place). A secret that is not a regular file of
-  // kSecretBytes, or that others may read, is replaced by a new one (the
-  // ghosts saved under the old one are then not found again: the safe way).
+  // Loads `dir`'s key-secret, or, when there is none, draws one and writes
+  // it there (a new file, fsynced, renamed into place; if that fails, an
+  // error is logged and the secret lasts this run only). A secret that is
+  // not a regular file of kSecretBytes that only this user may read is
+  // replaced by a new one (the ghosts saved under the old one are then not
+  // found again: the safe way). Any other failure to read it is an error.
   // `created`, when given, says whether a new one was written.
   static Result<EngineKeys> InStateDir(const std::string& dir, bool* created = nullptr);
+  // `dir`'s key-secret, or an error: never writes one.
+  static Result<EngineKeys> Read(const std::string& dir);
 
   BlockKey Of(const BlockKey& key, uid_t uid) const;
   // The key of a ghost saved before the secret existed (before 2026-12-07),

@@ -1081,6 +1081,9 @@ TEST(CopyMode, AReconnectThatFailsHalfWayLeavesEveryReadRight) {
     }
   };
   every_read_right("before");
+  // A lease held across both attempts: carried by the one that succeeds.
+  Client::Reader::Lease held;
+  ASSERT_TRUE(reader->Acquire(c->SlotOf(K(8)), &held).ok());
   auto set_limit = [&](const char* from, const char* to) {
     std::ifstream in(d.config_path());
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -1110,6 +1113,8 @@ TEST(CopyMode, AReconnectThatFailsHalfWayLeavesEveryReadRight) {
   ASSERT_TRUE(WaitFor([&] { return (last = c->Reconnect()).ok(); })) << last.message << "\n"
                                                                      << d.Log();
   every_read_right("after the next Reconnect");
+  EXPECT_TRUE(Intact(held.data, 8));
+  EXPECT_TRUE(reader->Release(held).ok());
   EXPECT_TRUE(d.Alive());
 }
 
@@ -1202,17 +1207,19 @@ TEST(CopyMode, AnImportIsCheckedAsTheDaemonWouldMakeIt) {
   }
   // A hugetlbfs memfd of the right name, seals and size (all holes, which
   // lseek does not show there): refused before its pages are looked at.
-  if (const int huge = memfd_create("cxltier-tier1", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
-      huge >= 0) {
-    ASSERT_EQ(ftruncate(huge, 2 << 20), 0);
-    ASSERT_EQ(fcntl(huge, F_ADD_SEALS, all), 0);
+  // (A kernel without hugetlbfs, or whose huge pages are not 2 MiB: this
+  // part says so and is not run.)
+  const int huge = memfd_create("cxltier-tier1", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (huge >= 0 && ftruncate(huge, 2 << 20) == 0 && fcntl(huge, F_ADD_SEALS, all) == 0) {
     const Status st =
         RawCreateTierPool(d.socket(), 1, wire::TierPoolSource::kImport, 256, kBlock, huge, 256);
     close(huge);
     EXPECT_EQ(st.code, wire::ErrorCode::kBadPool) << st.message;
     EXPECT_NE(st.message.find("tmpfs"), std::string::npos) << st.message;
   } else {
-    ADD_FAILURE() << "memfd_create(MFD_HUGETLB): " << std::strerror(errno);
+    std::printf("hugetlbfs memfd not made here (%s): its import is not checked\n",
+                std::strerror(errno));
+    if (huge >= 0) close(huge);
   }
   // A live client's own tier pool, imported on another connection: busy (two
   // owners would hand out the same places).

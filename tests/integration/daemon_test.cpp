@@ -75,43 +75,49 @@ nlohmann::json StatusOf(const DaemonProcess& d, const std::string& what = "statu
   return nlohmann::json::parse(text, nullptr, false);
 }
 
+// An upgrade: a checkpoint of version 3, written before the key secret
+// existed, whose keys are the client's key XORed with a function of the
+// owner's uid. The daemon makes those keys anew, so the ghost is found again
+// by its client's key: on the first start after the upgrade, and on a later
+// one whose first start drew the secret but died before its checkpoint.
+TEST(Daemon, GhostsSavedBeforeTheKeySecretAreFoundAgain) {
+  for (const bool secret_exists : {false, true}) {
+    SCOPED_TRACE(secret_exists ? "the secret drawn already" : "no secret yet");
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("cxltierd-unkeyed-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir / "state");
+    if (secret_exists) {
+      ASSERT_TRUE(service::EngineKeys::InStateDir(dir / "state").ok());
+    }
+    const BlockKey key = BlockKey::FromSequence(4242, 3);
+    BlockState st;
+    st.key = BlockKey{key.hi ^ 0x9e3779b97f4a7c15ULL * (uint64_t{getuid()} + 1), key.lo};
+    st.touch_count = 5;
+    st.touch_time = 7;
+    st.score = 2.5;
+    ASSERT_EQ(service::SaveGhosts((dir / "state" / "ghosts.bin").string(), {st},
+                                  {static_cast<uint32_t>(getuid())}, {10, 10}, /*keyed=*/false)
+                  .message,
+              "");
+    DaemonProcess d("", dir.string());
+    ASSERT_TRUE(d.Alive()) << d.Log();
+    MemfdPool pool(8);
+    auto c = Connect(d, "upgraded");
+    ASSERT_TRUE(c);
+    uint32_t pool_id = 0;
+    ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pool_id).ok());
+    std::vector<wire::AdmitResult> res;
+    ASSERT_TRUE(c->Admit(pool_id, std::vector<wire::AdmitEntry>{{key, 0}}, &res).ok());
+    ASSERT_EQ(res.size(), 1u);
+    EXPECT_EQ(res[0].restored, 1) << d.Log();
+    EXPECT_EQ(c->SlotState(res[0].slot)->touch_count, 5u);
+  }
+}
+
 // Two daemons on one state directory, or on one socket: the second is
 // refused at its start, saying why, and the first keeps serving (they wrote
 // the same checkpoint's temporary file, and the first to stop removed the
 // other's socket). A daemon's stop removes only the socket it made.
-// An upgrade: a checkpoint written before the key secret existed, whose
-// keys are the client's key XORed with a function of the owner's uid. The
-// daemon that draws the secret makes those keys anew, so the ghost is
-// found again by its client's key.
-TEST(Daemon, GhostsSavedBeforeTheKeySecretAreFoundAgain) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("cxltierd-unkeyed-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir / "state");
-  const BlockKey key = BlockKey::FromSequence(4242, 3);
-  service::GhostSnapshot old;
-  BlockState st;
-  st.key = BlockKey{key.hi ^ 0x9e3779b97f4a7c15ULL * (uint64_t{getuid()} + 1), key.lo};
-  st.touch_count = 5;
-  st.touch_time = 7;
-  st.score = 2.5;
-  old.states = {st};
-  old.owners = {static_cast<uint32_t>(getuid())};
-  old.clock.tick = old.clock.resume_tick = 10;
-  ASSERT_EQ(service::SaveGhosts((dir / "state" / "ghosts.bin").string(), old).message, "");
-  DaemonProcess d("", dir.string());
-  ASSERT_TRUE(d.Alive()) << d.Log();
-  MemfdPool pool(8);
-  auto c = Connect(d, "upgraded");
-  ASSERT_TRUE(c);
-  uint32_t pool_id = 0;
-  ASSERT_TRUE(c->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 8, &pool_id).ok());
-  std::vector<wire::AdmitResult> res;
-  ASSERT_TRUE(c->Admit(pool_id, std::vector<wire::AdmitEntry>{{key, 0}}, &res).ok());
-  ASSERT_EQ(res.size(), 1u);
-  EXPECT_EQ(res[0].restored, 1) << d.Log();
-  EXPECT_EQ(c->SlotState(res[0].slot)->touch_count, 5u);
-}
-
 TEST(Daemon, ASecondDaemonOnTheSameStateDirOrSocketIsRefused) {
   DaemonProcess a;
   ASSERT_TRUE(a.Alive()) << a.Log();
@@ -464,7 +470,7 @@ TEST(Daemon, CopyModeRestartLoopLosesNothing) {
   RunRestartLoop({.copy = true, .restarts = 4, .sigterm = true, .tier0_budget = "2MiB"});
 }
 
-// A version-3 checkpoint as the daemon wrote it (docs/operations.md): the
+// A version-4 checkpoint as the daemon writes it (docs/operations.md): the
 // clock, then the states. Only what the restart tests read.
 struct CheckpointOnDisk {
   uint64_t tick = 0;
@@ -479,7 +485,7 @@ bool ReadCheckpoint(const std::filesystem::path& path, CheckpointOnDisk* out) {
   if (f.size() < 48 || f.compare(0, 8, "CXLGHOST") != 0) return false;
   std::memcpy(&version, f.data() + 8, 4);
   std::memcpy(&count, f.data() + 16, 8);
-  if (version != 3 || f.size() != 40 + count * (64 + 4) + 8) return false;
+  if (version != 4 || f.size() != 40 + count * (64 + 4) + 8) return false;
   std::memcpy(&out->tick, f.data() + 24, 8);
   std::memcpy(&out->resume_tick, f.data() + 32, 8);
   out->states.resize(count);
@@ -570,7 +576,7 @@ void RestartKeepsScoresAndOrder(const std::string& policy, int sig) {
     // No final checkpoint: wait for a periodic one that holds every block as
     // the client saw it last.
     // The checkpoint holds engine keys, made with the state directory's secret.
-    Result<service::EngineKeys> keys = service::EngineKeys::InStateDir(d.dir() / "state");
+    Result<service::EngineKeys> keys = service::EngineKeys::Read(d.dir() / "state");
     ASSERT_TRUE(keys.ok()) << keys.status().message;
     ASSERT_TRUE(WaitFor([&] {
       CheckpointOnDisk ck;

@@ -1071,7 +1071,8 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
   ASSERT_EQ(SaveGhosts(path, snap).message, "");
   LoadedGhosts l = LoadGhosts(path);
   ASSERT_EQ(l.status.message, "");
-  EXPECT_EQ(l.version, 3u);
+  EXPECT_EQ(l.version, 4u);
+  EXPECT_TRUE(l.keyed());
   ASSERT_EQ(l.ghosts.size(), 5u);
   EXPECT_EQ(l.owners, snap.owners);
   EXPECT_EQ(l.ghosts[4].touch_count, 104u);
@@ -1164,7 +1165,7 @@ TEST(Checkpoint, KeepsTheClockAndOlderVersionsResumeAtTheirLatestTouch) {
   EXPECT_EQ(std::filesystem::file_size(path), 24u + 16 + 4 * (64 + 4) + 8);
   LoadedGhosts l = LoadGhosts(path);
   ASSERT_EQ(l.status.message, "");
-  EXPECT_EQ(l.version, 3u);
+  EXPECT_EQ(l.version, 4u);
   EXPECT_EQ(l.clock.tick, 1000u);
   EXPECT_EQ(l.clock.resume_tick, 1050u);
   EXPECT_EQ(l.ghosts[3].touch_time, 903u);
