@@ -2,7 +2,16 @@
  * Python (ctypes/cffi) or Rust serving engines can bind it.
  *
  * Every int-returning call gives 0 on success or a negative error code
- * (-CXLTIER_E_*, the wire protocol's codes); cxltier_last_error() then says why. */
+ * (-CXLTIER_E_*, the wire protocol's codes); cxltier_last_error() then says why.
+ * No C++ exception leaves a call: one that cannot allocate what it is asked
+ * for returns -CXLTIER_E_TOO_LARGE.
+ *
+ * Threads: cxltier_observe, cxltier_tier, cxltier_begin_write and
+ * cxltier_end_write may run on any thread, and each reader on its own; the
+ * other calls on one client one at a time. cxltier_reconnect must run alone:
+ * no other call on that client (observe and readers included) while it runs,
+ * as it replaces the state segment they use. Free every reader before
+ * cxltier_close. */
 #ifndef CXLTIER_CXLTIER_H_
 #define CXLTIER_CXLTIER_H_
 
@@ -45,7 +54,8 @@ enum {
 int cxltier_connect(const char* socket_path, const cxltier_model* model, uint32_t max_blocks,
                     const char* name, cxltier_client** out, char* errbuf, size_t errlen);
 void cxltier_close(cxltier_client* client);
-/* The message of the last failed call on this client ("" if none). */
+/* The message of this thread's last failed call ("" if none), as errno: a
+ * later call on this thread, on any client or reader, replaces it. */
 const char* cxltier_last_error(const cxltier_client* client);
 
 int cxltier_register_memfd_pool(cxltier_client* client, int memfd, uint64_t length, uint64_t stride,
@@ -83,6 +93,10 @@ int cxltier_tier(const cxltier_client* client, uint32_t slot);
  * every block stays where it is, held leases stay valid (Client::Reconnect);
  * a lease on an old place of a block keeps that place until released. */
 int cxltier_reconnect(cxltier_client* client);
+/* The slot `key` has now: slots change across cxltier_reconnect, so look a
+ * held block's slot up again after one (a slot kept from before may name
+ * another block). -CXLTIER_E_BAD_SLOT when this client does not hold the key. */
+int cxltier_slot_of(const cxltier_client* client, cxltier_key key, uint32_t* slot);
 
 /* ---- copy mode: a pool per tier, made by the daemon; blocks moved by copy ----
  * devdax_path: NULL (the daemon makes every pool) or "/dev/daxX.Y" (the last tier's). */
@@ -110,7 +124,8 @@ int cxltier_reader_new(cxltier_client* client, cxltier_reader** out);
 void cxltier_reader_free(cxltier_reader* reader);
 int cxltier_lease_acquire(cxltier_reader* reader, uint32_t slot, cxltier_lease* lease);
 int cxltier_lease_release(cxltier_reader* reader, const cxltier_lease* lease);
-/* The message of this reader's last failed call ("" if none). */
+/* The message of this thread's last failed call ("" if none), as
+ * cxltier_last_error: a reader is one thread's. */
 const char* cxltier_reader_last_error(const cxltier_reader* reader);
 
 #ifdef __cplusplus

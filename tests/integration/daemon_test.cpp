@@ -17,6 +17,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -1200,6 +1201,24 @@ TEST(Daemon, CAbiWorks) {
   uint32_t bad_blocks[1] = {77};
   EXPECT_EQ(cxltier_admit(c, pid, keys, bad_blocks, 1, slots), -CXLTIER_E_BAD_SLOT);
   EXPECT_NE(std::string(cxltier_last_error(c)).find("outside pool"), std::string::npos);
+  // Slots by key (a C engine looks them up again after cxltier_reconnect).
+  uint32_t slot = 0;
+  EXPECT_EQ(cxltier_slot_of(c, keys[1], &slot), 0);
+  EXPECT_EQ(slot, slots[1]);
+  EXPECT_EQ(cxltier_slot_of(c, cxltier_key{5, 99}, &slot), -CXLTIER_E_BAD_SLOT);
+  // No C++ exception crosses the ABI: a count no vector can hold is an error.
+  EXPECT_EQ(cxltier_release(c, keys, SIZE_MAX / 8), -CXLTIER_E_TOO_LARGE);
+  EXPECT_NE(std::string(cxltier_last_error(c)).find("too large"), std::string::npos)
+      << cxltier_last_error(c);
+  // Each thread its own last error.
+  EXPECT_EQ(cxltier_release(c, keys, 0), 0);
+  std::string other;
+  std::thread([&] {
+    EXPECT_EQ(cxltier_observe(c, 99999, 1.0f), -CXLTIER_E_BAD_SLOT);
+    other = cxltier_last_error(c);
+  }).join();
+  EXPECT_NE(other.find("bad-slot"), std::string::npos) << other;
+  EXPECT_EQ(std::string(cxltier_last_error(c)), "");
   EXPECT_EQ(cxltier_release(c, keys, 2), 0);
   cxltier_close(c);
   cxltier_client* none = nullptr;
