@@ -120,9 +120,10 @@ struct ClientBox {
   std::unique_ptr<Client> client;                        // GUARDED_BY(mu)
   std::vector<std::unique_ptr<Client::Reader>> readers;  // GUARDED_BY(mu); lazily made
   std::vector<std::shared_ptr<Mapping>> pools;           // registered page-mode pools
-  // Slots admitted into a tier pool whose write lease (the admission's) no
-  // WriteLease has taken over yet. GUARDED_BY(mu).
-  std::unordered_set<uint32_t> admitted_writes;
+  // Blocks admitted into a tier pool whose write lease (the admission's) no
+  // WriteLease has taken over yet, by key: slots change across a Reconnect,
+  // and the lease goes with the block. GUARDED_BY(mu).
+  std::unordered_set<BlockKey, BlockKeyHash> admitted_writes;
   ~ClientBox() {
     readers.clear();
     client.reset();

@@ -158,10 +158,17 @@ class PyClient {
     std::vector<wire::AdmitResult> res;
     const bool tier_pool = IsTierPool(pool_id);
     Check(Locked([&](Client& c) {
+      // Keys held already keep whatever write lease they have: only a new
+      // admission's is the admission's (a WriteLease may hold a held key's).
+      std::vector<bool> fresh(entries.size(), true);
+      if (tier_pool) {
+        uint32_t ignored = 0;
+        for (size_t i = 0; i < entries.size(); ++i) fresh[i] = !c.SlotOf(entries[i].key, &ignored);
+      }
       Status st = c.Admit(pool_id, entries, &res);
       if (st.ok() && tier_pool) {
-        for (const auto& r : res) {
-          if (c.WriteAddress(r.slot)) box_->admitted_writes.insert(r.slot);
+        for (size_t i = 0; i < res.size(); ++i) {
+          if (fresh[i] && c.WriteAddress(res[i].slot)) box_->admitted_writes.insert(entries[i].key);
         }
       }
       return st;
@@ -383,9 +390,16 @@ class PyClient {
     l.slot = slot;
     l.block_bytes = Get().block_bytes();
     Check(Locked([&](Client& c) {
+      const BlockState* st = c.SlotState(slot);
+      uint32_t held_at = 0;
+      if (!st || !c.SlotOf(st->key, &held_at) || held_at != slot) {
+        return Status::Fail(wire::ErrorCode::kNoLease,
+                            "slot " + std::to_string(slot) + " holds no block of this client");
+      }
+      l.key = st->key;
       // Right after admission into a tier pool the client holds the lease
       // already: the first write() takes it over, later ones begin their own.
-      if (box_->admitted_writes.erase(slot) != 0) {
+      if (box_->admitted_writes.erase(l.key) != 0) {
         if (uint8_t* p = c.WriteAddress(slot)) {
           l.address = p;
           return Status::Ok();
@@ -399,7 +413,7 @@ class PyClient {
 
   void end_write(uint32_t slot) {
     Check(Locked([&](Client& c) {
-      box_->admitted_writes.erase(slot);
+      if (const BlockState* st = c.SlotState(slot)) box_->admitted_writes.erase(st->key);
       return c.EndWrite(slot);
     }));
   }

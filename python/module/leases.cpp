@@ -6,10 +6,33 @@
 
 namespace cxltier::python {
 
-py::array PyReadLease::data() const {
-  if (!held) Fail(wire::ErrorCode::kNoLease, "the read lease was released");
-  return View(lease.data, {static_cast<py::ssize_t>(block_bytes)}, box, false);
+namespace {
+
+// A view of a leased block whose base is the lease object itself: while the
+// view lives, so does the lease (`v = c.acquire(s).data` used to release the
+// lease with its temporary at once, and v then showed whatever block the
+// daemon put there next). release() still ends the lease: a view kept past
+// it must not be read.
+py::array LeaseView(py::handle lease, const uint8_t* p, uint64_t bytes, bool writable) {
+  py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(bytes)}, {},
+              const_cast<uint8_t*>(p), lease);
+  if (!writable) a.attr("setflags")(py::arg("write") = false);
+  return a;
 }
+
+py::array ReadData(py::object self) {
+  const auto& l = self.cast<const PyReadLease&>();
+  if (!l.held) Fail(wire::ErrorCode::kNoLease, "the read lease was released");
+  return LeaseView(self, l.lease.data, l.block_bytes, false);
+}
+
+py::array WriteData(py::object self) {
+  const auto& l = self.cast<const PyWriteLease&>();
+  if (!l.held) Fail(wire::ErrorCode::kNoLease, "the write lease was released");
+  return LeaseView(self, l.address, l.block_bytes, true);
+}
+
+}  // namespace
 
 void PyReadLease::release() {
   if (!held) return;
@@ -23,9 +46,13 @@ void PyReadLease::release() {
   Check(st);
 }
 
-py::array PyWriteLease::data() const {
-  if (!held) Fail(wire::ErrorCode::kNoLease, "the write lease was released");
-  return View(address, {static_cast<py::ssize_t>(block_bytes)}, box, true);
+Status PyWriteLease::End() const {
+  uint32_t now = 0;
+  if (!box->client->SlotOf(key, &now)) {
+    return Status::Fail(wire::ErrorCode::kNoLease,
+                        "key " + key.ToString() + " is no longer held by this client");
+  }
+  return box->client->EndWrite(now);
 }
 
 void PyWriteLease::release() {
@@ -34,7 +61,7 @@ void PyWriteLease::release() {
   {
     py::gil_scoped_release nogil;
     std::lock_guard lock(box->mu);
-    st = box->client->EndWrite(slot);
+    st = End();
   }
   held = false;
   Check(st);
@@ -43,13 +70,14 @@ void PyWriteLease::release() {
 void BindLeases(py::module_& m) {
   py::class_<PyReadLease>(m, "ReadLease",
                           "A copy-mode read lease: the block's bytes stay put until released.")
-      .def_property_readonly("data", &PyReadLease::data, "read-only uint8 view of the block")
+      .def_property_readonly("data", &ReadData,
+                             "read-only uint8 view of the block (it keeps the lease alive)")
       .def_property_readonly("slot", [](const PyReadLease& l) { return l.lease.slot; })
       .def_property_readonly("tier",
                              [](const PyReadLease& l) { return static_cast<int>(l.lease.tier); })
       .def_readonly("held", &PyReadLease::held)
       .def("release", &PyReadLease::release)
-      .def("__enter__", [](PyReadLease& l) { return l.data(); })
+      .def("__enter__", &ReadData)
       .def("__exit__", [](PyReadLease& l, py::handle, py::handle, py::handle) {
         l.release();
         return false;
@@ -57,11 +85,13 @@ void BindLeases(py::module_& m) {
 
   py::class_<PyWriteLease>(
       m, "WriteLease", "A copy-mode write lease: no copy of the block is published until released.")
-      .def_property_readonly("data", &PyWriteLease::data, "writable uint8 view of the block")
-      .def_readonly("slot", &PyWriteLease::slot)
+      .def_property_readonly("data", &WriteData,
+                             "writable uint8 view of the block (it keeps the lease alive)")
+      .def_readonly("slot", &PyWriteLease::slot, "the slot it was taken on")
+      .def_property_readonly("key", [](const PyWriteLease& l) { return l.key; })
       .def_readonly("held", &PyWriteLease::held)
       .def("release", &PyWriteLease::release)
-      .def("__enter__", [](PyWriteLease& l) { return l.data(); })
+      .def("__enter__", &WriteData)
       .def("__exit__", [](PyWriteLease& l, py::handle, py::handle, py::handle) {
         l.release();
         return false;

@@ -34,13 +34,16 @@ struct PyReadLease {
     }
   }
 
-  py::array data() const;
   void release();
 };
 
+// A write lease follows its block's key, not the slot it was taken on: a
+// Reconnect carries the lease to the block's new slot, where another block
+// may now be at the old one.
 struct PyWriteLease {
   std::shared_ptr<ClientBox> box;
-  uint32_t slot = 0;
+  BlockKey key;
+  uint32_t slot = 0;  // when taken
   uint8_t* address = nullptr;
   bool held = false;
   uint64_t block_bytes = 0;
@@ -49,6 +52,7 @@ struct PyWriteLease {
   PyWriteLease(const PyWriteLease&) = delete;
   PyWriteLease(PyWriteLease&& o) noexcept
       : box(std::move(o.box)),
+        key(o.key),
         slot(o.slot),
         address(o.address),
         held(std::exchange(o.held, false)),
@@ -56,11 +60,12 @@ struct PyWriteLease {
   ~PyWriteLease() {
     if (held && box) {
       std::lock_guard lock(box->mu);
-      (void)box->client->EndWrite(slot);
+      (void)End();
     }
   }
 
-  py::array data() const;
+  // EndWrite on the block's slot now (box->mu held).
+  Status End() const;
   void release();
 };
 

@@ -107,3 +107,55 @@ def test_held_leases_survive_a_daemon_restart(daemon, client):
     for k in keys:  # every block whole at its slot under the new daemon
         with client.acquire(k) as view:
             assert np.array_equal(view, pattern(k)), k
+
+
+def test_a_view_keeps_its_lease(client):
+    """`v = client.acquire(k).data`: the view keeps the lease, so the place is not reused."""
+    import gc
+    client.create_tier_pools(4)
+    t0 = client.tier_pool(0)
+    a = cxltier.Key(31, 0)
+    r = client.admit(t0, [a])
+    with client.write(int(r.slots[0])) as view:
+        view[:] = 0xAA
+    v = client.acquire(a).data  # the lease object itself is not kept
+    gc.collect()
+    client.release([a])
+    client.wait_ticks(5)  # time for the daemon to free A's place, were it not leased
+    fresh = [cxltier.Key(32, i) for i in range(4)]
+    r = client.admit(t0, fresh)
+    for s in r.slots:
+        with client.write(int(s)) as view:
+            view[:] = 0xBB
+    assert (v == 0xAA).all(), "the view shows another block: its lease was released under it"
+
+
+def test_a_write_lease_follows_its_block_across_a_reconnect(daemon, client):
+    """WriteLease.release() after reconnect() ends its own block's lease, not its old slot's."""
+    client.create_tier_pools(8)
+    keys = [cxltier.Key(33, i) for i in range(6)]
+    r = client.admit(client.tier_pool(0), keys)
+    held = [client.write(int(s)) for s in r.slots]  # the admissions' write leases
+    daemon.restart()
+    client.reconnect()
+    held[0].release()
+    w = client.write(keys[0])  # its block's lease ended: a new one begins
+    w.release()
+    for k in keys[1:]:
+        with pytest.raises(cxltier.BusyError):
+            client.write(k)  # each still held by its own WriteLease
+    for l in held[1:]:
+        l.release()
+
+
+def test_admitting_a_held_key_leaves_its_write_lease_alone(client):
+    """A held key admitted again is not a new admission: no second write lease."""
+    client.create_tier_pools(4)
+    t0 = client.tier_pool(0)
+    k = cxltier.Key(34, 0)
+    client.admit(t0, [k])
+    w = client.write(k)
+    client.admit(t0, [k])
+    with pytest.raises(cxltier.BusyError):
+        client.write(k)
+    w.release()
