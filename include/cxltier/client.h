@@ -21,6 +21,8 @@
 // Thread-safety: Observe (one writer thread per slot), TierOf, BeginWrite and
 // EndWrite (one writer per slot) and each Reader (one thread each) may be
 // used from any thread; every other method needs external serialisation.
+// Reconnect needs it from all of them too: it replaces the state segment
+// they read and write, so nothing else may run on the client meanwhile.
 #pragma once
 
 #include <array>
@@ -76,6 +78,11 @@ class Client {
   Status RegisterRangePool(const void* address, uint64_t length, uint64_t stride, uint32_t blocks,
                            uint32_t* pool_id);
 
+  // Admission of one message is all or nothing. More entries than one
+  // message holds (wire::kMaxEntriesPerMessage) go in parts: a failure
+  // part-way leaves the earlier parts admitted and held (SlotOf finds them;
+  // in copy mode each with its admission's write lease, WriteAddress) and
+  // *results empty.
   Status Admit(uint32_t pool_id, std::span<const wire::AdmitEntry> entries,
                std::vector<wire::AdmitResult>* results);
 
@@ -119,6 +126,12 @@ class Client {
   // right after Admit into a tier pool); nullptr when it does not.
   uint8_t* WriteAddress(uint32_t slot) const;
 
+  // A read lease reads what is in the block's place: while its write lease
+  // is held (just admitted into a tier pool, or being written), that is
+  // whatever the writer has put there so far, and before the first write the
+  // bytes of the place's previous block. Take read leases on blocks whose
+  // writer has finished (EndWrite).
+  //
   // Read leases, for one thread: while held, the block's bytes stay at
   // lease.data and the daemon neither moves nor reuses them. Two atomic
   // stores and two loads; no syscall.

@@ -10,6 +10,19 @@
 
 namespace cxltier::python {
 
+// Runs `f`, which waits for the client's lock, without the GIL when this
+// thread holds it (a lease collected by Python): a thread in a blocking call
+// holds that lock, and Python's other threads must go on meanwhile.
+template <typename F>
+void WithoutGil(F&& f) {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release nogil;
+    f();
+  } else {
+    f();
+  }
+}
+
 // Leases move (pybind11 returns them by value) but never copy: one release each.
 // One garbage-collected while held is released then.
 struct PyReadLease {
@@ -29,8 +42,10 @@ struct PyReadLease {
         block_bytes(o.block_bytes) {}
   ~PyReadLease() {
     if (held && box) {
-      std::lock_guard lock(box->mu);
-      (void)reader->Release(lease);
+      WithoutGil([&] {
+        std::lock_guard lock(box->mu);
+        (void)reader->Release(lease);
+      });
     }
   }
 
@@ -59,8 +74,10 @@ struct PyWriteLease {
         block_bytes(o.block_bytes) {}
   ~PyWriteLease() {
     if (held && box) {
-      std::lock_guard lock(box->mu);
-      (void)End();
+      WithoutGil([&] {
+        std::lock_guard lock(box->mu);
+        (void)End();
+      });
     }
   }
 
