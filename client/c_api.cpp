@@ -7,6 +7,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cxltier/client.h"
@@ -27,12 +28,21 @@ namespace {
 // reader's) never write the same string.
 thread_local std::string last_error;
 
+// Sets this thread's message; without memory for it, an empty one.
+void SetError(std::string_view what) noexcept {
+  try {
+    last_error.assign(what);
+  } catch (...) {
+    last_error.clear();
+  }
+}
+
 int Result(const cxltier::Status& st) {
   if (st.ok()) {
     last_error.clear();
     return 0;
   }
-  last_error = st.message;
+  SetError(st.message);
   return -static_cast<int>(st.code);
 }
 
@@ -43,16 +53,17 @@ int Guarded(F&& f) noexcept {
   try {
     return f();
   } catch (const std::bad_alloc&) {
-    last_error = "too large: out of memory";
+    SetError("too large: out of memory");
     return -CXLTIER_E_TOO_LARGE;
-  } catch (const std::length_error& e) {
-    last_error = std::string("too large: ") + e.what();
+  } catch (const std::length_error&) {
+    SetError("too large: more than a vector holds");
     return -CXLTIER_E_TOO_LARGE;
   } catch (const std::exception& e) {
-    last_error = std::string("internal: ") + e.what();
+    SetError("internal: an exception");
+    SetError(e.what());
     return -CXLTIER_E_INTERNAL;
   } catch (...) {
-    last_error = "internal: an unknown exception";
+    SetError("internal: an unknown exception");
     return -CXLTIER_E_INTERNAL;
   }
 }
@@ -69,8 +80,9 @@ extern "C" {
 
 int cxltier_connect(const char* socket_path, const cxltier_model* model, uint32_t max_blocks,
                     const char* name, cxltier_client** out, char* errbuf, size_t errlen) {
-  return Guarded([&]() -> int {
-    *out = nullptr;
+  *out = nullptr;
+  if (errbuf && errlen) errbuf[0] = '\0';
+  const int rc = Guarded([&]() -> int {
     if (!socket_path || !model) {
       if (errbuf && errlen) std::snprintf(errbuf, errlen, "socket path and model are required");
       return -CXLTIER_E_BAD_PAYLOAD;
@@ -91,6 +103,10 @@ int cxltier_connect(const char* socket_path, const cxltier_model* model, uint32_
     *out = new cxltier_client{std::move(client)};
     return 0;
   });
+  if (rc < 0 && !*out && errbuf && errlen && errbuf[0] == '\0') {
+    std::snprintf(errbuf, errlen, "%s", last_error.c_str());  // an exception's message
+  }
+  return rc;
 }
 
 void cxltier_close(cxltier_client* client) { delete client; }
@@ -147,7 +163,7 @@ int cxltier_hint(cxltier_client* c, uint32_t group, int kind, const cxltier_key*
 
 int cxltier_observe(cxltier_client* c, uint32_t slot, float mass) {
   if (c->client->Observe(slot, mass)) return 0;
-  last_error = "bad-slot: slot " + std::to_string(slot) + " or mass out of range";
+  SetError("bad-slot: a slot or mass out of range");
   return -CXLTIER_E_BAD_SLOT;
 }
 
@@ -164,7 +180,7 @@ int cxltier_reconnect(cxltier_client* c) {
 int cxltier_slot_of(const cxltier_client* c, cxltier_key key, uint32_t* slot) {
   uint32_t s = 0;
   if (!c->client->SlotOf(cxltier::BlockKey{key.hi, key.lo}, &s)) {
-    last_error = "bad-slot: this client holds no such key";
+    SetError("bad-slot: this client holds no such key");
     return -CXLTIER_E_BAD_SLOT;
   }
   if (slot) *slot = s;
@@ -173,22 +189,24 @@ int cxltier_slot_of(const cxltier_client* c, cxltier_key key, uint32_t* slot) {
 
 int cxltier_create_tier_pools(cxltier_client* c, uint32_t blocks, const char* devdax_path,
                               uint64_t devdax_offset) {
-  cxltier::Client::TierPoolOptions o;
-  o.blocks = blocks;
-  if (devdax_path) o.devdax_path = devdax_path;
-  o.devdax_offset = devdax_offset;
-  return Guarded([&]() -> int { return Result(c->client->CreateTierPools(o)); });
+  return Guarded([&]() -> int {
+    cxltier::Client::TierPoolOptions o;
+    o.blocks = blocks;
+    if (devdax_path) o.devdax_path = devdax_path;
+    o.devdax_offset = devdax_offset;
+    return Result(c->client->CreateTierPools(o));
+  });
 }
 
 int cxltier_tier_pool(const cxltier_client* c, int tier, uint32_t* pool_id, void** base,
                       uint64_t* bytes) {
   if (tier < 0 || tier >= static_cast<int>(cxltier::kMaxTiers)) {
-    last_error = "bad-pool: no tier " + std::to_string(tier);
+    SetError("bad-pool: no such tier");
     return -CXLTIER_E_BAD_POOL;
   }
   const uint8_t t = static_cast<uint8_t>(tier);
   if (c->client->tier_pool(t) == UINT32_MAX) {
-    last_error = "not-ready: no pool for tier " + std::to_string(tier) + " (create them first)";
+    SetError("not-ready: no pool for this tier (create them first)");
     return -CXLTIER_E_NOT_READY;
   }
   if (pool_id) *pool_id = c->client->tier_pool(t);

@@ -720,9 +720,10 @@ Status Client::Reconnect(uint64_t* restored) {
   // Copy mode: the previous segment is kept (carried_) until every block is
   // admitted again: its words say where each block is, its lease table what
   // the readers hold. A Reconnect that failed, in Open or after it, left it
-  // the client's segment (below), and carried_ empty.
+  // the client's segment (below), and carried_ empty; only an exception out
+  // of one leaves it in carried_, kept for this attempt.
   const auto was = std::tuple{client_id_, block_bytes_, tick_ms_, tiers_};
-  if (Status st = Open(copy ? &carried_ : nullptr); !st.ok()) return st;
+  if (Status st = Open(copy && !carried_.base ? &carried_ : nullptr); !st.ok()) return st;
   // On a failure below, the client is as before the attempt, so that its
   // slots name the blocks they named and the next attempt starts over from
   // the same record: held_ as it was, and the new daemon's session closed
@@ -741,7 +742,7 @@ Status Client::Reconnect(uint64_t* restored) {
     parked_.clear();
     close(sock_);
     sock_ = -1;
-    if (copy) {
+    if (copy && carried_.base) {
       Unmap();
       segment_ = carried_.base;
       segment_bytes_ = carried_.bytes;

@@ -1,5 +1,8 @@
 #include "service/daemon.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -32,6 +35,21 @@ Status Daemon::Start() {
   std::filesystem::create_directories(d.config.state_dir, ec);
   if (ec)
     return Error{ErrorCode::kInternal, "state dir " + d.config.state_dir + ": " + ec.message()};
+  // The state is the daemon's alone (the ghosts' keys and scores, the key
+  // secret), and a user who can open the directory could hold its lock.
+  struct stat dir {};
+  if (stat(d.config.state_dir.c_str(), &dir) == 0 && dir.st_uid == geteuid() &&
+      (dir.st_mode & 077) != 0) {
+    if (chmod(d.config.state_dir.c_str(), dir.st_mode & 0700) == 0) {
+      spdlog::info("state dir {}: mode {:o} -> {:o}", d.config.state_dir, dir.st_mode & 0777,
+                   dir.st_mode & 0700);
+    }
+  } else if (dir.st_uid != geteuid() && (dir.st_mode & 077) != 0) {
+    spdlog::warn(
+        "state dir {} belongs to uid {} and others may open it: one of them could hold "
+        "its lock and keep this daemon from starting",
+        d.config.state_dir, dir.st_uid);
+  }
   if (d.config.persist) {
     if (Status st = checkpoints_.Lock(); !st.ok()) return st;
     // The ghosts' keys are engine keys: the secret they were made with

@@ -138,11 +138,8 @@ Result<EngineKeys> EngineKeys::InStateDir(const std::string& dir, bool* created)
   }
   Result<Secret> drawn = Draw();
   if (!drawn.ok()) return drawn.status();
-  if (Status st = WriteSecret(dir, *drawn); !st.ok()) {
-    // Served all the same: this run's ghosts are then not found after a restart.
-    spdlog::error("{}; the engine's keys last this run only", st.message);
-    return EngineKeys(*drawn);
-  }
+  // Not kept, it would make checkpoints whose ghosts no later run finds.
+  if (Status st = WriteSecret(dir, *drawn); !st.ok()) return st;
   if (created) *created = true;
   return EngineKeys(*drawn);
 }

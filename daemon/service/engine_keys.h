@@ -34,7 +34,8 @@ class EngineKeys {
 
   // Loads `dir`'s key-secret, or, when there is none, draws one and writes
   // it there (a new file, fsynced, renamed into place; if that fails, an
-  // error is logged and the secret lasts this run only). A secret that is
+  // error: checkpoints made with a secret no later run has would lose every
+  // ghost). A secret that is
   // not a regular file of kSecretBytes that only this user may read is
   // replaced by a new one (the ghosts saved under the old one are then not
   // found again: the safe way). Any other failure to read it is an error.

@@ -166,9 +166,14 @@ class PyClient {
         for (size_t i = 0; i < entries.size(); ++i) fresh[i] = !c.SlotOf(entries[i].key, &ignored);
       }
       Status st = c.Admit(pool_id, entries, &res);
-      if (st.ok() && tier_pool) {
-        for (size_t i = 0; i < res.size(); ++i) {
-          if (fresh[i] && c.WriteAddress(res[i].slot)) box_->admitted_writes.insert(entries[i].key);
+      // Also after a failure part-way: the parts before it are admitted,
+      // each with its admission's write lease.
+      if (tier_pool) {
+        for (size_t i = 0; i < entries.size(); ++i) {
+          uint32_t slot = 0;
+          if (fresh[i] && c.SlotOf(entries[i].key, &slot) && c.WriteAddress(slot)) {
+            box_->admitted_writes.insert(entries[i].key);
+          }
         }
       }
       return st;

@@ -48,9 +48,11 @@ void PyReadLease::release() {
 
 Status PyWriteLease::End() const {
   uint32_t now = 0;
-  if (!box->client->SlotOf(key, &now)) {
+  // The same block: held under the key, with its write lease at our address
+  // (released and admitted again since, it is another admission's).
+  if (!box->client->SlotOf(key, &now) || box->client->WriteAddress(now) != address) {
     return Status::Fail(wire::ErrorCode::kNoLease,
-                        "key " + key.ToString() + " is no longer held by this client");
+                        "key " + key.ToString() + ": this write lease's block is no longer held");
   }
   return box->client->EndWrite(now);
 }

@@ -135,6 +135,11 @@ TEST(Daemon, ASecondDaemonOnTheSameStateDirOrSocketIsRefused) {
     return path;
   };
   const std::string socket = (dir / "d.sock").string(), state = (dir / "state").string();
+  // The state directory is the daemon's alone: no one else can open it to
+  // hold its lock.
+  struct stat sd {};
+  ASSERT_EQ(stat(state.c_str(), &sd), 0);
+  EXPECT_EQ(sd.st_mode & 0777, 0700u);
   const std::string other_socket = with(socket, (dir / "b.sock").string(), "b-socket.toml");
   const std::string other_state = with(state, (dir / "state-b").string(), "b-state.toml");
   auto run = [](const std::string& cfg) {
