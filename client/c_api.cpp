@@ -28,10 +28,11 @@ namespace {
 // reader's) never write the same string.
 thread_local std::string last_error;
 
-// Sets this thread's message; without memory for it, an empty one.
-void SetError(std::string_view what) noexcept {
+// Sets this thread's message (`what`, then `more`); without memory for it,
+// an empty one.
+void SetError(std::string_view what, std::string_view more = {}) noexcept {
   try {
-    last_error.assign(what);
+    last_error.assign(what).append(more);
   } catch (...) {
     last_error.clear();
   }
@@ -59,8 +60,7 @@ int Guarded(F&& f) noexcept {
     SetError("too large: more than a vector holds");
     return -CXLTIER_E_TOO_LARGE;
   } catch (const std::exception& e) {
-    SetError("internal: an exception");
-    SetError(e.what());
+    SetError("internal: ", e.what());
     return -CXLTIER_E_INTERNAL;
   } catch (...) {
     SetError("internal: an unknown exception");

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -86,8 +87,38 @@ Status Checkpointer::Lock() {
   return Status::Ok();
 }
 
-LoadedGhosts Checkpointer::Load() const {
+void Checkpointer::KeepPrivate() const {
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return;
+  if (st.st_uid != geteuid()) {
+    spdlog::warn(
+        "state dir {} belongs to uid {} and others may open it: one of them could hold "
+        "its lock and keep this daemon from starting",
+        dir, st.st_uid);
+  } else if (chmod(dir.c_str(), st.st_mode & 0700) == 0) {
+    spdlog::info("state dir {}: mode {:o} -> {:o}", dir, st.st_mode & 0777, st.st_mode & 0700);
+  }
+}
+
+LoadedGhosts Checkpointer::Load(const EngineKeys& keys) const {
   LoadedGhosts loaded = LoadGhosts(path_);
+  if (loaded.found && !loaded.keyed()) {
+    // Written by a daemon from before the key secret (version 3 or older):
+    // its keys are made the old way, and made anew here from the owners.
+    size_t converted = 0;
+    for (size_t i = 0; i < loaded.ghosts.size() && i < loaded.owners.size(); ++i) {
+      if (loaded.owners[i] == kUnknownOwner) continue;
+      loaded.ghosts[i].key = keys.FromUnkeyed(loaded.ghosts[i].key, loaded.owners[i]);
+      ++converted;
+    }
+    if (converted) {
+      spdlog::info(
+          "checkpoint of version {}: the keys of {} of its {} ghosts made with the key "
+          "secret (ghosts of unknown owners are not found again)",
+          loaded.version, converted, loaded.ghosts.size());
+    }
+  }
   if (!loaded.status.ok()) spdlog::error("ghost checkpoint: {}", loaded.status.message);
   const bool good = loaded.found && loaded.status.ok();
   if (good) spdlog::info("loaded {} ghosts from {}", loaded.ghosts.size(), path_);

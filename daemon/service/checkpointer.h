@@ -31,15 +31,23 @@ class Checkpointer {
   ~Checkpointer();
 
   const std::string& path() const { return path_; }
+  // Makes the state directory the daemon's alone (mode 0700) when it owns
+  // it: the state is private (the ghosts' keys and scores, the key secret),
+  // and a user who can open the directory could hold its lock. When another
+  // uid owns a directory others may open, a warning.
+  void KeepPrivate() const;
   // Takes the state directory for this process alone (an exclusive flock on
   // the directory, held until this is destroyed; the kernel drops it when
-  // the process dies, however). On a filesystem without flock, a warning. A second daemon on the
-  // same directory would write the same checkpoint's temporary file (one renamed it while the other
-  // still wrote it, and the next start set the checkpoint aside as corrupt: every ghost lost): it
-  // is refused at its start instead.
+  // the process dies, however). On a filesystem without flock, a warning. A
+  // second daemon on the same directory would write the same checkpoint's
+  // temporary file (one renamed it while the other still wrote it, and the
+  // next start set the checkpoint aside as corrupt: every ghost lost): it is
+  // refused at its start instead.
   Status Lock();
   // Reads the checkpoint (a corrupt one is set aside) and logs what it found.
-  LoadedGhosts Load() const;
+  // The keys of a file from before the key secret (version 3 or older) are
+  // made anew with `keys` from their owners' uids.
+  LoadedGhosts Load(const EngineKeys& keys) const;
   // Starts the writer thread; without it (it cannot start) Save writes inline.
   void StartWriter();
   // A periodic checkpoint: handed to the writer thread, a snapshot still

@@ -1,8 +1,5 @@
 #include "service/daemon.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -35,21 +32,7 @@ Status Daemon::Start() {
   std::filesystem::create_directories(d.config.state_dir, ec);
   if (ec)
     return Error{ErrorCode::kInternal, "state dir " + d.config.state_dir + ": " + ec.message()};
-  // The state is the daemon's alone (the ghosts' keys and scores, the key
-  // secret), and a user who can open the directory could hold its lock.
-  struct stat dir {};
-  if (stat(d.config.state_dir.c_str(), &dir) == 0 && dir.st_uid == geteuid() &&
-      (dir.st_mode & 077) != 0) {
-    if (chmod(d.config.state_dir.c_str(), dir.st_mode & 0700) == 0) {
-      spdlog::info("state dir {}: mode {:o} -> {:o}", d.config.state_dir, dir.st_mode & 0777,
-                   dir.st_mode & 0700);
-    }
-  } else if (dir.st_uid != geteuid() && (dir.st_mode & 077) != 0) {
-    spdlog::warn(
-        "state dir {} belongs to uid {} and others may open it: one of them could hold "
-        "its lock and keep this daemon from starting",
-        d.config.state_dir, dir.st_uid);
-  }
+  checkpoints_.KeepPrivate();
   if (d.config.persist) {
     if (Status st = checkpoints_.Lock(); !st.ok()) return st;
     // The ghosts' keys are engine keys: the secret they were made with
@@ -57,23 +40,7 @@ Status Daemon::Start() {
     Result<EngineKeys> keys = EngineKeys::InStateDir(d.config.state_dir);
     if (!keys.ok()) return keys.status().Context("state dir " + d.config.state_dir + ": ");
     d.clients.set_engine_keys(*keys);
-    LoadedGhosts loaded = checkpoints_.Load();
-    if (loaded.found && !loaded.keyed()) {
-      // Written by a daemon from before the key secret (version 3 or older):
-      // its keys are made the old way, and made anew here from the owners.
-      size_t converted = 0;
-      for (size_t i = 0; i < loaded.ghosts.size() && i < loaded.owners.size(); ++i) {
-        if (loaded.owners[i] == kUnknownOwner) continue;
-        loaded.ghosts[i].key = keys->FromUnkeyed(loaded.ghosts[i].key, loaded.owners[i]);
-        ++converted;
-      }
-      if (converted) {
-        spdlog::info(
-            "checkpoint of version {}: the keys of {} of its {} ghosts made with the key "
-            "secret (ghosts of unknown owners are not found again)",
-            loaded.version, converted, loaded.ghosts.size());
-      }
-    }
+    LoadedGhosts loaded = checkpoints_.Load(*keys);
     d.pending_ghosts.states = std::move(loaded.ghosts);
     d.pending_ghosts.owners = std::move(loaded.owners);
     d.restored_from_checkpoint = d.pending_ghosts.states.size();

@@ -35,6 +35,10 @@ Client* Requests::Said(const server::Peer& peer) {
   return c && c->hello ? c : nullptr;
 }
 
+void Requests::Charge(const server::Peer& peer, uint64_t units) {
+  if (!d_.IsAdmin(peer)) d_.budgets.Spend(peer.uid, units, CostClock::now());
+}
+
 Status Requests::OnConnect(const server::Peer& peer) {
   if (Status refusal = d_.clients.CheckConnect(peer, d_.IsAdmin(peer), d_.config); !refusal.ok()) {
     d_.ClientWarning(peer, "connection refused: " + refusal.message);
@@ -119,12 +123,10 @@ Result<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::He
   // Its segment and tables are written whole (BM_Hello: 72 ns a slot, 75 ms
   // for a million; 137 to 208 ms in a running daemon), so the slots it
   // asked for are charged to its uid, as hints are: a loop of large hellos
-  // costs its sender its own latency (docs/protocol.md, "Hello"). Root and
-  // the admin group are trusted (as by the connection caps): a root engine's
-  // hello does not hold up the operator's tools.
-  if (!d_.IsAdmin(peer)) {
-    d_.budgets.Spend(peer.uid, 1 + m.max_blocks * kHelloUnitsPerSlot, CostClock::now());
-  }
+  // costs its sender its own latency (docs/protocol.md, "Hello"). Not root's
+  // or the admin group's: a root engine's hello does not hold up the
+  // operator's tools.
+  Charge(peer, 1 + m.max_blocks * kHelloUnitsPerSlot);
   if (d_.config.ClientQuotaOf(peer.uid, c->name)) d_.ApplyQuotas();
   *segment_fd = c->segment.fd();
   d_.ClientInfo(peer,
@@ -436,18 +438,16 @@ Result<wire::StatsOk> Requests::OnStats(const server::Peer& peer, const wire::St
   // Keys are often hashes of prompt prefixes: a peer sees only its own uid's
   // clients, blocks and share (status's and quotas' users and clients); root
   // and the admin group see everyone's.
-  const bool admin = d_.IsAdmin(peer);
-  const std::optional<uid_t> only = admin ? std::nullopt : std::optional<uid_t>(peer.uid);
+  const std::optional<uid_t> only =
+      d_.IsAdmin(peer) ? std::nullopt : std::optional<uid_t>(peer.uid);
   uint64_t slots_scanned = 0;
   std::optional<nlohmann::json> j = StatsJson(d_, m.what, only, &slots_scanned);
   // What grows with the blocks it shows (`Stats blocks` looks at every slot
   // of them) is charged to the sender's uid, as hints are: a loop of them
   // costs its sender its own latency (docs/protocol.md, "Stats"). Not root's
-  // or the admin group's (trusted, as by the connection caps): theirs covers
-  // every uid's blocks, and `cxltierctl top` asks for it every second.
-  if (slots_scanned > 0 && !admin) {
-    d_.budgets.Spend(peer.uid, 1 + slots_scanned * kStatsUnitsPerSlot, CostClock::now());
-  }
+  // or the admin group's: theirs covers every uid's blocks, and `cxltierctl
+  // top` asks for it every second.
+  if (slots_scanned > 0) Charge(peer, 1 + slots_scanned * kStatsUnitsPerSlot);
   if (!j) {
     return Error{ErrorCode::kBadPayload,
                  "unknown stats '" + m.what + "'; known: status, tiers, clients, blocks, quotas"};

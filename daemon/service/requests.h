@@ -52,6 +52,9 @@ class Requests final : public server::Handler {
  private:
   // The client of `peer` once it said hello, or nullptr.
   Client* Said(const server::Peer& peer);
+  // Charges `units` of I/O-thread work to `peer`'s uid (UidBudgets), unless
+  // it is root or in the admin group: trusted, as by the connection caps.
+  void Charge(const server::Peer& peer, uint64_t units);
   // One new block of a page-mode pool into the engine, placed (requests.cpp).
   // *chosen: the engine placed the block (it had no page yet, and the pool's
   // new pages are steered), for the recording.

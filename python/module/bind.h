@@ -130,15 +130,22 @@ struct ClientBox {
   }
 };
 
+// A numpy view of [p, p + bytes) whose base is the Python object `base`:
+// it lives as long as the view does.
+inline py::array View(const uint8_t* p, std::vector<py::ssize_t> shape, py::handle base,
+                      bool writable) {
+  py::array a(py::dtype::of<uint8_t>(), std::move(shape), {}, const_cast<uint8_t*>(p), base);
+  if (!writable) a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
 // A numpy view of [p, p + bytes) whose base keeps `keep` alive.
 template <typename K>
 py::array View(const uint8_t* p, std::vector<py::ssize_t> shape, const std::shared_ptr<K>& keep,
                bool writable) {
   auto* holder = new std::shared_ptr<K>(keep);
   py::capsule base(holder, [](void* v) { delete static_cast<std::shared_ptr<K>*>(v); });
-  py::array a(py::dtype::of<uint8_t>(), std::move(shape), {}, const_cast<uint8_t*>(p), base);
-  if (!writable) a.attr("setflags")(py::arg("write") = false);
-  return a;
+  return View(p, std::move(shape), base, writable);
 }
 
 }  // namespace cxltier::python

@@ -8,28 +8,21 @@ namespace cxltier::python {
 
 namespace {
 
-// A view of a leased block whose base is the lease object itself: while the
-// view lives, so does the lease (`v = c.acquire(s).data` used to release the
-// lease with its temporary at once, and v then showed whatever block the
-// daemon put there next). release() still ends the lease: a view kept past
-// it must not be read.
-py::array LeaseView(py::handle lease, const uint8_t* p, uint64_t bytes, bool writable) {
-  py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(bytes)}, {},
-              const_cast<uint8_t*>(p), lease);
-  if (!writable) a.attr("setflags")(py::arg("write") = false);
-  return a;
-}
-
+// The views of a leased block have the lease object itself as their base:
+// while a view lives, so does the lease (`v = c.acquire(s).data` used to
+// release the lease with its temporary at once, and v then showed whatever
+// block the daemon put there next). release() still ends the lease: a view
+// kept past it must not be read.
 py::array ReadData(py::object self) {
   const auto& l = self.cast<const PyReadLease&>();
   if (!l.held) Fail(wire::ErrorCode::kNoLease, "the read lease was released");
-  return LeaseView(self, l.lease.data, l.block_bytes, false);
+  return View(l.lease.data, {static_cast<py::ssize_t>(l.block_bytes)}, self, false);
 }
 
 py::array WriteData(py::object self) {
   const auto& l = self.cast<const PyWriteLease&>();
   if (!l.held) Fail(wire::ErrorCode::kNoLease, "the write lease was released");
-  return LeaseView(self, l.address, l.block_bytes, true);
+  return View(l.address, {static_cast<py::ssize_t>(l.block_bytes)}, self, true);
 }
 
 }  // namespace
