@@ -2,6 +2,8 @@
 
 #include "cxltier/detail/fd_passing.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -675,6 +677,28 @@ bool SomeoneListens(const std::string& path) {
 
 Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Status* group_status) {
   boost::system::error_code ec;
+  // Two daemons starting together could both find no one listening (between
+  // one's bind and its listen) and each replace the other's socket: the
+  // check and the bind are made under a lock on `path.lock`, held while this
+  // server listens. The file stays (removing a lock file races its next
+  // taker); read-only and 0644, so that a daemon of another uid can take a
+  // lock a root run left.
+  const std::string lock_path = path + ".lock";
+  // O_NONBLOCK: a FIFO put there would block the open.
+  UniqueFd lock(
+      ::open(lock_path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (!lock.valid()) return ListenFailed(lock_path + ": " + std::strerror(errno));
+  if (struct stat ls{}; ::fstat(lock.get(), &ls) != 0 || !S_ISREG(ls.st_mode)) {
+    return ListenFailed(lock_path + ": not a regular file; remove it");
+  }
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    return ListenFailed(lock_path + ": " +
+                        (errno == EWOULDBLOCK
+                             ? std::string("another cxltierd is starting or listening on this "
+                                           "socket; stop it, or give this daemon its own [daemon] "
+                                           "socket")
+                             : std::string(std::strerror(errno))));
+  }
   // A socket left by an earlier run is removed; one another daemon listens
   // on is not (both would serve half the clients each, and the first to
   // stop would remove the other's socket).
@@ -706,6 +730,7 @@ Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Statu
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return ListenFailed(path + ": " + ec.message());
   path_ = path;
+  path_lock_ = std::move(lock);
   Accept();
   return Status::Ok();
 }
@@ -875,6 +900,7 @@ void Server::Stop() {
     ::unlink(path_.c_str());
   }
   path_.clear();
+  path_lock_.Reset();
   auto all = sessions_;
   for (const auto& s : all) s->Close();
 }

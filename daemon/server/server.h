@@ -169,6 +169,7 @@ class Server {
   std::string path_;
   ino_t path_ino_ = 0;  // the socket file Listen made: Stop removes only that one
   dev_t path_dev_ = 0;
+  UniqueFd path_lock_;  // flock on `path_.lock` while listening (Listen)
   bool stopped_ = false;
   ServerCounters counters_;
   // The sweep closes sessions past their timeouts; it runs while there are any.
