@@ -294,10 +294,17 @@ Status Client::RegisterMemfdPool(int memfd, uint64_t length, uint64_t stride, ui
   // says how to fix it.
   (void)fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK);
   const wire::RegisterPool m{wire::PoolKind::kMemfd, 0, length, stride, blocks};
+  // Our duplicate, for a reconnect, taken first: without it every later
+  // Reconnect would fail.
+  const int dup = fcntl(memfd, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) return Sys("duplicating the pool's memfd");
   std::array<uint64_t, kMaxTiers> nodes;
-  if (Status st = RegisterPool(m, memfd, pool_id, &nodes); !st.ok()) return st;
+  if (Status st = RegisterPool(m, memfd, pool_id, &nodes); !st.ok()) {
+    close(dup);
+    return st;
+  }
   pools_.resize(std::max<size_t>(pools_.size(), *pool_id + 1));
-  pools_[*pool_id] = PoolRecord{m, fcntl(memfd, F_DUPFD_CLOEXEC, 0), -1, nodes};
+  pools_[*pool_id] = PoolRecord{m, dup, -1, nodes};
   return Status::Ok();
 }
 
@@ -365,6 +372,10 @@ Status OpenDevdax(const std::string& path, int* fd) {
 }  // namespace
 
 Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride) {
+  const std::string what = "tier " + std::to_string(tier) + " pool: ";
+  // The daemon made it before and our mapping failed: map it again (the
+  // daemon holds one tier pool per tier and connection).
+  if (tier_pools_[tier].id != UINT32_MAX) return MapTierPool(tier).Context(what);
   wire::CreateTierPool m;
   m.tier = tier;
   m.blocks = o.blocks;
@@ -379,30 +390,19 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
   wire::CreateTierPoolOk ok;
   int fd = -1;
   Status st = Call(m, wire::MsgType::kCreateTierPoolOk, &ok, send_fd, &fd);
-  const int map_fd = send_fd >= 0 ? send_fd : fd;
-  if (st.ok() && map_fd < 0) {
+  if (send_fd >= 0) close(send_fd);
+  if (st.ok() && !devdax && fd < 0) {
     st = Status::Fail(ErrorCode::kInternal, "the tier pool came without its fd");
   }
-  void* p = MAP_FAILED;
-  if (st.ok()) {
-    p = mmap(nullptr, ok.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd,
-             send_fd >= 0 ? static_cast<off_t>(m.offset) : 0);
-    if (p == MAP_FAILED) st = Sys("mapping the tier " + std::to_string(tier) + " pool");
-  }
-  // Map every page now (the daemon placed them all): pinning it later, or
-  // asking the kernel where it is, finds every page in this process's tables.
-  if (st.ok() && madvise(p, ok.bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
-    st = Sys("faulting in the tier " + std::to_string(tier) + " pool");
-    munmap(p, ok.bytes);
-  }
-  if (send_fd >= 0) close(send_fd);
   if (!st.ok()) {
     if (fd >= 0) close(fd);
-    return st.Context("tier " + std::to_string(tier) + " pool: ");
+    return st.Context(what);
   }
   // The daemon's memfd is kept: a reconnect hands it to the next daemon.
+  // Recorded before it is mapped: if mapping fails, the daemon still holds
+  // the pool, and the next CreateTierPools maps it instead of asking again.
   tier_pools_[tier] = TierPoolMap{ok.pool_id,
-                                  static_cast<uint8_t*>(p),
+                                  nullptr,
                                   ok.bytes,
                                   ok.blocks,
                                   fd,
@@ -410,7 +410,28 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
                                   devdax ? o.devdax_offset : 0};
   pools_.resize(std::max<size_t>(pools_.size(), ok.pool_id + 1));
   pools_[ok.pool_id] = PoolRecord{{}, -1, tier};
-  return Status::Ok();
+  tier_stride_ = stride;
+  return MapTierPool(tier).Context(what);
+}
+
+Status Client::MapTierPool(uint8_t tier) {
+  TierPoolMap& t = tier_pools_[tier];
+  int map_fd = t.fd;
+  if (!t.devdax_path.empty()) {
+    if (Status st = OpenDevdax(t.devdax_path, &map_fd); !st.ok()) return st;
+  }
+  void* p = mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd,
+                 t.devdax_path.empty() ? 0 : static_cast<off_t>(t.devdax_offset));
+  Status st = p == MAP_FAILED ? Sys("mapping it") : Status::Ok();
+  // Map every page now (the daemon placed them all): pinning it later, or
+  // asking the kernel where it is, finds every page in this process's tables.
+  if (st.ok() && madvise(p, t.bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+    st = Sys("faulting it in");
+    munmap(p, t.bytes);
+  }
+  if (map_fd != t.fd) close(map_fd);
+  if (st.ok()) t.base = static_cast<uint8_t*>(p);
+  return st;
 }
 
 Status Client::CreateTierPools(const TierPoolOptions& o) {
@@ -435,7 +456,6 @@ Status Client::CreateTierPools(const TierPoolOptions& o) {
   for (uint8_t t = static_cast<uint8_t>(tiers_); t-- > 0;) {
     if (tier_pools_[t].base) continue;
     if (Status st = CreateTierPool(t, o, stride); !st.ok()) return st;
-    tier_stride_ = stride;
   }
   return Status::Ok();
 }

@@ -277,6 +277,8 @@ class Client {
   // Connects and says hello. *previous (when given) takes the state segment
   // mapped before, instead of it being unmapped.
   Status Open(MappedSegment* previous = nullptr);
+  // Maps tier_pools_[tier], which the daemon made (CreateTierPool).
+  Status MapTierPool(uint8_t tier);
   // Reconnect's copy-mode steps (`old`: the previous segment).
   Status ReimportTierPool(PoolRecord& record, uint32_t* id);
   Status ReadmitCopyBlocks(const MappedSegment& old,

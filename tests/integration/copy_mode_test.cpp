@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -173,6 +174,56 @@ TEST(CopyMode, BlocksMoveByCopyWhileReadersCheckEveryByte) {
   EXPECT_GE(copy["copies"].get<uint64_t>(), 8u) << copy.dump();
   EXPECT_GT(copy["places_freed"].get<uint64_t>(), 0u) << copy.dump();
   EXPECT_EQ(copy["dropped_mismatch"].get<uint64_t>(), 0u);
+}
+
+// The daemon made a tier pool and the client could not map it (here: its
+// address space is full): the daemon keeps the pool (one per tier and
+// connection), so the next CreateTierPools maps that one instead of asking
+// for another, which the daemon refuses. Not under a sanitizer: they reserve
+// more address space than any limit this test could set.
+TEST(CopyMode, ATierPoolWhoseMappingFailedIsMappedByTheNextCall) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "an address-space limit and a sanitizer's shadow memory do not mix";
+#else
+  DaemonProcess d("[engine]\ntier0_budget = \"64KiB\"\n");  // 8 blocks of tier 0
+  auto c = Connect(d, 4096);
+  ASSERT_TRUE(c);
+  auto vm_bytes = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+    }
+    return 0ull;
+  };
+  rlimit was{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &was), 0);
+  rlimit tight = was;
+  tight.rlim_cur = vm_bytes() + (8 << 20);  // tier 1's pool is 4,096 x 8 KiB = 32 MiB
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
+  const Status failed = c->CreateTierPools(4096);
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &was), 0);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.message.find("mapping it"), std::string::npos) << failed.message;
+  EXPECT_EQ(c->tier_pool_base(1), nullptr);
+  const Status again = c->CreateTierPools(4096);
+  ASSERT_TRUE(again.ok()) << again.message;
+  EXPECT_EQ(c->tier_pool_bytes(1), 4096 * kBlock);
+  EXPECT_EQ(c->tier_pool_bytes(0), 8 * kBlock);
+  const std::vector<uint32_t> slots = AdmitAndFill(*c, 16);
+  ASSERT_EQ(slots.size(), 16u);
+  Status rs;
+  auto reader = c->NewReader(&rs);
+  ASSERT_TRUE(reader) << rs.message;
+  for (uint32_t i = 0; i < 16; ++i) {
+    Client::Reader::Lease lease;
+    ASSERT_TRUE(reader->Acquire(slots[i], &lease).ok());
+    EXPECT_TRUE(Intact(lease.data, i)) << i;
+    reader->Release(lease);
+  }
+  // And a reconnect takes it to the next daemon like any other.
+  ASSERT_TRUE(c->Reconnect().ok());
+#endif
 }
 
 TEST(CopyMode, BadInputGetsClearErrorsAndTheDaemonServesOn) {

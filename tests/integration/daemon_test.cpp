@@ -4,6 +4,7 @@
 #include <numaif.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -214,6 +215,38 @@ TEST(Daemon, ASecondDaemonOnTheSameStateDirOrSocketIsRefused) {
   EXPECT_NE(listened.out.find("another process listens on this socket"), std::string::npos)
       << listened.out;
   close(other);
+}
+
+// The client keeps a duplicate of each memfd pool's fd to register it again
+// at a reconnect. When it cannot make one (out of fds), the registration
+// fails and says so, instead of succeeding with no fd and failing every
+// later reconnect.
+TEST(Daemon, AMemfdPoolIsRegisteredOnlyWithTheFdItsReconnectNeeds) {
+  DaemonProcess d;
+  MemfdPool pool(16);
+  auto a = Connect(d, "dup");
+  ASSERT_TRUE(a);
+  const int lowest_free = dup(0);
+  ASSERT_GE(lowest_free, 0);
+  close(lowest_free);
+  rlimit was{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &was), 0);
+  rlimit none = was;
+  none.rlim_cur = static_cast<rlim_t>(lowest_free);  // every fd below it is open
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  uint32_t pid = 0;
+  const Status first = a->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 16, &pid);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &was), 0);
+  if (first.ok()) {
+    const Status st = a->Reconnect();
+    EXPECT_TRUE(st.ok()) << "registered without the fd a reconnect needs: " << st.message;
+  } else {
+    EXPECT_NE(first.message.find("duplicating the pool's memfd"), std::string::npos)
+        << first.message;
+  }
+  ASSERT_TRUE(a->RegisterMemfdPool(pool.fd, pool.bytes, kBlock, 16, &pid).ok());
+  const Status st = a->Reconnect();
+  EXPECT_TRUE(st.ok()) << st.message;
 }
 
 TEST(Daemon, ObservationsMoveScoresAndStateSurvivesReleaseAndRestart) {
