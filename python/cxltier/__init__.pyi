@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterable, Literal, Sequence, Union
+from typing import Any, Iterable, Literal, Sequence, SupportsIndex, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -208,9 +208,9 @@ class Client:
                           devdax_offset: int = 0) -> None:
         """Asks the daemon for a pool per tier and maps both."""
     def tier_pool(self, tier: int) -> Pool | None: ...
-    def acquire(self, block: int | KeyLike) -> ReadLease:
-        """A read lease on a slot (or a held key's slot): ``with c.acquire(s) as view:``."""
-    def write(self, block: int | KeyLike) -> WriteLease:
+    def acquire(self, block: SupportsIndex | Key | bytes | tuple[int, int]) -> ReadLease:
+        """A read lease on a slot (any integer) or a held key's slot (a key, never an int): ``with c.acquire(s) as view:``."""
+    def write(self, block: SupportsIndex | Key | bytes | tuple[int, int]) -> WriteLease:
         """The write lease of a slot (adopting the one admission gives): ``with c.write(s) as view:``."""
     def end_write(self, slot: int) -> None: ...
     def location_of(self, slot: int) -> tuple[int, int, int] | None:

@@ -346,13 +346,19 @@ class PyClient {
     return true;
   }
 
+  // A slot or a held key. Any integer (an int, numpy's) is a slot; a key is
+  // a Key, bytes or (hi, lo). An int used to be a key from 2**32 up, so a
+  // key given as a small int was read as a slot: another block's lease.
   uint32_t SlotArg(py::handle h) const {
-    if (py::isinstance<py::int_>(h) && !py::isinstance<BlockKey>(h)) {
-      // An int below 2**32 is a slot; a key given as an int must be a Key.
-      const auto v = h.cast<py::int_>();
-      if (v >= py::int_(0) && v <= py::int_(UINT32_MAX)) {
-        return v.cast<uint32_t>();
+    if (!py::isinstance<BlockKey>(h) && PyIndex_Check(h.ptr())) {
+      const auto v = py::reinterpret_steal<py::int_>(PyNumber_Index(h.ptr()));
+      if (!v) throw py::error_already_set();
+      if (v < py::int_(0) || v > py::int_(UINT32_MAX)) {
+        throw py::value_error("slot " + std::string(py::str(static_cast<const py::handle&>(v))) +
+                              " is not below 2**32: an integer here is a slot; give a key as "
+                              "cxltier.Key(...), bytes or (hi, lo)");
       }
+      return v.cast<uint32_t>();
     }
     const BlockKey k = ToKey(h);
     uint32_t slot = 0;
@@ -539,11 +545,12 @@ void BindClient(py::module_& m) {
       .def("wait_ticks", &PyClient::wait_ticks, py::arg("n") = 1, py::arg("timeout") = 60.0,
            "Waits until the daemon has ticked n more times; False after timeout seconds.")
       .def("acquire", &PyClient::acquire, py::arg("block"),
-           "Copy mode: a read lease on a slot (or a held key's). `with c.acquire(s) as view:` "
-           "gives a read-only view whose bytes stay put until the block ends.")
+           "Copy mode: a read lease on a slot (any integer, numpy's too) or a held key's (a Key, "
+           "bytes or (hi, lo); never an int). `with c.acquire(s) as view:` gives a read-only view "
+           "whose bytes stay put until the block ends.")
       .def("write", &PyClient::write, py::arg("block"),
-           "Copy mode: the write lease of a slot (the first call after admission takes over the "
-           "admission's). `with c.write(s) as view:`.")
+           "Copy mode: the write lease of a slot or a held key's, as acquire takes them (the first "
+           "call after admission takes over the admission's). `with c.write(s) as view:`.")
       .def("end_write", &PyClient::end_write, py::arg("slot"),
            "Ends a write lease held without a WriteLease object.");
 

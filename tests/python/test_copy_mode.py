@@ -82,6 +82,26 @@ def test_lease_errors(client):
         l.release()
 
 
+def test_an_integer_is_a_slot_and_a_key_is_never_an_int(client):
+    """numpy's integers are slots too; an int never names a key (a small one was a slot)."""
+    client.create_tier_pools(8)
+    keys = [cxltier.Key(5, i) for i in range(4)]
+    r = client.admit(client.tier_pool(0), keys)
+    for k, s in zip(keys, r.slots):  # r.slots[i] is a numpy.uint32
+        with client.write(s) as view:
+            view[:] = pattern(k)
+    for k, s in zip(keys, r.slots):
+        for which in (s, np.int64(s), int(s), k, (k.hi, k.lo)):
+            with client.acquire(which) as view:
+                assert np.array_equal(view, pattern(k)), (k, which)
+    with pytest.raises(ValueError, match="Key"):
+        client.acquire(int(keys[0]))  # a key as an int: refused, not read as a slot
+    with pytest.raises(ValueError):
+        client.write(2**32)
+    with pytest.raises(ValueError):
+        client.acquire(-1)
+
+
 def test_held_leases_survive_a_daemon_restart(daemon, client):
     """Leases held across SIGTERM and reconnect() keep their bytes; the blocks stay whole."""
     client.create_tier_pools(16)
