@@ -24,13 +24,15 @@ namespace {
 // Leaked on purpose: it must outlive every translation, even at interpreter exit.
 py::object* g_error_factory = nullptr;
 
-void RaiseStatus(const Status& st) {
+void RaiseStatus(const StatusError& e) {
+  const Status& st = e.status;
   const char* name = wire::ErrorName(st.code);
   if (!g_error_factory) {
     PyErr_SetString(PyExc_RuntimeError, st.message.c_str());
     return;
   }
   py::object exc = (*g_error_factory)(static_cast<uint32_t>(st.code), name, st.message);
+  for (const auto& [field, value] : e.fields) exc.attr(field.c_str()) = value;
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
 }
 
@@ -47,7 +49,7 @@ PYBIND11_MODULE(_cxltier, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
-      RaiseStatus(e.status);
+      RaiseStatus(e);
     }
   });
   m.def(

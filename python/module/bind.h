@@ -54,7 +54,11 @@ void BindGqa(py::module_& m);      // gqa.cpp: aggregate_streams, ...
 // cxltier.Error subclass of its code.
 struct StatusError : std::exception {
   Status status;
-  explicit StatusError(Status s) : status(std::move(s)) {}
+  // Set as attributes of the Python exception (report's accepted and
+  // rejected: what the parts before the failure did).
+  std::vector<std::pair<std::string, uint64_t>> fields;
+  explicit StatusError(Status s, std::vector<std::pair<std::string, uint64_t>> f = {})
+      : status(std::move(s)), fields(std::move(f)) {}
   const char* what() const noexcept override { return status.message.c_str(); }
 };
 

@@ -244,7 +244,15 @@ class PyClient {
     std::vector<wire::Observation> obs(s.size());
     for (size_t i = 0; i < s.size(); ++i) obs[i] = {s[i], m.data()[n == 1 ? 0 : i]};
     wire::ReportOk r;
-    Check(Locked([&](Client& c) { return c.Report(obs, &r); }));
+    const Status st = Locked([&](Client& c) { return c.Report(obs, &r); });
+    if (!st.ok()) {
+      // The parts before the failure were applied: the error says how many,
+      // so that the caller does not send them again.
+      throw StatusError(st.Context("after " + std::to_string(r.accepted + r.rejected) +
+                                   " observations were taken (" + std::to_string(r.accepted) +
+                                   " accepted, " + std::to_string(r.rejected) + " rejected): "),
+                        {{"accepted", r.accepted}, {"rejected", r.rejected}});
+    }
     return r;
   }
 
@@ -520,7 +528,10 @@ void BindClient(py::module_& m) {
            "shared-memory segment: no syscall. Returns how many were taken (bad slots and masses "
            "are not).")
       .def("report", &PyClient::report, py::arg("slots"), py::arg("masses"),
-           "The same observations over the socket. Returns accepted, rejected.")
+           "The same observations over the socket, in parts. Returns accepted, rejected. On an "
+           "error "
+           "the parts before it were applied: the exception's accepted and rejected count them "
+           "(do not send those again).")
       .def("tier_of", &PyClient::tier_of, py::arg("slot"),
            "The tier the daemon last published for a slot (255: none).")
       .def("tiers_of", &PyClient::tiers_of, py::arg("slots"),

@@ -88,6 +88,17 @@ def test_admit_observe_tiers_release(client):
     assert r2.restored[0]
 
 
+def test_a_failed_report_says_what_it_took(daemon, client):
+    """report() sends in parts: its error carries what the parts before it took (none here)."""
+    pool = client.create_range_pool(4)
+    r = client.admit(pool, [cxltier.Key(31, i) for i in range(4)], blocks=[0, 1, 2, 3])
+    assert daemon.stop() == 0, daemon.log()
+    with pytest.raises(cxltier.Error) as e:
+        client.report(r.slots, np.float32(1.0))
+    assert (e.value.accepted, e.value.rejected) == (0, 0)
+    assert "after 0 observations were taken" in e.value.message
+
+
 def test_keys_as_arrays_ints_and_tuples(client):
     pool = client.create_range_pool(8)
     assert pool.kind == "range"
