@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -160,16 +161,31 @@ LoadedGhosts LoadGhosts(const std::string& path) {
     int fd;
     ~Close() { ::close(fd); }
   } closer{fd};
-  auto set_aside = [&](const std::string& why) {
-    const std::string aside = path + ".corrupt";
+  // Renamed, never over an earlier one (each may be all that is left of
+  // some run's ghosts): `path.<suffix>`, else `.1`, `.2`, ... while taken.
+  auto set_aside = [&](const std::string& why, const std::string& suffix = "corrupt") {
     out.ghosts.clear();
     out.owners.clear();
-    std::error_code ec;
-    std::filesystem::rename(path, aside, ec);
-    out.status = NotWritten(
-        path + ": " + why +
-        (ec ? "; could not set it aside (" + ec.message() + ")" : "; set aside as " + aside) +
-        ", starting without ghosts");
+    std::string aside = path + "." + suffix;
+    int err = 0;
+    for (int n = 1; n <= 1000; ++n) {
+      err = ::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) == 0
+                ? 0
+                : errno;
+      if (err == EINVAL) {  // a filesystem without RENAME_NOREPLACE: look, then rename
+        struct stat there {};
+        err = ::lstat(aside.c_str(), &there) == 0          ? EEXIST
+              : ::rename(path.c_str(), aside.c_str()) == 0 ? 0
+                                                           : errno;
+      }
+      if (err != EEXIST) break;
+      aside = path + "." + suffix + "." + std::to_string(n);
+    }
+    out.status =
+        NotWritten(path + ": " + why +
+                   (err ? "; could not set it aside (" + std::string(std::strerror(err)) + ")"
+                        : "; set aside as " + aside) +
+                   ", starting without ghosts");
     return out;
   };
   struct stat st;
@@ -187,6 +203,14 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   std::memcpy(&version, header + 8, 4);
   std::memcpy(&entry, header + 12, 4);
   std::memcpy(&count, header + 16, 8);
+  if (version > kVersion && version < 1000) {
+    // A newer daemon's file, found after a downgrade: kept whole under its
+    // version's name for the next upgrade to take back by hand.
+    return set_aside("written by a newer cxltierd (version " + std::to_string(version) +
+                         "; this one reads versions " + std::to_string(kVersionStatesOnly) +
+                         " to " + std::to_string(kVersion) + ")",
+                     "v" + std::to_string(version));
+  }
   if (version < kVersionStatesOnly || version > kVersion || entry != sizeof(BlockState)) {
     return set_aside("unknown version");
   }

@@ -1011,6 +1011,29 @@ TEST(Checkpoint, RoundTripAndCorruptionIsSetAside) {
   EXPECT_NE(l.status.message.find("checksum"), std::string::npos) << l.status.message;
   EXPECT_TRUE(std::filesystem::exists(path + ".corrupt"));
   EXPECT_FALSE(std::filesystem::exists(path));
+  // A second bad file does not replace the first one set aside.
+  const uintmax_t first_aside = std::filesystem::file_size(path + ".corrupt");
+  std::ofstream(path) << "not a checkpoint";
+  l = LoadGhosts(path);
+  EXPECT_NE(l.status.message.find("set aside as " + path + ".corrupt.1"), std::string::npos)
+      << l.status.message;
+  EXPECT_EQ(std::filesystem::file_size(path + ".corrupt"), first_aside);
+  EXPECT_TRUE(std::filesystem::exists(path + ".corrupt.1"));
+  // A newer daemon's file (a downgrade) is kept under its version's name.
+  ASSERT_EQ(SaveGhosts(path, g).message, "");
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    const uint32_t future = 9;
+    f.write(reinterpret_cast<const char*>(&future), 4);
+  }
+  l = LoadGhosts(path);
+  EXPECT_TRUE(l.ghosts.empty());
+  EXPECT_NE(l.status.message.find("written by a newer cxltierd (version 9"), std::string::npos)
+      << l.status.message;
+  EXPECT_TRUE(std::filesystem::exists(path + ".v9"));
+  std::filesystem::remove(path + ".corrupt.1");
+  std::filesystem::remove(path + ".v9");
 
   // Truncated.
   ASSERT_EQ(SaveGhosts(path, g).message, "");
@@ -1115,8 +1138,8 @@ TEST(Checkpoint, RoundTripKeepsOwnersAndVersionOneStillLoads) {
   EXPECT_EQ(l.ghosts[2].touch_count, 102u);
   EXPECT_EQ(l.owners, std::vector<uint32_t>(5, kUnknownOwner));
   // An unknown version is set aside, not guessed at.
-  const uint32_t v9 = 9;
-  std::memcpy(v1.data() + 8, &v9, 4);
+  const uint32_t v0 = 0;
+  std::memcpy(v1.data() + 8, &v0, 4);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << v1;
   l = LoadGhosts(path);
   EXPECT_NE(l.status.message.find("unknown version"), std::string::npos) << l.status.message;
