@@ -38,7 +38,7 @@ Shared::Shared(asio::io_context& io_context, DaemonConfig daemon_config,
   });
 }
 
-Status Shared::EnsureEngine(uint64_t block_bytes) {
+Status Shared::EnsureEngine(uint64_t block_bytes, uint64_t* rebuilt) {
   if (engine && engine->options().block_bytes != block_bytes) {
     // Without [engine] block_bytes, the first hello set the size, but only
     // for as long as a client that said hello is connected: one client's
@@ -59,6 +59,7 @@ Status Shared::EnsureEngine(uint64_t block_bytes) {
     GhostSnapshot kept = CollectGhosts(false);
     pending_ghosts.states = std::move(kept.states);
     pending_ghosts.owners = std::move(kept.owners);
+    if (rebuilt) *rebuilt = pending_ghosts.states.size();
     engine.reset();
     quotas.Clear();
     clients.ForgetEngineSlots();

@@ -44,7 +44,8 @@ struct Shared {
   // The engine for blocks of `block_bytes`, built on the first hello (or at
   // start with [engine] block_bytes) from the ghosts loaded so far; kGeometry
   // when another size is in use.
-  Status EnsureEngine(uint64_t block_bytes);
+  // *rebuilt: the ghosts a change of block size carried into a new engine.
+  Status EnsureEngine(uint64_t block_bytes, uint64_t* rebuilt = nullptr);
   // Releases the block at a live slot in the engine (cancelling its queued
   // move) and frees the slot.
   void ReleaseSlot(Client& c, uint32_t seg_slot);

@@ -1857,6 +1857,74 @@ TEST(Daemon, ADeadPoolsBlocksAreReleasedAChunkAtATime) {
   munmap(range, kBlocks * 4096);
 }
 
+// A hello with a new block size, while no client is connected and no
+// [engine] block_bytes is set, carries every ghost into a new engine (about
+// 100 ns each): its sender's uid pays for them (kRebuildUnitsPerGhost), so
+// a loop of hellos alternating two sizes waits for its own work. A hello of
+// the same size carries nothing and pays nothing of it.
+TEST(Daemon, AHelloThatChangesTheBlockSizePaysForTheGhostsItCarries) {
+  constexpr uint32_t kGhosts = 200000;
+  const std::filesystem::path dir = TempDir("size-change");
+  DaemonConfig c;
+  c.state_dir = dir.string();
+  c.persist = true;
+  c.checkpoint_interval_s = 0;
+  c.tick_ms = 3600 * 1000;
+  c.max_blocks_per_client = kGhosts;
+  boost::asio::io_context io;
+  Daemon d(io, c, numa::Discover(), numa::TierAssignment{{0}, {1}, "test: node 1 is slow", {}},
+           std::make_unique<test::TestMigrator>(test::TestMigrator::Options{}), true);
+  ASSERT_EQ(d.Start().message, "");
+  const ModelGeometry small{"small", 1, 1, 1, 64, 2, 16};  // 4 KiB blocks
+  const ModelGeometry large{"large", 1, 1, 1, 64, 2, 32};  // 8 KiB blocks
+  // One uid's blocks, then its disconnect: they become ghosts.
+  const server::Peer owner{1, getpid(), getuid(), getgid()};  // a range pool checks the process
+  ASSERT_TRUE(d.requests().OnConnect(owner).ok());
+  int seg_fd = -1;
+  ASSERT_TRUE(d.requests().OnHello(owner, wire::Hello{small, kGhosts, "owner"}, &seg_fd).ok());
+  close(seg_fd);
+  void* range = mmap(nullptr, uint64_t{kGhosts} * 4096, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(range, MAP_FAILED);
+  auto pool = d.requests().OnRegisterPool(
+      owner,
+      wire::RegisterPool{wire::PoolKind::kRange, reinterpret_cast<uintptr_t>(range),
+                         uint64_t{kGhosts} * 4096, 4096, kGhosts},
+      server::UniqueFd());
+  ASSERT_TRUE(pool.ok()) << pool.status().message;
+  for (uint32_t i = 0; i < kGhosts; i += wire::kMaxEntriesPerMessage) {
+    wire::Admit a{pool->pool_id, {}};
+    for (uint32_t j = i; j < std::min(kGhosts, i + wire::kMaxEntriesPerMessage); ++j) {
+      a.entries.push_back({BlockKey::FromSequence(1, j), j});
+    }
+    ASSERT_TRUE(d.requests().OnAdmit(owner, a).ok());
+  }
+  d.requests().OnDisconnect(owner);
+  io.poll();  // its slots are released a chunk per turn
+  ASSERT_EQ(d.StatusJson()["ghosts"].get<uint64_t>(), kGhosts);
+  // Another uid's hello of the same size: no engine is made, no debt.
+  const server::Peer same{2, getpid(), 54321, 54321};
+  ASSERT_TRUE(d.requests().OnConnect(same).ok());
+  ASSERT_TRUE(d.requests().OnHello(same, wire::Hello{small, 8, "same"}, &seg_fd).ok());
+  close(seg_fd);
+  EXPECT_EQ(d.requests().Throttle(same).count(), 0);
+  d.requests().OnDisconnect(same);
+  io.poll();
+  // A third uid's hello with another size: 200,000 ghosts carried, 800,000
+  // units charged, 537,000 past its burst: about half a second of debt.
+  const server::Peer changer{3, getpid(), 54322, 54322};
+  ASSERT_TRUE(d.requests().OnConnect(changer).ok());
+  ASSERT_TRUE(d.requests().OnHello(changer, wire::Hello{large, 8, "changer"}, &seg_fd).ok());
+  const auto owed = d.requests().Throttle(changer);
+  close(seg_fd);
+  EXPECT_GT(owed.count(), 0) << "the rebuild of " << kGhosts << " ghosts was free";
+  EXPECT_EQ(d.StatusJson()["ghosts"].get<uint64_t>(), kGhosts);  // carried, not lost
+  d.requests().OnDisconnect(changer);
+  io.poll();
+  d.Stop();
+  munmap(range, uint64_t{kGhosts} * 4096);
+}
+
 TEST(Daemon, ReloadRecomputesThePlannersBudget) {
   const std::filesystem::path dir = TempDir("reload");
   const numa::TierAssignment tiers{{0}, {0}, "test: both tiers on node 0", {}};

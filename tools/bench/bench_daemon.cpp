@@ -367,6 +367,42 @@ void BM_Hello(benchmark::State& state) {
 }
 BENCHMARK(BM_Hello)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
 
+// A hello with a new block size while no client is connected (no [engine]
+// block_bytes): the daemon rebuilds its engine with every ghost. `n` ghosts;
+// each iteration one hello, the sizes alternating. Baseline: none; the cost
+// per ghost (`ns_per_ghost`) is what the hello's charge is set from
+// (service/requests.cpp, kRebuildUnitsPerGhost).
+void BM_BlockSizeChange(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  InProcessDaemon d(n, kBenchModel, uint64_t{n / 2} * kBenchModel.block_bytes(), "lfu");
+  d.daemon->requests().OnDisconnect(d.peer);  // its n blocks become ghosts
+  d.io.run();
+  ModelGeometry other = kBenchModel;
+  other.block_tokens = 32;
+  uint64_t session = 1000;
+  for (auto _ : state) {
+    const server::Peer p{session, getpid(), 54321, 54321};
+    d.daemon->requests().OnConnect(p);
+    int fd = -1;
+    auto ok = d.daemon->requests().OnHello(
+        p, wire::Hello{session++ % 2 ? other : kBenchModel, 8, "size"}, &fd);
+    if (!ok.ok()) std::abort();
+    state.PauseTiming();
+    close(fd);
+    d.daemon->requests().OnDisconnect(p);
+    d.io.restart();
+    d.io.run();
+    state.ResumeTiming();
+  }
+  // The ghosts kept ([limits] max_ghosts_per_uid caps one uid's).
+  const double ghosts = d.daemon->StatusJson()["ghosts"].get<double>();
+  state.counters["ghosts"] = ghosts;
+  state.counters["ns_per_ghost"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * ghosts,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_BlockSizeChange)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMillisecond);
+
 // A quota set for an account the engine has not seen, with quotas already on
 // and `n` live blocks (half in tier 0) of 16 uids, each of 64 clients: what a
 // hello with a name that [[quotas.client]] caps costs the daemon, which any
