@@ -19,7 +19,9 @@ using wire::Error;
 using wire::ErrorCode;
 
 bool IsAdmin(const server::Peer& peer, const std::string& admin_group) {
-  if (peer.uid == 0) return true;
+  // The daemon's own uid can signal and trace it already: the socket gives
+  // it nothing more (the DaemonSet's liveness probe runs as it).
+  if (peer.uid == 0 || peer.uid == ::geteuid()) return true;
   if (admin_group.empty()) return false;
   std::vector<char> buf(16384);
   group gr{};
@@ -45,7 +47,7 @@ bool IsAdmin(const server::Peer& peer, const std::string& admin_group) {
 
 bool AdminCache::Is(const server::Peer& peer, const std::string& admin_group,
                     Clock::time_point now) {
-  if (peer.uid == 0) return true;
+  if (peer.uid == 0 || peer.uid == ::geteuid()) return true;
   if (admin_group != group_) {
     entries_.clear();
     group_ = admin_group;

@@ -13,8 +13,9 @@
 
 namespace cxltier::service {
 
-// Root, or a member of `admin_group` (primary group or supplementary, as the
-// group database has them). An empty or unknown group: root only. The
+// Root, the daemon's own uid, or a member of `admin_group` (primary group or
+// supplementary, as the group database has them). An empty or unknown
+// group: root and the daemon's uid only. The
 // databases are read on every call (the daemon asks through AdminCache).
 bool IsAdmin(const server::Peer& peer, const std::string& admin_group);
 

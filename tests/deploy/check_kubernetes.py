@@ -149,10 +149,16 @@ port = int(listen.rsplit(":", 1)[1]) if ":" in listen else None
 if listen.startswith("127.") or listen.startswith("[::1]"):
     failed.append("metrics listen %s is loopback: the kubelet's probe cannot reach it" % listen)
 ports = {p.get("name"): p["containerPort"] for p in d.get("ports", [])}
-probe = d.get("livenessProbe", {}).get("httpGet", {})
+probe = d.get("readinessProbe", {}).get("httpGet", {})
 probe_port = ports.get(probe.get("port"), probe.get("port"))
 if probe.get("path") != "/metrics" or probe_port != port:
-    failed.append("liveness probe %s is not GET /metrics on the metrics port %s" % (probe, port))
+    failed.append("readiness probe %s is not GET /metrics on the metrics port %s" % (probe, port))
+# Liveness asks the daemon over its Unix socket (the ConfigMap's), not the
+# metrics port, which anyone on the pod network can hold busy.
+live = d.get("livenessProbe", {}).get("exec", {}).get("command", [])
+sock = toml_str("daemon", "socket")
+if live[:1] != ["/usr/bin/cxltierctl"] or live[-1:] != ["status"] or sock not in live:
+    failed.append("liveness probe %s is not cxltierctl status over the socket %s" % (live, sock))
 
 # Host paths for the socket's folder and the state folder, mounted where the
 # ConfigMap puts them.
