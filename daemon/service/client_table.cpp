@@ -271,10 +271,6 @@ uint32_t ClientTable::AddTierPool(Client& c, server::Pool pool) {
     std::erase_if(tier_memory_, [](const auto& m) { return m.second.expired(); });
     tier_memory_[pool.memory_id()] = pool.mapping();
   }
-  if (pool.devdax_region().device != 0) {
-    std::erase_if(devdax_memory_, [](const auto& m) { return m.second.expired(); });
-    devdax_memory_.emplace_back(pool.devdax_region(), pool.mapping());
-  }
   UidUsage& u = uids_[c.peer.uid];
   u.tier_pool_blocks[tier] += pool.blocks();
   if (pool.daemon_memory()) {
@@ -284,12 +280,6 @@ uint32_t ClientTable::AddTierPool(Client& c, server::Pool pool) {
   const uint32_t id = AddPool(c, std::move(pool));
   c.copy.pool[tier] = static_cast<int32_t>(id);
   return id;
-}
-
-bool ClientTable::DevdaxInUse(const server::Pool::DevdaxRegion& region) const {
-  return std::any_of(devdax_memory_.begin(), devdax_memory_.end(), [&](const auto& m) {
-    return !m.second.expired() && m.first.Overlaps(region);
-  });
 }
 
 bool ClientTable::TierMemoryInUse(int fd) const {

@@ -181,11 +181,6 @@ class ClientTable {
   // import of it must wait (a connection that dropped is still releasing
   // its blocks, its last copy still running) or is another client's pool.
   bool TierMemoryInUse(int fd) const;
-  // Whether a device-DAX region overlaps a tier pool some connection of this
-  // daemon has, or one a copy still reads or writes: two owners of the same
-  // bytes would hand out the same places (a reconnect's waits until its old
-  // connection's blocks are released and its last copy is back).
-  bool DevdaxInUse(const server::Pool::DevdaxRegion& region) const;
   // Checks a whole Admit before anything changes: its pool, every block
   // index, keys another client of the same uid holds in `engine`, the new
   // blocks against `tier_room` for a tier pool (copy mode: the free places
@@ -229,9 +224,6 @@ class ClientTable {
   // Every tier pool memfd handed out or adopted, by (st_dev, st_ino): alive
   // while a pool or a copy job holds its mapping.
   std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<const numa::Mapping>> tier_memory_;
-  // Every device-DAX tier pool's region, alive while its mapping is.
-  std::vector<std::pair<server::Pool::DevdaxRegion, std::weak_ptr<const numa::Mapping>>>
-      devdax_memory_;
   std::unordered_map<uid_t, UidUsage> uids_;  // of the clients in clients_
   std::vector<Owner> owners_;                 // by engine slot; session 0: none
   uint64_t connections_ = 0;                  // connected (clients_ also holds ones leaving)

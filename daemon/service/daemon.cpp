@@ -49,6 +49,9 @@ Status Daemon::Start() {
     // ticks since; recency orders see them as older than what comes next).
     d.tick = last_checkpoint_tick_ = loaded.clock.resume_tick;
     checkpoints_.StartWriter();
+    // Device-DAX regions a client may still read, across this restart.
+    d.devdax = DevdaxReservations(d.config.state_dir + "/devdax-reservations");
+    if (Status st = d.devdax.Load(); !st.ok()) return st;
   }
   if (d.config.block_bytes) {
     if (Status st = d.EnsureEngine(d.config.block_bytes); !st.ok()) return st;

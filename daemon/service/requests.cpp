@@ -268,15 +268,11 @@ Result<wire::CreateTierPoolOk> Requests::OnCreateTierPool(const server::Peer& pe
     d_.ClientWarning(peer, "tier pool refused: " + st.message);
     return st;
   }
-  if (pool.devdax_region().device != 0 && d_.clients.DevdaxInUse(pool.devdax_region())) {
-    // Mapped, nothing written: the mapping goes with `pool`.
-    const server::Pool::DevdaxRegion& r = pool.devdax_region();
-    return Error{ErrorCode::kBusy,
-                 fmt::format("bytes {} to {} of this device-DAX device are a tier pool of a "
-                             "connection of this daemon (or its blocks are being released, or a "
-                             "copy is running): two owners would hand out the same places; try "
-                             "again, or give another offset",
-                             r.begin, r.end)};
+  if (pool.devdax_region().device != 0) {
+    // Mapped, nothing written: if refused, the mapping goes with `pool`.
+    if (Status st = d_.devdax.Claim(pool.devdax_region(), peer, pool.mapping()); !st.ok()) {
+      return st;
+    }
   }
   const uint32_t id = d_.clients.AddTierPool(*c, std::move(pool));
   const server::Pool& p = c->pools[id];

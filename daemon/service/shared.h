@@ -24,6 +24,7 @@
 #include "service/checkpointer.h"
 #include "service/client_table.h"
 #include "service/config.h"
+#include "service/devdax_reservations.h"
 #include "service/fold.h"
 #include "service/hints.h"
 #include "service/move_dispatch.h"
@@ -78,7 +79,7 @@ struct Shared {
   // The engine's budgets of tiers 1 .. N-2 (none with two tiers).
   std::vector<uint64_t> LowerTierBudgets() const;
   uint64_t LeaseTimeoutTicks() const;
-  // Root or a member of admin_group (service/admin.h), as `admins` last
+  // Root, the daemon's uid or a member of admin_group (service/admin.h), as `admins` last
   // found it.
   bool IsAdmin(const server::Peer& peer) {
     return admins.Is(peer, config.admin_group, AdminCache::Clock::now());
@@ -105,7 +106,10 @@ struct Shared {
   Quotas quotas;
   // Each uid's budget of I/O-thread work: hints, Stats blocks and hellos spend it.
   UidBudgets budgets;
-  AdminCache admins;                        // who is root or in admin_group, for a few seconds
+  AdminCache admins;  // who is root or in admin_group, for a few seconds
+  // Device-DAX tier pools' regions, kept for their processes (Daemon::Start
+  // gives it its file in the state directory).
+  DevdaxReservations devdax;
   Hints hints{&fold, &recorder, &budgets};  // Hint requests
   // Loaded from the checkpoint before the engine exists (with the uid of
   // each, kUnknownOwner when not known); the first engine takes them.

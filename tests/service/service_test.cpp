@@ -31,6 +31,7 @@
 #include "service/client_table.h"
 #include "service/config.h"
 #include "service/daemon.h"
+#include "service/devdax_reservations.h"
 #include "service/fold.h"
 #include "service/hints.h"
 #include "service/mover.h"
@@ -1924,6 +1925,66 @@ TEST(Daemon, AHelloThatChangesTheBlockSizePaysForTheGhostsItCarries) {
   io.poll();
   d.Stop();
   munmap(range, uint64_t{kGhosts} * 4096);
+}
+
+// A device-DAX region stays reserved for the process that made a tier pool
+// there after the daemon's mapping of it is gone (its connection left, or the
+// daemon restarted): that process still maps the device, and its held read
+// leases read there. Only it may take the region again; another process may
+// once it has exited. The owner here is a real child process.
+TEST(DevdaxReservations, ARegionIsKeptForItsProcessAcrossDisconnectAndRestart) {
+  const std::filesystem::path dir = TempDir("devdax");
+  const std::string path = (dir / "devdax-reservations").string();
+  int hold[2];
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t owner = testing::ForkAlone();
+  ASSERT_GE(owner, 0);
+  if (owner == 0) {  // waits until the test lets it go
+    close(hold[1]);
+    char c;
+    (void)!read(hold[0], &c, 1);
+    _exit(0);
+  }
+  close(hold[0]);
+  const server::Peer owner_peer{1, owner, 54340, 54340};
+  const server::Peer other{2, getpid(), 54341, 54341};
+  const DevdaxReservations::Region region{7, 2 << 20, 10 << 20};
+  const DevdaxReservations::Region overlapping{7, 8 << 20, 16 << 20};
+  const DevdaxReservations::Region elsewhere{7, 10 << 20, 12 << 20};
+  const DevdaxReservations::Region other_device{8, 2 << 20, 10 << 20};
+  {
+    DevdaxReservations r(path);
+    ASSERT_TRUE(r.Load().ok());
+    auto mapping = std::make_shared<int>(0);  // the daemon's mapping of the owner's pool
+    ASSERT_TRUE(r.Claim(region, owner_peer, mapping).ok());
+    // While the daemon maps it, nobody else gets it.
+    Status st = r.Claim(overlapping, other, std::make_shared<int>(0));
+    EXPECT_EQ(st.code, wire::ErrorCode::kBusy);
+    EXPECT_NE(st.message.find("a tier pool of a connection of this daemon"), std::string::npos)
+        << st.message;
+    EXPECT_TRUE(r.Claim(elsewhere, other, std::make_shared<int>(0)).ok());
+    EXPECT_TRUE(r.Claim(other_device, other, std::make_shared<int>(0)).ok());
+    // The owner's connection left: the mapping is gone, the owner runs.
+    mapping.reset();
+    st = r.Claim(overlapping, other, std::make_shared<int>(0));
+    EXPECT_EQ(st.code, wire::ErrorCode::kBusy);
+    EXPECT_NE(st.message.find("reserved for pid " + std::to_string(owner)), std::string::npos)
+        << st.message;
+  }
+  // A restart: the file says whose it is.
+  DevdaxReservations again(path);
+  ASSERT_TRUE(again.Load().ok());
+  Status st = again.Claim(overlapping, other, std::make_shared<int>(0));
+  EXPECT_EQ(st.code, wire::ErrorCode::kBusy) << "a restart forgot the reservation";
+  // Its owner takes it again (its Reconnect).
+  auto back = std::make_shared<int>(0);
+  EXPECT_TRUE(again.Claim(region, owner_peer, back).ok());
+  back.reset();
+  // Once the owner has exited, anyone may.
+  close(hold[1]);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  EXPECT_TRUE(again.Claim(overlapping, other, std::make_shared<int>(0)).ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Daemon, ReloadRecomputesThePlannersBudget) {
