@@ -390,12 +390,12 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
   wire::CreateTierPoolOk ok;
   int fd = -1;
   Status st = Call(m, wire::MsgType::kCreateTierPoolOk, &ok, send_fd, &fd);
-  if (send_fd >= 0) close(send_fd);
   if (st.ok() && !devdax && fd < 0) {
     st = Status::Fail(ErrorCode::kInternal, "the tier pool came without its fd");
   }
   if (!st.ok()) {
     if (fd >= 0) close(fd);
+    if (send_fd >= 0) close(send_fd);
     return st.Context(what);
   }
   // The daemon's memfd is kept: a reconnect hands it to the next daemon.
@@ -411,14 +411,20 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
   pools_.resize(std::max<size_t>(pools_.size(), ok.pool_id + 1));
   pools_[ok.pool_id] = PoolRecord{{}, -1, tier};
   tier_stride_ = stride;
-  return MapTierPool(tier).Context(what);
+  // A device-DAX pool is mapped through the fd the daemon checked.
+  st = MapTierPool(tier, send_fd);
+  if (send_fd >= 0) close(send_fd);
+  return st.Context(what);
 }
 
-Status Client::MapTierPool(uint8_t tier) {
+Status Client::MapTierPool(uint8_t tier, int device_fd) {
   TierPoolMap& t = tier_pools_[tier];
   int map_fd = t.fd;
   if (!t.devdax_path.empty()) {
-    if (Status st = OpenDevdax(t.devdax_path, &map_fd); !st.ok()) return st;
+    map_fd = device_fd;
+    if (map_fd < 0) {
+      if (Status st = OpenDevdax(t.devdax_path, &map_fd); !st.ok()) return st;
+    }
   }
   void* p = mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd,
                  t.devdax_path.empty() ? 0 : static_cast<off_t>(t.devdax_offset));
@@ -429,7 +435,7 @@ Status Client::MapTierPool(uint8_t tier) {
     st = Sys("faulting it in");
     munmap(p, t.bytes);
   }
-  if (map_fd != t.fd) close(map_fd);
+  if (map_fd != t.fd && map_fd != device_fd) close(map_fd);
   if (st.ok()) t.base = static_cast<uint8_t*>(p);
   return st;
 }
@@ -461,7 +467,8 @@ Status Client::CreateTierPools(const TierPoolOptions& o) {
 }
 
 uint32_t Client::tier_pool(uint8_t tier) const {
-  return tier < kMaxTiers ? tier_pools_[tier].id : UINT32_MAX;
+  // A pool the daemon made but this client could not map is not one yet.
+  return tier < kMaxTiers && tier_pools_[tier].base ? tier_pools_[tier].id : UINT32_MAX;
 }
 uint8_t* Client::tier_pool_base(uint8_t tier) const {
   return tier < kMaxTiers ? tier_pools_[tier].base : nullptr;

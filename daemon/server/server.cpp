@@ -675,33 +675,46 @@ bool SomeoneListens(const std::string& path) {
 }
 }  // namespace
 
+namespace {
+std::string lock_path_for(const std::string& path) { return path + ".lock"; }
+}  // namespace
+
 Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Status* group_status) {
   boost::system::error_code ec;
   // Two daemons starting together could both find no one listening (between
   // one's bind and its listen) and each replace the other's socket: the
   // check and the bind are made under a lock on `path.lock`, held while this
   // server listens. The file stays (removing a lock file races its next
-  // taker); read-only and 0644, so that a daemon of another uid can take a
-  // lock a root run left.
-  const std::string lock_path = path + ".lock";
-  // O_NONBLOCK: a FIFO put there would block the open.
-  UniqueFd lock(
-      ::open(lock_path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
-  if (!lock.valid()) return ListenFailed(lock_path + ": " + std::strerror(errno));
-  if (struct stat ls{}; ::fstat(lock.get(), &ls) != 0 || !S_ISREG(ls.st_mode)) {
-    return ListenFailed(lock_path + ": not a regular file; remove it");
+  // taker). It is the daemon's alone (0600, its euid's): a client that could
+  // open it could take the lock the moment this daemon stops and keep every
+  // later start out. One that is not ours (a run of another uid made it, or
+  // someone who can write the directory) is not used: the start goes on
+  // without the lock, as before it, and says so.
+  UniqueFd lock(::open(lock_path_for(path).c_str(),
+                       O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+  struct stat ls {};
+  std::string unlocked;
+  if (!lock.valid()) {
+    unlocked = std::strerror(errno);
+  } else if (::fstat(lock.get(), &ls) != 0 || !S_ISREG(ls.st_mode) || ls.st_uid != ::geteuid()) {
+    unlocked = "not a regular file of this daemon's uid";
+    lock.Reset();
+  } else if ((ls.st_mode & 077) != 0 && ::fchmod(lock.get(), 0600) != 0) {
+    unlocked = std::string("fchmod: ") + std::strerror(errno);
+    lock.Reset();
   }
-  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    return ListenFailed(lock_path + ": " +
+  if (!unlocked.empty()) {
+    Log(LogLevel::kWarn, lock_path_for(path) + ": " + unlocked +
+                             "; starting without the lock that keeps two daemons starting "
+                             "together off one socket");
+  } else if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    return ListenFailed(lock_path_for(path) + ": " +
                         (errno == EWOULDBLOCK
                              ? std::string("another cxltierd is starting or listening on this "
                                            "socket; stop it, or give this daemon its own [daemon] "
                                            "socket")
                              : std::string(std::strerror(errno))));
   }
-  // A socket left by an earlier run is removed; one another daemon listens
-  // on is not (both would serve half the clients each, and the first to
-  // stop would remove the other's socket).
   if (SomeoneListens(path)) {
     return ListenFailed(path +
                         ": another process listens on this socket; stop it, or give this daemon "

@@ -13,9 +13,8 @@
 
 namespace cxltier::service {
 
-// Root, the daemon's own uid, or a member of `admin_group` (primary group or
-// supplementary, as the group database has them). An empty or unknown
-// group: root and the daemon's uid only. The
+// Root, or a member of `admin_group` (primary group or supplementary, as the
+// group database has them). An empty or unknown group: root only. The
 // databases are read on every call (the daemon asks through AdminCache).
 bool IsAdmin(const server::Peer& peer, const std::string& admin_group);
 

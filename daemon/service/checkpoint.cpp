@@ -172,7 +172,9 @@ LoadedGhosts LoadGhosts(const std::string& path) {
       err = ::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) == 0
                 ? 0
                 : errno;
-      if (err == EINVAL) {  // a filesystem without RENAME_NOREPLACE: look, then rename
+      // A filesystem (or a seccomp filter) without RENAME_NOREPLACE: look,
+      // then rename.
+      if (err == EINVAL || err == ENOSYS || err == EPERM || err == ENOTSUP) {
         struct stat there {};
         err = ::lstat(aside.c_str(), &there) == 0          ? EEXIST
               : ::rename(path.c_str(), aside.c_str()) == 0 ? 0

@@ -79,7 +79,7 @@ struct Shared {
   // The engine's budgets of tiers 1 .. N-2 (none with two tiers).
   std::vector<uint64_t> LowerTierBudgets() const;
   uint64_t LeaseTimeoutTicks() const;
-  // Root, the daemon's uid or a member of admin_group (service/admin.h), as `admins` last
+  // Root or a member of admin_group (service/admin.h), as `admins` last
   // found it.
   bool IsAdmin(const server::Peer& peer) {
     return admins.Is(peer, config.admin_group, AdminCache::Clock::now());

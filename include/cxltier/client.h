@@ -107,7 +107,9 @@ class Client {
     o.blocks = blocks;
     return CreateTierPools(o);
   }
-  // Pool id of tier t's pool (UINT32_MAX: none), its mapping and length.
+  // Pool id of tier t's pool (UINT32_MAX: none, or one the daemon made that
+  // this client could not map: the next CreateTierPools maps that one, with
+  // the options of the call that made it), its mapping and length.
   uint32_t tier_pool(uint8_t tier) const;
   uint8_t* tier_pool_base(uint8_t tier) const;
   uint64_t tier_pool_bytes(uint8_t tier) const;
@@ -277,8 +279,9 @@ class Client {
   // Connects and says hello. *previous (when given) takes the state segment
   // mapped before, instead of it being unmapped.
   Status Open(MappedSegment* previous = nullptr);
-  // Maps tier_pools_[tier], which the daemon made (CreateTierPool).
-  Status MapTierPool(uint8_t tier);
+  // Maps tier_pools_[tier], which the daemon made (CreateTierPool); a
+  // device-DAX pool through `device_fd`, else its path opened again.
+  Status MapTierPool(uint8_t tier, int device_fd = -1);
   // Reconnect's copy-mode steps (`old`: the previous segment).
   Status ReimportTierPool(PoolRecord& record, uint32_t* id);
   Status ReadmitCopyBlocks(const MappedSegment& old,

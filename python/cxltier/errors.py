@@ -5,7 +5,8 @@ Each carries the wire protocol's error code (``code``, an int; ``name``, e.g.
 own message, prefixed by the code's name: ``"limit: too many pools"``).
 A subclass per code lets a caller catch exactly what it can handle.
 An error of ``Client.report`` also has ``accepted`` and ``rejected``: what the
-parts sent before the failure took (do not send those again).
+parts sent before the failure took (do not send those again); its message
+starts with them.
 """
 
 from __future__ import annotations

@@ -206,6 +206,7 @@ TEST(CopyMode, ATierPoolWhoseMappingFailedIsMappedByTheNextCall) {
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.message.find("mapping it"), std::string::npos) << failed.message;
   EXPECT_EQ(c->tier_pool_base(1), nullptr);
+  EXPECT_EQ(c->tier_pool(1), UINT32_MAX);  // not a pool to use (C: cxltier_tier_pool says so)
   const Status again = c->CreateTierPools(4096);
   ASSERT_TRUE(again.ok()) << again.message;
   EXPECT_EQ(c->tier_pool_bytes(1), 4096 * kBlock);

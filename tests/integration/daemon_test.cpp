@@ -171,6 +171,23 @@ TEST(Daemon, ASecondDaemonOnTheSameStateDirOrSocketIsRefused) {
   EXPECT_NE(same_socket.out.find("another cxltierd is starting or listening on this socket"),
             std::string::npos)
       << same_socket.out;
+  // The lock file is the daemon's alone: a client that could open it could
+  // hold its lock once the daemon stops and keep every later start out.
+  struct stat lk {};
+  ASSERT_EQ(stat((socket + ".lock").c_str(), &lk), 0);
+  EXPECT_EQ(lk.st_mode & 077, 0u);
+  EXPECT_EQ(lk.st_uid, geteuid());
+  if (geteuid() == 0) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      if (setgid(54321) != 0 || setuid(54321) != 0) _exit(2);
+      _exit(open((socket + ".lock").c_str(), O_RDONLY | O_CLOEXEC) < 0 ? 0 : 1);
+    }
+    int ws = 0;
+    ASSERT_EQ(waitpid(child, &ws, 0), child);
+    EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << "another uid opened the lock file";
+  }
   // A daemon that is starting on a socket holds `<socket>.lock` from its
   // check to its listen: another starting then is refused, not racing it.
   const std::string third = (dir / "c.toml").string();

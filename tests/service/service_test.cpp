@@ -2157,19 +2157,6 @@ TEST(Admin, RootOrTheAdminGroupByPrimaryGid) {
   // Neither its primary gid nor (no passwd entry) any supplementary group.
   const server::Peer outsider{3, 1, 54321, 54321};
   EXPECT_FALSE(IsAdmin(outsider, "root"));
-  // A daemon running as a service uid counts that uid as an admin (it could
-  // signal and trace the daemon anyway), and no other.
-  const pid_t child = testing::ForkAlone();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (setgid(54330) != 0 || setuid(54330) != 0) _exit(2);
-    const bool own = IsAdmin(server::Peer{4, 1, 54330, 54330}, "");
-    const bool other = IsAdmin(outsider, "");
-    _exit(own && !other ? 0 : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 // The daemon asks who is an admin on every connect, hello, Stats and Admin
