@@ -11,10 +11,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <span>
+#include <sstream>
 #include <type_traits>
 
 namespace cxltier::server {
@@ -690,25 +693,35 @@ Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Statu
   // later start out. One that is not ours (a run of another uid made it, or
   // someone who can write the directory) is not used: the start goes on
   // without the lock, as before it, and says so.
-  UniqueFd lock(::open(lock_path_for(path).c_str(),
-                       O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+  const std::string lock_path = lock_path_for(path);
+  const auto open_lock = [&] {
+    return UniqueFd(
+        ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+  };
+  UniqueFd lock = open_lock();
   struct stat ls {};
   std::string unlocked;
+  if (lock.valid() && ::fstat(lock.get(), &ls) == 0 && S_ISREG(ls.st_mode) &&
+      ls.st_uid == ::geteuid() && (ls.st_mode & 077) != 0) {
+    // Ours but open to others (a build of 2026-12-07 made it 0644): someone
+    // may hold it open already, so a new file, not a chmod.
+    lock.Reset();
+    ::unlink(lock_path.c_str());
+    lock = open_lock();
+  }
   if (!lock.valid()) {
     unlocked = std::strerror(errno);
-  } else if (::fstat(lock.get(), &ls) != 0 || !S_ISREG(ls.st_mode) || ls.st_uid != ::geteuid()) {
-    unlocked = "not a regular file of this daemon's uid";
-    lock.Reset();
-  } else if ((ls.st_mode & 077) != 0 && ::fchmod(lock.get(), 0600) != 0) {
-    unlocked = std::string("fchmod: ") + std::strerror(errno);
+  } else if (::fstat(lock.get(), &ls) != 0 || !S_ISREG(ls.st_mode) || ls.st_uid != ::geteuid() ||
+             (ls.st_mode & 077) != 0) {
+    unlocked = "not a regular file of this daemon's uid, 0600";
     lock.Reset();
   }
   if (!unlocked.empty()) {
-    Log(LogLevel::kWarn, lock_path_for(path) + ": " + unlocked +
+    Log(LogLevel::kWarn, lock_path + ": " + unlocked +
                              "; starting without the lock that keeps two daemons starting "
                              "together off one socket");
   } else if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    return ListenFailed(lock_path_for(path) + ": " +
+    return ListenFailed(lock_path + ": " +
                         (errno == EWOULDBLOCK
                              ? std::string("another cxltierd is starting or listening on this "
                                            "socket; stop it, or give this daemon its own [daemon] "
@@ -778,6 +791,26 @@ void Server::Accept() {
   });
 }
 
+std::optional<uint64_t> ProcessStartTime(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(in, text)) return std::nullopt;
+  // The command name (field 2) may hold spaces and parentheses: the fields
+  // after it start past its last ')'.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(text.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {
+    if (!(rest >> field)) return std::nullopt;
+  }
+  uint64_t start = 0;
+  const auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), start);
+  if (ec != std::errc() || end != field.data() + field.size()) return std::nullopt;
+  return start;
+}
+
 void Server::OnAccepted(stream::socket socket) {
   Peer peer;
   peer.session_id = next_session_id_++;
@@ -787,6 +820,7 @@ void Server::OnAccepted(stream::socket socket) {
     peer.pid = cred.pid;
     peer.uid = cred.uid;
     peer.gid = cred.gid;
+    peer.start_time = ProcessStartTime(cred.pid).value_or(0);
   }
   auto s = std::make_shared<Session>(*this, std::move(socket), peer);
   sessions_.insert(s);

@@ -31,7 +31,15 @@ struct Peer {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  // When `pid` started, read at accept (ProcessStartTime); 0: not known (a
+  // pid in another PID namespace is 0). A pid and its start name one
+  // process, whatever reuses the pid after it exits.
+  uint64_t start_time = 0;
 };
+
+// When process `pid` started (field 22 of /proc/<pid>/stat, in clock ticks
+// since boot); nothing when it does not run or cannot be seen.
+std::optional<uint64_t> ProcessStartTime(pid_t pid);
 
 // Called on the I/O thread only. A handler may throw (std::bad_alloc most
 // likely): the server answers that request with kInternal and, unless the

@@ -11,29 +11,19 @@
 
 namespace cxltier::service {
 
-std::optional<uint64_t> ProcessStartTime(pid_t pid) {
-  if (pid <= 0) return std::nullopt;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(in, text)) return std::nullopt;
-  // The command name (field 2) may hold spaces and parentheses: the fields
-  // after it start past its last ')'.
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream rest(text.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22; ++i) {
-    if (!(rest >> field)) return std::nullopt;
-  }
-  try {
-    return std::stoull(field);
-  } catch (...) {
-    return std::nullopt;
-  }
+namespace {
+// This boot's id: a file kept across a reboot names processes of another.
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
 }
+}  // namespace
 
 bool DevdaxReservations::OwnerRuns(const Entry& e) const {
-  const std::optional<uint64_t> start = ProcessStartTime(e.pid);
+  if (e.start == 0) return false;  // not known: kept only while mapped
+  const std::optional<uint64_t> start = server::ProcessStartTime(e.pid);
   return start && *start == e.start;
 }
 
@@ -43,6 +33,12 @@ Status DevdaxReservations::Load() {
   std::ifstream in(path_);
   if (!in) return Status::Ok();
   std::string line;
+  // First line: the boot the pids and start times are of.
+  const std::string boot = BootId();
+  if (boot.empty() || !std::getline(in, line) || line != "boot " + boot) {
+    Save();
+    return Status::Ok();
+  }
   while (std::getline(in, line)) {
     std::istringstream fields(line);
     Entry e;
@@ -65,10 +61,16 @@ Status DevdaxReservations::Load() {
 
 Status DevdaxReservations::Claim(const Region& region, const server::Peer& peer,
                                  std::weak_ptr<const void> mapping) {
-  const std::optional<uint64_t> start = ProcessStartTime(peer.pid);
-  // Entries that no longer hold anything go first: their mapping is gone
-  // and their process has exited.
-  std::erase_if(entries_, [&](const Entry& e) { return e.mapping.expired() && !OwnerRuns(e); });
+  // The process that connected, if it is still the one with that pid: a
+  // connection handed on by a process that exited, whose pid was reused,
+  // is no one's process.
+  const bool known = peer.start_time != 0 && server::ProcessStartTime(peer.pid) == peer.start_time;
+  // Entries that hold nothing any more go: no mapping, no process. Looked at
+  // only where they could matter (overlapping, or of this uid: at most
+  // kPerUid live ones), so a claim's cost does not grow with other uids'.
+  std::erase_if(entries_, [&](const Entry& e) {
+    return (e.region.Overlaps(region) || e.uid == peer.uid) && e.mapping.expired() && !OwnerRuns(e);
+  });
   for (const Entry& e : entries_) {
     if (!e.region.Overlaps(region)) continue;
     if (!e.mapping.expired()) {
@@ -80,7 +82,7 @@ Status DevdaxReservations::Claim(const Region& region, const server::Peer& peer,
                       "offset",
                       e.region.begin, e.region.end));
     }
-    const bool same_process = start && e.pid == peer.pid && e.start == *start;
+    const bool same_process = known && e.pid == peer.pid && e.start == peer.start_time;
     if (!same_process) {
       return Status::Fail(
           wire::ErrorCode::kBusy,
@@ -90,9 +92,25 @@ Status DevdaxReservations::Claim(const Region& region, const server::Peer& peer,
                       e.region.begin, e.region.end, e.pid, e.uid));
     }
   }
-  // The claimer's own old reservations there are replaced by this one.
-  std::erase_if(entries_, [&](const Entry& e) { return e.region.Overlaps(region); });
-  entries_.push_back(Entry{region, peer.uid, peer.pid, start.value_or(0), std::move(mapping)});
+  // The claimer's own reservations this one covers are replaced by it; the
+  // parts of larger ones it does not cover stay reserved.
+  const auto covered = [&](const Entry& e) {
+    return e.region.device == region.device && region.begin <= e.region.begin &&
+           e.region.end <= region.end;
+  };
+  const size_t mine =
+      static_cast<size_t>(std::count_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
+        return e.uid == peer.uid && !covered(e);
+      }));
+  if (mine >= kPerUid) {
+    return Status::Fail(wire::ErrorCode::kLimit,
+                        fmt::format("uid {} keeps {} device-DAX regions reserved for its processes "
+                                    "(at most {}): end those processes or their pools first",
+                                    peer.uid, mine, kPerUid));
+  }
+  std::erase_if(entries_, covered);
+  entries_.push_back(
+      Entry{region, peer.uid, peer.pid, known ? peer.start_time : 0, std::move(mapping)});
   Save();
   return Status::Ok();
 }
@@ -102,6 +120,7 @@ void DevdaxReservations::Save() const {
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
+    out << "boot " << BootId() << '\n';
     for (const Entry& e : entries_) {
       out << e.region.device << ' ' << e.region.begin << ' ' << e.region.end << ' ' << e.uid << ' '
           << e.pid << ' ' << e.start << '\n';

@@ -26,11 +26,6 @@
 
 namespace cxltier::service {
 
-// When process `pid` started (field 22 of /proc/<pid>/stat, in clock ticks
-// since boot); nothing when it does not run. A pid and its start time name
-// one process, whatever reuses the pid later.
-std::optional<uint64_t> ProcessStartTime(pid_t pid);
-
 class DevdaxReservations {
  public:
   using Region = server::Pool::DevdaxRegion;
@@ -41,10 +36,17 @@ class DevdaxReservations {
   // At start: the reservations the last run kept, less those whose process
   // has gone. A missing file is none; an unreadable line is skipped.
   Status Load();
+  // Regions one uid may keep reserved for its processes at once (each
+  // claim reads /proc for that uid's entries; Claim's cost is bounded by it).
+  static constexpr size_t kPerUid = 16;
+
   // Whether `peer`'s process may have `region`, which `mapping` (the new
   // pool's) now maps: kBusy, saying who holds it, when the daemon still maps
-  // an overlapping region or another live process made one. On success the
-  // region is `peer`'s.
+  // an overlapping region or another live process made one; kLimit when its
+  // uid keeps kPerUid regions for processes that still run. On success the
+  // region is `peer`'s: its process's, when the daemon knows which
+  // (peer.start_time, read at accept, and that process still runs), else
+  // kept only while `mapping` lives.
   Status Claim(const Region& region, const server::Peer& peer, std::weak_ptr<const void> mapping);
   // Reservations kept (status, tests).
   size_t size() const { return entries_.size(); }

@@ -203,7 +203,8 @@ TEST(Daemon, ASecondDaemonOnTheSameStateDirOrSocketIsRefused) {
   }
   const std::string c_lock = (dir / "c.sock.lock").string();
   {
-    const int held = open(c_lock.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+    const int held =
+        open(c_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);  // as a daemon makes it
     ASSERT_GE(held, 0);
     ASSERT_EQ(flock(held, LOCK_EX), 0);
     const testing::ShellResult starting = run(third);

@@ -1946,8 +1946,13 @@ TEST(DevdaxReservations, ARegionIsKeptForItsProcessAcrossDisconnectAndRestart) {
     _exit(0);
   }
   close(hold[0]);
-  const server::Peer owner_peer{1, owner, 54340, 54340};
-  const server::Peer other{2, getpid(), 54341, 54341};
+  const server::Peer owner_peer{1, owner, 54340, 54340, *server::ProcessStartTime(owner)};
+  const server::Peer other{2, getpid(), 54341, 54341, *server::ProcessStartTime(getpid())};
+  // A connection whose process exited and whose pid went to the owner: the
+  // same pid, another start time. It is not the owner.
+  server::Peer stale = owner_peer;
+  stale.session_id = 3;
+  stale.start_time -= 1;
   const DevdaxReservations::Region region{7, 2 << 20, 10 << 20};
   const DevdaxReservations::Region overlapping{7, 8 << 20, 16 << 20};
   const DevdaxReservations::Region elsewhere{7, 10 << 20, 12 << 20};
@@ -1972,10 +1977,29 @@ TEST(DevdaxReservations, ARegionIsKeptForItsProcessAcrossDisconnectAndRestart) {
         << st.message;
   }
   // A restart: the file says whose it is.
+  {
+    DevdaxReservations r(path);
+    ASSERT_TRUE(r.Load().ok());
+    const Status st = r.Claim(region, stale, std::make_shared<int>(0));
+    EXPECT_EQ(st.code, wire::ErrorCode::kBusy) << "a reused pid passed for the owner";
+  }
   DevdaxReservations again(path);
   ASSERT_TRUE(again.Load().ok());
   Status st = again.Claim(overlapping, other, std::make_shared<int>(0));
   EXPECT_EQ(st.code, wire::ErrorCode::kBusy) << "a restart forgot the reservation";
+  // The same file from another boot names other processes: not kept.
+  {
+    std::ifstream in(path);
+    std::string boot, rest, line;
+    std::getline(in, boot);
+    while (std::getline(in, line)) rest += line + "\n";
+    EXPECT_EQ(boot.rfind("boot ", 0), 0u) << boot;
+    const std::string other_boot = (dir / "other-boot").string();
+    std::ofstream(other_boot) << "boot 00000000-0000-0000-0000-000000000000\n" << rest;
+    DevdaxReservations old_boot(other_boot);
+    ASSERT_TRUE(old_boot.Load().ok());
+    EXPECT_EQ(old_boot.size(), 0u);
+  }
   // Its owner takes it again (its Reconnect).
   auto back = std::make_shared<int>(0);
   EXPECT_TRUE(again.Claim(region, owner_peer, back).ok());
@@ -1984,6 +2008,16 @@ TEST(DevdaxReservations, ARegionIsKeptForItsProcessAcrossDisconnectAndRestart) {
   close(hold[1]);
   ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
   EXPECT_TRUE(again.Claim(overlapping, other, std::make_shared<int>(0)).ok());
+  // One uid keeps at most kPerUid regions for its live processes.
+  std::vector<std::shared_ptr<int>> held;
+  Status limit;
+  for (uint64_t i = 0; i <= DevdaxReservations::kPerUid + 1 && limit.ok(); ++i) {
+    const DevdaxReservations::Region r{9, i << 21, (i + 1) << 21};
+    held.push_back(std::make_shared<int>(0));
+    limit = again.Claim(r, other, held.back());
+  }
+  EXPECT_EQ(limit.code, wire::ErrorCode::kLimit) << limit.message;
+  EXPECT_LE(again.size(), DevdaxReservations::kPerUid + 2);
   std::filesystem::remove_all(dir);
 }
 
