@@ -222,6 +222,94 @@ BENCHMARK(BM_TickFloor)
     ->ArgsProduct({{8192, 65536, 1 << 20}, {1, 10, 100}})
     ->Unit(benchmark::kMicrosecond);
 
+// Not the daemon's design: a batch tick over small records, to say what
+// issue 32's tick target (3x one read of the table at 1M blocks) would take
+// (docs/performance.md, "Ticks at 1M blocks"). The same touches and fold
+// into the client's slot as BM_TickFloor, but the daemon keeps a 16-byte
+// record per block (count, the totals folded last, whether it is in tier
+// 0) instead of a 64-byte state; tier 0 (half the blocks) is the blocks of
+// the highest counts, found by a histogram of counts instead of per-touch
+// entries and exits, and one pass over the records makes the set's changes
+// into promote and demote lists. Ties at the threshold: members stay.
+void BM_TickBatchFloor(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  const uint32_t percent = static_cast<uint32_t>(state.range(1));
+  const uint32_t capacity = n / 2;
+  struct Record {
+    uint32_t count = 0;
+    uint32_t touches = 0;  // the client's totals folded last
+    uint32_t mass = 0;
+    uint32_t in_set = 0;
+  };
+  static_assert(sizeof(Record) == 16);
+  constexpr uint32_t kTop = 65535;  // counts at or above it share a bucket
+  std::vector<BlockState> client(n);
+  std::vector<Record> records(n);
+  std::vector<uint32_t> histogram(kTop + 1, 0);
+  histogram[0] = n;
+  std::vector<uint64_t> dirty(SegmentDirtyWords(n));
+  std::vector<uint32_t> promote, demote;
+  promote.reserve(n);
+  demote.reserve(n);
+  std::mt19937 rng(7);
+  const uint32_t touched = std::max<uint32_t>(1, n / 100 * percent);
+  uint64_t tick = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (uint32_t i = 0; i < touched; ++i) {
+      AddObservation(client.data(), dirty.data(), percent == 100 ? i : rng() % n, 0.5f);
+    }
+    ++tick;
+    state.ResumeTiming();
+    for (uint32_t w = 0; w < dirty.size(); ++w) {
+      uint64_t bits = std::exchange(dirty[w], 0);
+      while (bits) {
+        const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
+        bits &= bits - 1;
+        BlockState& c = client[i];
+        Record& r = records[i];
+        if (c.client_touches == r.touches && c.client_mass_q16 == r.mass) continue;
+        r.touches = c.client_touches;
+        r.mass = c.client_mass_q16;
+        --histogram[std::min(r.count, kTop)];
+        ++r.count;
+        ++histogram[std::min(r.count, kTop)];
+        c.score = r.count;
+        c.touch_time = tick;
+        c.touch_count = r.count;
+      }
+    }
+    // The threshold: the blocks above it fit, those at it fill what is left.
+    uint32_t above = 0, threshold = kTop;
+    for (; threshold > 0 && above + histogram[threshold] < capacity; --threshold) {
+      above += histogram[threshold];
+    }
+    uint32_t room_at = capacity - above;
+    promote.clear();
+    demote.clear();
+    for (uint32_t i = 0; i < n; ++i) {
+      Record& r = records[i];
+      const uint32_t count = std::min(r.count, kTop);
+      bool in = count > threshold;
+      if (count == threshold && r.in_set && room_at > 0) {
+        in = true;
+        --room_at;
+      }
+      if (in != static_cast<bool>(r.in_set)) {
+        (in ? promote : demote).push_back(i);
+        r.in_set = in;
+      }
+    }
+    benchmark::DoNotOptimize(promote.data());
+    benchmark::DoNotOptimize(demote.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["blocks"] = n;
+  state.counters["touched_percent"] = percent;
+  state.counters["promoted_last_tick"] = static_cast<double>(promote.size());
+}
+BENCHMARK(BM_TickBatchFloor)->ArgsProduct({{1 << 20}, {1, 10, 100}})->Unit(benchmark::kMicrosecond);
+
 // Fold + plan with `percent` of the blocks touched since the last tick; the
 // tier-0 budget holds half the blocks, so touched blocks keep moving.
 // BM_Tick/adaptive: the same with the adaptive policy, which feeds every touch
