@@ -31,6 +31,15 @@ Status Sys(const std::string& what) {
   return Status::Fail(ErrorCode::kInternal, what + ": " + std::strerror(errno));
 }
 
+// A failed connect, send or receive on the daemon's socket: a blocking
+// socket says EAGAIN only when its timeout (ConnectSocket's) ran out.
+Status SocketError(const std::string& what) {
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    return Status::Fail(ErrorCode::kInternal, what + ": no answer within the timeout");
+  }
+  return Sys(what);
+}
+
 // Calls `send` with each part of `items` that the daemon takes in one
 // request (at most `per_part`: wire::kMaxEntriesPerMessage keys, or
 // wire::kMaxObservationsPerReport observations), in order, and once with
@@ -115,18 +124,18 @@ void Client::Unmap() {
 }
 
 Status Client::DaemonStats(const std::string& socket_path, const std::string& what,
-                           std::string* json) {
+                           std::string* json, std::chrono::milliseconds timeout) {
   Client c;
   c.options_.socket_path = socket_path;
-  if (Status st = c.ConnectSocket(); !st.ok()) return st;
+  if (Status st = c.ConnectSocket(timeout); !st.ok()) return st;
   return c.Stats(what, json);
 }
 
 Status Client::DaemonAdmin(const std::string& socket_path, wire::AdminOp op, const std::string& arg,
-                           std::string* text, int* fd) {
+                           std::string* text, int* fd, std::chrono::milliseconds timeout) {
   Client c;
   c.options_.socket_path = socket_path;
-  if (Status st = c.ConnectSocket(); !st.ok()) return st;
+  if (Status st = c.ConnectSocket(timeout); !st.ok()) return st;
   wire::AdminOk ok;
   int got = -1;
   Status st = c.Call(wire::Admin{op, arg}, wire::MsgType::kAdminOk, &ok, -1, &got);
@@ -139,10 +148,18 @@ Status Client::DaemonAdmin(const std::string& socket_path, wire::AdminOp op, con
   return Status::Ok();
 }
 
-Status Client::ConnectSocket() {
+Status Client::ConnectSocket(std::chrono::milliseconds timeout) {
   if (sock_ >= 0) close(sock_);
   sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (sock_ < 0) return Sys("socket");
+  if (timeout.count() > 0) {
+    const timeval tv{static_cast<time_t>(timeout.count() / 1000),
+                     static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+    if (setsockopt(sock_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+        setsockopt(sock_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+      return Sys("setting the socket's timeout");
+    }
+  }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (options_.socket_path.size() >= sizeof(addr.sun_path)) {
@@ -150,7 +167,7 @@ Status Client::ConnectSocket() {
   }
   std::strcpy(addr.sun_path, options_.socket_path.c_str());
   if (connect(sock_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Sys("connect to " + options_.socket_path);
+    return SocketError("connect to " + options_.socket_path);
   }
   return Status::Ok();
 }
@@ -212,17 +229,18 @@ Status Client::Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd,
   // A daemon that refuses the connection (a limit) answers with an Error and
   // closes, possibly before our request is written: read its answer anyway.
   const bool sent = WriteAll(sock_, buf.data(), buf.size(), send_fd);
-  const Status send_error = sent ? Status::Ok() : Sys("sending to cxltierd");
+  const Status send_error = sent ? Status::Ok() : SocketError("sending to cxltierd");
   uint8_t head[wire::kHeaderBytes];
   if (!ReadAll(sock_, head, sizeof(head), recv_fd)) {
-    return sent ? Sys("reading from cxltierd") : send_error;
+    return sent ? SocketError("reading from cxltierd") : send_error;
   }
   const wire::Header h = *wire::DecodeHeader(head);
   if (h.magic != wire::kMagic || h.payload_bytes > (256u << 20)) {
     return Status::Fail(ErrorCode::kBadFrame, "cxltierd sent a bad frame");
   }
   std::vector<uint8_t> payload(h.payload_bytes);
-  if (!ReadAll(sock_, payload.data(), payload.size(), recv_fd)) return Sys("reading from cxltierd");
+  if (!ReadAll(sock_, payload.data(), payload.size(), recv_fd))
+    return SocketError("reading from cxltierd");
   if (h.type == wire::MsgType::kError) {
     wire::Error e;
     if (Status st = wire::Decode(payload, &e); !st.ok()) return st;

@@ -1,9 +1,14 @@
 // cxltierctl: the plan figures, and the real binary's output and exit codes.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -137,6 +142,32 @@ TEST(CxltierctlBinary, PerLayerTable) {
   EXPECT_NE(r.out.find("qwen2.5-7b"), std::string::npos);
   EXPECT_NE(r.out.find("256 MiB"), std::string::npos);
   EXPECT_NE(r.out.find("smallest per-layer cache: qwen2.5-7b"), std::string::npos);
+}
+
+// A daemon that takes connections and never answers (wedged): the request
+// fails after --timeout with a clear error, instead of hanging (a liveness
+// probe left hanging keeps its process until the pod's restart).
+TEST(CxltierctlBinary, ADaemonThatNeverAnswersIsATimeoutNotAHang) {
+  char dir[] = "/tmp/cxltierctl-wedged-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/wedged.sock";
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 16), 0);  // connections wait in the backlog, never accepted
+  // `timeout` ends a hang as a failure of this test (124), not of ctest.
+  for (const char* command : {"status", "config show", "quota"}) {
+    const ShellResult r =
+        Shell("timeout 120 " + kCtl + " --socket " + path + " --timeout 0.3 " + command + " 2>&1");
+    EXPECT_EQ(r.status, 1) << command << ": " << r.out;
+    EXPECT_NE(r.out.find("no answer within the timeout"), std::string::npos) << r.out;
+  }
+  close(listener);
+  unlink(path.c_str());
+  rmdir(dir);
 }
 
 }  // namespace

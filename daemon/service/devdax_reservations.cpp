@@ -21,6 +21,9 @@ std::string BootId() {
 }
 }  // namespace
 
+DevdaxReservations::DevdaxReservations(std::string path)
+    : path_(std::move(path)), boot_id_(path_.empty() ? std::string() : BootId()) {}
+
 bool DevdaxReservations::OwnerRuns(const Entry& e) const {
   if (e.start == 0) return false;  // not known: kept only while mapped
   const std::optional<uint64_t> start = server::ProcessStartTime(e.pid);
@@ -34,8 +37,7 @@ Status DevdaxReservations::Load() {
   if (!in) return Status::Ok();
   std::string line;
   // First line: the boot the pids and start times are of.
-  const std::string boot = BootId();
-  if (boot.empty() || !std::getline(in, line) || line != "boot " + boot) {
+  if (boot_id_.empty() || !std::getline(in, line) || line != "boot " + boot_id_) {
     Save();
     return Status::Ok();
   }
@@ -120,7 +122,7 @@ void DevdaxReservations::Save() const {
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << "boot " << BootId() << '\n';
+    out << "boot " << boot_id_ << '\n';
     for (const Entry& e : entries_) {
       out << e.region.device << ' ' << e.region.begin << ' ' << e.region.end << ' ' << e.uid << ' '
           << e.pid << ' ' << e.start << '\n';

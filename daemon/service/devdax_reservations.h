@@ -31,7 +31,7 @@ class DevdaxReservations {
   using Region = server::Pool::DevdaxRegion;
 
   // Where the reservations are kept ("": nowhere, as in tests).
-  explicit DevdaxReservations(std::string path = "") : path_(std::move(path)) {}
+  explicit DevdaxReservations(std::string path = "");
 
   // At start: the reservations the last run kept, less those whose process
   // has gone. A missing file is none; an unreadable line is skipped.
@@ -63,6 +63,7 @@ class DevdaxReservations {
   void Save() const;
 
   std::string path_;
+  std::string boot_id_;  // this boot's, read once: it cannot change while the daemon runs
   std::vector<Entry> entries_;
 };
 

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -218,15 +219,19 @@ class Client {
   // JSON text: what = status, tiers, clients or blocks.
   Status Stats(const std::string& what, std::string* json);
 
-  // Asks a daemon for stats without saying hello (operator tools).
+  // Asks a daemon for stats without saying hello (operator tools). With a
+  // `timeout` (0: none), a daemon that does not take the connection or
+  // answer within it is an error (kInternal, "no answer within ..."),
+  // not a wait without end.
   static Status DaemonStats(const std::string& socket_path, const std::string& what,
-                            std::string* json);
+                            std::string* json, std::chrono::milliseconds timeout = {});
   // An operator request (reload, policy set, config show, record); *text is
   // the answer. All but config show need root or the daemon's admin group
   // (kDenied). *fd (when given): an fd passed with the answer (record stop's
-  // trace), owned by the caller; -1 when none came.
+  // trace), owned by the caller; -1 when none came. `timeout`: as DaemonStats.
   static Status DaemonAdmin(const std::string& socket_path, wire::AdminOp op,
-                            const std::string& arg, std::string* text, int* fd = nullptr);
+                            const std::string& arg, std::string* text, int* fd = nullptr,
+                            std::chrono::milliseconds timeout = {});
 
   // After the daemon restarted (or dropped this connection): connect again,
   // say hello, register the same pools, admit every key this client holds,
@@ -289,7 +294,9 @@ class Client {
                            uint64_t* restored);
   // Releases the parked keys no read lease holds any more.
   void ReleaseParked();
-  Status ConnectSocket();
+  // Connects to options_.socket_path; with a timeout (> 0), each send and
+  // receive on the socket, the connect too, fails after it (one-shot calls).
+  Status ConnectSocket(std::chrono::milliseconds timeout = {});
   Status CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride);
   bool copy_mode() const;
   uint64_t* location_words() const;

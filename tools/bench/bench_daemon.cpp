@@ -173,6 +173,28 @@ void BM_TickBaseline(benchmark::State& state) {
 }
 BENCHMARK(BM_TickBaseline)->Arg(8192)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
 
+// The touches both floors below fold: `touched` observations, at random
+// slots (every slot in order at 100%), made outside the timed part.
+void MakeTouches(std::vector<BlockState>& client, std::vector<uint64_t>& dirty, uint32_t percent,
+                 uint32_t touched, std::mt19937& rng) {
+  const uint32_t n = static_cast<uint32_t>(client.size());
+  for (uint32_t i = 0; i < touched; ++i) {
+    AddObservation(client.data(), dirty.data(), percent == 100 ? i : rng() % n, 0.5f);
+  }
+}
+
+// The scan of the dirty bitmap: clears it and calls fold(slot) for each marked slot.
+template <typename Fold>
+void ForEachDirty(std::vector<uint64_t>& dirty, Fold&& fold) {
+  for (uint32_t w = 0; w < dirty.size(); ++w) {
+    uint64_t bits = std::exchange(dirty[w], 0);
+    while (bits) {
+      fold(w * 64 + static_cast<uint32_t>(std::countr_zero(bits)));
+      bits &= bits - 1;
+    }
+  }
+}
+
 // The floor under any fold of `percent` touched blocks that keeps its own
 // copy of each block's state: the dirty bitmap's scan, and for each marked
 // slot a read of the client's totals against what was folded last, an
@@ -190,29 +212,22 @@ void BM_TickFloor(benchmark::State& state) {
   uint64_t tick = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    for (uint32_t i = 0; i < touched; ++i) {
-      AddObservation(client.data(), dirty.data(), percent == 100 ? i : rng() % n, 0.5f);
-    }
+    MakeTouches(client, dirty, percent, touched, rng);
     ++tick;
     state.ResumeTiming();
-    for (uint32_t w = 0; w < dirty.size(); ++w) {
-      uint64_t bits = std::exchange(dirty[w], 0);
-      while (bits) {
-        const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
-        bits &= bits - 1;
-        BlockState& c = client[i];
-        const uint64_t now = (uint64_t{c.client_touches} << 32) | c.client_mass_q16;
-        if (now == seen[i]) continue;
-        seen[i] = now;
-        BlockState& d = daemon[i];
-        d.touch_count += 1;
-        d.touch_time = tick;
-        d.score = d.score * 0.5 + 1.0;
-        c.score = d.score;
-        c.touch_time = d.touch_time;
-        c.touch_count = d.touch_count;
-      }
-    }
+    ForEachDirty(dirty, [&](uint32_t i) {
+      BlockState& c = client[i];
+      const uint64_t now = (uint64_t{c.client_touches} << 32) | c.client_mass_q16;
+      if (now == seen[i]) return;
+      seen[i] = now;
+      BlockState& d = daemon[i];
+      d.touch_count += 1;
+      d.touch_time = tick;
+      d.score = d.score * 0.5 + 1.0;
+      c.score = d.score;
+      c.touch_time = d.touch_time;
+      c.touch_count = d.touch_count;
+    });
     benchmark::ClobberMemory();
   }
   state.counters["blocks"] = n;
@@ -256,29 +271,22 @@ void BM_TickBatchFloor(benchmark::State& state) {
   uint64_t tick = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    for (uint32_t i = 0; i < touched; ++i) {
-      AddObservation(client.data(), dirty.data(), percent == 100 ? i : rng() % n, 0.5f);
-    }
+    MakeTouches(client, dirty, percent, touched, rng);
     ++tick;
     state.ResumeTiming();
-    for (uint32_t w = 0; w < dirty.size(); ++w) {
-      uint64_t bits = std::exchange(dirty[w], 0);
-      while (bits) {
-        const uint32_t i = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
-        bits &= bits - 1;
-        BlockState& c = client[i];
-        Record& r = records[i];
-        if (c.client_touches == r.touches && c.client_mass_q16 == r.mass) continue;
-        r.touches = c.client_touches;
-        r.mass = c.client_mass_q16;
-        --histogram[std::min(r.count, kTop)];
-        ++r.count;
-        ++histogram[std::min(r.count, kTop)];
-        c.score = r.count;
-        c.touch_time = tick;
-        c.touch_count = r.count;
-      }
-    }
+    ForEachDirty(dirty, [&](uint32_t i) {
+      BlockState& c = client[i];
+      Record& r = records[i];
+      if (c.client_touches == r.touches && c.client_mass_q16 == r.mass) return;
+      r.touches = c.client_touches;
+      r.mass = c.client_mass_q16;
+      --histogram[std::min(r.count, kTop)];
+      ++r.count;
+      ++histogram[std::min(r.count, kTop)];
+      c.score = r.count;
+      c.touch_time = tick;
+      c.touch_count = r.count;
+    });
     // The threshold: the blocks above it fit, those at it fill what is left.
     uint32_t above = 0, threshold = kTop;
     for (; threshold > 0 && above + histogram[threshold] < capacity; --threshold) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 
@@ -199,9 +200,16 @@ void PrintReadable(const std::string& what, const nlohmann::json& j) {
   }
 }
 
-int RunStats(const std::string& socket, const std::string& what, bool json) {
+// The daemon to ask: its socket, and how long to wait for it to take the
+// connection and answer each request (0: without end).
+struct DaemonSocket {
+  std::string path;
+  std::chrono::milliseconds timeout{};
+};
+
+int RunStats(const DaemonSocket& socket, const std::string& what, bool json) {
   std::string text;
-  const cxltier::Status st = cxltier::Client::DaemonStats(socket, what, &text);
+  const cxltier::Status st = cxltier::Client::DaemonStats(socket.path, what, &text, socket.timeout);
   if (!st.ok()) {
     std::fprintf(stderr, "cxltierctl %s: %s\n", what.c_str(), st.message.c_str());
     return 1;
@@ -221,13 +229,15 @@ int RunStats(const std::string& socket, const std::string& what, bool json) {
 
 // A live view: tiers, hit rate, migration rate and the hottest blocks,
 // redrawn every `interval` seconds (`iterations` 0: until interrupted).
-int RunTop(const std::string& socket, double interval, int iterations, bool json) {
+int RunTop(const DaemonSocket& socket, double interval, int iterations, bool json) {
   nlohmann::json prev;
   auto prev_time = std::chrono::steady_clock::now();
   for (int i = 0; iterations == 0 || i < iterations; ++i) {
     std::string status_text, blocks_text;
-    cxltier::Status st = cxltier::Client::DaemonStats(socket, "status", &status_text);
-    if (st.ok()) st = cxltier::Client::DaemonStats(socket, "blocks", &blocks_text);
+    cxltier::Status st =
+        cxltier::Client::DaemonStats(socket.path, "status", &status_text, socket.timeout);
+    if (st.ok())
+      st = cxltier::Client::DaemonStats(socket.path, "blocks", &blocks_text, socket.timeout);
     if (!st.ok()) {
       std::fprintf(stderr, "cxltierctl top: %s\n", st.message.c_str());
       return 1;
@@ -301,9 +311,10 @@ int RunTop(const std::string& socket, double interval, int iterations, bool json
 
 // `quota`: every user's share and quota (one's own only, for a peer that is
 // neither root nor in the admin group).
-int RunQuotaShow(const std::string& socket, bool json) {
+int RunQuotaShow(const DaemonSocket& socket, bool json) {
   std::string text;
-  const cxltier::Status st = cxltier::Client::DaemonStats(socket, "status", &text);
+  const cxltier::Status st =
+      cxltier::Client::DaemonStats(socket.path, "status", &text, socket.timeout);
   if (!st.ok()) {
     std::fprintf(stderr, "cxltierctl quota: %s\n", st.message.c_str());
     return 1;
@@ -323,10 +334,11 @@ int RunQuotaShow(const std::string& socket, bool json) {
   return 0;
 }
 
-int RunAdmin(const std::string& socket, cxltier::wire::AdminOp op, const std::string& arg,
+int RunAdmin(const DaemonSocket& socket, cxltier::wire::AdminOp op, const std::string& arg,
              const char* what, bool json) {
   std::string text;
-  const cxltier::Status st = cxltier::Client::DaemonAdmin(socket, op, arg, &text);
+  const cxltier::Status st =
+      cxltier::Client::DaemonAdmin(socket.path, op, arg, &text, nullptr, socket.timeout);
   if (!st.ok()) {
     std::fprintf(stderr, "cxltierctl %s: %s\n", what, st.message.c_str());
     return 1;
@@ -373,13 +385,14 @@ std::string ReplayCommand(const nlohmann::json& s, const std::string& out) {
 
 // record: start, wait (Ctrl-C ends it early), stop, and copy the trace the
 // daemon passes back into `out` (0600: the traffic of every user of the host).
-int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
+int RunRecord(const DaemonSocket& socket, uint64_t seconds, uint64_t max_events,
               const std::string& out, bool json) {
   std::string text;
   std::string arg = std::to_string(seconds);
   if (max_events) arg += ":" + std::to_string(max_events);
   using cxltier::wire::AdminOp;
-  if (cxltier::Status st = cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStart, arg, &text);
+  if (cxltier::Status st = cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStart, arg,
+                                                        &text, nullptr, socket.timeout);
       !st.ok()) {
     std::fprintf(stderr, "cxltierctl record: %s\n", st.message.c_str());
     return 1;
@@ -391,7 +404,8 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   const int out_fd = mkostemp(tmp.data(), O_CLOEXEC);
   if (out_fd < 0) {
     std::fprintf(stderr, "cxltierctl record: %s: %s\n", out.c_str(), std::strerror(errno));
-    (void)cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStop, "", &text);
+    (void)cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStop, "", &text, nullptr,
+                                       socket.timeout);
     return 1;
   }
   if (!json)
@@ -406,8 +420,8 @@ int RunRecord(const std::string& socket, uint64_t seconds, uint64_t max_events,
   }
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
   int trace_fd = -1;
-  if (cxltier::Status st =
-          cxltier::Client::DaemonAdmin(socket, AdminOp::kRecordStop, "", &text, &trace_fd);
+  if (cxltier::Status st = cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStop, "",
+                                                        &text, &trace_fd, socket.timeout);
       !st.ok() || trace_fd < 0) {
     std::fprintf(stderr, "cxltierctl record: %s\n",
                  st.ok() ? "the daemon passed no trace back" : st.message.c_str());
@@ -521,9 +535,15 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--dtype-bytes", plan.dtype_bytes, "override: bytes per element");
   plan_cmd->add_option("--block-tokens", plan.block_tokens, "override: tokens per block");
 
-  std::string socket = cxltier::DefaultSocketPath();
+  DaemonSocket socket{cxltier::DefaultSocketPath()};
+  double timeout_seconds = 10;
   bool json = false;
-  app.add_option("--socket", socket, "cxltierd's socket")->capture_default_str();
+  app.add_option("--socket", socket.path, "cxltierd's socket")->capture_default_str();
+  app.add_option("--timeout", timeout_seconds,
+                 "seconds to wait for the daemon to take the connection and to answer each "
+                 "request (0: without end)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
   std::vector<std::pair<CLI::App*, std::string>> stats_cmds;
   for (const char* what : {"status", "tiers", "clients", "blocks"}) {
     CLI::App* cmd = app.add_subcommand(what, std::string("the daemon's ") + what);
@@ -585,6 +605,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  socket.timeout = std::chrono::milliseconds(std::llround(timeout_seconds * 1000));
   if (plan_cmd->parsed()) return RunPlan(plan);
   if (top_cmd->parsed()) return RunTop(socket, top_interval, top_iterations, json);
   using cxltier::wire::AdminOp;
