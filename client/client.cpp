@@ -31,15 +31,6 @@ Status Sys(const std::string& what) {
   return Status::Fail(ErrorCode::kInternal, what + ": " + std::strerror(errno));
 }
 
-// A failed connect, send or receive on the daemon's socket: a blocking
-// socket says EAGAIN only when its timeout (ConnectSocket's) ran out.
-Status SocketError(const std::string& what) {
-  if (errno == EAGAIN || errno == EWOULDBLOCK) {
-    return Status::Fail(ErrorCode::kInternal, what + ": no answer within the timeout");
-  }
-  return Sys(what);
-}
-
 // Calls `send` with each part of `items` that the daemon takes in one
 // request (at most `per_part`: wire::kMaxEntriesPerMessage keys, or
 // wire::kMaxObservationsPerReport observations), in order, and once with
@@ -124,18 +115,18 @@ void Client::Unmap() {
 }
 
 Status Client::DaemonStats(const std::string& socket_path, const std::string& what,
-                           std::string* json, std::chrono::milliseconds timeout) {
+                           std::string* json) {
   Client c;
   c.options_.socket_path = socket_path;
-  if (Status st = c.ConnectSocket(timeout); !st.ok()) return st;
+  if (Status st = c.ConnectSocket(); !st.ok()) return st;
   return c.Stats(what, json);
 }
 
 Status Client::DaemonAdmin(const std::string& socket_path, wire::AdminOp op, const std::string& arg,
-                           std::string* text, int* fd, std::chrono::milliseconds timeout) {
+                           std::string* text, int* fd) {
   Client c;
   c.options_.socket_path = socket_path;
-  if (Status st = c.ConnectSocket(timeout); !st.ok()) return st;
+  if (Status st = c.ConnectSocket(); !st.ok()) return st;
   wire::AdminOk ok;
   int got = -1;
   Status st = c.Call(wire::Admin{op, arg}, wire::MsgType::kAdminOk, &ok, -1, &got);
@@ -148,18 +139,10 @@ Status Client::DaemonAdmin(const std::string& socket_path, wire::AdminOp op, con
   return Status::Ok();
 }
 
-Status Client::ConnectSocket(std::chrono::milliseconds timeout) {
+Status Client::ConnectSocket() {
   if (sock_ >= 0) close(sock_);
   sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (sock_ < 0) return Sys("socket");
-  if (timeout.count() > 0) {
-    const timeval tv{static_cast<time_t>(timeout.count() / 1000),
-                     static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
-    if (setsockopt(sock_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
-        setsockopt(sock_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
-      return Sys("setting the socket's timeout");
-    }
-  }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (options_.socket_path.size() >= sizeof(addr.sun_path)) {
@@ -167,7 +150,7 @@ Status Client::ConnectSocket(std::chrono::milliseconds timeout) {
   }
   std::strcpy(addr.sun_path, options_.socket_path.c_str());
   if (connect(sock_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return SocketError("connect to " + options_.socket_path);
+    return Sys("connect to " + options_.socket_path);
   }
   return Status::Ok();
 }
@@ -229,18 +212,17 @@ Status Client::Call(const Req& req, wire::MsgType want, Resp* resp, int send_fd,
   // A daemon that refuses the connection (a limit) answers with an Error and
   // closes, possibly before our request is written: read its answer anyway.
   const bool sent = WriteAll(sock_, buf.data(), buf.size(), send_fd);
-  const Status send_error = sent ? Status::Ok() : SocketError("sending to cxltierd");
+  const Status send_error = sent ? Status::Ok() : Sys("sending to cxltierd");
   uint8_t head[wire::kHeaderBytes];
   if (!ReadAll(sock_, head, sizeof(head), recv_fd)) {
-    return sent ? SocketError("reading from cxltierd") : send_error;
+    return sent ? Sys("reading from cxltierd") : send_error;
   }
   const wire::Header h = *wire::DecodeHeader(head);
   if (h.magic != wire::kMagic || h.payload_bytes > (256u << 20)) {
     return Status::Fail(ErrorCode::kBadFrame, "cxltierd sent a bad frame");
   }
   std::vector<uint8_t> payload(h.payload_bytes);
-  if (!ReadAll(sock_, payload.data(), payload.size(), recv_fd))
-    return SocketError("reading from cxltierd");
+  if (!ReadAll(sock_, payload.data(), payload.size(), recv_fd)) return Sys("reading from cxltierd");
   if (h.type == wire::MsgType::kError) {
     wire::Error e;
     if (Status st = wire::Decode(payload, &e); !st.ok()) return st;
@@ -416,35 +398,28 @@ Status Client::CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t s
     if (send_fd >= 0) close(send_fd);
     return st.Context(what);
   }
-  // The daemon's memfd is kept: a reconnect hands it to the next daemon.
-  // Recorded before it is mapped: if mapping fails, the daemon still holds
-  // the pool, and the next CreateTierPools maps it instead of asking again.
+  // The pool's fd is kept: the daemon's memfd, or the device-DAX device the
+  // daemon checked (never opened again by path: that could be another device
+  // by now). A retried mapping and a reconnect use it. Recorded before it is
+  // mapped: if mapping fails, the daemon still holds the pool, and the next
+  // CreateTierPools maps it instead of asking again.
+  if (devdax && fd >= 0) close(fd);  // the device is ours; a daemon sends no fd for it
   tier_pools_[tier] = TierPoolMap{ok.pool_id,
                                   nullptr,
                                   ok.bytes,
                                   ok.blocks,
-                                  fd,
+                                  devdax ? send_fd : fd,
                                   devdax ? o.devdax_path : "",
                                   devdax ? o.devdax_offset : 0};
   pools_.resize(std::max<size_t>(pools_.size(), ok.pool_id + 1));
   pools_[ok.pool_id] = PoolRecord{{}, -1, tier};
   tier_stride_ = stride;
-  // A device-DAX pool is mapped through the fd the daemon checked.
-  st = MapTierPool(tier, send_fd);
-  if (send_fd >= 0) close(send_fd);
-  return st.Context(what);
+  return MapTierPool(tier).Context(what);
 }
 
-Status Client::MapTierPool(uint8_t tier, int device_fd) {
+Status Client::MapTierPool(uint8_t tier) {
   TierPoolMap& t = tier_pools_[tier];
-  int map_fd = t.fd;
-  if (!t.devdax_path.empty()) {
-    map_fd = device_fd;
-    if (map_fd < 0) {
-      if (Status st = OpenDevdax(t.devdax_path, &map_fd); !st.ok()) return st;
-    }
-  }
-  void* p = mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd,
+  void* p = mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, t.fd,
                  t.devdax_path.empty() ? 0 : static_cast<off_t>(t.devdax_offset));
   Status st = p == MAP_FAILED ? Sys("mapping it") : Status::Ok();
   // Map every page now (the daemon placed them all): pinning it later, or
@@ -453,7 +428,6 @@ Status Client::MapTierPool(uint8_t tier, int device_fd) {
     st = Sys("faulting it in");
     munmap(p, t.bytes);
   }
-  if (map_fd != t.fd && map_fd != device_fd) close(map_fd);
   if (st.ok()) t.base = static_cast<uint8_t*>(p);
   return st;
 }
@@ -870,19 +844,18 @@ Status Client::ReimportTierPool(PoolRecord& record, uint32_t* id) {
   m.tier = static_cast<uint8_t>(record.tier);
   m.blocks = t.blocks;
   m.stride = tier_stride_;
-  int send_fd = t.fd;
+  // The fd this client's pool was made with (the device-DAX device the old
+  // daemon checked, not the path opened again), or the daemon's memfd.
   if (!t.devdax_path.empty()) {
     m.source = wire::TierPoolSource::kDevdax;
     m.offset = t.devdax_offset;
-    if (Status st = OpenDevdax(t.devdax_path, &send_fd); !st.ok()) return st;
   } else {
     m.source = wire::TierPoolSource::kImport;
   }
   wire::CreateTierPoolOk ok;
   int got = -1;
-  Status st = Call(m, wire::MsgType::kCreateTierPoolOk, &ok, send_fd, &got);
+  Status st = Call(m, wire::MsgType::kCreateTierPoolOk, &ok, t.fd, &got);
   if (got >= 0) close(got);
-  if (send_fd != t.fd) close(send_fd);
   const std::string what = "tier " + std::to_string(record.tier) + " pool: ";
   if (!st.ok()) return st.Context(what);
   if (ok.blocks != t.blocks || ok.bytes != t.bytes) {

@@ -26,7 +26,6 @@
 #pragma once
 
 #include <array>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -219,19 +218,15 @@ class Client {
   // JSON text: what = status, tiers, clients or blocks.
   Status Stats(const std::string& what, std::string* json);
 
-  // Asks a daemon for stats without saying hello (operator tools). With a
-  // `timeout` (0: none), a daemon that does not take the connection or
-  // answer within it is an error (kInternal, "no answer within ..."),
-  // not a wait without end.
+  // Asks a daemon for stats without saying hello (operator tools).
   static Status DaemonStats(const std::string& socket_path, const std::string& what,
-                            std::string* json, std::chrono::milliseconds timeout = {});
+                            std::string* json);
   // An operator request (reload, policy set, config show, record); *text is
   // the answer. All but config show need root or the daemon's admin group
   // (kDenied). *fd (when given): an fd passed with the answer (record stop's
-  // trace), owned by the caller; -1 when none came. `timeout`: as DaemonStats.
+  // trace), owned by the caller; -1 when none came.
   static Status DaemonAdmin(const std::string& socket_path, wire::AdminOp op,
-                            const std::string& arg, std::string* text, int* fd = nullptr,
-                            std::chrono::milliseconds timeout = {});
+                            const std::string& arg, std::string* text, int* fd = nullptr);
 
   // After the daemon restarted (or dropped this connection): connect again,
   // say hello, register the same pools, admit every key this client holds,
@@ -284,9 +279,9 @@ class Client {
   // Connects and says hello. *previous (when given) takes the state segment
   // mapped before, instead of it being unmapped.
   Status Open(MappedSegment* previous = nullptr);
-  // Maps tier_pools_[tier], which the daemon made (CreateTierPool); a
-  // device-DAX pool through `device_fd`, else its path opened again.
-  Status MapTierPool(uint8_t tier, int device_fd = -1);
+  // Maps tier_pools_[tier], which the daemon made (CreateTierPool), through
+  // its fd (the daemon's memfd, or the device-DAX device it checked).
+  Status MapTierPool(uint8_t tier);
   // Reconnect's copy-mode steps (`old`: the previous segment).
   Status ReimportTierPool(PoolRecord& record, uint32_t* id);
   Status ReadmitCopyBlocks(const MappedSegment& old,
@@ -294,9 +289,7 @@ class Client {
                            uint64_t* restored);
   // Releases the parked keys no read lease holds any more.
   void ReleaseParked();
-  // Connects to options_.socket_path; with a timeout (> 0), each send and
-  // receive on the socket, the connect too, fails after it (one-shot calls).
-  Status ConnectSocket(std::chrono::milliseconds timeout = {});
+  Status ConnectSocket();
   Status CreateTierPool(uint8_t tier, const TierPoolOptions& o, uint64_t stride);
   bool copy_mode() const;
   uint64_t* location_words() const;
@@ -348,8 +341,10 @@ class Client {
     uint8_t* base = nullptr;
     uint64_t bytes = 0;
     uint32_t blocks = 0;
-    int fd = -1;              // our duplicate of the daemon's memfd (for a reconnect)
-    std::string devdax_path;  // or the device-DAX device and offset
+    // The daemon's memfd, or the device-DAX device this client opened and the
+    // daemon checked; for a retried mapping and a reconnect.
+    int fd = -1;
+    std::string devdax_path;  // a device-DAX pool's device (for messages) and offset
     uint64_t devdax_offset = 0;
   };
   std::array<TierPoolMap, kMaxTiers> tier_pools_;

@@ -144,6 +144,52 @@ if [ "$SHAPE" = cxl ]; then
   echo "a second owner of the device-DAX bytes was refused: $(tail -1 /tmp/lg-dax-second.out)"
   kill -TERM $HOLDER
   wait $HOLDER || true
+  # Across a daemon restart the client hands the next daemon the device it
+  # made its pool with (its fd), never the path opened again: the path here
+  # names another device (/dev/zero) by then, and the reconnect must still
+  # take the same bytes back (its region kept for it: DevdaxReservations),
+  # with a reader's leases whole throughout.
+  echo "== device-DAX across a daemon restart, the pool's path pointed elsewhere"
+  ln -sfn /dev/dax0.0 /tmp/dax-link
+  wait_mapped() {  # until the daemon's log shows more device-DAX pools than $1 (120 s)
+    for _ in $(seq 1 1200); do
+      [ "$(grep -c "(device-DAX" /tmp/cxltierd.log)" -gt "$1" ] && return 0
+      kill -0 $LG 2>/dev/null || return 1
+      sleep 0.1
+    done
+    return 1
+  }
+  # The holder's region may still be busy for a moment (its disconnect, a
+  # copy in flight under TCG): a start refused "busy" is tried again, bounded.
+  made=0
+  for _ in $(seq 1 60); do
+    mapped=$(grep -c "(device-DAX" /tmp/cxltierd.log)
+    cxltier-loadgen --socket "$SOCK" --pool copy --blocks 8 --block-bytes $COPY_BLOCK \
+      --steps 20000 --step-ms 5 --until-signal --seconds 300 --writers 0 --readers 1 \
+      --reconnect --devdax /tmp/dax-link --json > /tmp/lg-dax-restart.json \
+      2> /tmp/lg-dax-restart.err &
+    LG=$!
+    if wait_mapped "$mapped"; then made=1; break; fi
+    wait $LG || true
+    grep -q "busy" /tmp/lg-dax-restart.err || break
+    sleep 1
+  done
+  [ "$made" = 1 ] || { cat /tmp/lg-dax-restart.err; fail "the restart check's pool was never made"; }
+  ln -sfn /dev/zero /tmp/dax-link
+  kill -TERM $DAEMON
+  wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
+  mapped=$(grep -c "(device-DAX" /tmp/cxltierd.log)
+  start_daemon
+  wait_mapped "$mapped" ||
+    { cat /tmp/lg-dax-restart.err; fail "the device-DAX pool was not handed to the restarted daemon"; }
+  kill -USR1 $LG 2>/dev/null || true  # if it is gone already, its exit status says why
+  wait $LG || { cat /tmp/lg-dax-restart.json /tmp/lg-dax-restart.err; fail "loadgen (device-DAX restart)"; }
+  grep -q '"reconnects": [1-9]' /tmp/lg-dax-restart.json ||
+    { cat /tmp/lg-dax-restart.json; fail "no reconnect in the device-DAX restart check"; }
+  grep -q '"torn_reads": 0,' /tmp/lg-dax-restart.json || fail "torn reads across the restart"
+  grep -q '"corrupt_blocks": 0,' /tmp/lg-dax-restart.json || fail "corrupt blocks across the restart"
+  grep -q '"reader_failures": 0,' /tmp/lg-dax-restart.json || fail "reader failures across the restart"
+  echo "the device-DAX pool came back through its fd after a restart"
   kill -TERM $DAEMON
   wait $DAEMON || fail "cxltierd did not exit 0 on SIGTERM"
   cxl_as_system_ram 1

@@ -3,6 +3,7 @@
 // daemon run out of file descriptors. Each runs the attacker as kEvil while
 // the good client is served, and checks what the daemon holds and does.
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -115,6 +116,25 @@ struct Signal {
 // (a) Requests pipelined without ever reading a reply: the daemon stops
 // reading them once its reply queue is full (the attacker's writes block),
 // holds bounded memory, and closes the connection after reply_stall_timeout_s.
+// A client names its own process (its comm, 15 bytes, any characters):
+// one shaped like the fields after it must not move the start time read
+// at accept (Peer::start_time, which names a device-DAX region's owner).
+// Fails if the command name is ended at its first ')' instead of its last.
+TEST(HostileServer, AProcessNameCannotChangeItsStartTime) {
+  const std::optional<uint64_t> before = server::ProcessStartTime(getpid());
+  ASSERT_TRUE(before.has_value());
+  EXPECT_GT(*before, 0u);
+  char name[17] = {};
+  ASSERT_EQ(prctl(PR_GET_NAME, name), 0);
+  for (const char* fake : {"a) R 1 2 3 4 5", ") 7 7 7 7 7 7 7", "x)\n9 9 9 9 9 9"}) {
+    ASSERT_EQ(prctl(PR_SET_NAME, fake), 0);
+    EXPECT_EQ(server::ProcessStartTime(getpid()), before) << fake;
+  }
+  ASSERT_EQ(prctl(PR_SET_NAME, name), 0);
+  EXPECT_EQ(server::ProcessStartTime(0), std::nullopt);
+  EXPECT_EQ(server::ProcessStartTime(-1), std::nullopt);
+}
+
 TEST(HostileServer, UnreadRepliesPauseReadingAndCloseAfterTheStallTimeout) {
   if (geteuid() != 0) GTEST_SKIP() << "creating users needs root";
   ASSERT_TRUE(EnsureHostileUsers());

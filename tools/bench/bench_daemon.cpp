@@ -3,13 +3,17 @@
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <malloc.h>
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -19,6 +23,7 @@
 #include "engine/policy.h"
 #include "numa/migrator.h"
 #include "numa/topology.h"
+#include "server/server.h"
 #include "service/daemon.h"
 
 namespace cxltier::bench {
@@ -436,6 +441,43 @@ void BM_StatsBlocks(benchmark::State& state) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_StatsBlocks)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+
+// What the daemon's accept pays to name the process that connected
+// (Peer::start_time, read from /proc/<pid>/stat for device-DAX owners): a
+// connection's accept with (arg 1) and without (arg 0, the baseline) that
+// read, on a real Unix socket: connect, accept, SO_PEERCRED, close both.
+void BM_AcceptPeer(benchmark::State& state) {
+  const bool start_time = state.range(0) != 0;
+  const std::string path = "/tmp/cxltier-bench-accept-" + std::to_string(getpid()) + ".sock";
+  unlink(path.c_str());
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 16) != 0) {
+    state.SkipWithError("cannot listen on a Unix socket in /tmp");
+    return;
+  }
+  for (auto _ : state) {
+    const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) std::abort();
+    const int a = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (a < 0 || getsockopt(a, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) std::abort();
+    if (start_time) {
+      const std::optional<uint64_t> start = server::ProcessStartTime(cred.pid);
+      if (!start) std::abort();
+      benchmark::DoNotOptimize(*start);
+    }
+    close(a);
+    close(c);
+  }
+  close(listener);
+  unlink(path.c_str());
+}
+BENCHMARK(BM_AcceptPeer)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 // A Hello of `n` slots from a new connection of another uid, which leaves
 // (not timed) before the next: the segment and the client's tables written

@@ -3,6 +3,7 @@
 #include <pwd.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -200,16 +201,64 @@ void PrintReadable(const std::string& what, const nlohmann::json& j) {
   }
 }
 
-// The daemon to ask: its socket, and how long to wait for it to take the
-// connection and answer each request (0: without end).
+// A daemon that does not take the connection or answer (wedged) must not
+// leave cxltierctl waiting without end: a liveness probe's process would
+// stay until the pod's restart. Each request, from connect to the last byte
+// of its answer however many reads that takes, ends at --timeout: an
+// interval timer whose signal prints why and exits 1.
 struct DaemonSocket {
   std::string path;
-  std::chrono::milliseconds timeout{};
+  double timeout_s = 10;  // 0: none
+};
+
+char g_deadline_message[256];
+size_t g_deadline_length = 0;
+
+extern "C" void DeadlineExpired(int) {
+  // Async-signal-safe: write(2) and _exit(2) only.
+  (void)!write(STDERR_FILENO, g_deadline_message, g_deadline_length);
+  _exit(1);
+}
+
+// Armed for one request while it lives. `changes`: the request asks for a
+// change (reload, policy set, ...), which the daemon may still make.
+class RequestDeadline {
+ public:
+  RequestDeadline(const DaemonSocket& socket, const char* what, bool changes = false) {
+    if (socket.timeout_s <= 0) return;
+    const int n =
+        std::snprintf(g_deadline_message, sizeof(g_deadline_message),
+                      "cxltierctl %s: cxltierd did not answer within %g s (--timeout)%s\n", what,
+                      socket.timeout_s, changes ? "; the daemon may still make the change" : "");
+    g_deadline_length = std::min(sizeof(g_deadline_message) - 1, static_cast<size_t>(n));
+    struct sigaction sa {};
+    sa.sa_handler = DeadlineExpired;
+    sigaction(SIGALRM, &sa, nullptr);
+    const auto us = static_cast<long long>(std::ceil(socket.timeout_s * 1e6));
+    itimerval timer{};
+    timer.it_value.tv_sec = static_cast<time_t>(us / 1000000);
+    timer.it_value.tv_usec = static_cast<suseconds_t>(us % 1000000);
+    armed_ = setitimer(ITIMER_REAL, &timer, nullptr) == 0;
+  }
+  ~RequestDeadline() {
+    if (!armed_) return;
+    const itimerval off{};
+    setitimer(ITIMER_REAL, &off, nullptr);
+  }
+  RequestDeadline(const RequestDeadline&) = delete;
+  RequestDeadline& operator=(const RequestDeadline&) = delete;
+
+ private:
+  bool armed_ = false;
 };
 
 int RunStats(const DaemonSocket& socket, const std::string& what, bool json) {
   std::string text;
-  const cxltier::Status st = cxltier::Client::DaemonStats(socket.path, what, &text, socket.timeout);
+  cxltier::Status st;
+  {
+    const RequestDeadline deadline(socket, what.c_str());
+    st = cxltier::Client::DaemonStats(socket.path, what, &text);
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "cxltierctl %s: %s\n", what.c_str(), st.message.c_str());
     return 1;
@@ -234,10 +283,12 @@ int RunTop(const DaemonSocket& socket, double interval, int iterations, bool jso
   auto prev_time = std::chrono::steady_clock::now();
   for (int i = 0; iterations == 0 || i < iterations; ++i) {
     std::string status_text, blocks_text;
-    cxltier::Status st =
-        cxltier::Client::DaemonStats(socket.path, "status", &status_text, socket.timeout);
-    if (st.ok())
-      st = cxltier::Client::DaemonStats(socket.path, "blocks", &blocks_text, socket.timeout);
+    cxltier::Status st;
+    {
+      const RequestDeadline deadline(socket, "top");
+      st = cxltier::Client::DaemonStats(socket.path, "status", &status_text);
+      if (st.ok()) st = cxltier::Client::DaemonStats(socket.path, "blocks", &blocks_text);
+    }
     if (!st.ok()) {
       std::fprintf(stderr, "cxltierctl top: %s\n", st.message.c_str());
       return 1;
@@ -313,8 +364,11 @@ int RunTop(const DaemonSocket& socket, double interval, int iterations, bool jso
 // neither root nor in the admin group).
 int RunQuotaShow(const DaemonSocket& socket, bool json) {
   std::string text;
-  const cxltier::Status st =
-      cxltier::Client::DaemonStats(socket.path, "status", &text, socket.timeout);
+  cxltier::Status st;
+  {
+    const RequestDeadline deadline(socket, "quota");
+    st = cxltier::Client::DaemonStats(socket.path, "status", &text);
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "cxltierctl quota: %s\n", st.message.c_str());
     return 1;
@@ -337,8 +391,11 @@ int RunQuotaShow(const DaemonSocket& socket, bool json) {
 int RunAdmin(const DaemonSocket& socket, cxltier::wire::AdminOp op, const std::string& arg,
              const char* what, bool json) {
   std::string text;
-  const cxltier::Status st =
-      cxltier::Client::DaemonAdmin(socket.path, op, arg, &text, nullptr, socket.timeout);
+  cxltier::Status st;
+  {
+    const RequestDeadline deadline(socket, what, op != cxltier::wire::AdminOp::kShowConfig);
+    st = cxltier::Client::DaemonAdmin(socket.path, op, arg, &text);
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "cxltierctl %s: %s\n", what, st.message.c_str());
     return 1;
@@ -391,9 +448,12 @@ int RunRecord(const DaemonSocket& socket, uint64_t seconds, uint64_t max_events,
   std::string arg = std::to_string(seconds);
   if (max_events) arg += ":" + std::to_string(max_events);
   using cxltier::wire::AdminOp;
-  if (cxltier::Status st = cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStart, arg,
-                                                        &text, nullptr, socket.timeout);
-      !st.ok()) {
+  cxltier::Status started;
+  {
+    const RequestDeadline deadline(socket, "record", true);
+    started = cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStart, arg, &text);
+  }
+  if (const cxltier::Status& st = started; !st.ok()) {
     std::fprintf(stderr, "cxltierctl record: %s\n", st.message.c_str());
     return 1;
   }
@@ -404,8 +464,7 @@ int RunRecord(const DaemonSocket& socket, uint64_t seconds, uint64_t max_events,
   const int out_fd = mkostemp(tmp.data(), O_CLOEXEC);
   if (out_fd < 0) {
     std::fprintf(stderr, "cxltierctl record: %s: %s\n", out.c_str(), std::strerror(errno));
-    (void)cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStop, "", &text, nullptr,
-                                       socket.timeout);
+    (void)cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStop, "", &text);
     return 1;
   }
   if (!json)
@@ -419,9 +478,11 @@ int RunRecord(const DaemonSocket& socket, uint64_t seconds, uint64_t max_events,
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+  // No deadline for the stop: the daemon writes the whole trace (up to 256
+  // MiB) before it answers, and a stop given up on would lose it.
   int trace_fd = -1;
-  if (cxltier::Status st = cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStop, "",
-                                                        &text, &trace_fd, socket.timeout);
+  if (cxltier::Status st =
+          cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStop, "", &text, &trace_fd);
       !st.ok() || trace_fd < 0) {
     std::fprintf(stderr, "cxltierctl record: %s\n",
                  st.ok() ? "the daemon passed no trace back" : st.message.c_str());
@@ -536,12 +597,11 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--block-tokens", plan.block_tokens, "override: tokens per block");
 
   DaemonSocket socket{cxltier::DefaultSocketPath()};
-  double timeout_seconds = 10;
   bool json = false;
   app.add_option("--socket", socket.path, "cxltierd's socket")->capture_default_str();
-  app.add_option("--timeout", timeout_seconds,
-                 "seconds to wait for the daemon to take the connection and to answer each "
-                 "request (0: without end)")
+  app.add_option("--timeout", socket.timeout_s,
+                 "seconds a request may take, from connect to answer, before cxltierctl gives "
+                 "up with exit 1 (0: no limit; record's stop has none)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
   std::vector<std::pair<CLI::App*, std::string>> stats_cmds;
@@ -605,7 +665,6 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  socket.timeout = std::chrono::milliseconds(std::llround(timeout_seconds * 1000));
   if (plan_cmd->parsed()) return RunPlan(plan);
   if (top_cmd->parsed()) return RunTop(socket, top_interval, top_iterations, json);
   using cxltier::wire::AdminOp;
