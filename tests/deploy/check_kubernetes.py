@@ -159,9 +159,9 @@ live = d.get("livenessProbe", {}).get("exec", {}).get("command", [])
 sock = toml_str("daemon", "socket")
 if live[:1] != ["/usr/bin/cxltierctl"] or live[-1:] != ["status"] or sock not in live:
     failed.append("liveness probe %s is not cxltierctl status over the socket %s" % (live, sock))
-# cxltierctl gives up on its own before the probe does (its default is 10 s).
+# cxltierctl gives up on its own before the probe does (its default is 30 s).
 probe_timeout = d.get("livenessProbe", {}).get("timeoutSeconds", 1)
-ctl_timeout = float(live[live.index("--timeout") + 1]) if "--timeout" in live[:-1] else 10.0
+ctl_timeout = float(live[live.index("--timeout") + 1]) if "--timeout" in live[:-1] else 30.0
 if not 0 < ctl_timeout < probe_timeout:
     failed.append("liveness probe's cxltierctl --timeout %g is not within its timeoutSeconds %d: "
                   "a wedged daemon leaves probe processes hanging" % (ctl_timeout, probe_timeout))

@@ -208,7 +208,7 @@ void PrintReadable(const std::string& what, const nlohmann::json& j) {
 // interval timer whose signal prints why and exits 1.
 struct DaemonSocket {
   std::string path;
-  double timeout_s = 10;  // 0: none
+  double timeout_s = 30;  // 0: none
 };
 
 char g_deadline_message[256];
