@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include "cxltier/detail/fd_passing.h"
+#include "server/unique_fd.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -15,9 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <span>
-#include <sstream>
 #include <type_traits>
 
 namespace cxltier::server {

@@ -170,6 +170,7 @@ if [ "$SHAPE" = cxl ]; then
       2> /tmp/lg-dax-restart.err &
     LG=$!
     if wait_mapped "$mapped"; then made=1; break; fi
+    kill -TERM $LG 2>/dev/null || true  # it runs until a signal, if it runs
     wait $LG || true
     grep -q "busy" /tmp/lg-dax-restart.err || break
     sleep 1

@@ -113,9 +113,6 @@ struct Signal {
   }
 };
 
-// (a) Requests pipelined without ever reading a reply: the daemon stops
-// reading them once its reply queue is full (the attacker's writes block),
-// holds bounded memory, and closes the connection after reply_stall_timeout_s.
 // A client names its own process (its comm, 15 bytes, any characters):
 // one shaped like the fields after it must not move the start time read
 // at accept (Peer::start_time, which names a device-DAX region's owner).
@@ -126,15 +123,21 @@ TEST(HostileServer, AProcessNameCannotChangeItsStartTime) {
   EXPECT_GT(*before, 0u);
   char name[17] = {};
   ASSERT_EQ(prctl(PR_GET_NAME, name), 0);
+  struct Restore {  // the name back however the test ends
+    const char* name;
+    ~Restore() { prctl(PR_SET_NAME, name); }
+  } restore{name};
   for (const char* fake : {"a) R 1 2 3 4 5", ") 7 7 7 7 7 7 7", "x)\n9 9 9 9 9 9"}) {
     ASSERT_EQ(prctl(PR_SET_NAME, fake), 0);
     EXPECT_EQ(server::ProcessStartTime(getpid()), before) << fake;
   }
-  ASSERT_EQ(prctl(PR_SET_NAME, name), 0);
   EXPECT_EQ(server::ProcessStartTime(0), std::nullopt);
   EXPECT_EQ(server::ProcessStartTime(-1), std::nullopt);
 }
 
+// (a) Requests pipelined without ever reading a reply: the daemon stops
+// reading them once its reply queue is full (the attacker's writes block),
+// holds bounded memory, and closes the connection after reply_stall_timeout_s.
 TEST(HostileServer, UnreadRepliesPauseReadingAndCloseAfterTheStallTimeout) {
   if (geteuid() != 0) GTEST_SKIP() << "creating users needs root";
   ASSERT_TRUE(EnsureHostileUsers());

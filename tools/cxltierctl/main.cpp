@@ -6,10 +6,12 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 
 #include <CLI/CLI.hpp>
@@ -220,16 +222,16 @@ extern "C" void DeadlineExpired(int) {
   _exit(1);
 }
 
-// Armed for one request while it lives. `changes`: the request asks for a
-// change (reload, policy set, ...), which the daemon may still make.
+// Armed for one request while it lives. `after`: what the message adds,
+// for a request that asks for a change the daemon may still make.
 class RequestDeadline {
  public:
-  RequestDeadline(const DaemonSocket& socket, const char* what, bool changes = false) {
+  RequestDeadline(const DaemonSocket& socket, const char* what, const char* after = "") {
     if (socket.timeout_s <= 0) return;
     const int n =
         std::snprintf(g_deadline_message, sizeof(g_deadline_message),
                       "cxltierctl %s: cxltierd did not answer within %g s (--timeout)%s\n", what,
-                      socket.timeout_s, changes ? "; the daemon may still make the change" : "");
+                      socket.timeout_s, after);
     g_deadline_length = std::min(sizeof(g_deadline_message) - 1, static_cast<size_t>(n));
     struct sigaction sa {};
     sa.sa_handler = DeadlineExpired;
@@ -238,7 +240,13 @@ class RequestDeadline {
     itimerval timer{};
     timer.it_value.tv_sec = static_cast<time_t>(us / 1000000);
     timer.it_value.tv_usec = static_cast<suseconds_t>(us % 1000000);
-    armed_ = setitimer(ITIMER_REAL, &timer, nullptr) == 0;
+    if (setitimer(ITIMER_REAL, &timer, nullptr) != 0) {
+      // Never a request without its limit, silently.
+      std::fprintf(stderr, "cxltierctl %s: cannot arm --timeout %g: %s\n", what, socket.timeout_s,
+                   std::strerror(errno));
+      std::exit(2);
+    }
+    armed_ = true;
   }
   ~RequestDeadline() {
     if (!armed_) return;
@@ -287,7 +295,10 @@ int RunTop(const DaemonSocket& socket, double interval, int iterations, bool jso
     {
       const RequestDeadline deadline(socket, "top");
       st = cxltier::Client::DaemonStats(socket.path, "status", &status_text);
-      if (st.ok()) st = cxltier::Client::DaemonStats(socket.path, "blocks", &blocks_text);
+    }
+    if (st.ok()) {
+      const RequestDeadline deadline(socket, "top");
+      st = cxltier::Client::DaemonStats(socket.path, "blocks", &blocks_text);
     }
     if (!st.ok()) {
       std::fprintf(stderr, "cxltierctl top: %s\n", st.message.c_str());
@@ -393,7 +404,9 @@ int RunAdmin(const DaemonSocket& socket, cxltier::wire::AdminOp op, const std::s
   std::string text;
   cxltier::Status st;
   {
-    const RequestDeadline deadline(socket, what, op != cxltier::wire::AdminOp::kShowConfig);
+    const RequestDeadline deadline(
+        socket, what,
+        op == cxltier::wire::AdminOp::kShowConfig ? "" : "; the daemon may still make the change");
     st = cxltier::Client::DaemonAdmin(socket.path, op, arg, &text);
   }
   if (!st.ok()) {
@@ -450,7 +463,11 @@ int RunRecord(const DaemonSocket& socket, uint64_t seconds, uint64_t max_events,
   using cxltier::wire::AdminOp;
   cxltier::Status started;
   {
-    const RequestDeadline deadline(socket, "record", true);
+    // The message says what a start made after all would hold up.
+    const std::string after = "; the daemon may still start a recording of " +
+                              std::to_string(seconds) +
+                              " s, and another record is refused (busy) until it ends";
+    const RequestDeadline deadline(socket, "record", after.c_str());
     started = cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStart, arg, &text);
   }
   if (const cxltier::Status& st = started; !st.ok()) {
@@ -464,6 +481,8 @@ int RunRecord(const DaemonSocket& socket, uint64_t seconds, uint64_t max_events,
   const int out_fd = mkostemp(tmp.data(), O_CLOEXEC);
   if (out_fd < 0) {
     std::fprintf(stderr, "cxltierctl record: %s: %s\n", out.c_str(), std::strerror(errno));
+    // Only to end the recording: its trace is not wanted, so a limit costs nothing.
+    const RequestDeadline deadline(socket, "record (ending it)");
     (void)cxltier::Client::DaemonAdmin(socket.path, AdminOp::kRecordStop, "", &text);
     return 1;
   }
@@ -603,7 +622,14 @@ int main(int argc, char** argv) {
                  "seconds a request may take, from connect to answer, before cxltierctl gives "
                  "up with exit 1 (0: no limit; record's stop has none)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(CLI::Range(0.0, 86400.0))
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            // Range lets NaN through: it compares false both ways.
+            return std::isfinite(std::strtod(text.c_str(), nullptr)) ? std::string()
+                                                                     : "not a number of seconds";
+          },
+          "finite"));
   std::vector<std::pair<CLI::App*, std::string>> stats_cmds;
   for (const char* what : {"status", "tiers", "clients", "blocks"}) {
     CLI::App* cmd = app.add_subcommand(what, std::string("the daemon's ") + what);
