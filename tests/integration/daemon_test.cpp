@@ -1194,24 +1194,27 @@ TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
                   &rok)
             .ok());
     EXPECT_EQ(rok.rejected, 2u);
+    // The client's count of bad observations, as status says.
+    const auto bad = [&] {
+      for (const auto& cl : StatusOf(d, "clients")) {
+        if (cl["name"] == "nan") return cl["bad_observations"].get<uint64_t>();
+      }
+      return uint64_t{0};
+    };
+    EXPECT_EQ(bad(), 2u);  // the two rejected reports
     // These writes set no dirty bit: the daemon's full fold (every 10 ticks)
-    // finds them, as it would totals whose dirty bit lost a race.
+    // finds them, as it would totals whose dirty bit lost a race. Each is
+    // waited for (bounded) before the next, so each is counted on its own.
     auto* raw = const_cast<BlockState*>(c->SlotState(slot));
     raw->client_mass_q16 += 12345;  // mass with no touch
-    WaitTicks(*c, 11);
+    EXPECT_TRUE(WaitFor([&] { return bad() >= 3; })) << bad();
     raw->client_touches += 0x80000000u;  // two billion touches in one tick
-    WaitTicks(*c, 11);
+    EXPECT_TRUE(WaitFor([&] { return bad() >= 4; })) << bad();
     raw->client_touches += 1;  // one touch carrying 65536 x 65535 units: more than the cap
     raw->client_mass_q16 += 0xfffffff0u;
-    WaitTicks(*c, 11);
-    bool found = false;
-    for (const auto& cl : StatusOf(d, "clients")) {
-      if (cl["name"] == "nan") {
-        found = true;
-        EXPECT_EQ(cl["bad_observations"], 2 + 3);  // two rejected reports, three hostile writes
-      }
-    }
-    EXPECT_TRUE(found);
+    EXPECT_TRUE(WaitFor([&] { return bad() >= 5; })) << bad();
+    WaitTicks(*c, 11);          // and nothing more is counted after
+    EXPECT_EQ(bad(), 2u + 3u);  // two rejected reports, three hostile writes
     EXPECT_TRUE(std::isfinite(c->SlotState(slot)->score));
     // Only the last write was folded, as one touch carrying no mass.
     EXPECT_EQ(c->SlotState(slot)->touch_count, 1u);
