@@ -178,11 +178,13 @@ void BM_TickBaseline(benchmark::State& state) {
 }
 BENCHMARK(BM_TickBaseline)->Arg(8192)->Arg(65536)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
 
-// The touches both floors below fold: `touched` observations, at random
-// slots (every slot in order at 100%), made outside the timed part.
+// The touches both floors below fold, as BM_Tick makes them: `percent` of
+// the slots' worth of observations at random slots (every slot in order at
+// 100%), made outside the timed part.
 void MakeTouches(std::vector<BlockState>& client, std::vector<uint64_t>& dirty, uint32_t percent,
-                 uint32_t touched, std::mt19937& rng) {
+                 std::mt19937& rng) {
   const uint32_t n = static_cast<uint32_t>(client.size());
+  const uint32_t touched = std::max<uint32_t>(1, n / 100 * percent);
   for (uint32_t i = 0; i < touched; ++i) {
     AddObservation(client.data(), dirty.data(), percent == 100 ? i : rng() % n, 0.5f);
   }
@@ -213,11 +215,10 @@ void BM_TickFloor(benchmark::State& state) {
   std::vector<uint64_t> seen(n, 0);
   std::vector<uint64_t> dirty(SegmentDirtyWords(n));
   std::mt19937 rng(7);
-  const uint32_t touched = std::max<uint32_t>(1, n / 100 * percent);
   uint64_t tick = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    MakeTouches(client, dirty, percent, touched, rng);
+    MakeTouches(client, dirty, percent, rng);
     ++tick;
     state.ResumeTiming();
     ForEachDirty(dirty, [&](uint32_t i) {
@@ -272,11 +273,10 @@ void BM_TickBatchFloor(benchmark::State& state) {
   promote.reserve(n);
   demote.reserve(n);
   std::mt19937 rng(7);
-  const uint32_t touched = std::max<uint32_t>(1, n / 100 * percent);
   uint64_t tick = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    MakeTouches(client, dirty, percent, touched, rng);
+    MakeTouches(client, dirty, percent, rng);
     ++tick;
     state.ResumeTiming();
     ForEachDirty(dirty, [&](uint32_t i) {
