@@ -34,7 +34,7 @@ std::string ShareTable(const nlohmann::json& quotas, uint64_t tier0_used_bytes,
   for (size_t k = 0; k < tiers; ++k) out += fmt::format(" {:>21}", fmt::format("tier {}", k));
   out += fmt::format(" {:>7} {:>10} {:>9}\n", "share", "guarantee", "evicted");
   auto row = [&](const std::string& who, const nlohmann::json& r) {
-    std::string line = fmt::format("{:<28}", who.size() > 28 ? who.substr(0, 27) + "~" : who);
+    std::string line = fmt::format("{:<28}", who.size() > 28 ? fmt::format("{:.27}~", who) : who);
     const nlohmann::json& t = r.value("tiers", nlohmann::json::array());
     for (size_t k = 0; k < tiers; ++k) {
       line += fmt::format(" {:>21}", k < t.size() ? TierCell(t[k]) : "-");
