@@ -92,6 +92,9 @@ layer(tools            USES include client-api proto trace client
 # The Python module is a client.
 layer(python           USES include client-api proto client
       PATHS python                                       SEARCH python include)
+# The precompiled headers' own file (cmake/Pch.cmake): system headers only.
+layer(cmake/pch        USES
+      PATHS cmake/pch                                    SEARCH include)
 # Tests and their helpers may use anything.
 layer(tests            USES ALL
       PATHS tests

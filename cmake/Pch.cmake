@@ -36,13 +36,12 @@ set(CXLTIER_PCH_HEADERS
 set(CXLTIER_TEST_FLAGS $<$<CONFIG:RelWithDebInfo>:-O1> $<$<CONFIG:RelWithDebInfo,Debug>:-g1>)
 
 if(CXLTIER_PCH)
-  file(CONFIGURE OUTPUT ${CMAKE_BINARY_DIR}/pch/pch.cpp CONTENT "// The PCH's own translation unit.\n")
-  add_library(cxltier_pch OBJECT ${CMAKE_BINARY_DIR}/pch/pch.cpp)
+  add_library(cxltier_pch OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch/pch.cpp)
   target_precompile_headers(cxltier_pch PRIVATE ${CXLTIER_PCH_HEADERS})
 
 endif()
 if(CXLTIER_PCH AND TARGET GTest::gtest)
-  add_library(cxltier_pch_test OBJECT ${CMAKE_BINARY_DIR}/pch/pch.cpp)
+  add_library(cxltier_pch_test OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch/pch.cpp)
   # What GTest::gtest adds to its users (GTestTargets.cmake).
   target_compile_options(cxltier_pch_test PRIVATE ${CXLTIER_TEST_FLAGS} -DGTEST_HAS_PTHREAD=1)
   target_precompile_headers(cxltier_pch_test PRIVATE ${CXLTIER_PCH_HEADERS} <gtest/gtest.h>)

@@ -116,7 +116,8 @@ struct Signal {
 // A client names its own process (its comm, 15 bytes, any characters):
 // one shaped like the fields after it must not move the start time read
 // at accept (Peer::start_time, which names a device-DAX region's owner).
-// Fails if the command name is ended at its first ')' instead of its last.
+// Fails if the command name is ended at its first ')' instead of its last,
+// or if the file is read a line at a time (a name may hold a newline).
 TEST(HostileServer, AProcessNameCannotChangeItsStartTime) {
   const std::optional<uint64_t> before = server::ProcessStartTime(getpid());
   ASSERT_TRUE(before.has_value());
@@ -127,7 +128,7 @@ TEST(HostileServer, AProcessNameCannotChangeItsStartTime) {
     const char* name;
     ~Restore() { prctl(PR_SET_NAME, name); }
   } restore{name};
-  for (const char* fake : {"a) R 1 2 3 4 5", ") 7 7 7 7 7 7 7", "x) 9 9 9 9 9 9"}) {
+  for (const char* fake : {"a) R 1 2 3 4 5", ") 7 7 7 7 7 7 7", "x)\n9 9 9 9 9 9"}) {
     ASSERT_EQ(prctl(PR_SET_NAME, fake), 0);
     EXPECT_EQ(server::ProcessStartTime(getpid()), before) << fake;
   }
