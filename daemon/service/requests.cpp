@@ -123,6 +123,10 @@ Result<wire::HelloOk> Requests::OnHello(const server::Peer& peer, const wire::He
   if (Status st = d_.clients.Open(*c, m.max_blocks, m.client_name.substr(0, 64)); !st.ok()) {
     return st;
   }
+  // The daemon's tick from the first byte the client sees, not 0 until the
+  // next tick: a client counting ticks from its hello (a lease's age, a
+  // wait for n ticks) would see them jump by the daemon's whole age.
+  c->segment.header()->daemon_ticks = d_.tick;
   c->model = m.model;
   // The engine's tables get room for every slot this client may fill now,
   // at its hello, instead of being copied in the middle of its admits

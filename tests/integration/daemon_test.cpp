@@ -699,7 +699,11 @@ void RestartKeepsScoresAndOrder(const std::string& policy, int sig) {
   uint64_t restored = 0;
   ASSERT_TRUE(c->Reconnect(&restored).ok()) << d.Log();
   EXPECT_EQ(restored, kBlocks);
-  ASSERT_TRUE(WaitFor([&] { return c->daemon_ticks() > 0; })) << d.Log();
+  // The new segment shows the resumed clock from the hello on, and the
+  // first tick of the restarted daemon comes after it.
+  const uint64_t at_hello = c->daemon_ticks();
+  EXPECT_GE(at_hello, sig == SIGTERM ? ticks_before : on_disk.resume_tick);
+  ASSERT_TRUE(WaitFor([&] { return c->daemon_ticks() > at_hello; })) << d.Log();
   const uint64_t ticks_back = c->daemon_ticks();  // D2: the restarted clock
   // The clock continued: every restored time is in its past.
   EXPECT_GT(ticks_back, latest_touch) << "the clock restarted behind the restored states";
@@ -1061,6 +1065,22 @@ wire::Error ReadError(int s) {
 bool ClosedByPeer(int s) {
   char c;
   return read(s, &c, 1) == 0;
+}
+
+// A client's segment shows the daemon's tick from its hello on: it showed 0
+// until the next tick, so a client that counted ticks from its hello saw
+// them jump by the daemon's age (a wait for 11 ticks ended at the first,
+// and Daemon.BadInputGetsClearErrorsAndOthersKeepBeingServed folded two
+// hostile writes as one under TSan). Fails without the hello's store unless
+// a tick lands between the hello's answer and the read.
+TEST(Daemon, ANewClientSeesTheDaemonsTickFromItsHello) {
+  DaemonProcess d;
+  auto first = Connect(d, "first");
+  WaitTicks(*first, 3);
+  const uint64_t before = first->daemon_ticks();
+  EXPECT_GT(before, 0u);
+  auto second = Connect(d, "second");
+  EXPECT_GE(second->daemon_ticks(), before);
 }
 
 TEST(Daemon, BadInputGetsClearErrorsAndOthersKeepBeingServed) {
