@@ -40,8 +40,8 @@ struct SegmentHeader {
   uint32_t slots;
   uint32_t slot_offset;
   uint64_t client_id;
-  uint64_t daemon_ticks;     // the daemon's tick from the hello on, bumped after every fold (relaxed)
-  uint64_t dirty_offset;     // byte offset of the dirty bitmap: SegmentDirtyOffset(slots)
+  uint64_t daemon_ticks;  // the daemon's tick from the hello on, bumped after every fold (relaxed)
+  uint64_t dirty_offset;  // byte offset of the dirty bitmap: SegmentDirtyOffset(slots)
   uint64_t location_offset;  // SegmentLocationOffset(slots): one word per slot
   uint64_t lease_offset;     // SegmentLeaseOffset(slots): kLeaseRows x kLeasesPerRow entries
 };
