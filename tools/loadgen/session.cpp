@@ -114,7 +114,17 @@ bool Session::MovesSeen() {
   return Moved(now, "promotions") >= opt.until_moves && Moved(now, "demotions") >= opt.until_moves;
 }
 
+// Quiet: nothing pending and nothing moved over three ticks. Moved counts
+// the released blocks' pages too: one taken by a new block while its pages
+// moved down is published where the kernel has them only at the tick after
+// that move ends (MoveDispatch::ResolveStale, counted in stale_scans), so a
+// check right after the move could see a block published in tier 0 with its
+// pages below.
 bool Session::WaitQuiet() {
+  const auto released_moved = [](const nlohmann::json& m) {
+    return m.contains("released_pages") ? m["released_pages"].value("moved", uint64_t{0})
+                                        : uint64_t{0};
+  };
   for (int wait = 0; wait < 600; ++wait) {
     const nlohmann::json a = Migrations();
     std::this_thread::sleep_for(std::chrono::milliseconds(3 * client->tick_ms() + 10));
@@ -122,7 +132,9 @@ bool Session::WaitQuiet() {
     if (b.value("pending", uint64_t{1}) == 0 &&
         a.value("promotions", 0) == b.value("promotions", 0) &&
         a.value("demotions", 0) == b.value("demotions", 0) &&
-        a.value("failed", 0) == b.value("failed", 0)) {
+        a.value("failed", 0) == b.value("failed", 0) &&
+        a.value("stale_scans", 0) == b.value("stale_scans", 0) &&
+        released_moved(a) == released_moved(b)) {
       return true;
     }
   }
