@@ -7,7 +7,7 @@ JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # Debian 12 packages the build and the tests need.
 CXLTIER_PACKAGES=(
-  build-essential cmake pkg-config git clang-format clang
+  build-essential cmake ninja-build pkg-config git clang-format clang
   libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   libhwloc-dev libnuma-dev libboost-dev libtomlplusplus-dev libsystemd-dev
@@ -44,6 +44,15 @@ build() {
   cmake -S "$CXLTIER_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCXLTIER_WERROR=ON "$@" >/dev/null
   cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+# cmake_generator GENERATOR DIR: forgets DIR's CMake cache if it was made with
+# another generator (CMake refuses to switch one), keeping what DIR holds.
+cmake_generator() {
+  local cache="$2/CMakeCache.txt"
+  if [ -f "$cache" ] && ! grep -qx "CMAKE_GENERATOR:INTERNAL=$1" "$cache"; then
+    rm -rf "$cache" "$2/CMakeFiles"
+  fi
 }
 
 # stage NAME CMD...: runs CMD and prints one timing line for it.

@@ -1156,5 +1156,21 @@ TEST(SimCli, BadArgumentsAreClearErrors) {
   }
 }
 
+// A flag the trace does not decide is checked before the trace is made: a
+// typo fails at once, even with --write-trace, which ran before the checks
+// and wrote the whole workload first.
+TEST(SimCli, BadFlagsFailBeforeTheTraceIsMade) {
+  const auto dir = TempDir();
+  const std::string out = (dir / "bad.csv").string();
+  for (const char* bad : {"--policy fifo", "--budget 12q", "--mode lazy", "--persist maybe"}) {
+    const ShellResult r = Shell(kSim + " --workload attention " + std::string(bad) +
+                                " --write-trace " + out + " 2>&1");
+    EXPECT_EQ(r.status, 2) << bad << "\n" << r.out;
+    EXPECT_FALSE(std::filesystem::exists(out)) << bad << ": the trace was made first";
+    std::filesystem::remove(out);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace cxltier::sim

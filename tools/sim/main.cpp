@@ -277,6 +277,74 @@ int main(int argc, char** argv) {
   std::optional<ModelGeometry> model = FindModelPreset(model_name);
   if (!model) return Fail("unknown model '" + model_name + "'");
 
+  // Every flag the trace does not decide is checked before the trace is read
+  // or generated: a typo fails at once, not after the workload is made.
+  SimConfig base;
+  std::optional<uint64_t> block_bytes;
+  if (!block_bytes_flag.empty()) {
+    block_bytes = ParseSize(block_bytes_flag);
+    if (!block_bytes || *block_bytes == 0) {
+      return Fail("bad --block-bytes '" + block_bytes_flag + "'");
+    }
+  }
+  base.tick_steps = tick_steps;
+  base.hysteresis_ticks = hysteresis;
+  base.landing_percent = landing;
+  base.hint_slice_units = hint_slice;
+  base.ghost_capacity = ghosts;
+  if (mode == "demand") {
+    base.mode = engine::Mode::kDemand;
+  } else if (mode == "tick") {
+    base.mode = engine::Mode::kTick;
+  } else {
+    return Fail("--mode must be demand or tick");
+  }
+  if (moves == "recorded") {
+    if (base.mode != engine::Mode::kTick) {
+      return Fail("--moves recorded replays the daemon's tick plans: it needs --mode tick");
+    }
+    base.recorded_moves = true;
+  } else if (moves != "instant") {
+    return Fail("--moves must be instant or recorded");
+  }
+  if (auto m = ParseSize(migrate)) {
+    base.migrate_bytes_per_tick = *m;
+  } else {
+    return Fail("bad --migrate-per-tick '" + migrate + "'");
+  }
+  std::vector<engine::Persistence> persists;
+  if (persist == "persist" || persist == "both") persists.push_back(engine::Persistence::kPersist);
+  if (persist == "reset" || persist == "both") persists.push_back(engine::Persistence::kReset);
+  if (persists.empty()) return Fail("--persist must be persist, reset or both");
+
+  std::vector<bool> hint_sides;
+  if (hints == "on" || hints == "both") hint_sides.push_back(true);
+  if (hints == "off" || hints == "both") hint_sides.push_back(false);
+  if (hint_sides.empty()) return Fail("--hints must be on, off or both");
+
+  if (!tiers_flag.empty()) {
+    if (budget_opt->count() > 0) return Fail("give --budget or --tiers, not both");
+    const std::vector<std::string> list = SplitList(tiers_flag);
+    if (list.empty() || list.size() + 1 > kMaxTiers) {
+      return Fail("--tiers takes 1 to " + std::to_string(kMaxTiers - 1) + " budgets");
+    }
+    budgets = list[0];
+    for (size_t k = 1; k < list.size(); ++k) {
+      const auto bytes = ParseSize(list[k]);
+      if (!bytes) return Fail("bad tier budget '" + list[k] + "' (examples: 32GiB, 512MiB)");
+      base.lower_budget_bytes.push_back(*bytes);
+    }
+  }
+  for (const std::string& b : SplitList(budgets)) {
+    if (!BudgetBytes(b, 1, 1)) {
+      return Fail("bad budget '" + b +
+                  "' (examples: 32GiB, 512MiB, 5%: of the trace's distinct blocks)");
+    }
+  }
+  for (const std::string& p : SplitList(policies)) {
+    if (auto check = engine::MakePolicy(p); !check.ok()) return Fail(check.status().message);
+  }
+
   Trace trace;
   std::string workload;
   if (!trace_spec.empty()) {
@@ -310,82 +378,25 @@ int main(int argc, char** argv) {
   }
 
   // Configurations.
-  SimConfig base;
   base.block_bytes = model->bytes_per_token() * trace.block_tokens;
-  if (!block_bytes_flag.empty()) {
-    const auto b = ParseSize(block_bytes_flag);
-    if (!b || *b == 0) return Fail("bad --block-bytes '" + block_bytes_flag + "'");
-    base.block_bytes = *b;
+  if (block_bytes) base.block_bytes = *block_bytes;
+  if (base.recorded_moves && !trace.recorded_moves) {
+    return Fail(workload +
+                ": records no plans or move outcomes (only a cxltierctl record of a daemon "
+                "that records them does, trace format version 3): use --moves instant");
   }
-  base.tick_steps = tick_steps;
-  base.hysteresis_ticks = hysteresis;
-  base.landing_percent = landing;
-  base.hint_slice_units = hint_slice;
-  base.ghost_capacity = ghosts;
-  if (mode == "demand") {
-    base.mode = engine::Mode::kDemand;
-  } else if (mode == "tick") {
-    base.mode = engine::Mode::kTick;
-  } else {
-    return Fail("--mode must be demand or tick");
-  }
-  if (moves == "recorded") {
-    if (base.mode != engine::Mode::kTick) {
-      return Fail("--moves recorded replays the daemon's tick plans: it needs --mode tick");
-    }
-    if (!trace.recorded_moves) {
-      return Fail(workload +
-                  ": records no plans or move outcomes (only a cxltierctl record of a daemon "
-                  "that records them does, trace format version 3): use --moves instant");
-    }
-    base.recorded_moves = true;
-  } else if (moves != "instant") {
-    return Fail("--moves must be instant or recorded");
-  }
-  if (auto m = ParseSize(migrate)) {
-    base.migrate_bytes_per_tick = *m;
-  } else {
-    return Fail("bad --migrate-per-tick '" + migrate + "'");
-  }
-  std::vector<engine::Persistence> persists;
-  if (persist == "persist" || persist == "both") persists.push_back(engine::Persistence::kPersist);
-  if (persist == "reset" || persist == "both") persists.push_back(engine::Persistence::kReset);
-  if (persists.empty()) return Fail("--persist must be persist, reset or both");
 
-  std::vector<bool> hint_sides;
-  if (hints == "on" || hints == "both") hint_sides.push_back(true);
-  if (hints == "off" || hints == "both") hint_sides.push_back(false);
-  if (hint_sides.empty()) return Fail("--hints must be on, off or both");
   const bool has_hints =
       std::any_of(trace.events.begin(), trace.events.end(),
                   [](const TraceEvent& e) { return e.kind == EventKind::kHint; });
   if (!has_hints) hint_sides.resize(1);  // nothing to switch off
 
-  if (!tiers_flag.empty()) {
-    if (budget_opt->count() > 0) return Fail("give --budget or --tiers, not both");
-    const std::vector<std::string> list = SplitList(tiers_flag);
-    if (list.empty() || list.size() + 1 > kMaxTiers) {
-      return Fail("--tiers takes 1 to " + std::to_string(kMaxTiers - 1) + " budgets");
-    }
-    budgets = list[0];
-    for (size_t k = 1; k < list.size(); ++k) {
-      const auto bytes = ParseSize(list[k]);
-      if (!bytes) return Fail("bad tier budget '" + list[k] + "' (examples: 32GiB, 512MiB)");
-      base.lower_budget_bytes.push_back(*bytes);
-    }
-  }
-
   std::vector<SimConfig> configs;
   bool needs_future = false;
   for (const std::string& b : SplitList(budgets)) {
     const std::optional<uint64_t> bytes = BudgetBytes(b, trace.keys.size(), base.block_bytes);
-    if (!bytes) {
-      return Fail("bad budget '" + b +
-                  "' (examples: 32GiB, 512MiB, 5%: of the trace's distinct blocks)");
-    }
     for (const std::string& p : SplitList(policies)) {
       auto check = engine::MakePolicy(p);
-      if (!check.ok()) return Fail(check.status().message);
       needs_future |= (*check)->NeedsFuture();
       for (engine::Persistence pers : persists) {
         for (bool h : hint_sides) {
