@@ -69,9 +69,12 @@ bool TransientAcceptError(const boost::system::error_code& ec) {
          ec == asio::error::would_block || ec == asio::error::try_again;
 }
 
+}  // namespace
+
 // Input bytes not yet framed. Unlike std::vector it neither zero-fills nor
 // grows by doubling: the pages of a large frame's buffer are touched only as
 // its bytes arrive, and its capacity is exactly what the server accounts for.
+// Outside the anonymous namespace: Session, declared in server.h, holds one.
 class InputBuffer {
  public:
   std::span<const uint8_t> bytes() const { return {data_.get(), size_}; }
@@ -103,8 +106,6 @@ class InputBuffer {
   size_t size_ = 0;
   size_t capacity_ = 0;
 };
-
-}  // namespace
 
 // One client connection. Reads with recvmsg so SCM_RIGHTS fds arrive with the
 // bytes; frames are parsed from an input buffer; answers are queued.
