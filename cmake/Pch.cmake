@@ -13,8 +13,8 @@
 # module: a PCH holds one code model), and headers whose users configure
 # them with macros before including them (xxhash.h with XXH_INLINE_ALL) or
 # whose CMake targets add definitions (spdlog, fmt): a PCH fixes the macros
-# it was built with. For that reason the two PCH targets link nothing: every header
-# here is found in /usr/include.
+# it was built with. For that reason the PCH targets link nothing but GTest (for the
+# test PCH, whose users all link it): every header here is in /usr/include.
 option(CXLTIER_PCH "Precompiled headers (faster builds)" ON)
 
 # Boost's CMake target defines BOOST_ALL_NO_LIB (it turns off MSVC's automatic
@@ -39,12 +39,12 @@ set(CXLTIER_TEST_FLAGS $<$<CONFIG:RelWithDebInfo>:-O1> $<$<CONFIG:RelWithDebInfo
 if(CXLTIER_PCH)
   add_library(cxltier_pch OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch/pch.cpp)
   target_precompile_headers(cxltier_pch PRIVATE ${CXLTIER_PCH_HEADERS})
-
 endif()
 if(CXLTIER_PCH AND TARGET GTest::gtest)
   add_library(cxltier_pch_test OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch/pch.cpp)
-  # What GTest::gtest adds to its users (GTestTargets.cmake).
-  target_compile_options(cxltier_pch_test PRIVATE ${CXLTIER_TEST_FLAGS} -DGTEST_HAS_PTHREAD=1)
+  # GTest::gtest for the options it gives its users (GTEST_HAS_PTHREAD=1).
+  target_link_libraries(cxltier_pch_test PRIVATE GTest::gtest)
+  target_compile_options(cxltier_pch_test PRIVATE ${CXLTIER_TEST_FLAGS})
   target_precompile_headers(cxltier_pch_test PRIVATE ${CXLTIER_PCH_HEADERS} <gtest/gtest.h>)
 endif()
 
