@@ -74,7 +74,7 @@ sanitized() {
       exit 1
     fi' _ "$dir" {} "$kind"
 }
-# Longest first (their ASan times: hostile 160 s, sim and engine 100 s, daemon
+# Longest first (their ASan times: hostile 165 s, sim and engine 100 s, daemon
 # 55 s), so that the two workers end together.
 stage asan-ubsan sanitized address hostile_test sim_test engine_test daemon_test copy_mode_test lease_test service_test quota_test hint_test fault_test wire_test model_test numa_test copy_state_test isolation_test systemd_test
 stage tsan sanitized thread daemon_test service_test lease_test copy_mode_test fault_test hint_test

@@ -33,7 +33,7 @@ constexpr uint32_t kVersion = 4;
 constexpr size_t kHeader = 24;
 constexpr size_t kClockBytes = 16;  // from version 3, right after the header
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+std::string ErrnoText(const std::string& what) { return what + ": " + std::strerror(errno); }
 // A checkpoint that could not be written or read: the daemon's own failure.
 Status NotWritten(std::string message) {
   return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
@@ -110,7 +110,7 @@ Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts
   // the daemon truncate and overwrite whatever it pointed at.
   ::unlink(tmp.c_str());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return NotWritten(Errno(tmp));
+  if (fd < 0) return NotWritten(ErrnoText(tmp));
   // Written straight from the caller's arrays: no second copy of a million states.
   bool ok = Emit(fd, h.get(), header, sizeof(header)) &&
             Emit(fd, h.get(), ghosts.data(), ghosts.size() * sizeof(BlockState));
@@ -126,14 +126,14 @@ Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts
   }
   const uint64_t sum = XXH64_digest(h.get());
   if (!ok || !WriteAll(fd, &sum, 8) || ::fsync(fd) != 0) {
-    const std::string err = Errno("writing " + tmp);
+    const std::string err = ErrnoText("writing " + tmp);
     ::close(fd);
     ::unlink(tmp.c_str());  // the previous checkpoint stays as it was
     return NotWritten(err);
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = Errno("rename to " + path);
+    const std::string err = ErrnoText("rename to " + path);
     ::unlink(tmp.c_str());
     return NotWritten(err);
   }
@@ -152,7 +152,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   if (fd < 0) {
     if (errno != ENOENT) {
       out.found = true;
-      out.status = NotWritten(Errno(path));
+      out.status = NotWritten(ErrnoText(path));
     }
     return out;
   }
@@ -192,7 +192,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   };
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    out.status = NotWritten(Errno(path));
+    out.status = NotWritten(ErrnoText(path));
     return out;
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);

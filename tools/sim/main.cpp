@@ -278,7 +278,9 @@ int main(int argc, char** argv) {
   if (!model) return Fail("unknown model '" + model_name + "'");
 
   // Every flag the trace does not decide is checked before the trace is read
-  // or generated: a typo fails at once, not after the workload is made.
+  // or generated: a typo fails at once, not after the workload is made. (An
+  // empty list of budgets or policies is refused after it: --write-trace
+  // needs neither.)
   SimConfig base;
   std::optional<uint64_t> block_bytes;
   if (!block_bytes_flag.empty()) {
