@@ -288,6 +288,8 @@ class Engine {
   // Blocks the policy's set may hold: tier 0's capacity less its landing room.
   size_t set_capacity_blocks() const { return set_capacity_; }
   size_t live_blocks() const { return index_.size(); }
+  // Blocks in the policy's set (kFlagInTarget).
+  size_t set_blocks() const { return in_set_; }
   size_t tier_blocks(Tier t) const {
     return TierIndex(t) < tiers_.count() ? tiers_.blocks(TierIndex(t)) : 0;
   }

@@ -66,6 +66,16 @@ class Policy {
   // `s` is released: forget it entirely (the set and any history of the policy's own).
   virtual void Erase(Slot s) = 0;
 
+  // Takes the next block of its own eviction order out of the set, as an
+  // eviction (ARC keeps a ghost entry, S3-FIFO may first move blocks to its
+  // main queue), and returns it; kNoSlot when the set is empty. It is
+  // OnMiss's victim save where OnMiss weighs the incoming block against it
+  // (W-TinyLFU's admission test, ARC's for a block in its ghost lists).
+  // Shards drains a former leader's blocks with it (docs/policies.md,
+  // "shards"): every policy that can be a shards candidate has one;
+  // adaptive, which cannot, returns kNoSlot.
+  virtual Slot EvictOne() { return kNoSlot; }
+
   // How hot the live block `s` is, higher hotter: orders a group's blocks for a
   // soon hint (Engine::Hint), and ranks the blocks below tier 0 when there are
   // more than two tiers. The block's score unless the policy knows better.
@@ -155,6 +165,11 @@ struct ShardsView {
   uint64_t sampled_touches = 0;
   size_t sampled_keys = 0;             // keys in the sample, live or released (at most its `keys`)
   std::vector<uint64_t> sampled_hits;  // by candidate
+  // Blocks of the set the leader holds, those still held by former leaders
+  // (a switch hands the set over block by block), and those former leaders.
+  size_t leader_blocks = 0;
+  size_t former_blocks = 0;
+  size_t formers = 0;
 };
 std::optional<ShardsView> ViewShards(const Policy& policy);
 // Whether `key` is in a shards sample at `rate` with key seed 0 (the

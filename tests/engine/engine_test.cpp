@@ -2426,6 +2426,172 @@ TEST(Shards, TheLeaderBecomesTheClearlyBestCandidate) {
   }
 }
 
+// Policy::EvictOne, in every policy a shards switch can leave as a former
+// leader: after random traffic it takes blocks of the set, each once, and
+// says when the set is empty; and the policy counts the room it made (as
+// many new blocks enter without a victim as it took; the next has one).
+TEST(Policies, EvictOneTakesTheSetsBlocksOneAtATime) {
+  constexpr size_t kCap = 16;
+  constexpr int kRounds = 20;
+  for (const char* spec : {"lru", "lfu", "ema:0.1", "arc", "s3fifo", "sieve", "tinylfu"}) {
+    for (const Persistence persistence : {Persistence::kPersist, Persistence::kReset}) {
+      SCOPED_TRACE(std::string(spec) +
+                   (persistence == Persistence::kPersist ? " persist" : " reset"));
+      std::vector<BlockState> states(1000);
+      for (Slot s = 0; s < states.size(); ++s) states[s].key = K(s);
+      std::unique_ptr<Policy> p = P(spec);
+      p->Bind(&states, kCap, persistence);
+      std::set<Slot> set;
+      uint64_t seq = 0;
+      // One touch as the engine makes it; returns the victim.
+      const auto touch = [&](Slot s) {
+        BlockState& st = states[s];
+        const double prev_score = st.score;
+        const uint64_t prev_time = st.touch_time;
+        const bool fresh = st.touch_count == 0;
+        ++st.touch_count;
+        st.touch_time = st.touch_seq = ++seq;
+        const Touch t{1.0, seq};
+        st.score = p->Score(st, prev_score, prev_time, fresh, t);
+        if (set.count(s)) {
+          p->OnHit(s, t);
+          return kNoSlot;
+        }
+        const Slot v = p->OnMiss(s, t);
+        set.insert(s);
+        if (v != kNoSlot) {
+          EXPECT_NE(v, s);
+          EXPECT_EQ(set.erase(v), 1u) << "the victim " << v << " was not in the set";
+        }
+        return v;
+      };
+      std::mt19937_64 rng(11);
+      Slot unseen = 64;  // slots never touched before
+      for (int round = 0; round < kRounds; ++round) {
+        for (int i = 0; i < 300; ++i) touch(static_cast<Slot>(rng() % 64));
+        ASSERT_EQ(set.size(), kCap);
+        const size_t take = round + 1 == kRounds ? kCap : 1 + rng() % kCap;
+        for (size_t i = 0; i < take; ++i) {
+          const Slot v = p->EvictOne();
+          ASSERT_EQ(set.erase(v), 1u) << "EvictOne gave " << v << ", which is not in the set";
+        }
+        if (round + 1 == kRounds) {
+          EXPECT_EQ(p->EvictOne(), kNoSlot) << "the set is empty";
+        }
+        for (size_t i = 0; i < take; ++i) {
+          ASSERT_EQ(touch(unseen++), kNoSlot) << "EvictOne made room for " << take;
+        }
+        EXPECT_NE(touch(unseen++), kNoSlot) << "the set was full again";
+      }
+    }
+  }
+}
+
+// The leader's blocks and the former leaders' are the engine's set.
+void ExpectHandoverAccounts(const Engine& e) {
+  const ShardsView v = *ViewShards(e.policy());
+  ASSERT_EQ(v.leader_blocks + v.former_blocks, e.set_blocks());
+  ASSERT_LE(e.set_blocks(), e.capacity_blocks());
+}
+
+// A switch hands the set over without a pass over it: right after, every
+// block of the set is the former leader's, and the set is the same. A touch
+// of one is a hit and moves it to the new leader; the room a miss needs
+// comes from the former's own evictions until it holds none. Every
+// candidate is former and new leader (the leaders a recording would name),
+// in both modes and persistences, with releases.
+TEST(Shards, ASwitchHandsTheSetOverBlockByBlock) {
+  const std::vector<size_t> leaders = {3, 6, 1, 5, 0, 4, 2, 3, 0, 6, 6};
+  for (const Mode mode : {Mode::kDemand, Mode::kTick}) {
+    for (const Persistence persistence : {Persistence::kPersist, Persistence::kReset}) {
+      SCOPED_TRACE(std::string(mode == Mode::kDemand ? "demand" : "tick") +
+                   (persistence == Persistence::kPersist ? " persist" : " reset"));
+      Engine e(Options(24, persistence, mode),
+               P("shards:lru+lfu+ema:0.1+arc+s3fifo+sieve+tinylfu"));
+      ASSERT_TRUE(e.FollowRecordedLeaders());
+      std::mt19937_64 rng(5);
+      uint64_t now = 1;
+      const auto touch = [&](int key) {
+        if (e.Find(K(key)) == kNoSlot) e.Admit(K(key));
+        const bool hit = e.Touch(e.Find(K(key)), Touch{1, now++});
+        if (mode == Mode::kTick && now % 3 == 0) e.PlanAndApply();
+        return hit;
+      };
+      for (const size_t k : leaders) {
+        for (int i = 0; i < 400; ++i) {
+          const int key = static_cast<int>(rng() % 60);
+          if (rng() % 50 == 0 && e.Find(K(key)) != kNoSlot) {
+            e.Release(e.Find(K(key)));
+          } else {
+            touch(key);
+          }
+          ExpectHandoverAccounts(e);
+        }
+        ASSERT_EQ(ViewShards(e.policy())->formers, 0u) << "the traffic drained the former";
+        const size_t before = e.set_blocks();
+        ASSERT_EQ(before, e.capacity_blocks());
+        ASSERT_TRUE(e.FollowLeader(k, /*now=*/true));
+        ShardsView v = *ViewShards(e.policy());
+        EXPECT_EQ(v.leader, k);
+        EXPECT_EQ(e.set_blocks(), before);
+        EXPECT_EQ(v.former_blocks, before);
+        EXPECT_EQ(v.leader_blocks, 0u);
+        // A block of the set, touched: it stays in the set (in demand mode,
+        // a hit), now the leader's.
+        int member = -1;
+        for (int key = 0; key < 60 && member < 0; ++key) {
+          const Slot s = e.Find(K(key));
+          if (s != kNoSlot && (e.state(s).flags & kFlagInTarget)) member = key;
+        }
+        ASSERT_GE(member, 0);
+        const bool hit = touch(member);
+        if (mode == Mode::kDemand) {
+          EXPECT_TRUE(hit);
+        }
+        EXPECT_TRUE(e.state(e.Find(K(member))).flags & kFlagInTarget);
+        v = *ViewShards(e.policy());
+        EXPECT_EQ(v.leader_blocks, 1u);
+        EXPECT_EQ(v.former_blocks, before - 1);
+        ExpectHandoverAccounts(e);
+        // Another, released: the former holds one less.
+        for (int key = 0; key < 60; ++key) {
+          const Slot s = e.Find(K(key));
+          if (key == member || s == kNoSlot || !(e.state(s).flags & kFlagInTarget)) continue;
+          e.Release(s);
+          break;
+        }
+        EXPECT_EQ(ViewShards(e.policy())->former_blocks, before - 2);
+        ExpectHandoverAccounts(e);
+      }
+    }
+  }
+}
+
+// The policy's own choice never stacks formers: a new leader waits until
+// the former's blocks are gone. Settings that switch as often as they may.
+TEST(Shards, ItsOwnSwitchesWaitForTheHandover) {
+  for (const Mode mode : {Mode::kDemand, Mode::kTick}) {
+    Engine e(Options(20, Persistence::kPersist, mode),
+             P("shards:lru+lfu+sieve+arc;rate=1;min=0;warm=0;z=0;gain=0;epoch=2;decay=0.5"));
+    std::mt19937_64 rng(9);
+    size_t handing_over = 0;  // touches while a former held blocks
+    for (uint64_t now = 1; now <= 20000; ++now) {
+      // Phases that favour recency, then frequency.
+      const int key = (now / 2000) % 2 ? static_cast<int>(rng() % 30)
+                                       : static_cast<int>(now % 45 + (rng() % 4 == 0 ? 100 : 0));
+      if (e.Find(K(key)) == kNoSlot) e.Admit(K(key));
+      e.Touch(e.Find(K(key)), Touch{1, now});
+      if (mode == Mode::kTick && now % 4 == 0) e.PlanAndApply();
+      ExpectHandoverAccounts(e);
+      const ShardsView v = *ViewShards(e.policy());
+      ASSERT_LE(v.formers, 1u);
+      handing_over += v.formers;
+    }
+    EXPECT_GT(ViewShards(e.policy())->switches, 10u);
+    EXPECT_GT(handing_over, 0u);
+  }
+}
+
 TEST(Shards, NamesAndErrors) {
   for (const char* ok : {"shards", "shards:lru", "shards:ema:0.1+lru+arc",
                          "shards:lfu+arc;rate=0.05;min=64;epoch=10;decay=0.5;z=2"}) {

@@ -10,6 +10,7 @@
 #include <malloc.h>
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -364,6 +365,54 @@ BENCHMARK_CAPTURE(BM_Tick, adaptive, engine::kAdaptivePolicy)
 // blocks hold for it as for lfu).
 BENCHMARK_CAPTURE(BM_Tick, default, engine::kDefaultPolicy)
     ->ArgsProduct({{8192, 65536, 1 << 20}, {1, 10, 100}})
+    ->Unit(benchmark::kMicrosecond);
+
+// A change of the default's leader (shards) with `n` blocks, half of them in
+// the set: the time the switch itself holds the I/O thread (manual time:
+// only the switch, made as a replay makes it, FollowLeader). Between two
+// switches, touches of random blocks hand the set over to the new leader
+// (docs/policies.md, "shards"). Compare with BM_TickBaseline (one read of
+// the table): a switch that rebuilt the leader from the whole set took 32
+// to 56 of those at 1M blocks.
+void BM_ShardsSwitch(benchmark::State& state) {
+  const uint32_t n = static_cast<uint32_t>(state.range(0));
+  engine::EngineOptions o;
+  o.block_bytes = kBenchModel.block_bytes();
+  o.tier0_budget_bytes = uint64_t{n / 2} * o.block_bytes;
+  o.mode = engine::Mode::kTick;
+  o.expected_blocks = n;
+  engine::Engine e(o, std::move(*engine::MakePolicy(engine::kDefaultPolicy)));
+  e.FollowRecordedLeaders();
+  std::vector<engine::Slot> slots;
+  for (uint32_t i = 0; i < n; ++i) slots.push_back(e.Admit(BlockKey::FromSequence(1, i)));
+  std::mt19937 rng(3);
+  uint64_t now = 1;
+  const auto touch = [&](uint32_t count) {
+    for (uint32_t i = 0; i < count; ++i) {
+      e.Touch(slots[rng() % n], engine::Touch{0.5, now++, engine::kNever});
+    }
+  };
+  touch(2 * n);
+  const size_t candidates = engine::ViewShards(e.policy())->sampled_hits.size();
+  size_t leader = 0;
+  for (auto _ : state) {
+    leader = (leader + 1) % candidates;
+    const auto start = std::chrono::steady_clock::now();
+    e.FollowLeader(leader, /*now=*/true);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    touch(n / 4);
+  }
+  state.counters["blocks"] = n;
+  state.counters["set_blocks"] = static_cast<double>(e.set_blocks());
+  state.counters["former_blocks"] =
+      static_cast<double>(engine::ViewShards(e.policy())->former_blocks);
+}
+BENCHMARK(BM_ShardsSwitch)
+    ->Arg(65536)
+    ->Arg(1 << 20)
+    ->UseManualTime()
+    ->Iterations(8)
     ->Unit(benchmark::kMicrosecond);
 
 // A hint about one group of `n` blocks, all touched, tier 0 holding 4,096 of

@@ -100,7 +100,9 @@ def main():
             json.dump([{"row": j[0], "results": r} for j, r in zip(jobs, results)], f)
     rows, failed, gaps = [], 0, []
     for (name, _, budgets, _), res in zip(jobs, results):
-        for b in sorted({r["budget_bytes"] for r in res}):
+        sizes = sorted({r["budget_bytes"] for r in res})
+        assert len(sizes) == len(budgets), (name, sizes, budgets)  # both ascending
+        for asked, b in zip(budgets, sizes):
             at = [r for r in res if r["budget_bytes"] == b]
             others = [r for r in at if r["policy"] in OTHERS]
             best = max(others, key=lambda r: r["hit_rate"])
@@ -110,7 +112,7 @@ def main():
                 ok = gap >= -args.margin
                 failed += not ok
                 gaps.append(gap)
-                row = {"row": name, "budget_gib": b / 2**30, "persist": persist,
+                row = {"row": name, "budget": asked, "budget_gib": b / 2**30, "persist": persist,
                        "best": f'{best["policy"]} {"persist" if best["persist"] else "reset"}',
                        "best_hit_rate": 100 * best["hit_rate"],
                        "hit_rate": 100 * mine["hit_rate"], "gap": gap, "ok": ok}
