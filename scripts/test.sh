@@ -47,17 +47,10 @@ sanitized() {
   local kind=$1 dir="$BUILD_DIR-$1"
   shift
   # -g1: line tables only, all a sanitizer's report needs (file and line of
-  # every frame); 15% less compile time than -g on daemon.cpp. Ninja, because
-  # CMake's Makefiles build the targets named to --target one after another
-  # (.NOTPARALLEL), each single-file test on one core. Unity builds of the
-  # libraries and tools (not the tests, tests/CMakeLists.txt): their files
-  # share Boost.Asio, nlohmann/json and fmt, whose instrumented code is then
-  # generated once per batch, not once per file. The ASan tree on this 2-core
-  # VM: 633 s with Make, 492 s with Ninja, 348 s with Ninja and unity builds
-  # (docs/testing.md).
-  cmake_generator Ninja "$dir"
-  cmake -G Ninja -S "$CXLTIER_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-    -DCMAKE_UNITY_BUILD=ON -DCXLTIER_WERROR=ON -DCXLTIER_SANITIZE="$kind" >/dev/null &&
+  # every frame); 15% less compile time than -g on daemon.cpp. Ninja and
+  # unity builds: configure_unity (scripts/lib.sh) says why.
+  configure_unity "$dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
+    -DCXLTIER_WERROR=ON -DCXLTIER_SANITIZE="$kind" &&
     cmake --build "$dir" -j "$JOBS" --target "$@" cxltierd cxltier-loadgen cxltier-sim cxltierctl >/dev/null ||
     return 1
   # $JOBS at a time, as ctest runs the unit tests; each bounded like ctest's

@@ -12,12 +12,11 @@ JOBS=${JOBS:-2}
 SECONDS_PER_TARGET=${1:-30}
 TARGETS=(fuzz_wire fuzz_fold fuzz_config fuzz_trace fuzz_hostile)
 
-# Ninja builds the targets named in parallel (CMake's Makefiles do not); unity
-# builds of the libraries, as in scripts/test.sh's sanitizer trees.
+# Ninja and unity builds of the libraries, as the sanitizer trees
+# (configure_unity in scripts/lib.sh).
 source "$ROOT/scripts/lib.sh"
-cmake_generator Ninja "$FUZZ_DIR"
-CC=clang CXX=clang++ cmake -G Ninja -S "$ROOT" -B "$FUZZ_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_UNITY_BUILD=ON -DCXLTIER_SANITIZE=fuzzer -DBUILD_TESTING=OFF >/dev/null
+CC=clang CXX=clang++ configure_unity "$FUZZ_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCXLTIER_SANITIZE=fuzzer -DBUILD_TESTING=OFF
 cmake --build "$FUZZ_DIR" -j "$JOBS" --target "${TARGETS[@]}" >/dev/null
 
 # One target: its saved regressions, then SECONDS_PER_TARGET of fuzzing.
