@@ -63,10 +63,6 @@ std::string Where(std::string_view name, size_t line) {
 Status Malformed(std::string message) {
   return Status::Fail(wire::ErrorCode::kBadPayload, std::move(message));
 }
-// A file that cannot be opened, created or written.
-Status IoFailed(std::string message) {
-  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
-}
 
 }  // namespace
 
@@ -177,7 +173,7 @@ Result<Trace> ReadMooncake(std::istream& in, std::string_view name) {
 
 Result<Trace> ReadMooncakeFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return IoFailed(path + ": cannot open: " + std::strerror(errno));
+  if (!in) return Status::Internal(path + ": cannot open: " + std::strerror(errno));
   return ReadMooncake(in, path);
 }
 
@@ -208,7 +204,7 @@ Status WriteBinary(const Trace& t, std::ostream& out) {
     PutU32(out, obs_bits);
     PutU32(out, static_cast<uint32_t>(e.kind));
   }
-  return out ? Status::Ok() : IoFailed("write failed");
+  return out ? Status::Ok() : Status::Internal("write failed");
 }
 
 Result<Trace> ReadBinary(std::istream& in, std::string_view name) {
@@ -312,7 +308,7 @@ Status WriteCsv(const Trace& t, std::ostream& out) {
                                             : "admit")
         << ',' << obs << '\n';
   }
-  return out ? Status::Ok() : IoFailed("write failed");
+  return out ? Status::Ok() : Status::Internal("write failed");
 }
 
 Result<Trace> ReadCsv(std::istream& in, std::string_view name) {
@@ -413,7 +409,7 @@ Result<Trace> OpenTrace(std::string_view spec) {
       return Malformed(path + ": cannot tell the format; use mooncake:, bin: or csv:");
   }
   std::ifstream in(path, format == "bin" ? std::ios::binary : std::ios::in);
-  if (!in) return IoFailed(path + ": cannot open: " + std::strerror(errno));
+  if (!in) return Status::Internal(path + ": cannot open: " + std::strerror(errno));
   if (format == "mooncake") return ReadMooncake(in, path);
   if (format == "csv") return ReadCsv(in, path);
   return ReadBinary(in, path);
@@ -422,11 +418,11 @@ Result<Trace> OpenTrace(std::string_view spec) {
 Status SaveTrace(const Trace& t, const std::string& path) {
   const bool csv = path.ends_with(".csv");
   std::ofstream out(path, csv ? std::ios::out : std::ios::binary);
-  if (!out) return IoFailed(path + ": cannot create: " + std::strerror(errno));
+  if (!out) return Status::Internal(path + ": cannot create: " + std::strerror(errno));
   const Status st = csv ? WriteCsv(t, out) : WriteBinary(t, out);
   out.close();
   if (!st.ok()) return st.Context(path + ": ");
-  if (!out) return IoFailed(path + ": write failed");
+  if (!out) return Status::Internal(path + ": write failed");
   return Status::Ok();
 }
 

@@ -1071,9 +1071,7 @@ class ShardsPolicy final : public Policy {
     }
     return nullptr;
   }
-  Former* FormerOf(Slot s) {
-    return const_cast<Former*>(std::as_const(*this).FormerOf(s));
-  }
+  Former* FormerOf(Slot s) { return const_cast<Former*>(std::as_const(*this).FormerOf(s)); }
   Policy& Holder(Slot s) const {
     const Former* f = FormerOf(s);
     return f ? *f->policy : *full_;
@@ -1113,7 +1111,7 @@ class ShardsPolicy final : public Policy {
   size_t full_size_ = 0;                // its blocks in the set
   std::deque<Former> formers_;          // former leaders still holding blocks, oldest first
   size_t former_blocks_ = 0;
-  std::vector<uint32_t> stamp_of_;      // by slot: Stamp() when it joined the leader's set
+  std::vector<uint32_t> stamp_of_;  // by slot: Stamp() when it joined the leader's set
   std::vector<Mini> minis_;
   double rate_ = 1;
   uint64_t threshold_ = uint64_t{1} << 32;

@@ -17,6 +17,8 @@
 #include <fstream>
 #include <map>
 
+#include "cxltier/detail/errno_text.h"
+
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
@@ -26,8 +28,6 @@
 
 namespace cxltier::numa {
 namespace {
-
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 // What the client's pool or device is not (kBadPool); the memory a new tier
 // pool cannot have (kLimit).
@@ -71,7 +71,7 @@ Status AllOnNodes(const Mapping& m, const std::vector<int>& nodes) {
   for (uint64_t i = 0; i < pages; i += kChunk) {
     const unsigned long n = static_cast<unsigned long>(std::min(kChunk, pages - i));
     if (numa_move_pages(0, n, addr.data() + i, nullptr, status.data() + i, 0) < 0) {
-      return Refused(Errno("move_pages (asking where the pool's pages are)"));
+      return Refused(detail::ErrnoText("move_pages (asking where the pool's pages are)"));
     }
   }
   std::map<int, uint64_t> off_nodes;
@@ -111,13 +111,13 @@ Result<TierMemory> CreateTierMemory(const std::vector<int>& nodes, uint64_t byte
   }
   const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
-    return NoRoom(Errno("memfd_create"));
+    return NoRoom(detail::ErrnoText("memfd_create"));
   }
   auto fail = [&](std::string why) {
     close(fd);
     return NoRoom(std::move(why));
   };
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(Errno("ftruncate"));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(detail::ErrnoText("ftruncate"));
   Result<std::shared_ptr<const Mapping>> mapped = Mapping::MapWritable(fd, bytes, 0);
   if (!mapped.ok()) return fail(mapped.status().message);
   std::shared_ptr<const Mapping> m = std::move(*mapped);
@@ -128,15 +128,16 @@ Result<TierMemory> CreateTierMemory(const std::vector<int>& nodes, uint64_t byte
   }
   // On a shmem file the policy is the file's (shared policy): the client's
   // mapping faults by it too.
-  if (mbind(m->bytes(), bytes, MPOL_BIND, mask, 1024, 0) != 0) return fail(Errno("mbind"));
+  if (mbind(m->bytes(), bytes, MPOL_BIND, mask, 1024, 0) != 0)
+    return fail(detail::ErrnoText("mbind"));
   if (madvise(m->bytes(), bytes, MADV_POPULATE_WRITE) != 0) {
-    return fail(Errno("faulting the pool in on node(s) " + NodeList(nodes)));
+    return fail(detail::ErrnoText("faulting the pool in on node(s) " + NodeList(nodes)));
   }
   // Ask where every page is: the policy is a request, the kernel's answer is the fact.
   if (Status st = AllOnNodes(*m, nodes); !st.ok()) return fail(st.message);
   // The client may map, write and pin it, never resize it under our mapping.
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return fail(Errno("sealing the pool"));
+    return fail(detail::ErrnoText("sealing the pool"));
   }
   TierMemory out;
   out.fd = fd;
@@ -153,13 +154,13 @@ Result<TierMemory> AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    return Refused(Errno("fstat"));
+    return Refused(detail::ErrnoText("fstat"));
   }
   // Shmem, as the daemon's own memfds are: not hugetlbfs (MFD_HUGETLB), where
   // lseek shows no hole, the client can punch pages out under these seals,
   // and a fault past the free huge pages is a SIGBUS in this daemon's copy.
   struct statfs fs {};
-  if (fstatfs(fd, &fs) != 0) return Refused(Errno("fstatfs"));
+  if (fstatfs(fd, &fs) != 0) return Refused(detail::ErrnoText("fstatfs"));
   if (fs.f_type != TMPFS_MAGIC) {
     return Refused("not a tmpfs memfd: a tier pool is a plain memfd (no MFD_HUGETLB)");
   }
@@ -189,7 +190,7 @@ Result<TierMemory> AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64
   // make this daemon allocate memory the client chose not to have.
   const off_t hole = lseek(fd, 0, SEEK_HOLE);
   if (hole < 0 || static_cast<uint64_t>(hole) != bytes) {
-    return Refused(hole < 0 ? Errno("lseek(SEEK_HOLE)")
+    return Refused(hole < 0 ? detail::ErrnoText("lseek(SEEK_HOLE)")
                             : "the memfd has a hole at byte " + std::to_string(hole) +
                                   ": a tier pool a daemon made has every page");
   }
@@ -199,7 +200,7 @@ Result<TierMemory> AdoptTierMemory(int fd, const std::vector<int>& nodes, uint64
   // Maps the pages that exist, allocating none (there is no hole), so that
   // the kernel can say where each one is.
   if (madvise(m->bytes(), bytes, MADV_POPULATE_READ) != 0) {
-    return Refused(Errno("mapping the pool's pages"));
+    return Refused(detail::ErrnoText("mapping the pool's pages"));
   }
   if (Status placed = AllOnNodes(*m, nodes); !placed.ok()) return placed;
   TierMemory out;
@@ -230,7 +231,7 @@ Result<DevdaxInfo> InspectDevdax(int fd, const std::string& sys_root) {
   DevdaxInfo info;
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    return Refused(Errno("fstat"));
+    return Refused(detail::ErrnoText("fstat"));
   }
   if (!S_ISCHR(st.st_mode)) {
     return Refused("not a device-DAX device: not a character device");

@@ -109,30 +109,24 @@ MetricsServer::MetricsServer(asio::io_context& io, std::function<std::string()> 
 
 MetricsServer::~MetricsServer() { Stop(); }
 
-namespace {
-Status MetricsListenFailed(std::string message) {
-  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
-}
-}  // namespace
-
 Status MetricsServer::Listen(const std::string& address) {
   std::string host;
   uint16_t port = 0;
   if (!ParseHostPort(address, &host, &port)) {
-    return MetricsListenFailed("metrics address '" + address + "' is not host:port");
+    return Status::Internal("metrics address '" + address + "' is not host:port");
   }
   boost::system::error_code ec;
   tcp::resolver resolver(io_);
   const auto results =
       resolver.resolve(host, std::to_string(port), tcp::resolver::numeric_service, ec);
   if (ec || results.empty())
-    return MetricsListenFailed("metrics address '" + address + "': " + ec.message());
+    return Status::Internal("metrics address '" + address + "': " + ec.message());
   const tcp::endpoint ep = results.begin()->endpoint();
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return MetricsListenFailed("metrics on " + address + ": " + ec.message());
+  if (ec) return Status::Internal("metrics on " + address + ": " + ec.message());
   const tcp::endpoint local = acceptor_.local_endpoint(ec);
   bound_ = (local.address().is_v6() ? "[" + local.address().to_string() + "]"
                                     : local.address().to_string()) +

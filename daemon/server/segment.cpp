@@ -9,26 +9,20 @@
 
 namespace cxltier::server {
 
-namespace {
-Status Failed(std::string message) {
-  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
-}
-}  // namespace
-
 Status Segment::Create(uint32_t slots, uint64_t client_id) {
   const uint64_t bytes = SegmentBytes(slots);
   UniqueFd fd(memfd_create("cxltier-state", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return Failed(std::string("memfd_create: ") + std::strerror(errno));
+  if (!fd.valid()) return Status::Internal(std::string("memfd_create: ") + std::strerror(errno));
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    return Failed(std::string("ftruncate: ") + std::strerror(errno));
+    return Status::Internal(std::string("ftruncate: ") + std::strerror(errno));
   }
   // The client can write slots but never resize the segment under us.
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return Failed(std::string("sealing: ") + std::strerror(errno));
+    return Status::Internal(std::string("sealing: ") + std::strerror(errno));
   }
   Result<std::shared_ptr<const numa::Mapping>> mapping =
       numa::Mapping::MapWritable(fd.get(), bytes, 0);
-  if (!mapping.ok()) return Failed(mapping.status().message);
+  if (!mapping.ok()) return Status::Internal(mapping.status().message);
   fd_ = std::move(fd);
   mapping_ = std::move(*mapping);
   base_ = mapping_->bytes();

@@ -655,10 +655,6 @@ Server::Server(asio::io_context& io, Handler& handler, ServerOptions options)
 Server::~Server() { Stop(); }
 
 namespace {
-Status ListenFailed(std::string message) {
-  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
-}
-
 // Whether a process listens on the Unix socket at `path` (a connect that
 // succeeds, or finds its backlog full), rather than a file left by a run
 // that ended.
@@ -721,22 +717,23 @@ Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Statu
                              "; starting without the lock that keeps two daemons starting "
                              "together off one socket");
   } else if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    return ListenFailed(lock_path + ": " +
-                        (errno == EWOULDBLOCK
-                             ? std::string("another cxltierd is starting or listening on this "
-                                           "socket; stop it, or give this daemon its own [daemon] "
-                                           "socket")
-                             : std::string(std::strerror(errno))));
+    return Status::Internal(
+        lock_path + ": " +
+        (errno == EWOULDBLOCK ? std::string("another cxltierd is starting or listening on this "
+                                            "socket; stop it, or give this daemon its own [daemon] "
+                                            "socket")
+                              : std::string(std::strerror(errno))));
   }
   if (SomeoneListens(path)) {
-    return ListenFailed(path +
-                        ": another process listens on this socket; stop it, or give this daemon "
-                        "its own [daemon] socket");
+    return Status::Internal(
+        path +
+        ": another process listens on this socket; stop it, or give this daemon "
+        "its own [daemon] socket");
   }
   ::unlink(path.c_str());
   acceptor_.open(stream(), ec);
   if (!ec) acceptor_.bind(stream::endpoint(path), ec);
-  if (ec) return ListenFailed(path + ": " + ec.message());
+  if (ec) return Status::Internal(path + ": " + ec.message());
   struct stat made {};
   if (::stat(path.c_str(), &made) == 0) {
     path_ino_ = made.st_ino;
@@ -745,7 +742,7 @@ Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Statu
   // Mode and group before listen(): a client of the group that connects the
   // moment the socket accepts must not find it still root's alone.
   if (::chmod(path.c_str(), mode) != 0)
-    return ListenFailed(path + ": chmod: " + std::strerror(errno));
+    return Status::Internal(path + ": chmod: " + std::strerror(errno));
   if (group != static_cast<gid_t>(-1) &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
     if (group_status) {
@@ -754,7 +751,7 @@ Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Statu
     }
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return ListenFailed(path + ": " + ec.message());
+  if (ec) return Status::Internal(path + ": " + ec.message());
   path_ = path;
   path_lock_ = std::move(lock);
   Accept();
@@ -764,7 +761,7 @@ Status Server::Listen(const std::string& path, unsigned mode, gid_t group, Statu
 Status Server::Adopt(int listen_fd) {
   boost::system::error_code ec;
   acceptor_.assign(stream(), listen_fd, ec);
-  if (ec) return ListenFailed("adopting fd " + std::to_string(listen_fd) + ": " + ec.message());
+  if (ec) return Status::Internal("adopting fd " + std::to_string(listen_fd) + ": " + ec.message());
   Accept();
   return Status::Ok();
 }

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <memory>
 
+#include "cxltier/detail/errno_text.h"
+
 namespace cxltier::service {
 namespace {
 
@@ -32,12 +34,6 @@ constexpr uint32_t kVersionClock = 3;
 constexpr uint32_t kVersion = 4;
 constexpr size_t kHeader = 24;
 constexpr size_t kClockBytes = 16;  // from version 3, right after the header
-
-std::string ErrnoText(const std::string& what) { return what + ": " + std::strerror(errno); }
-// A checkpoint that could not be written or read: the daemon's own failure.
-Status NotWritten(std::string message) {
-  return Status::Fail(wire::ErrorCode::kInternal, std::move(message));
-}
 
 bool WriteAll(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
@@ -87,11 +83,11 @@ bool Emit(int fd, XXH64_state_t* h, const void* data, size_t n) {
 Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts,
                   const std::vector<uint32_t>& owners, CheckpointClock clock, bool keyed) {
   if (!owners.empty() && owners.size() != ghosts.size()) {
-    return NotWritten("checkpoint: " + std::to_string(owners.size()) + " owners for " +
-                      std::to_string(ghosts.size()) + " states");
+    return Status::Internal("checkpoint: " + std::to_string(owners.size()) + " owners for " +
+                            std::to_string(ghosts.size()) + " states");
   }
   Hash h = NewHash();
-  if (!h) return NotWritten("checkpoint: out of memory");
+  if (!h) return Status::Internal("checkpoint: out of memory");
   char header[kHeader + kClockBytes];
   const uint32_t entry = sizeof(BlockState);
   const uint64_t count = ghosts.size();
@@ -110,7 +106,7 @@ Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts
   // the daemon truncate and overwrite whatever it pointed at.
   ::unlink(tmp.c_str());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return NotWritten(ErrnoText(tmp));
+  if (fd < 0) return Status::Internal(detail::ErrnoText(tmp));
   // Written straight from the caller's arrays: no second copy of a million states.
   bool ok = Emit(fd, h.get(), header, sizeof(header)) &&
             Emit(fd, h.get(), ghosts.data(), ghosts.size() * sizeof(BlockState));
@@ -126,16 +122,16 @@ Status SaveGhosts(const std::string& path, const std::vector<BlockState>& ghosts
   }
   const uint64_t sum = XXH64_digest(h.get());
   if (!ok || !WriteAll(fd, &sum, 8) || ::fsync(fd) != 0) {
-    const std::string err = ErrnoText("writing " + tmp);
+    const std::string err = detail::ErrnoText("writing " + tmp);
     ::close(fd);
     ::unlink(tmp.c_str());  // the previous checkpoint stays as it was
-    return NotWritten(err);
+    return Status::Internal(err);
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = ErrnoText("rename to " + path);
+    const std::string err = detail::ErrnoText("rename to " + path);
     ::unlink(tmp.c_str());
-    return NotWritten(err);
+    return Status::Internal(err);
   }
   const std::string dir = std::filesystem::path(path).parent_path().string();
   const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -152,7 +148,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   if (fd < 0) {
     if (errno != ENOENT) {
       out.found = true;
-      out.status = NotWritten(ErrnoText(path));
+      out.status = Status::Internal(detail::ErrnoText(path));
     }
     return out;
   }
@@ -184,15 +180,15 @@ LoadedGhosts LoadGhosts(const std::string& path) {
       aside = path + "." + suffix + "." + std::to_string(n);
     }
     out.status =
-        NotWritten(path + ": " + why +
-                   (err ? "; could not set it aside (" + std::string(std::strerror(err)) + ")"
-                        : "; set aside as " + aside) +
-                   ", starting without ghosts");
+        Status::Internal(path + ": " + why +
+                         (err ? "; could not set it aside (" + std::string(std::strerror(err)) + ")"
+                              : "; set aside as " + aside) +
+                         ", starting without ghosts");
     return out;
   };
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    out.status = NotWritten(ErrnoText(path));
+    out.status = Status::Internal(detail::ErrnoText(path));
     return out;
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -225,7 +221,7 @@ LoadedGhosts LoadGhosts(const std::string& path) {
   }
   Hash h = NewHash();
   if (!h) {
-    out.status = NotWritten(path + ": out of memory");
+    out.status = Status::Internal(path + ": out of memory");
     return out;
   }
   XXH64_update(h.get(), header, kHeader);
@@ -334,7 +330,7 @@ void CheckpointWriter::Run() {
     try {
       err = sink_(job->path, job->snapshot);
     } catch (const std::exception& e) {  // bad_alloc: nothing may leave this thread
-      err = NotWritten(std::string("checkpoint: ") + e.what());
+      err = Status::Internal(std::string("checkpoint: ") + e.what());
     }
     job.reset();
     {

@@ -13,14 +13,12 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "cxltier/detail/errno_text.h"
+
 namespace cxltier::service {
 namespace {
 
 static_assert(EngineKeys::kSecretBytes >= XXH3_SECRET_SIZE_MIN);
-
-Status Errno(const std::string& what) {
-  return Status::Fail(wire::ErrorCode::kInternal, what + ": " + std::strerror(errno));
-}
 
 // Random bytes from the kernel. getrandom blocks only before its pool is
 // initialised (early boot), and returns at most 33,554,431 bytes a call.
@@ -30,7 +28,7 @@ Result<EngineKeys::Secret> Draw() {
   while (got < s.size()) {
     const ssize_t n = getrandom(s.data() + got, s.size() - got, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno("getrandom");
+    if (n <= 0) return detail::ErrnoStatus("getrandom");
     got += static_cast<size_t>(n);
   }
   return s;
@@ -48,11 +46,11 @@ Result<Found> ReadSecret(const std::string& path, EngineKeys::Secret* s) {
   if (fd < 0) {
     if (errno == ENOENT) return Found::kNone;
     if (errno == ELOOP) return Found::kUnfit;  // a link: not ours
-    return Errno("reading " + path);
+    return detail::ErrnoStatus("reading " + path);
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    const Status err = Errno("fstat " + path);
+    const Status err = detail::ErrnoStatus("fstat " + path);
     close(fd);
     return err;
   }
@@ -62,7 +60,7 @@ Result<Found> ReadSecret(const std::string& path, EngineKeys::Secret* s) {
     return Found::kUnfit;
   }
   const ssize_t n = pread(fd, s->data(), s->size(), 0);
-  const Status err = n < 0 ? Errno("reading " + path) : Status::Ok();
+  const Status err = n < 0 ? detail::ErrnoStatus("reading " + path) : Status::Ok();
   close(fd);
   if (!err.ok()) return err;
   if (n != static_cast<ssize_t>(s->size())) {
@@ -75,7 +73,7 @@ Status WriteSecret(const std::string& dir, const EngineKeys::Secret& s) {
   const std::string tmp = dir + "/key-secret.tmp", path = dir + "/key-secret";
   unlink(tmp.c_str());  // O_EXCL below: never through a file or link left there
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("creating " + tmp);
+  if (fd < 0) return detail::ErrnoStatus("creating " + tmp);
   const bool written =
       write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size()) && fsync(fd) == 0;
   const int saved = errno;
@@ -83,9 +81,9 @@ Status WriteSecret(const std::string& dir, const EngineKeys::Secret& s) {
   if (!written) {
     errno = saved;
     unlink(tmp.c_str());
-    return Errno("writing " + tmp);
+    return detail::ErrnoStatus("writing " + tmp);
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("renaming " + tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return detail::ErrnoStatus("renaming " + tmp);
   const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd);

@@ -47,6 +47,9 @@ struct Status {
   static Status Fail(wire::ErrorCode c, std::string m) {
     return Status{c == wire::ErrorCode::kOk ? wire::ErrorCode::kInternal : c, std::move(m)};
   }
+  // The daemon's own failure, or the system's under it (kInternal): a socket
+  // that cannot listen, a file that cannot be written.
+  static Status Internal(std::string m) { return Fail(wire::ErrorCode::kInternal, std::move(m)); }
   bool ok() const { return code == wire::ErrorCode::kOk; }
   // The same failure with `context` before its message ("state segment: ...").
   Status Context(const std::string& context) const {

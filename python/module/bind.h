@@ -30,6 +30,7 @@
 
 #include "cxltier/block.h"
 #include "cxltier/client.h"
+#include "cxltier/detail/errno_text.h"
 #include "cxltier/model.h"
 #include "cxltier/status.h"
 #include "cxltier/wire.h"
@@ -68,10 +69,6 @@ inline void Check(const Status& st) {
 
 [[noreturn]] inline void Fail(wire::ErrorCode code, const std::string& message) {
   throw StatusError(Status::Fail(code, message));
-}
-
-inline Status SysStatus(const std::string& what) {
-  return Status::Fail(wire::ErrorCode::kInternal, what + ": " + std::strerror(errno));
 }
 
 // ---- keys (keys.cpp) ----

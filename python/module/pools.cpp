@@ -14,7 +14,7 @@ namespace {
 
 void MapShared(Mapping& map, int fd) {
   void* p = mmap(nullptr, map.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) Check(SysStatus("mapping the pool"));
+  if (p == MAP_FAILED) Check(detail::ErrnoStatus("mapping the pool"));
   map.base = static_cast<uint8_t*>(p);
   map.owned = true;
   madvise(p, map.bytes, MADV_NOHUGEPAGE);
@@ -37,8 +37,9 @@ std::shared_ptr<Mapping> MapNewMemfd(uint64_t bytes, const std::string& name) {
   auto map = std::make_shared<Mapping>();
   map->bytes = bytes;
   map->fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (map->fd < 0) Check(SysStatus("memfd_create"));
-  if (ftruncate(map->fd, static_cast<off_t>(map->bytes)) != 0) Check(SysStatus("ftruncate"));
+  if (map->fd < 0) Check(detail::ErrnoStatus("memfd_create"));
+  if (ftruncate(map->fd, static_cast<off_t>(map->bytes)) != 0)
+    Check(detail::ErrnoStatus("ftruncate"));
   MapShared(*map, map->fd);
   return map;
 }
@@ -47,7 +48,7 @@ std::shared_ptr<Mapping> MapCallersMemfd(int fd, uint64_t length) {
   auto map = std::make_shared<Mapping>();
   map->bytes = length;
   map->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (map->fd < 0) Check(SysStatus("duplicating the memfd"));
+  if (map->fd < 0) Check(detail::ErrnoStatus("duplicating the memfd"));
   MapShared(*map, map->fd);
   return map;
 }
@@ -56,7 +57,7 @@ std::shared_ptr<Mapping> MapRange(uint64_t bytes) {
   auto map = std::make_shared<Mapping>();
   map->bytes = bytes;
   void* p = mmap(nullptr, map->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) Check(SysStatus("mapping a range pool"));
+  if (p == MAP_FAILED) Check(detail::ErrnoStatus("mapping a range pool"));
   map->base = static_cast<uint8_t*>(p);
   map->owned = true;
   // THP off: a huge page spanning two blocks would make them move together.

@@ -30,13 +30,22 @@ def label(row, budget):
     return f"{name}, {size}"
 
 
-def fold(rows):
+def fold(rows, names=None):
     """Rows of the policy under test (persist or reset as rule.py ran it),
     grouped by label in rule.py's order. Rows written before rule.py kept
-    the budget asked for name it by its size in GiB."""
+    the budget asked for: named by `names` (rule.py's --shares list) when
+    their row has as many budgets, else by their size in GiB."""
+    sizes = collections.defaultdict(list)  # by row (with its seed): its budgets, ascending
+    for r in rows:
+        if r["budget_gib"] not in sizes[r["row"]]:
+            sizes[r["row"]].append(r["budget_gib"])
     groups = collections.OrderedDict()
     for r in rows:
-        budget = r.get("budget", f'{r["budget_gib"]:g}GiB')
+        budget = r.get("budget")
+        if budget is None:
+            mine = sizes[r["row"]]
+            budget = (names[mine.index(r["budget_gib"])] if names and len(mine) == len(names)
+                      else f'{r["budget_gib"]:g}GiB')
         groups.setdefault((label(r["row"], budget), r["persist"]), []).append(r)
     return groups
 
@@ -49,9 +58,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rows", help="rule.py --json output")
     ap.add_argument("--compare", help="another rule.py --json output, same rows")
+    ap.add_argument("--shares", action="store_true",
+                    help="name the budgets of rows from an older rule.py, which did not "
+                         "record them, as rule.py --shares asks for them")
     args = ap.parse_args()
-    groups = fold(json.load(open(args.rows)))
-    other = fold(json.load(open(args.compare))) if args.compare else {}
+    names = ["1%", "5%", "10%", "25%", "50%"] if args.shares else None
+    groups = fold(json.load(open(args.rows)), names)
+    other = fold(json.load(open(args.compare)), names) if args.compare else {}
     head = "| row | policy | best other (which, most seeds) | gap, worst seed | gap, mean | rows within the margin |"
     rule = "|---|---|---|---|---|---|"
     if other:
@@ -60,6 +73,7 @@ def main():
     print(head)
     print(rule)
     held = total = 0
+    printed = []
     for key, rs in groups.items():
         name, _ = key
         which = collections.Counter(r["best"] for r in rs).most_common(1)[0][0]
@@ -72,7 +86,10 @@ def main():
                 f"{mean(gaps) if len(rs) > 1 else float('nan'):+.2f} | {ok}/{len(rs)} |")
         line = line.replace("| +nan |", "|  |")
         if other:
-            o = other.get(key)
+            # The same rows in the same order (one rule.py job list), whatever
+            # each run named its budgets.
+            o = list(other.values())[len(printed)] if len(printed) < len(other) else None
+            printed.append(key)
             line += (f" {mean([r['hit_rate'] for r in o]):.2f} | {mean([r['gap'] for r in o]):+.2f} |"
                      if o else "  |  |")
         print(line)
