@@ -620,9 +620,9 @@ class OwnEmaPolicy final : public Policy {
 // at rate R), with dense slots, its own block states and capacity round(C x
 // R). Each sampled touch is fed to every miniature; the leader changes to the
 // candidate whose miniature leads the leader's miniature by a significant
-// margin (a sign test, as adaptive's), and the new leader's full instance is
-// then built from the current set, its blocks admitted in touch order, so the
-// set is unchanged by the switch and the new policy evicts from there on.
+// margin (a sign test, as adaptive's). The new leader's full instance starts
+// empty and takes the set over block by block from the former leader's
+// (ShardsPolicy::Switch), so the set is unchanged by the switch.
 // EMA whose average is kept in the block's policy_word (a float), for the
 // second ema candidate of ShardsPolicy, which writes it (Word): it is kept
 // with the block as its score is, restored from ghosts and zeroed by reset.
@@ -734,20 +734,24 @@ class ShardsPolicy final : public Policy {
   void Reserve(size_t n) override {
     reserved_ = std::max(reserved_, n);
     full_->Reserve(n);
-    for (Former& f : formers_) f.policy->Reserve(n);
+    if (former_) former_->Reserve(n);
   }
   void Prefetch(Slot s) const override { full_->Prefetch(s); }
-  double Heat(Slot s) const override { return Holder(s).Heat(s); }
+  // The leader's heat, for the former's blocks too: the heats of one epoch
+  // are compared with each other (an account's coldest block, a group's
+  // order), so they are on one scale (an ema's key is not a count).
+  double Heat(Slot s) const override { return full_->Heat(s); }
   uint64_t HeatEpoch() const override { return switches_; }
   void OnResume(Slot s, uint64_t idle_for, uint64_t now) override {
-    Holder(s).OnResume(s, idle_for, now);
+    (FormersBlock(s) ? *former_ : *full_).OnResume(s, idle_for, now);
   }
   void OnHit(Slot s, const Touch& t) override {
-    if (Former* f = FormerOf(s)) {
-      // A former leader's block joins the leader's set as a new block would
-      // (there is room: the leader's and the formers' blocks are the set).
-      f->policy->Erase(s);
-      LeftFormer(f);
+    if (FormersBlock(s)) {
+      // The former leader's block joins the leader's set as a new block
+      // would (there is room: the leader's and the former's blocks are the
+      // set, at most its capacity).
+      former_->Erase(s);
+      LeftFormer();
       [[maybe_unused]] const Slot none = full_->OnMiss(s, t);
       assert(none == kNoSlot);
       Joined(s);
@@ -761,15 +765,15 @@ class ShardsPolicy final : public Policy {
     Joined(s);
     if (victim != kNoSlot) {
       --full_size_;
-    } else if (former_blocks_ > 0 && full_size_ + former_blocks_ > capacity_) {
-      // The leader's room is the formers' blocks': they leave first.
+    } else if (former_size_ > 0 && full_size_ + former_size_ > capacity_) {
+      // The leader's room is the former's blocks': they leave first.
       victim = EvictFormer();
     }
     if (Switches(s, t)) Switch();
     return victim;
   }
   Slot EvictOne() override {
-    if (former_blocks_ > 0) return EvictFormer();
+    if (former_size_ > 0) return EvictFormer();
     const Slot v = full_->EvictOne();
     if (v != kNoSlot) --full_size_;
     return v;
@@ -791,14 +795,13 @@ class ShardsPolicy final : public Policy {
     return true;
   }
   void Erase(Slot s) override {
-    if (Former* f = FormerOf(s)) {
-      f->policy->Erase(s);
-      LeftFormer(f);
+    if (FormersBlock(s)) {
+      LeftFormer();
     } else if (state(s).flags & kFlagInTarget) {
       --full_size_;
     }
     full_->Erase(s);
-    for (Former& f : formers_) f.policy->Erase(s);  // their history of it
+    if (former_) former_->Erase(s);  // the block, or its history there
     if (!Sampled(s)) return;
     const auto it = dense_.find(state(s).key);
     if (it == dense_.end()) return;
@@ -829,8 +832,8 @@ class ShardsPolicy final : public Policy {
     v.sampled_touches = sampled_touches_;
     v.sampled_keys = dense_.size();
     v.leader_blocks = full_size_;
-    v.former_blocks = former_blocks_;
-    v.formers = formers_.size();
+    v.former_blocks = former_size_;
+    v.formers = former_ ? 1 : 0;
     for (const Mini& m : minis_) v.sampled_hits.push_back(m.hits);
     return v;
   }
@@ -1022,25 +1025,31 @@ class ShardsPolicy final : public Policy {
     const bool chose = Sampled(s) && !t.ahead && FeedMinis(s, t);
     // One handover at a time: a new leader waits until the former leader's
     // blocks are gone (Switch). A replay switches where the recording did.
-    if (!recorded_) return chose && formers_.empty();
+    if (!recorded_) return chose && !former_;
     if (t.ahead || told_ == kNoLeader) return false;
     pending_ = std::exchange(told_, kNoLeader);
     return true;
   }
 
   // The leader changes to pending_ without a pass over the set. The
-  // leader's instance becomes a former leader's, with its blocks; the new
-  // leader's starts empty. The set is the leader's blocks and the formers':
+  // leader's instance becomes the former leader's, with its blocks; the new
+  // leader's starts empty. The set is the leader's blocks and the former's:
   // a former's block the engine touches joins the leader's set (a hit, for
-  // the engine), and while formers hold blocks, the room the set needs is
-  // made by the oldest former's own next eviction (Policy::EvictOne), so
-  // the leader's blocks stay. The set is unchanged by the switch itself.
-  // A switch at a million blocks used to rebuild the new leader from the
-  // whole set in touch order (105 to 185 ms on this VM, on the I/O thread).
+  // the engine), and while the former holds blocks, the room the set needs
+  // is made by its own next eviction (Policy::EvictOne), so the leader's
+  // blocks stay. The set is unchanged by the switch itself. A switch at a
+  // million blocks used to rebuild the new leader from the whole set in
+  // touch order (105 to 185 ms on this VM, on the I/O thread).
+  //
+  // The policy's own choice waits for the former to be drained (Switches);
+  // a replay changes the leader where the recording says, so a former may
+  // still hold blocks then: the leader takes them first (Absorb), which
+  // costs a pass over them, so that there is never more than one former.
   void Switch() {
+    if (former_) Absorb();
     if (full_size_ > 0) {
-      formers_.push_back(Former{Stamp(), std::move(full_), full_size_});
-      former_blocks_ += full_size_;
+      former_ = std::move(full_);
+      former_size_ = full_size_;
       full_size_ = 0;
     }
     leader_ = pending_;
@@ -1049,32 +1058,14 @@ class ShardsPolicy final : public Policy {
     full_->Reserve(std::max(reserved_, states_->size()));
   }
 
-  // A former leader: its instance and how many of the set's blocks it holds.
-  struct Former {
-    uint32_t stamp;  // Stamp() while it led
-    std::unique_ptr<Policy> policy;
-    size_t size;
-  };
-  // Which instance holds a block of the set: the stamp of the leader it
-  // joined (the low 32 bits of switches_ then; a former is drained before
-  // the next switch, so the stamps in use are never 2^32 apart).
+  // Which instance holds a block of the set: the leader, if the block joined
+  // its set since it leads (its stamp is the low 32 bits of switches_ then;
+  // the former is drained before the next switch, so no stamp in use is
+  // 2^32 switches old), else the former.
   uint32_t Stamp() const { return static_cast<uint32_t>(switches_); }
-  // The former leader holding `s`; nullptr when the leader holds it, or it
-  // is not in the set.
-  const Former* FormerOf(Slot s) const {
-    if (formers_.empty() || s >= stamp_of_.size() || !(state(s).flags & kFlagInTarget) ||
-        stamp_of_[s] == Stamp()) {
-      return nullptr;
-    }
-    for (const Former& f : formers_) {
-      if (f.stamp == stamp_of_[s]) return &f;
-    }
-    return nullptr;
-  }
-  Former* FormerOf(Slot s) { return const_cast<Former*>(std::as_const(*this).FormerOf(s)); }
-  Policy& Holder(Slot s) const {
-    const Former* f = FormerOf(s);
-    return f ? *f->policy : *full_;
+  bool FormersBlock(Slot s) const {
+    return former_ && s < stamp_of_.size() && (state(s).flags & kFlagInTarget) &&
+           stamp_of_[s] != Stamp();
   }
   // `s` entered the leader's set.
   void Joined(Slot s) {
@@ -1082,22 +1073,33 @@ class ShardsPolicy final : public Policy {
     stamp_of_[s] = Stamp();
     ++full_size_;
   }
-  // `s` left a former's set (evicted, released, or joined the leader's).
-  void LeftFormer(Former* f) {
-    --f->size;
-    --former_blocks_;
-    DropDrained();
+  // A block left the former's set (evicted, released, or the leader's now).
+  void LeftFormer() {
+    if (--former_size_ == 0) former_.reset();
   }
-  // The oldest former's next victim.
+  // The former's next victim.
   Slot EvictFormer() {
-    Former& f = formers_.front();
-    const Slot v = f.policy->EvictOne();
-    assert(v != kNoSlot);  // it holds blocks (DropDrained)
-    LeftFormer(&f);
+    const Slot v = former_->EvictOne();
+    assert(v != kNoSlot);  // it holds blocks
+    LeftFormer();
     return v;
   }
-  void DropDrained() {
-    std::erase_if(formers_, [](const Former& f) { return f.size == 0; });
+  // The former's blocks join the leader's set, coldest (its next victim)
+  // first, as blocks the engine did not touch.
+  void Absorb() {
+    while (former_) {
+      const Slot v = former_->EvictOne();
+      if (v == kNoSlot) {  // not expected: it holds blocks
+        former_.reset();
+        former_size_ = 0;
+        break;
+      }
+      LeftFormer();
+      [[maybe_unused]] const Slot none =
+          full_->OnMiss(v, Touch{0.0, state(v).touch_time, kNever, true});
+      assert(none == kNoSlot);
+      Joined(v);
+    }
   }
 
  private:
@@ -1109,9 +1111,9 @@ class ShardsPolicy final : public Policy {
   std::unique_ptr<Policy> scorer_;      // only its Score is used
   std::unique_ptr<Policy> full_;        // the leader's full instance
   size_t full_size_ = 0;                // its blocks in the set
-  std::deque<Former> formers_;          // former leaders still holding blocks, oldest first
-  size_t former_blocks_ = 0;
-  std::vector<uint32_t> stamp_of_;  // by slot: Stamp() when it joined the leader's set
+  std::unique_ptr<Policy> former_;      // the former leader, while it holds blocks
+  size_t former_size_ = 0;              // its blocks in the set
+  std::vector<uint32_t> stamp_of_;      // by slot: Stamp() when it joined the leader's set
   std::vector<Mini> minis_;
   double rate_ = 1;
   uint64_t threshold_ = uint64_t{1} << 32;

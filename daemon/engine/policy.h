@@ -165,8 +165,9 @@ struct ShardsView {
   uint64_t sampled_touches = 0;
   size_t sampled_keys = 0;             // keys in the sample, live or released (at most its `keys`)
   std::vector<uint64_t> sampled_hits;  // by candidate
-  // Blocks of the set the leader holds, those still held by former leaders
-  // (a switch hands the set over block by block), and those former leaders.
+  // Blocks of the set the leader holds, those still held by the former
+  // leader (a switch hands the set over block by block), and whether there
+  // is one (0 or 1).
   size_t leader_blocks = 0;
   size_t former_blocks = 0;
   size_t formers = 0;

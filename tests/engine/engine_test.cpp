@@ -2567,6 +2567,53 @@ TEST(Shards, ASwitchHandsTheSetOverBlockByBlock) {
   }
 }
 
+// A replay may change the leader again before the former is drained (the
+// recording says where): the leader takes the former's blocks first, so
+// there is one former at most and the set stays the same. And during a
+// handover every block's heat is the leader's (one scale: an account's
+// coldest block is chosen across them): here an ema's key, never LRU's
+// score, for the blocks LRU still holds.
+TEST(Shards, AReplaysQuickSwitchesKeepOneFormer) {
+  for (const Mode mode : {Mode::kDemand, Mode::kTick}) {
+    Engine e(Options(24, Persistence::kPersist, mode), P("shards:lru+ema:0.1+lfu"));
+    ASSERT_TRUE(e.FollowRecordedLeaders());
+    std::mt19937_64 rng(13);
+    uint64_t now = 1;
+    const auto traffic = [&](int touches) {
+      for (int i = 0; i < touches; ++i) {
+        const int key = static_cast<int>(rng() % 60);
+        if (e.Find(K(key)) == kNoSlot) e.Admit(K(key));
+        e.Touch(e.Find(K(key)), Touch{1, now++});
+        if (mode == Mode::kTick && now % 3 == 0) e.PlanAndApply();
+        ExpectHandoverAccounts(e);
+      }
+    };
+    traffic(500);
+    const size_t full = e.set_blocks();
+    ASSERT_EQ(full, e.capacity_blocks());
+    ASSERT_TRUE(e.FollowLeader(1, /*now=*/true));  // lru -> ema:0.1
+    for (Slot s = 0; s < 200; ++s) {
+      const Slot found = e.Find(K(s));
+      if (found == kNoSlot) continue;
+      const BlockState& st = e.state(found);
+      EXPECT_EQ(e.policy().Heat(found), EmaOrderKey(st.score, st.touch_time, 0.1))
+          << "slot " << found << (st.flags & kFlagInTarget ? " (in the set)" : "");
+    }
+    traffic(5);  // a few blocks join the leader; the former keeps most
+    ShardsView v = *ViewShards(e.policy());
+    ASSERT_EQ(v.formers, 1u);
+    ASSERT_GT(v.leader_blocks, 0u);
+    ASSERT_TRUE(e.FollowLeader(2, /*now=*/true));  // ema:0.1 -> lfu, before the drain
+    v = *ViewShards(e.policy());
+    EXPECT_EQ(v.formers, 1u);
+    EXPECT_EQ(v.former_blocks, full) << "the former took the older former's blocks";
+    EXPECT_EQ(e.set_blocks(), full);
+    ExpectHandoverAccounts(e);
+    traffic(500);
+    EXPECT_EQ(ViewShards(e.policy())->formers, 0u);
+  }
+}
+
 // The policy's own choice never stacks formers: a new leader waits until
 // the former's blocks are gone. Settings that switch as often as they may.
 TEST(Shards, ItsOwnSwitchesWaitForTheHandover) {
