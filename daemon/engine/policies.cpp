@@ -1058,19 +1058,23 @@ class ShardsPolicy final : public Policy {
     full_->Reserve(std::max(reserved_, states_->size()));
   }
 
-  // Which instance holds a block of the set: the leader, if the block joined
-  // its set since it leads (its stamp is the low 32 bits of switches_ then;
-  // the former is drained before the next switch, so no stamp in use is
-  // 2^32 switches old), else the former.
+  // Which instance holds a block of the set during a handover: the leader,
+  // if the block joined its set since the switch (it was stamped with the
+  // low 32 bits of switches_ then), else the former. Stamps are written
+  // only during a handover (a miss in steady state writes no extra line);
+  // a stamp left from an earlier one is lower than any later switches_ (2^32
+  // switches apart at least before one could match again).
   uint32_t Stamp() const { return static_cast<uint32_t>(switches_); }
   bool FormersBlock(Slot s) const {
-    return former_ && s < stamp_of_.size() && (state(s).flags & kFlagInTarget) &&
-           stamp_of_[s] != Stamp();
+    return former_ && (state(s).flags & kFlagInTarget) &&
+           (s >= stamp_of_.size() || stamp_of_[s] != Stamp());
   }
   // `s` entered the leader's set.
   void Joined(Slot s) {
-    GrowFor(stamp_of_, s, uint32_t{0});
-    stamp_of_[s] = Stamp();
+    if (former_) {
+      GrowFor(stamp_of_, s, uint32_t{0});
+      stamp_of_[s] = Stamp();
+    }
     ++full_size_;
   }
   // A block left the former's set (evicted, released, or the leader's now).
