@@ -373,8 +373,8 @@ BENCHMARK_CAPTURE(BM_Tick, default, engine::kDefaultPolicy)
 // switches, touches of random blocks hand the set over to the new leader
 // until the former holds none, as the policy's own switches wait for
 // (docs/policies.md, "shards"). Compare with BM_TickBaseline (one read of
-// the table): a switch that rebuilt the leader from the whole set took 105
-// to 185 ms at 1M blocks, 50 to 90 of those.
+// the table): a switch that rebuilt the leader from the whole set took 128
+// ms at 1M blocks, 55 to 59 of those (docs/performance.md).
 void BM_ShardsSwitch(benchmark::State& state) {
   const uint32_t n = static_cast<uint32_t>(state.range(0));
   engine::EngineOptions o;
